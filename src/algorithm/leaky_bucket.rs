@@ -1,0 +1,47 @@
+//! Leaky bucket as a meter that schedules: requests leave one every `interval`,
+//! each admitted request is given the next free departure slot, and the proxy
+//! holds it until then. Up to `capacity` requests may be waiting; one more
+//! than that arriving at an empty bucket is sent at once. The state is the next
+//! free slot (GCRA's theoretical arrival time).
+
+use super::{Evaluation, Update};
+
+pub fn evaluate(
+    capacity: u64,
+    interval_us: u64,
+    next_us: u64,
+    now_us: u64,
+    cost: u64,
+) -> Evaluation {
+    let queue_us = capacity * interval_us;
+    let slot_us = next_us.max(now_us);
+    let wait_us = slot_us - now_us;
+    let slots_left = |backlog_us: u64| queue_us.saturating_sub(backlog_us) / interval_us;
+    if cost > capacity {
+        return Evaluation::oversized(capacity, slots_left(wait_us), wait_us, slot_us);
+    }
+    if wait_us <= queue_us {
+        if cost == 0 {
+            return Evaluation::admitted(
+                capacity,
+                slots_left(wait_us),
+                wait_us,
+                Update::Unchanged,
+                slot_us,
+            );
+        }
+        let after_us = slot_us + cost * interval_us;
+        let backlog_us = after_us - now_us;
+        let mut e = Evaluation::admitted(
+            capacity,
+            slots_left(backlog_us),
+            backlog_us,
+            Update::Gcra { tat_us: after_us },
+            after_us,
+        );
+        e.decision.delay_us = wait_us;
+        e
+    } else {
+        Evaluation::refused(capacity, 0, wait_us, wait_us - queue_us, slot_us)
+    }
+}

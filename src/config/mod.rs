@@ -1,0 +1,931 @@
+//! `proxy.toml`: the file format (serde types that mirror it, unknown keys
+//! refused) and `validate()`, which turns it into runtime settings in which
+//! bad values cannot exist. Every error names the file, the line and the key.
+
+mod duration;
+mod source;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, Method};
+use ipnet::IpNet;
+use serde::Deserialize;
+
+use crate::algorithm::{Algorithm, MAX_EXACT};
+use crate::identity::{ClientRules, Tier, ANONYMOUS, INTERNAL};
+use crate::policy::{CostRule, KeySource, Limit, Matcher, OnFailure, PathPattern, Policy};
+use source::Segment;
+
+pub use source::render_path;
+
+/// A configuration that cannot be used, and where it goes wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    pub line: Option<usize>,
+    /// Dotted key path, e.g. `limits[2].refill_rate`; empty for the whole file.
+    pub key: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        if !self.key.is_empty() {
+            write!(f, ": {}", self.key)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The file as written.
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    server: ServerSection,
+    upstream: UpstreamSection,
+    #[serde(default)]
+    memory: MemorySection,
+    redis: Option<RedisSection>,
+    #[serde(default)]
+    clients: ClientsSection,
+    #[serde(default)]
+    exempt: ExemptSection,
+    #[serde(default)]
+    limits: Vec<LimitSection>,
+    #[serde(default)]
+    costs: Vec<CostSection>,
+    #[serde(default)]
+    response: ResponseSection,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServerSection {
+    listen: OneOrMany,
+    admin_listen: Option<String>,
+    threads: Option<usize>,
+    grace_period: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UpstreamSection {
+    servers: Vec<String>,
+    connect_timeout: Option<String>,
+    read_timeout: Option<String>,
+    #[serde(default)]
+    tls: bool,
+    sni: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MemorySection {
+    max_keys: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RedisSection {
+    url: Option<String>,
+    cluster: Option<Vec<String>>,
+    timeout: Option<String>,
+    clock: Option<ClockSource>,
+    key_prefix: Option<String>,
+    on_failure: Option<FailureMode>,
+    instances: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClockSource {
+    Redis,
+    Local,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum FailureMode {
+    Local,
+    Allow,
+    Deny,
+}
+
+impl From<FailureMode> for OnFailure {
+    fn from(m: FailureMode) -> Self {
+        match m {
+            FailureMode::Local => OnFailure::Local,
+            FailureMode::Allow => OnFailure::Allow,
+            FailureMode::Deny => OnFailure::Deny,
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClientsSection {
+    api_key_header: Option<String>,
+    #[serde(default)]
+    trusted_proxies: Vec<String>,
+    ipv6_prefix: Option<i64>,
+    #[serde(default)]
+    internal: Vec<String>,
+    #[serde(default)]
+    api_keys: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExemptSection {
+    #[serde(default)]
+    paths: Vec<String>,
+    #[serde(default)]
+    tiers: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum AlgorithmName {
+    TokenBucket,
+    SlidingWindow,
+    FixedWindow,
+    SlidingLog,
+    LeakyBucket,
+}
+
+/// The numbers of a limit; shared by the limit and its tier overrides.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Numbers {
+    capacity: Option<f64>,
+    refill_rate: Option<f64>,
+    limit: Option<f64>,
+    window: Option<String>,
+    rate: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitSection {
+    name: String,
+    key: String,
+    algorithm: AlgorithmName,
+    capacity: Option<f64>,
+    refill_rate: Option<f64>,
+    limit: Option<f64>,
+    window: Option<String>,
+    rate: Option<f64>,
+    on_failure: Option<FailureMode>,
+    #[serde(default)]
+    shadow: bool,
+    #[serde(rename = "match")]
+    matcher: Option<MatchSection>,
+    #[serde(default)]
+    tiers: BTreeMap<String, Numbers>,
+}
+
+impl LimitSection {
+    fn numbers(&self) -> Numbers {
+        Numbers {
+            capacity: self.capacity,
+            refill_rate: self.refill_rate,
+            limit: self.limit,
+            window: self.window.clone(),
+            rate: self.rate,
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MatchSection {
+    #[serde(default)]
+    methods: Vec<String>,
+    #[serde(default)]
+    paths: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CostSection {
+    #[serde(rename = "match")]
+    matcher: MatchSection,
+    cost: i64,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResponseSection {
+    headers: Option<HeaderStyle>,
+}
+
+// ---------------------------------------------------------------------------
+// Runtime settings.
+
+/// Which rate-limit headers responses carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HeaderStyle {
+    Legacy,
+    Draft,
+    Both,
+    None,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerSettings {
+    pub listen: Vec<SocketAddr>,
+    pub admin_listen: Option<SocketAddr>,
+    pub threads: usize,
+    pub grace_period: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct UpstreamSettings {
+    pub servers: Vec<String>,
+    pub connect_timeout: Duration,
+    pub read_timeout: Duration,
+    pub tls: bool,
+    pub sni: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct RedisSettings {
+    /// Standalone server URL (REDIS_URL overrides the file); empty in cluster mode.
+    pub url: Option<String>,
+    pub cluster: Vec<String>,
+    pub timeout: Duration,
+    pub clock: ClockSource,
+    pub key_prefix: String,
+    pub on_failure: OnFailure,
+    pub instances: u64,
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub file: PathBuf,
+    pub server: ServerSettings,
+    pub upstream: UpstreamSettings,
+    pub max_keys: usize,
+    pub redis: Option<RedisSettings>,
+    pub policy: Arc<Policy>,
+    pub headers: HeaderStyle,
+}
+
+impl Config {
+    /// Reads and validates a file.
+    pub fn load(file: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(file).map_err(|e| ConfigError {
+            file: file.to_path_buf(),
+            line: None,
+            key: String::new(),
+            message: format!("cannot read: {e}"),
+        })?;
+        Config::parse(file, &text)
+    }
+
+    /// Validates `text` as if read from `file`.
+    pub fn parse(file: &Path, text: &str) -> Result<Config, ConfigError> {
+        let raw: FileConfig = toml::from_str(text).map_err(|e| {
+            let span = e.span();
+            let (line, key) = match &span {
+                Some(span) => (
+                    Some(source::line_of(text, span.start)),
+                    render_path(&source::path_at(text, span.clone())),
+                ),
+                None => (None, String::new()),
+            };
+            ConfigError {
+                file: file.to_path_buf(),
+                line,
+                key,
+                message: e.message().trim().to_string(),
+            }
+        })?;
+        let redis_url_env = std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty());
+        validate(raw, redis_url_env).map_err(|(path, message)| ConfigError {
+            file: file.to_path_buf(),
+            line: source::line_of_path(text, &path),
+            key: render_path(&path),
+            message,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Validation. Errors carry the key path; `Config::parse` adds file and line.
+
+type Invalid = (Vec<Segment>, String);
+
+fn at(path: &[&dyn AsSegment], message: impl Into<String>) -> Invalid {
+    (path.iter().map(|p| p.segment()).collect(), message.into())
+}
+
+trait AsSegment {
+    fn segment(&self) -> Segment;
+}
+
+impl AsSegment for &str {
+    fn segment(&self) -> Segment {
+        Segment::Key(self.to_string())
+    }
+}
+
+impl AsSegment for String {
+    fn segment(&self) -> Segment {
+        Segment::Key(self.clone())
+    }
+}
+
+impl AsSegment for usize {
+    fn segment(&self) -> Segment {
+        Segment::Index(*self)
+    }
+}
+
+const DEFAULT_GRACE: Duration = Duration::from_secs(5);
+const DEFAULT_MAX_KEYS: u64 = 1_000_000;
+const MAX_SLIDING_LOG: u64 = 100_000;
+
+fn validate(raw: FileConfig, redis_url_env: Option<String>) -> Result<Config, Invalid> {
+    let server = validate_server(&raw.server)?;
+    let upstream = validate_upstream(&raw.upstream)?;
+    let max_keys = raw.memory.max_keys.unwrap_or(DEFAULT_MAX_KEYS);
+    if max_keys == 0 {
+        return Err(at(&[&"memory", &"max_keys"], "must be at least 1"));
+    }
+    let redis = raw
+        .redis
+        .as_ref()
+        .map(|r| validate_redis(r, redis_url_env))
+        .transpose()?;
+    let clients = validate_clients(&raw.clients)?;
+    let known_tiers: HashSet<&str> = clients
+        .api_keys
+        .values()
+        .map(|t| &**t)
+        .chain([ANONYMOUS, INTERNAL])
+        .collect();
+
+    let mut exempt_tiers = Vec::new();
+    for (i, tier) in raw.exempt.tiers.iter().enumerate() {
+        if !known_tiers.contains(tier.as_str()) {
+            return Err(at(
+                &[&"exempt", &"tiers", &i],
+                format!("unknown tier \"{tier}\" (known: {})", sorted(&known_tiers)),
+            ));
+        }
+        exempt_tiers.push(Tier::from(tier.as_str()));
+    }
+    let exempt_paths = raw
+        .exempt
+        .paths
+        .iter()
+        .enumerate()
+        .map(|(i, p)| path_pattern(p).map_err(|m| at(&[&"exempt", &"paths", &i], m)))
+        .collect::<Result<_, _>>()?;
+
+    let mut limits = Vec::new();
+    let mut names = HashSet::new();
+    for (i, section) in raw.limits.iter().enumerate() {
+        let limit = validate_limit(i, section, &known_tiers)?;
+        if !names.insert(limit.name.clone()) {
+            return Err(at(
+                &[&"limits", &i, &"name"],
+                format!("duplicate limit name \"{}\"", limit.name),
+            ));
+        }
+        limits.push(limit);
+    }
+
+    let mut costs = Vec::new();
+    for (i, c) in raw.costs.iter().enumerate() {
+        if c.cost < 0 || c.cost as u64 > MAX_EXACT {
+            return Err(at(
+                &[&"costs", &i, &"cost"],
+                "must be a whole number from 0 (a free request) upwards",
+            ));
+        }
+        costs.push(CostRule {
+            matcher: validate_match(&c.matcher, &[&"costs", &i, &"match"])?,
+            cost: c.cost as u64,
+        });
+    }
+
+    Ok(Config {
+        file: PathBuf::new(),
+        server,
+        upstream,
+        max_keys: usize::try_from(max_keys).unwrap_or(usize::MAX),
+        redis,
+        policy: Arc::new(Policy {
+            clients,
+            exempt_paths,
+            exempt_tiers,
+            limits,
+            costs,
+        }),
+        headers: raw.response.headers.unwrap_or(HeaderStyle::Both),
+    })
+}
+
+fn sorted(set: &HashSet<&str>) -> String {
+    let mut v: Vec<&str> = set.iter().copied().collect();
+    v.sort_unstable();
+    v.join(", ")
+}
+
+fn duration(
+    value: &Option<String>,
+    default: Duration,
+    path: &[&dyn AsSegment],
+) -> Result<Duration, Invalid> {
+    match value {
+        None => Ok(default),
+        Some(text) => duration::parse(text).map_err(|m| at(path, m)),
+    }
+}
+
+fn socket_addr(text: &str, path: &[&dyn AsSegment]) -> Result<SocketAddr, Invalid> {
+    text.parse().map_err(|_| {
+        at(
+            path,
+            format!("\"{text}\" is not an address like \"0.0.0.0:8080\" or \"[::]:8080\""),
+        )
+    })
+}
+
+fn validate_server(s: &ServerSection) -> Result<ServerSettings, Invalid> {
+    let listen = match &s.listen {
+        OneOrMany::One(a) => vec![socket_addr(a, &[&"server", &"listen"])?],
+        OneOrMany::Many(list) => {
+            if list.is_empty() {
+                return Err(at(&[&"server", &"listen"], "needs at least one address"));
+            }
+            list.iter()
+                .enumerate()
+                .map(|(i, a)| socket_addr(a, &[&"server", &"listen", &i]))
+                .collect::<Result<_, _>>()?
+        }
+    };
+    let admin_listen = s
+        .admin_listen
+        .as_deref()
+        .map(|a| socket_addr(a, &[&"server", &"admin_listen"]))
+        .transpose()?;
+    let threads = s.threads.unwrap_or(2);
+    if threads == 0 || threads > 1024 {
+        return Err(at(&[&"server", &"threads"], "must be from 1 to 1024"));
+    }
+    Ok(ServerSettings {
+        listen,
+        admin_listen,
+        threads,
+        grace_period: duration(
+            &s.grace_period,
+            DEFAULT_GRACE,
+            &[&"server", &"grace_period"],
+        )?,
+    })
+}
+
+fn validate_upstream(u: &UpstreamSection) -> Result<UpstreamSettings, Invalid> {
+    if u.servers.is_empty() {
+        return Err(at(&[&"upstream", &"servers"], "needs at least one server"));
+    }
+    for (i, s) in u.servers.iter().enumerate() {
+        let port_ok = s
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if !port_ok {
+            return Err(at(
+                &[&"upstream", &"servers", &i],
+                format!("\"{s}\" is not host:port (e.g. \"127.0.0.1:8000\")"),
+            ));
+        }
+    }
+    let connect_timeout = duration(
+        &u.connect_timeout,
+        Duration::from_secs(1),
+        &[&"upstream", &"connect_timeout"],
+    )?;
+    let read_timeout = duration(
+        &u.read_timeout,
+        Duration::from_secs(30),
+        &[&"upstream", &"read_timeout"],
+    )?;
+    for (key, d) in [
+        ("connect_timeout", connect_timeout),
+        ("read_timeout", read_timeout),
+    ] {
+        if d.is_zero() {
+            return Err(at(&[&"upstream", &key], "must be longer than 0"));
+        }
+    }
+    let sni = match &u.sni {
+        Some(s) => s.clone(),
+        None => u.servers[0]
+            .rsplit_once(':')
+            .map(|(h, _)| h.trim_matches(['[', ']']).to_string())
+            .unwrap_or_default(),
+    };
+    Ok(UpstreamSettings {
+        servers: u.servers.clone(),
+        connect_timeout,
+        read_timeout,
+        tls: u.tls,
+        sni,
+    })
+}
+
+fn validate_redis(r: &RedisSection, env_url: Option<String>) -> Result<RedisSettings, Invalid> {
+    let cluster = r.cluster.clone().unwrap_or_default();
+    let url = env_url.or_else(|| r.url.clone());
+    if url.is_none() && cluster.is_empty() {
+        return Err(at(&[&"redis"], "needs `url` (or REDIS_URL) or `cluster`"));
+    }
+    if r.url.is_some() && !cluster.is_empty() {
+        return Err(at(
+            &[&"redis", &"cluster"],
+            "give either `url` or `cluster`, not both",
+        ));
+    }
+    for (i, u) in cluster.iter().enumerate() {
+        check_redis_url(u, &[&"redis", &"cluster", &i])?;
+    }
+    if let Some(u) = &r.url {
+        check_redis_url(u, &[&"redis", &"url"])?;
+    }
+    let timeout = duration(
+        &r.timeout,
+        Duration::from_millis(50),
+        &[&"redis", &"timeout"],
+    )?;
+    if timeout.is_zero() {
+        return Err(at(&[&"redis", &"timeout"], "must be longer than 0"));
+    }
+    let key_prefix = r.key_prefix.clone().unwrap_or_else(|| "floodgate".into());
+    if key_prefix.is_empty()
+        || !key_prefix
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c))
+    {
+        return Err(at(
+            &[&"redis", &"key_prefix"],
+            "must be non-empty letters, digits, '_', '-', '.' or ':'",
+        ));
+    }
+    let instances = r.instances.unwrap_or(1);
+    if instances == 0 {
+        return Err(at(&[&"redis", &"instances"], "must be at least 1"));
+    }
+    Ok(RedisSettings {
+        url: if cluster.is_empty() { url } else { None },
+        cluster,
+        timeout,
+        clock: r.clock.unwrap_or(ClockSource::Redis),
+        key_prefix,
+        on_failure: r.on_failure.map_or(OnFailure::Local, Into::into),
+        instances,
+    })
+}
+
+fn check_redis_url(u: &str, path: &[&dyn AsSegment]) -> Result<(), Invalid> {
+    if u.starts_with("redis://") || u.starts_with("rediss://") {
+        Ok(())
+    } else {
+        Err(at(
+            path,
+            format!("\"{u}\" must start with redis:// or rediss://"),
+        ))
+    }
+}
+
+fn validate_clients(c: &ClientsSection) -> Result<ClientRules, Invalid> {
+    let header = c.api_key_header.as_deref().unwrap_or("X-API-Key");
+    let api_key_header = HeaderName::from_bytes(header.as_bytes()).map_err(|_| {
+        at(
+            &[&"clients", &"api_key_header"],
+            format!("\"{header}\" is not a valid header name"),
+        )
+    })?;
+    let nets = |list: &[String], key: &str| -> Result<Vec<IpNet>, Invalid> {
+        list.iter()
+            .enumerate()
+            .map(|(i, n)| {
+                n.parse::<IpNet>()
+                    .or_else(|_| n.parse::<std::net::IpAddr>().map(IpNet::from))
+                    .map(|n| n.trunc())
+                    .map_err(|_| {
+                        at(
+                            &[&"clients", &key, &i],
+                            format!(
+                                "\"{n}\" is not a CIDR range like \"10.0.0.0/8\" or an address"
+                            ),
+                        )
+                    })
+            })
+            .collect()
+    };
+    let ipv6_prefix = c.ipv6_prefix.unwrap_or(64);
+    if !(1..=128).contains(&ipv6_prefix) {
+        return Err(at(&[&"clients", &"ipv6_prefix"], "must be from 1 to 128"));
+    }
+    let mut tiers: HashMap<String, Tier> = HashMap::new();
+    let mut api_keys = HashMap::new();
+    for (key, tier) in &c.api_keys {
+        if key.is_empty() {
+            return Err(at(
+                &[&"clients", &"api_keys"],
+                "an API key may not be empty",
+            ));
+        }
+        if tier == ANONYMOUS || tier == INTERNAL || tier.is_empty() {
+            return Err(at(
+                &[&"clients", &"api_keys", &key.clone()],
+                format!(
+                    "tier \"{tier}\" is reserved; name the tier of a key e.g. \"free\" or \"pro\""
+                ),
+            ));
+        }
+        let shared = tiers
+            .entry(tier.clone())
+            .or_insert_with(|| Tier::from(tier.as_str()))
+            .clone();
+        api_keys.insert(key.as_bytes().to_vec().into_boxed_slice(), shared);
+    }
+    Ok(ClientRules {
+        api_key_header,
+        trusted_proxies: nets(&c.trusted_proxies, "trusted_proxies")?,
+        ipv6_prefix: ipv6_prefix as u8,
+        internal: nets(&c.internal, "internal")?,
+        api_keys,
+        anonymous: Tier::from(ANONYMOUS),
+        internal_tier: Tier::from(INTERNAL),
+    })
+}
+
+fn path_pattern(p: &str) -> Result<PathPattern, String> {
+    if !p.starts_with('/') && !p.starts_with('*') {
+        return Err(format!("\"{p}\" must start with '/' (or '*')"));
+    }
+    Ok(PathPattern::new(p))
+}
+
+fn validate_match(m: &MatchSection, path: &[&dyn AsSegment]) -> Result<Matcher, Invalid> {
+    let sub = |key: &'static str, i: usize| -> Vec<Segment> {
+        let mut p: Vec<Segment> = path.iter().map(|s| s.segment()).collect();
+        p.push(Segment::Key(key.into()));
+        p.push(Segment::Index(i));
+        p
+    };
+    let methods = m
+        .methods
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let upper = name.to_ascii_uppercase();
+            match Method::from_bytes(upper.as_bytes()) {
+                Ok(method) if !name.is_empty() => Ok(method),
+                _ => Err((
+                    sub("methods", i),
+                    format!("\"{name}\" is not an HTTP method"),
+                )),
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    let paths = m
+        .paths
+        .iter()
+        .enumerate()
+        .map(|(i, p)| path_pattern(p).map_err(|msg| (sub("paths", i), msg)))
+        .collect::<Result<_, _>>()?;
+    Ok(Matcher { methods, paths })
+}
+
+fn validate_key(key: &str) -> Result<KeySource, String> {
+    match key {
+        "ip" => Ok(KeySource::Ip),
+        "api_key" => Ok(KeySource::ApiKey),
+        "global" => Ok(KeySource::Global),
+        other => match other.strip_prefix("header:") {
+            Some(name) => HeaderName::from_bytes(name.as_bytes())
+                .map(KeySource::Header)
+                .map_err(|_| format!("\"{name}\" is not a valid header name")),
+            None => Err(format!(
+                "unknown key \"{other}\" (expected \"ip\", \"api_key\", \"header:<Name>\" or \"global\")"
+            )),
+        },
+    }
+}
+
+fn validate_limit(
+    i: usize,
+    s: &LimitSection,
+    known_tiers: &HashSet<&str>,
+) -> Result<Limit, Invalid> {
+    let name_ok = !s.name.is_empty()
+        && s.name.len() <= 64
+        && s.name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
+    if !name_ok {
+        return Err(at(
+            &[&"limits", &i, &"name"],
+            format!(
+                "\"{}\" must be 1 to 64 letters, digits, '_', '-' or '.'",
+                s.name
+            ),
+        ));
+    }
+    let key = validate_key(&s.key).map_err(|m| at(&[&"limits", &i, &"key"], m))?;
+    let own = s.numbers();
+    let algorithm = numbers(s.algorithm, &own, None, &[&"limits", &i])?;
+    let mut tiers = Vec::new();
+    for (tier, overrides) in &s.tiers {
+        let path: [&dyn AsSegment; 4] = [&"limits", &i, &"tiers", tier];
+        if !known_tiers.contains(tier.as_str()) {
+            return Err(at(
+                &path,
+                format!("unknown tier \"{tier}\" (known: {})", sorted(known_tiers)),
+            ));
+        }
+        tiers.push((
+            Tier::from(tier.as_str()),
+            numbers(s.algorithm, overrides, Some(&own), &path)?,
+        ));
+    }
+    let matcher = match &s.matcher {
+        Some(m) => validate_match(m, &[&"limits", &i, &"match"])?,
+        None => Matcher::default(),
+    };
+    Ok(Limit {
+        id: xxhash_rust::xxh3::xxh3_64(s.name.as_bytes()),
+        name: Arc::from(s.name.as_str()),
+        key,
+        algorithm,
+        tiers,
+        matcher,
+        shadow: s.shadow,
+        on_failure: s.on_failure.map(Into::into),
+    })
+}
+
+/// Turns a limit's numbers (with a tier's overrides on top) into an algorithm.
+fn numbers(
+    algorithm: AlgorithmName,
+    own: &Numbers,
+    base: Option<&Numbers>,
+    path: &[&dyn AsSegment],
+) -> Result<Algorithm, Invalid> {
+    let field = |name: &'static str| -> Vec<Segment> {
+        let mut p: Vec<Segment> = path.iter().map(|s| s.segment()).collect();
+        p.push(Segment::Key(name.into()));
+        p
+    };
+    let pick = |own: Option<f64>, base: Option<f64>| own.or(base);
+    let b = base.cloned().unwrap_or_default();
+    let capacity = pick(own.capacity, b.capacity);
+    let refill_rate = pick(own.refill_rate, b.refill_rate);
+    let limit = pick(own.limit, b.limit);
+    let rate = pick(own.rate, b.rate);
+    let window = own.window.clone().or(b.window.clone());
+
+    let whole = |value: Option<f64>, name: &'static str, needed_by: &str| -> Result<u64, Invalid> {
+        let v = value.ok_or_else(|| (field(name), format!("{needed_by} needs `{name}`")))?;
+        if v.fract() != 0.0 || v < 1.0 || v > MAX_EXACT as f64 {
+            return Err((
+                field(name),
+                format!("must be a whole number of at least 1 (got {v})"),
+            ));
+        }
+        Ok(v as u64)
+    };
+    let interval =
+        |value: Option<f64>, name: &'static str, needed_by: &str| -> Result<u64, Invalid> {
+            let v = value.ok_or_else(|| (field(name), format!("{needed_by} needs `{name}`")))?;
+            if v.is_nan() || v <= 0.0 || v > 1_000_000.0 {
+                return Err((
+                    field(name),
+                    format!("must be more than 0 and at most 1000000 per second (got {v})"),
+                ));
+            }
+            // Rounded up so the configured rate is never exceeded.
+            Ok((1_000_000.0 / v).ceil() as u64)
+        };
+    let window_us = |needed_by: &str| -> Result<u64, Invalid> {
+        let text = window
+            .as_ref()
+            .ok_or_else(|| (field("window"), format!("{needed_by} needs `window`")))?;
+        let d = duration::parse(text).map_err(|m| (field("window"), m))?;
+        if d < Duration::from_millis(1) {
+            return Err((field("window"), "must be at least 1ms".into()));
+        }
+        Ok(d.as_micros() as u64)
+    };
+    let unexpected = |present: &[(&'static str, bool)], by: &str| -> Result<(), Invalid> {
+        match present.iter().find(|(_, p)| *p) {
+            Some((name, _)) => Err((field(name), format!("`{name}` does not apply to {by}"))),
+            None => Ok(()),
+        }
+    };
+    let by = match algorithm {
+        AlgorithmName::TokenBucket => "token_bucket",
+        AlgorithmName::LeakyBucket => "leaky_bucket",
+        AlgorithmName::FixedWindow => "fixed_window",
+        AlgorithmName::SlidingWindow => "sliding_window",
+        AlgorithmName::SlidingLog => "sliding_log",
+    };
+    let result = match algorithm {
+        AlgorithmName::TokenBucket => {
+            unexpected(
+                &[
+                    ("limit", own.limit.is_some()),
+                    ("window", own.window.is_some()),
+                    ("rate", own.rate.is_some()),
+                ],
+                by,
+            )?;
+            Algorithm::TokenBucket {
+                capacity: whole(capacity, "capacity", by)?,
+                interval_us: interval(refill_rate, "refill_rate", by)?,
+            }
+        }
+        AlgorithmName::LeakyBucket => {
+            unexpected(
+                &[
+                    ("limit", own.limit.is_some()),
+                    ("window", own.window.is_some()),
+                    ("refill_rate", own.refill_rate.is_some()),
+                ],
+                by,
+            )?;
+            Algorithm::LeakyBucket {
+                capacity: whole(capacity, "capacity", by)?,
+                interval_us: interval(rate, "rate", by)?,
+            }
+        }
+        AlgorithmName::FixedWindow | AlgorithmName::SlidingWindow | AlgorithmName::SlidingLog => {
+            unexpected(
+                &[
+                    ("capacity", own.capacity.is_some()),
+                    ("refill_rate", own.refill_rate.is_some()),
+                    ("rate", own.rate.is_some()),
+                ],
+                by,
+            )?;
+            let limit = whole(limit, "limit", by)?;
+            let window_us = window_us(by)?;
+            match algorithm {
+                AlgorithmName::FixedWindow => Algorithm::FixedWindow { limit, window_us },
+                AlgorithmName::SlidingWindow => Algorithm::SlidingWindow { limit, window_us },
+                _ => {
+                    if limit > MAX_SLIDING_LOG {
+                        return Err((
+                            field("limit"),
+                            format!("sliding_log keeps one stamp per request; use at most {MAX_SLIDING_LOG} (or sliding_window)"),
+                        ));
+                    }
+                    Algorithm::SlidingLog { limit, window_us }
+                }
+            }
+        }
+    };
+    // The scripts compute in doubles: every product, added to a timestamp,
+    // must stay exact.
+    let (product, name) = match result {
+        Algorithm::TokenBucket { .. } | Algorithm::LeakyBucket { .. } => {
+            (Some(result.window_us()), "capacity")
+        }
+        _ => (result.quota().checked_mul(result.window_us()), "limit"),
+    };
+    if product.is_none_or(|p| p > MAX_EXACT / 4) {
+        return Err((
+            field(name),
+            "too large: the quota times its window in microseconds must stay below 2^51".into(),
+        ));
+    }
+    Ok(result)
+}
+
+#[cfg(test)]
+mod tests;

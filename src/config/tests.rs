@@ -1,0 +1,97 @@
+use std::path::Path;
+
+use super::*;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(Path::new("t.toml"), text)
+}
+
+const MINIMAL: &str =
+    "[server]\nlisten = \"127.0.0.1:8080\"\n[upstream]\nservers = [\"127.0.0.1:8000\"]\n";
+
+#[test]
+fn shipped_configs_validate() {
+    for file in ["proxy.toml", "examples/full.toml"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+        let config = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(config.policy.limits.len(), 7, "{file}");
+    }
+}
+
+#[test]
+fn full_example_resolves_every_key() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/full.toml");
+    let c = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.server.listen, vec!["0.0.0.0:8080".parse().unwrap()]);
+    assert_eq!(
+        c.server.admin_listen,
+        Some("127.0.0.1:9091".parse().unwrap())
+    );
+    assert_eq!(c.server.grace_period, Duration::from_secs(5));
+    assert_eq!(c.upstream.read_timeout, Duration::from_secs(30));
+    assert_eq!(c.max_keys, 1_000_000);
+    let redis = c.redis.expect("redis table");
+    assert_eq!(redis.timeout, Duration::from_millis(50));
+    assert_eq!(redis.instances, 3);
+    assert_eq!(redis.on_failure, OnFailure::Local);
+    assert_eq!(redis.clock, ClockSource::Redis);
+    let per_account = &c.policy.limits[1];
+    assert_eq!(
+        per_account.algorithm_for("pro"),
+        Algorithm::TokenBucket {
+            capacity: 500,
+            interval_us: 20_000
+        }
+    );
+    assert_eq!(
+        per_account.algorithm_for("free"),
+        Algorithm::TokenBucket {
+            capacity: 100,
+            interval_us: 100_000
+        }
+    );
+    let login = &c.policy.limits[2];
+    assert_eq!(login.on_failure, Some(OnFailure::Deny));
+    assert_eq!(login.matcher.methods, vec![Method::POST]);
+    assert!(c.policy.limits[6].shadow);
+    assert_eq!(c.policy.costs[0].cost, 10);
+    assert_eq!(c.headers, HeaderStyle::Both);
+}
+
+#[test]
+fn errors_name_line_and_key() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "[server]\nlisten = \"127.0.0.1:8080\"\nthreds = 2\n[upstream]\nservers = [\"a:1\"]\n",
+            "t.toml:3: server.threds: unknown field `threds`, expected one of `listen`, `admin_listen`, `threads`, `grace_period`",
+        ),
+        (
+            "[server]\nlisten = \"127.0.0.1:8080\"\n[upstream]\nservers = []\n",
+            "t.toml:4: upstream.servers: needs at least one server",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"token_bucket\"\ncapacity = 5\nrefill_rate = 0\n"),
+            "t.toml:10: limits[0].refill_rate: must be more than 0 and at most 1000000 per second (got 0)",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"token_bucket\"\ncapacity = 5\n"),
+            "t.toml:5: limits[0].refill_rate: token_bucket needs `refill_rate`",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"token_bucket\"\ncapcity = 5\n"),
+            "t.toml:9: limits[0].capcity: unknown field `capcity`, expected one of `name`, `key`, `algorithm`, `capacity`, `refill_rate`, `limit`, `window`, `rate`, `on_failure`, `shadow`, `match`, `tiers`",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"token_bucket\"\ncapacity = -5\nrefill_rate = 1\n"),
+            "t.toml:9: limits[0].capacity: must be a whole number of at least 1 (got -5)",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"token_buckt\"\ncapacity = 5\nrefill_rate = 1\n"),
+            "t.toml:8: limits[0].algorithm: unknown variant `token_buckt`, expected one of `token_bucket`, `sliding_window`, `fixed_window`, `sliding_log`, `leaky_bucket`",
+        ),
+    ];
+    for (text, expected) in cases {
+        let err = parse(text).expect_err("must fail");
+        assert_eq!(err.to_string(), *expected);
+    }
+}

@@ -1,0 +1,273 @@
+//! The compiled limits: which layers apply to a request, with which numbers
+//! (tier overrides applied) and which cost.
+
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderName, Method};
+
+use crate::algorithm::Algorithm;
+use crate::identity::{self, seed, Client, ClientRules, Tier};
+
+/// What identifies the client for one limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    Ip,
+    ApiKey,
+    Header(HeaderName),
+    Global,
+}
+
+impl KeySource {
+    pub fn describe(&self) -> String {
+        match self {
+            KeySource::Ip => "ip".into(),
+            KeySource::ApiKey => "api_key".into(),
+            KeySource::Header(h) => format!("header:{h}"),
+            KeySource::Global => "global".into(),
+        }
+    }
+}
+
+/// What to do with a decision when the shared store cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnFailure {
+    /// Decide in process, each limit divided by the number of instances.
+    Local,
+    /// Fail open.
+    Allow,
+    /// Fail closed.
+    Deny,
+}
+
+/// A path glob: `*` stands for any run of characters, `/` included.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathPattern {
+    pattern: String,
+}
+
+impl PathPattern {
+    pub fn new(pattern: &str) -> Self {
+        PathPattern {
+            pattern: pattern.to_string(),
+        }
+    }
+
+    pub fn matches(&self, path: &str) -> bool {
+        let mut parts = self.pattern.split('*');
+        let first = parts.next().unwrap_or("");
+        let Some(mut rest) = path.strip_prefix(first) else {
+            return false;
+        };
+        let parts: Vec<&str> = parts.collect();
+        let Some((last, middle)) = parts.split_last() else {
+            return rest.is_empty();
+        };
+        for part in middle {
+            match rest.find(part) {
+                Some(at) => rest = &rest[at + part.len()..],
+                None => return false,
+            }
+        }
+        rest.len() >= last.len() && rest.ends_with(last)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.pattern
+    }
+}
+
+/// `match = { methods = [...], paths = [...] }`; an empty list matches all.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Matcher {
+    pub methods: Vec<Method>,
+    pub paths: Vec<PathPattern>,
+}
+
+impl Matcher {
+    pub fn matches(&self, method: &Method, path: &str) -> bool {
+        (self.methods.is_empty() || self.methods.contains(method))
+            && (self.paths.is_empty() || self.paths.iter().any(|p| p.matches(path)))
+    }
+
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.methods.is_empty() {
+            let m: Vec<&str> = self.methods.iter().map(|m| m.as_str()).collect();
+            parts.push(m.join("|"));
+        }
+        if !self.paths.is_empty() {
+            let p: Vec<&str> = self.paths.iter().map(|p| p.as_str()).collect();
+            parts.push(p.join(" "));
+        }
+        if parts.is_empty() {
+            "all requests".into()
+        } else {
+            parts.join(" ")
+        }
+    }
+}
+
+/// One `[[limits]]` entry, validated.
+#[derive(Debug, Clone)]
+pub struct Limit {
+    pub name: Arc<str>,
+    /// Identifies this limit's state; derived from the name so that state
+    /// survives a reload that keeps the limit.
+    pub id: u64,
+    pub key: KeySource,
+    pub algorithm: Algorithm,
+    pub tiers: Vec<(Tier, Algorithm)>,
+    pub matcher: Matcher,
+    pub shadow: bool,
+    pub on_failure: Option<OnFailure>,
+}
+
+impl Limit {
+    pub fn algorithm_for(&self, tier: &str) -> Algorithm {
+        self.tiers
+            .iter()
+            .find(|(t, _)| &**t == tier)
+            .map_or(self.algorithm, |&(_, a)| a)
+    }
+}
+
+/// One `[[costs]]` entry.
+#[derive(Debug, Clone)]
+pub struct CostRule {
+    pub matcher: Matcher,
+    pub cost: u64,
+}
+
+/// Where one layer's state lives: the limit and a fixed-size hash of the
+/// client's identity (never the raw value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StateKey {
+    pub limit: u64,
+    pub identity: u128,
+}
+
+/// One layer to decide for one request.
+#[derive(Debug, Clone)]
+pub struct Check {
+    /// Index into `Policy::limits`.
+    pub layer: usize,
+    pub algorithm: Algorithm,
+    pub key: StateKey,
+    pub cost: u64,
+    pub shadow: bool,
+}
+
+#[derive(Debug)]
+pub enum Plan {
+    /// Forward untouched: no limit, no headers.
+    Exempt,
+    /// Decide these layers (possibly none) before forwarding.
+    Check(Vec<Check>),
+}
+
+/// Everything `[clients]`, `[exempt]`, `[[limits]]` and `[[costs]]` say.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub clients: ClientRules,
+    pub exempt_paths: Vec<PathPattern>,
+    pub exempt_tiers: Vec<Tier>,
+    pub limits: Vec<Limit>,
+    pub costs: Vec<CostRule>,
+}
+
+impl Policy {
+    /// The first `[[costs]]` entry that matches, else 1.
+    pub fn cost_of(&self, method: &Method, path: &str) -> u64 {
+        self.costs
+            .iter()
+            .find(|c| c.matcher.matches(method, path))
+            .map_or(1, |c| c.cost)
+    }
+
+    pub fn plan(&self, method: &Method, path: &str, client: &Client, headers: &HeaderMap) -> Plan {
+        if self.exempt_paths.iter().any(|p| p.matches(path))
+            || self.exempt_tiers.contains(&client.tier)
+        {
+            return Plan::Exempt;
+        }
+        let cost = self.cost_of(method, path);
+        let checks = self
+            .limits
+            .iter()
+            .enumerate()
+            .filter(|(_, limit)| limit.matcher.matches(method, path))
+            .filter_map(|(layer, limit)| {
+                let identity = identity_of(&limit.key, client, headers)?;
+                Some(Check {
+                    layer,
+                    algorithm: limit.algorithm_for(&client.tier),
+                    key: StateKey {
+                        limit: limit.id,
+                        identity,
+                    },
+                    cost,
+                    shadow: limit.shadow,
+                })
+            })
+            .collect();
+        Plan::Check(checks)
+    }
+}
+
+/// The identity hash a limit keys on; `None` when the request lacks it (an
+/// `api_key` limit on an anonymous request), and the limit is skipped.
+fn identity_of(key: &KeySource, client: &Client, headers: &HeaderMap) -> Option<u128> {
+    match key {
+        KeySource::Ip => {
+            let mut bytes = [0u8; 17];
+            let len = match client.ip {
+                std::net::IpAddr::V4(v4) => {
+                    bytes[..4].copy_from_slice(&v4.octets());
+                    4
+                }
+                std::net::IpAddr::V6(v6) => {
+                    bytes[..16].copy_from_slice(&v6.octets());
+                    16
+                }
+            };
+            bytes[len] = client.ip_prefix;
+            Some(identity::hash(seed::IP, &bytes[..=len]))
+        }
+        KeySource::ApiKey => client.api_key.as_ref().map(|k| k.hash),
+        KeySource::Header(name) => headers
+            .get(name)
+            .map(|v| identity::hash(seed::HEADER, v.as_bytes())),
+        KeySource::Global => Some(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_globs() {
+        let cases = [
+            ("/login", "/login", true),
+            ("/login", "/login/", false),
+            ("/otp/*", "/otp/123", true),
+            ("/otp/*", "/otp/", true),
+            ("/otp/*", "/otp", false),
+            ("/search*", "/search", true),
+            ("/search*", "/searches/x", true),
+            ("/v*/items", "/v2/items", true),
+            ("/v*/items", "/v2/items/1", false),
+            ("*", "/anything", true),
+            ("/a*b*c", "/abc", true),
+            ("/a*b*c", "/ab", false),
+            ("/a*a", "/a", false),
+        ];
+        for (pattern, path, expected) in cases {
+            assert_eq!(
+                PathPattern::new(pattern).matches(path),
+                expected,
+                "{pattern} vs {path}"
+            );
+        }
+    }
+}
