@@ -4,5 +4,10 @@
 pub mod algorithm;
 pub mod clock;
 pub mod config;
+pub mod headers;
 pub mod identity;
+pub mod limiter;
 pub mod policy;
+pub mod proxy;
+pub mod server;
+pub mod summary;

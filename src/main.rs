@@ -1,1 +1,97 @@
-fn main() {}
+//! The command line: parse arguments, load the config, build, run.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use floodgate::config::Config;
+
+const USAGE: &str = "\
+floodgate: an edge rate-limiting reverse proxy
+
+usage:
+  floodgate --config FILE    run the proxy with FILE (e.g. proxy.toml)
+  floodgate check FILE       validate FILE and print the resolved limits
+  floodgate --version
+
+Logging follows RUST_LOG (default: info).";
+
+enum Command {
+    Run(PathBuf),
+    Check(PathBuf),
+    Help,
+    Version,
+}
+
+fn parse_args(args: &[String]) -> Result<Command, String> {
+    match args {
+        [flag, file] if flag == "--config" || flag == "-c" => Ok(Command::Run(file.into())),
+        [cmd, file] if cmd == "check" => Ok(Command::Check(file.into())),
+        [flag] if flag == "--help" || flag == "-h" => Ok(Command::Help),
+        [flag] if flag == "--version" || flag == "-V" => Ok(Command::Version),
+        [] => Err("missing --config FILE".into()),
+        _ => Err(format!("unexpected arguments: {}", args.join(" "))),
+    }
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let command = match parse_args(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = match command {
+        Command::Help => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        Command::Version => {
+            println!("floodgate {}", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
+        Command::Check(file) => check(&file),
+        Command::Run(file) => run(&file),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load(file: &std::path::Path) -> anyhow::Result<Config> {
+    let mut config = Config::load(file)?;
+    config.file = file.to_path_buf();
+    Ok(config)
+}
+
+fn check(file: &std::path::Path) -> anyhow::Result<()> {
+    let config = load(file)?;
+    print!("{}", floodgate::summary::describe(&config));
+    Ok(())
+}
+
+fn run(file: &std::path::Path) -> anyhow::Result<()> {
+    let config = load(file)?;
+    let server = floodgate::server::build(&config).context("cannot start")?;
+    log::info!(
+        "floodgate {} serving {} with {} limit(s) from {}",
+        env!("CARGO_PKG_VERSION"),
+        config
+            .server
+            .listen
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        config.policy.limits.len(),
+        file.display()
+    );
+    server.run_forever()
+}

@@ -89,6 +89,23 @@ impl Matcher {
             && (self.paths.is_empty() || self.paths.iter().any(|p| p.matches(path)))
     }
 
+    /// Whether some request could match both (approximate: a path pattern is
+    /// tested against the other's text).
+    pub fn may_overlap(&self, other: &Matcher) -> bool {
+        let methods = self.methods.is_empty()
+            || other.methods.is_empty()
+            || self.methods.iter().any(|m| other.methods.contains(m));
+        let paths = self.paths.is_empty()
+            || other.paths.is_empty()
+            || self.paths.iter().any(|a| {
+                other
+                    .paths
+                    .iter()
+                    .any(|b| a.matches(b.as_str()) || b.matches(a.as_str()))
+            });
+        methods && paths
+    }
+
     pub fn describe(&self) -> String {
         let mut parts = Vec::new();
         if !self.methods.is_empty() {

@@ -137,6 +137,40 @@ impl Algorithm {
     }
 }
 
+impl std::fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let per_second = |interval_us: u64| 1_000_000.0 / interval_us as f64;
+        match *self {
+            Algorithm::TokenBucket {
+                capacity,
+                interval_us,
+            } => write!(
+                f,
+                "token_bucket capacity={capacity} refill_rate={:.3}/s",
+                per_second(interval_us)
+            ),
+            Algorithm::LeakyBucket {
+                capacity,
+                interval_us,
+            } => write!(
+                f,
+                "leaky_bucket capacity={capacity} rate={:.3}/s",
+                per_second(interval_us)
+            ),
+            _ => {
+                let ms = self.window_us() / 1000;
+                let window = match ms {
+                    ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+                    ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+                    ms if ms % 1_000 == 0 => format!("{}s", ms / 1_000),
+                    ms => format!("{ms}ms"),
+                };
+                write!(f, "{} limit={} window={window}", self.name(), self.quota())
+            }
+        }
+    }
+}
+
 /// Per-key state of one limit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {

@@ -1,0 +1,193 @@
+//! Decisions turned into what the client sees: rate-limit headers and the
+//! 429. Pure functions; the proxy only copies the result onto the wire.
+
+use crate::algorithm::{Algorithm, Decision};
+use crate::config::HeaderStyle;
+
+/// One enforcing layer's outcome, as the headers describe it.
+#[derive(Debug, Clone, Copy)]
+pub struct Layer<'a> {
+    pub name: &'a str,
+    pub algorithm: Algorithm,
+    pub decision: Decision,
+}
+
+/// Whole seconds, rounded up.
+pub fn ceil_secs(us: u64) -> u64 {
+    us.div_ceil(1_000_000)
+}
+
+pub fn ceil_ms(us: u64) -> u64 {
+    us.div_ceil(1_000)
+}
+
+/// The layer a client is closest to exhausting: least remaining, then the
+/// longest wait until it resets.
+pub fn most_constrained<'a, 'b>(layers: &'b [Layer<'a>]) -> Option<&'b Layer<'a>> {
+    layers.iter().min_by(|a, b| {
+        a.decision
+            .remaining
+            .cmp(&b.decision.remaining)
+            .then(b.decision.reset_after_us.cmp(&a.decision.reset_after_us))
+    })
+}
+
+/// Of the refusing layers, the one that keeps the client waiting longest:
+/// the request passes only once every layer admits it.
+pub fn refusing<'a, 'b>(layers: &'b [Layer<'a>]) -> Option<&'b Layer<'a>> {
+    layers
+        .iter()
+        .filter(|l| !l.decision.allowed)
+        .max_by_key(|l| (l.decision.cost_exceeds_limit, l.decision.retry_after_us))
+}
+
+/// The rate-limit headers for a response to which `layers` applied.
+/// `shown` is the layer whose state is reported (the most constrained, or
+/// the refusing one on a 429).
+pub fn rate_limit_headers(
+    style: HeaderStyle,
+    layers: &[Layer<'_>],
+    shown: &Layer<'_>,
+) -> Vec<(&'static str, String)> {
+    let mut out = Vec::with_capacity(5);
+    let d = &shown.decision;
+    if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
+        out.push(("RateLimit-Limit", d.limit.to_string()));
+        out.push(("RateLimit-Remaining", d.remaining.to_string()));
+        out.push(("RateLimit-Reset", ceil_secs(d.reset_after_us).to_string()));
+    }
+    if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
+        let policies: Vec<String> = layers
+            .iter()
+            .map(|l| {
+                format!(
+                    "\"{}\";q={};w={}",
+                    l.name,
+                    l.algorithm.quota(),
+                    ceil_secs(l.algorithm.window_us()).max(1)
+                )
+            })
+            .collect();
+        out.push(("RateLimit-Policy", policies.join(", ")));
+        out.push((
+            "RateLimit",
+            format!(
+                "\"{}\";r={};t={}",
+                shown.name,
+                d.remaining,
+                ceil_secs(d.reset_after_us)
+            ),
+        ));
+    }
+    out
+}
+
+/// Status, headers and body of the refusal.
+pub struct Rejection {
+    pub status: u16,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: String,
+}
+
+pub fn rejection(style: HeaderStyle, layers: &[Layer<'_>], refused: &Layer<'_>) -> Rejection {
+    let mut headers = vec![
+        ("Content-Type", "application/json".to_string()),
+        ("Cache-Control", "no-store".to_string()),
+    ];
+    let d = &refused.decision;
+    let body = if d.cost_exceeds_limit {
+        // Retrying cannot help, so no Retry-After: the body says why.
+        format!(
+            "{{\"error\":\"cost_exceeds_limit\",\"limit\":\"{}\",\"cost_limit\":{}}}",
+            refused.name, d.limit
+        )
+    } else {
+        headers.push((
+            "Retry-After",
+            ceil_secs(d.retry_after_us).max(1).to_string(),
+        ));
+        format!(
+            "{{\"error\":\"rate_limited\",\"limit\":\"{}\",\"retry_after_ms\":{}}}",
+            refused.name,
+            ceil_ms(d.retry_after_us)
+        )
+    };
+    headers.extend(rate_limit_headers(style, layers, refused));
+    Rejection {
+        status: 429,
+        headers,
+        body,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(name: &str, capacity: u64, remaining: u64, reset_after_us: u64) -> Layer<'_> {
+        Layer {
+            name,
+            algorithm: Algorithm::TokenBucket {
+                capacity,
+                interval_us: 20_000,
+            },
+            decision: Decision {
+                allowed: true,
+                cost_exceeds_limit: false,
+                limit: capacity,
+                remaining,
+                reset_after_us,
+                retry_after_us: 0,
+                delay_us: 0,
+            },
+        }
+    }
+
+    #[test]
+    fn both_styles_have_exact_syntax() {
+        let layers = [
+            layer("per-ip", 200, 42, 6_500_000),
+            layer("per-account", 100, 90, 1_000_000),
+        ];
+        let shown = most_constrained(&layers).expect("a layer");
+        let h = rate_limit_headers(HeaderStyle::Both, &layers, shown);
+        let expected = vec![
+            ("RateLimit-Limit", "200".to_string()),
+            ("RateLimit-Remaining", "42".to_string()),
+            ("RateLimit-Reset", "7".to_string()),
+            (
+                "RateLimit-Policy",
+                "\"per-ip\";q=200;w=4, \"per-account\";q=100;w=2".to_string(),
+            ),
+            ("RateLimit", "\"per-ip\";r=42;t=7".to_string()),
+        ];
+        assert_eq!(h, expected);
+        assert_eq!(
+            rate_limit_headers(HeaderStyle::Legacy, &layers, shown).len(),
+            3
+        );
+        assert_eq!(
+            rate_limit_headers(HeaderStyle::Draft, &layers, shown).len(),
+            2
+        );
+        assert!(rate_limit_headers(HeaderStyle::None, &layers, shown).is_empty());
+    }
+
+    #[test]
+    fn rejection_rounds_retry_after_up() {
+        let mut refused = layer("login", 5, 0, 3_000_000);
+        refused.decision.allowed = false;
+        refused.decision.retry_after_us = 1_000_001;
+        let r = rejection(HeaderStyle::None, &[refused], &refused);
+        assert_eq!(r.status, 429);
+        assert_eq!(
+            r.body,
+            "{\"error\":\"rate_limited\",\"limit\":\"login\",\"retry_after_ms\":1001}"
+        );
+        assert!(r.headers.contains(&("Retry-After", "2".to_string())));
+        refused.decision.retry_after_us = 10;
+        let r = rejection(HeaderStyle::None, &[refused], &refused);
+        assert!(r.headers.contains(&("Retry-After", "1".to_string())));
+        assert!(r.body.ends_with("\"retry_after_ms\":1}"));
+    }
+}

@@ -1,0 +1,122 @@
+use std::sync::Arc;
+
+use super::*;
+use crate::algorithm::Algorithm;
+use crate::clock::ManualClock;
+
+const SEC: u64 = 1_000_000;
+const T0: u64 = 1_800_000_000 * SEC;
+
+fn check(layer: usize, algorithm: Algorithm, identity: u128, cost: u64) -> Check {
+    Check {
+        layer,
+        algorithm,
+        key: StateKey {
+            limit: layer as u64 + 100,
+            identity,
+        },
+        cost,
+        shadow: false,
+    }
+}
+
+fn bucket(capacity: u64) -> Algorithm {
+    Algorithm::TokenBucket {
+        capacity,
+        interval_us: SEC,
+    }
+}
+
+fn limiter(max_keys: usize) -> (Arc<ManualClock>, LocalLimiter) {
+    let clock = Arc::new(ManualClock::new(T0));
+    (clock.clone(), LocalLimiter::new(max_keys, clock))
+}
+
+#[test]
+fn a_refusal_by_one_layer_charges_no_layer() {
+    let (_, l) = limiter(1000);
+    let wide = check(0, bucket(10), 1, 1);
+    let narrow = check(1, bucket(2), 1, 1);
+    let both = [wide.clone(), narrow.clone()];
+    for _ in 0..2 {
+        assert!(admitted(&both, &l.decide_now(&both)));
+    }
+    for _ in 0..5 {
+        let d = l.decide_now(&both);
+        assert!(!admitted(&both, &d));
+        assert!(d[0].allowed && !d[1].allowed);
+    }
+    // The wide layer was charged for the two admitted requests only.
+    assert_eq!(l.decide_now(&[wide])[0].remaining, 7);
+}
+
+#[test]
+fn shadow_layers_never_refuse_and_are_charged_only_when_they_admit() {
+    let (_, l) = limiter(1000);
+    let mut shadow = check(0, bucket(1), 1, 1);
+    shadow.shadow = true;
+    let real = check(1, bucket(5), 1, 1);
+    let both = [shadow.clone(), real];
+    for i in 0..4 {
+        let d = l.decide_now(&both);
+        assert!(admitted(&both, &d));
+        assert_eq!(d[0].allowed, i == 0);
+    }
+}
+
+#[test]
+fn refused_requests_store_nothing_and_keys_are_capped() {
+    let (clock, l) = limiter(128);
+    let zero_left = bucket(1);
+    for id in 0..10_000u128 {
+        l.decide_now(&[check(0, zero_left, id, 1)]);
+    }
+    assert!(l.len() <= 128, "held {}", l.len());
+    // Oversized requests are refused and leave nothing behind.
+    let (_, empty) = limiter(128);
+    empty.decide_now(&[check(0, zero_left, 1, 5)]);
+    assert!(empty.is_empty());
+    // Everything idles out after a full refill.
+    clock.advance(2 * SEC);
+    let held = l.len();
+    assert!(held > 0);
+    assert_eq!(l.sweep(), held);
+    assert!(l.is_empty());
+}
+
+#[test]
+fn idle_keys_are_swept() {
+    let (clock, l) = limiter(1000);
+    for id in 0..50u128 {
+        l.decide_now(&[check(0, bucket(3), id, 1)]);
+    }
+    assert_eq!(l.len(), 50);
+    clock.advance(SEC - 1);
+    assert_eq!(l.sweep(), 0);
+    clock.advance(1);
+    assert_eq!(l.sweep(), 50);
+    assert!(l.is_empty());
+}
+
+#[test]
+fn concurrent_callers_never_exceed_the_bucket() {
+    let (_, l) = limiter(1000);
+    let l = Arc::new(l);
+    let admitted_total: usize = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let l = l.clone();
+                s.spawn(move || {
+                    let checks = [check(0, bucket(100), 7, 1), check(1, bucket(1000), 7, 1)];
+                    (0..200)
+                        .filter(|_| admitted(&checks, &l.decide_now(&checks)))
+                        .count()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or(0)).sum()
+    });
+    assert_eq!(admitted_total, 100);
+    let d = l.decide_now(&[check(1, bucket(1000), 7, 0)]);
+    assert_eq!(d[0].remaining, 900);
+}

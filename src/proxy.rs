@@ -1,0 +1,315 @@
+//! The Pingora `ProxyHttp` implementation: phase hooks only, no arithmetic.
+//!
+//! ```text
+//! request_filter   identify -> plan layers -> one limiter call
+//!                  refused: 429 written here, upstream never touched
+//!                  leaky bucket: wait for the slot, then go on
+//! upstream_peer    round robin over [upstream].servers
+//! response_filter  rate-limit headers of the most constrained layer
+//! fail_to_proxy    upstream down or slow: 502 / 504 with a JSON body
+//! ```
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use bytes::Bytes;
+use log::{info, warn};
+use pingora::http::ResponseHeader;
+use pingora::prelude::HttpPeer;
+use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use pingora::{Error, ErrorSource, ErrorType, Result};
+
+use crate::config::{Config, HeaderStyle, UpstreamSettings};
+use crate::headers::{self, Layer};
+use crate::limiter::{Limiter, LimiterError};
+use crate::policy::{Check, Plan, Policy};
+
+/// Everything one configuration generation needs to serve requests. Swapped
+/// whole on reload; a request keeps the generation it started with.
+pub struct Runtime {
+    pub policy: Arc<Policy>,
+    pub headers: HeaderStyle,
+    pub limiter: Arc<dyn Limiter>,
+    pub upstream: Upstreams,
+}
+
+/// Resolved upstream addresses, taken in turn.
+pub struct Upstreams {
+    addrs: Vec<SocketAddr>,
+    next: AtomicUsize,
+    settings: UpstreamSettings,
+}
+
+impl Upstreams {
+    pub fn resolve(settings: &UpstreamSettings) -> std::io::Result<Upstreams> {
+        use std::net::ToSocketAddrs;
+        let mut addrs = Vec::new();
+        for server in &settings.servers {
+            addrs.extend(server.to_socket_addrs()?);
+        }
+        if addrs.is_empty() {
+            return Err(std::io::Error::other("no upstream address resolved"));
+        }
+        Ok(Upstreams {
+            addrs,
+            next: AtomicUsize::new(0),
+            settings: settings.clone(),
+        })
+    }
+
+    fn pick(&self) -> HttpPeer {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.addrs.len();
+        let mut peer = HttpPeer::new(self.addrs[i], self.settings.tls, self.settings.sni.clone());
+        peer.options.connection_timeout = Some(self.settings.connect_timeout);
+        peer.options.total_connection_timeout = Some(self.settings.connect_timeout);
+        peer.options.read_timeout = Some(self.settings.read_timeout);
+        peer
+    }
+}
+
+impl Runtime {
+    pub fn new(config: &Config, limiter: Arc<dyn Limiter>) -> std::io::Result<Runtime> {
+        Ok(Runtime {
+            policy: config.policy.clone(),
+            headers: config.headers,
+            limiter,
+            upstream: Upstreams::resolve(&config.upstream)?,
+        })
+    }
+}
+
+pub struct Gateway {
+    runtime: Arc<ArcSwap<Runtime>>,
+}
+
+impl Gateway {
+    pub fn new(runtime: Arc<ArcSwap<Runtime>>) -> Self {
+        Gateway { runtime }
+    }
+}
+
+#[derive(Default)]
+pub struct RequestCtx {
+    runtime: Option<Arc<Runtime>>,
+    /// Rate-limit headers to add to the upstream's response.
+    rate_headers: Vec<(&'static str, String)>,
+}
+
+fn peer_ip(session: &Session) -> IpAddr {
+    session
+        .client_addr()
+        .and_then(|a| a.as_inet())
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip())
+}
+
+/// A body the client is still sending would be left unread by an early
+/// answer, so the connection cannot be reused after it.
+fn request_has_body(session: &Session) -> bool {
+    let headers = &session.req_header().headers;
+    headers.contains_key(http::header::TRANSFER_ENCODING)
+        || headers
+            .get(http::header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0")
+}
+
+async fn respond(
+    session: &mut Session,
+    status: u16,
+    headers: &[(&'static str, String)],
+    body: String,
+) -> Result<()> {
+    let mut header = ResponseHeader::build(status, Some(headers.len() + 1))?;
+    for (name, value) in headers {
+        header.insert_header(*name, value.as_str())?;
+    }
+    header.insert_header("Content-Length", body.len().to_string())?;
+    if request_has_body(session) {
+        session.set_keepalive(None);
+    }
+    session
+        .write_response_header(Box::new(header), false)
+        .await?;
+    session
+        .write_response_body(Some(Bytes::from(body)), true)
+        .await
+}
+
+fn layers<'a>(
+    runtime: &'a Runtime,
+    checks: &[Check],
+    decisions: &[crate::algorithm::Decision],
+) -> Vec<Layer<'a>> {
+    checks
+        .iter()
+        .zip(decisions)
+        .filter(|(c, _)| !c.shadow)
+        .map(|(c, d)| Layer {
+            name: &runtime.policy.limits[c.layer].name,
+            algorithm: c.algorithm,
+            decision: *d,
+        })
+        .collect()
+}
+
+#[async_trait]
+impl ProxyHttp for Gateway {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> Self::CTX {
+        RequestCtx::default()
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
+        let runtime = self.runtime.load_full();
+        ctx.runtime = Some(runtime.clone());
+        let request = session.req_header();
+        let client = runtime
+            .policy
+            .clients
+            .identify(peer_ip(session), &request.headers);
+        let checks = match runtime.policy.plan(
+            &request.method,
+            request.uri.path(),
+            &client,
+            &request.headers,
+        ) {
+            Plan::Exempt => return Ok(false),
+            Plan::Check(checks) if checks.is_empty() => return Ok(false),
+            Plan::Check(checks) => checks,
+        };
+        let decisions = match runtime.limiter.decide(&checks).await {
+            Ok(d) => d,
+            Err(e) => return limiter_failed(session, e).await,
+        };
+        for (check, decision) in checks.iter().zip(&decisions) {
+            if check.shadow && !decision.allowed {
+                info!(
+                    "shadow limit would refuse: {} limit={} retry_after_ms={}",
+                    client.log_label(),
+                    runtime.policy.limits[check.layer].name,
+                    headers::ceil_ms(decision.retry_after_us)
+                );
+            }
+        }
+        let enforced = layers(&runtime, &checks, &decisions);
+        if let Some(refused) = headers::refusing(&enforced) {
+            info!(
+                "rate limited: {} limit={} retry_after_ms={}{}",
+                client.log_label(),
+                refused.name,
+                headers::ceil_ms(refused.decision.retry_after_us),
+                if refused.decision.cost_exceeds_limit {
+                    " (cost exceeds the limit)"
+                } else {
+                    ""
+                }
+            );
+            let r = headers::rejection(runtime.headers, &enforced, refused);
+            respond(session, r.status, &r.headers, r.body).await?;
+            return Ok(true);
+        }
+        if let Some(shown) = headers::most_constrained(&enforced) {
+            ctx.rate_headers = headers::rate_limit_headers(runtime.headers, &enforced, shown);
+        }
+        let delay_us = decisions.iter().map(|d| d.delay_us).max().unwrap_or(0);
+        if delay_us > 0 {
+            tokio::time::sleep(Duration::from_micros(delay_us)).await;
+        }
+        Ok(false)
+    }
+
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        ctx: &mut Self::CTX,
+    ) -> Result<Box<HttpPeer>> {
+        let runtime = match &ctx.runtime {
+            Some(r) => r.clone(),
+            None => self.runtime.load_full(),
+        };
+        Ok(Box::new(runtime.upstream.pick()))
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        ctx: &mut Self::CTX,
+    ) -> Result<()> {
+        for (name, value) in ctx.rate_headers.drain(..) {
+            upstream_response.insert_header(name, value)?;
+        }
+        Ok(())
+    }
+
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        _ctx: &mut Self::CTX,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        // Nothing reached that server, so the next one may take the request.
+        e.set_retry(true);
+        e
+    }
+
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        _ctx: &mut Self::CTX,
+    ) -> FailToProxy {
+        let (status, error) = match (e.esource(), e.etype()) {
+            (_, ErrorType::HTTPStatus(code)) => (*code, "bad_request"),
+            (ErrorSource::Upstream, ErrorType::ReadTimedout | ErrorType::ConnectTimedout) => {
+                (504, "upstream_timeout")
+            }
+            (ErrorSource::Upstream, _) => (502, "upstream_unavailable"),
+            (
+                ErrorSource::Downstream,
+                ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed,
+            ) => (0, ""),
+            (ErrorSource::Downstream, _) => (400, "bad_request"),
+            _ => (500, "internal_error"),
+        };
+        if status > 0 {
+            let body = format!("{{\"error\":\"{error}\"}}");
+            let headers = [
+                ("Content-Type", "application/json".to_string()),
+                ("Cache-Control", "no-store".to_string()),
+            ];
+            session.set_keepalive(None);
+            if let Err(write_error) = respond(session, status, &headers, body).await {
+                warn!("could not send the {status} answer: {write_error}");
+            }
+        }
+        FailToProxy {
+            error_code: status,
+            can_reuse_downstream: false,
+        }
+    }
+}
+
+/// Until the Redis failure modes exist, a limiter that cannot decide refuses
+/// with 503 rather than guessing.
+async fn limiter_failed(session: &mut Session, e: LimiterError) -> Result<bool> {
+    warn!("limiter failed: {e}");
+    let headers = [
+        ("Content-Type", "application/json".to_string()),
+        ("Cache-Control", "no-store".to_string()),
+        ("Retry-After", "1".to_string()),
+    ];
+    respond(
+        session,
+        503,
+        &headers,
+        "{\"error\":\"limiter_unavailable\"}".into(),
+    )
+    .await?;
+    Ok(true)
+}

@@ -1,0 +1,77 @@
+//! Wires a validated `Config` into a Pingora server.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use pingora::server::configuration::{Opt, ServerConf};
+use pingora::server::Server;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::{background_service, BackgroundService};
+
+use crate::clock::{Clock, SystemClock};
+use crate::config::Config;
+use crate::limiter::LocalLimiter;
+use crate::proxy::{Gateway, Runtime};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("{file}: upstream.servers: {source}")]
+    Upstream {
+        file: String,
+        source: std::io::Error,
+    },
+    #[error("{file}: redis: the Redis store is not available in this version; remove [redis] to use the memory store")]
+    RedisUnsupported { file: String },
+}
+
+/// Drops idle keys of the memory store now and then, so that memory follows
+/// the number of active clients rather than every client ever seen.
+struct Sweeper {
+    store: Arc<LocalLimiter>,
+}
+
+#[async_trait::async_trait]
+impl BackgroundService for Sweeper {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(10));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => { self.store.sweep(); }
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}
+
+/// Builds the server for `config`; `run_forever` it to serve.
+pub fn build(config: &Config) -> Result<Server, BuildError> {
+    let file = config.file.display().to_string();
+    if config.redis.is_some() {
+        return Err(BuildError::RedisUnsupported { file });
+    }
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let store = Arc::new(LocalLimiter::new(config.max_keys, clock));
+    let runtime = Runtime::new(config, store.clone()).map_err(|source| BuildError::Upstream {
+        file: file.clone(),
+        source,
+    })?;
+
+    let grace = config.server.grace_period.as_secs().max(1);
+    let conf = ServerConf {
+        threads: config.server.threads,
+        grace_period_seconds: Some(grace),
+        graceful_shutdown_timeout_seconds: Some(grace),
+        ..ServerConf::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
+    server.bootstrap();
+
+    let gateway = Gateway::new(Arc::new(ArcSwap::from_pointee(runtime)));
+    let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, gateway);
+    for addr in &config.server.listen {
+        proxy.add_tcp(&addr.to_string());
+    }
+    server.add_service(proxy);
+    server.add_service(background_service("memory sweeper", Sweeper { store }));
+    Ok(server)
+}

@@ -1,0 +1,108 @@
+//! What `floodgate check` prints: the configuration as floodgate understood it.
+
+use std::fmt::Write;
+
+use crate::config::Config;
+use crate::policy::OnFailure;
+
+pub fn describe(config: &Config) -> String {
+    let mut out = String::new();
+    let listen: Vec<String> = config.server.listen.iter().map(|a| a.to_string()).collect();
+    let _ = writeln!(out, "{}: ok", config.file.display());
+    let _ = writeln!(out, "listen    {}", listen.join(", "));
+    if let Some(admin) = config.server.admin_listen {
+        let _ = writeln!(out, "admin     {admin}");
+    }
+    let _ = writeln!(out, "upstream  {}", config.upstream.servers.join(", "));
+    match &config.redis {
+        Some(r) => {
+            let target = r.url.clone().unwrap_or_else(|| r.cluster.join(", "));
+            let _ = writeln!(
+                out,
+                "store     redis {} (timeout {:?}, on_failure {}, {} instance(s))",
+                redact(&target),
+                r.timeout,
+                failure(r.on_failure),
+                r.instances
+            );
+        }
+        None => {
+            let _ = writeln!(out, "store     memory (at most {} keys)", config.max_keys);
+        }
+    }
+    let policy = &config.policy;
+    let _ = writeln!(out, "layers    {}", policy.limits.len());
+    for limit in &policy.limits {
+        let mut flags = Vec::new();
+        if limit.shadow {
+            flags.push("shadow".to_string());
+        }
+        if let Some(f) = limit.on_failure {
+            flags.push(format!("on_failure={}", failure(f)));
+        }
+        let _ = writeln!(
+            out,
+            "  {:<16} key={:<10} {} on {}{}",
+            limit.name,
+            limit.key.describe(),
+            limit.algorithm,
+            limit.matcher.describe(),
+            if flags.is_empty() {
+                String::new()
+            } else {
+                format!(" [{}]", flags.join(", "))
+            }
+        );
+        for (tier, algorithm) in &limit.tiers {
+            let _ = writeln!(out, "  {:<16}   tier {tier}: {algorithm}", "");
+        }
+        for cost in &policy.costs {
+            if cost.cost > limit.algorithm.quota() && cost.matcher.may_overlap(&limit.matcher) {
+                let _ = writeln!(
+                    out,
+                    "  warning: cost {} on {} exceeds this limit's quota {}: such requests are always refused",
+                    cost.cost,
+                    cost.matcher.describe(),
+                    limit.algorithm.quota()
+                );
+            }
+        }
+    }
+    for cost in &policy.costs {
+        let _ = writeln!(
+            out,
+            "cost      {} on {}",
+            cost.cost,
+            cost.matcher.describe()
+        );
+    }
+    if !policy.exempt_paths.is_empty() || !policy.exempt_tiers.is_empty() {
+        let paths: Vec<&str> = policy.exempt_paths.iter().map(|p| p.as_str()).collect();
+        let tiers: Vec<&str> = policy.exempt_tiers.iter().map(|t| &**t).collect();
+        let _ = writeln!(
+            out,
+            "exempt    paths [{}] tiers [{}]",
+            paths.join(", "),
+            tiers.join(", ")
+        );
+    }
+    out
+}
+
+fn failure(f: OnFailure) -> &'static str {
+    match f {
+        OnFailure::Local => "local",
+        OnFailure::Allow => "allow",
+        OnFailure::Deny => "deny",
+    }
+}
+
+/// Hides a password in a redis URL.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***{}", &url[..scheme], &url[at..])
+        }
+        _ => url.to_string(),
+    }
+}
