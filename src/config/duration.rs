@@ -19,7 +19,7 @@ pub fn parse(text: &str) -> Result<Duration, String> {
         "d" => 86_400_000,
         _ => {
             return Err(format!(
-                "\"{text}\": unknown unit \"{unit}\" (use ms, s, m, h or d)"
+                "\"{text}\" is not a duration like \"250ms\", \"1s\", \"15m\", \"1h\" (units: ms, s, m, h, d)"
             ))
         }
     };
@@ -40,7 +40,7 @@ mod tests {
         assert_eq!(parse("15m"), Ok(Duration::from_secs(900)));
         assert_eq!(parse("1h"), Ok(Duration::from_secs(3600)));
         assert!(parse("10").unwrap_err().contains("no unit"));
-        assert!(parse("1.5s").unwrap_err().contains("unknown unit"));
+        assert!(parse("1.5s").unwrap_err().contains("is not a duration"));
         assert!(parse("s").is_err());
         assert!(parse("5 fortnights").is_err());
         assert!(parse("99999999999999999999d").is_err());

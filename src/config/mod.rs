@@ -306,19 +306,38 @@ impl Config {
     /// Validates `text` as if read from `file`.
     pub fn parse(file: &Path, text: &str) -> Result<Config, ConfigError> {
         let raw: FileConfig = toml::from_str(text).map_err(|e| {
-            let span = e.span();
-            let (line, key) = match &span {
-                Some(span) => (
-                    Some(source::line_of(text, span.start)),
-                    render_path(&source::path_at(text, span.clone())),
-                ),
-                None => (None, String::new()),
-            };
+            let mut path = e
+                .span()
+                .map(|span| source::path_at(text, span))
+                .unwrap_or_default();
+            let message = plain_types(e.message().trim());
+            // A missing key has no line of its own: name it under its table.
+            if let Some(missing) = message
+                .strip_prefix("missing field `")
+                .and_then(|m| m.split('`').next())
+            {
+                let whole_file = e
+                    .span()
+                    .is_none_or(|s| s.start == 0 && (s.end == 0 || s.end >= text.trim_end().len()));
+                if whole_file {
+                    path.clear();
+                }
+                path.push(Segment::Key(missing.to_string()));
+                let line = (!whole_file)
+                    .then(|| e.span().map(|s| source::line_of(text, s.start)))
+                    .flatten();
+                return ConfigError {
+                    file: file.to_path_buf(),
+                    line,
+                    key: render_path(&path),
+                    message: "is required".into(),
+                };
+            }
             ConfigError {
                 file: file.to_path_buf(),
-                line,
-                key,
-                message: e.message().trim().to_string(),
+                line: e.span().map(|s| source::line_of(text, s.start)),
+                key: render_path(&path),
+                message,
             }
         })?;
         let redis_url_env = std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty());
@@ -329,6 +348,16 @@ impl Config {
             message,
         })
     }
+}
+
+/// serde names Rust types; users wrote TOML.
+fn plain_types(message: &str) -> String {
+    message
+        .replace("expected f64", "expected a number")
+        .replace("expected u64", "expected a whole number")
+        .replace("expected i64", "expected a whole number")
+        .replace("expected usize", "expected a whole number")
+        .replace("expected a boolean", "expected true or false")
 }
 
 // ---------------------------------------------------------------------------

@@ -1,0 +1,124 @@
+//! The command line: `check` on good and bad files, and a bad config never starts.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+fn check(file: &str) -> std::process::Output {
+    Command::new(binary())
+        .args(["check", file])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run floodgate check")
+}
+
+/// Every fixture under tests/fixtures/bad is refused with exactly the message
+/// in its `.expected` file: the file, the line, the key and the reason.
+#[test]
+fn bad_configs_are_refused_with_their_exact_messages() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bad");
+    let mut fixtures: Vec<_> = std::fs::read_dir(&dir)
+        .expect("fixtures")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    fixtures.sort();
+    assert!(fixtures.len() >= 15, "fixtures missing: {}", fixtures.len());
+    for fixture in fixtures {
+        let name = fixture.file_name().and_then(|n| n.to_str()).expect("name");
+        let relative = format!("tests/fixtures/bad/{name}");
+        let expected = std::fs::read_to_string(fixture.with_extension("expected"))
+            .unwrap_or_else(|_| panic!("{name} has no .expected file"));
+        let out = check(&relative);
+        assert!(!out.status.success(), "{name} was accepted");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            format!("error: {expected}"),
+            "{name}"
+        );
+        assert!(
+            expected.starts_with(&relative),
+            "{name}: message names the file"
+        );
+    }
+}
+
+#[test]
+fn shipped_configs_pass_check() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec!["proxy.toml".to_string()];
+    for entry in std::fs::read_dir(root.join("examples"))
+        .expect("examples")
+        .flatten()
+    {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            files.push(format!("examples/{}", entry.file_name().to_string_lossy()));
+        }
+    }
+    for file in files {
+        let out = check(&file);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.starts_with(&format!("{file}: ok")), "{stdout}");
+        assert!(stdout.contains("per-ip"), "{stdout}");
+    }
+}
+
+#[test]
+fn the_proxy_does_not_start_on_a_bad_config() {
+    let out = Command::new(binary())
+        .args(["--config", "tests/fixtures/bad/zero_rate.toml"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run floodgate");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "tests/fixtures/bad/zero_rate.toml:12: limits[0].refill_rate: must be more than 0"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn unknown_arguments_print_usage() {
+    let out = Command::new(binary()).arg("--bogus").output().expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("usage:"));
+}
+
+#[test]
+fn check_prints_the_resolved_layers() {
+    let dir = temp_dir();
+    let file = dir.join("p.toml");
+    let body = "[clients.api_keys]\n\"k\" = \"pro\"\n[[limits]]\nname = \"per-account\"\nkey = \"api_key\"\nalgorithm = \"token_bucket\"\ncapacity = 100\nrefill_rate = 10\n[limits.tiers.pro]\ncapacity = 500\n";
+    std::fs::write(
+        &file,
+        config_text(
+            "127.0.0.1:1".parse().expect("addr"),
+            "127.0.0.1:2".parse().expect("addr"),
+            body,
+        ),
+    )
+    .expect("write");
+    let out = check(file.to_str().expect("path"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("per-account      key=api_key    token_bucket capacity=100 refill_rate=10.000/s on all requests"), "{stdout}");
+    assert!(
+        stdout.contains("tier pro: token_bucket capacity=500 refill_rate=10.000/s"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("store     memory (at most 1000000 keys)"),
+        "{stdout}"
+    );
+}

@@ -1,0 +1,415 @@
+//! Test parts: a real upstream that counts what reaches it, the real
+//! floodgate binary on a free port, and a plain HTTP/1.1 client.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// What the upstream saw of one request.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub at: Instant,
+    pub method: String,
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+}
+
+/// An HTTP/1.1 server on 127.0.0.1 answering 200 "ok" (or, for
+/// `/slow/<ms>`, after that many milliseconds), recording every request.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Upstream {
+    pub fn start() -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind upstream");
+        let addr = listener.local_addr().expect("upstream addr");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (seen2, stop2) = (seen.clone(), stop.clone());
+        thread::spawn(move || {
+            for stream in listener.incoming() {
+                if stop2.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(stream) = stream else { continue };
+                let seen = seen2.clone();
+                thread::spawn(move || serve_upstream(stream, seen));
+            }
+        });
+        Upstream { addr, seen, stop }
+    }
+
+    pub fn count(&self) -> usize {
+        self.seen.lock().map(|s| s.len()).unwrap_or(0)
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    pub fn reset(&self) {
+        if let Ok(mut s) = self.seen.lock() {
+            s.clear();
+        }
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+fn serve_upstream(stream: TcpStream, seen: Arc<Mutex<Vec<Seen>>>) {
+    let mut writer = match stream.try_clone() {
+        Ok(w) => w,
+        Err(_) => return,
+    };
+    let mut reader = BufReader::new(stream);
+    loop {
+        let Some(line) = read_line_lossy(&mut reader) else {
+            return;
+        };
+        let mut parts = line.split_whitespace();
+        let method = parts.next().unwrap_or("").to_string();
+        let path = parts.next().unwrap_or("").to_string();
+        let mut headers = Vec::new();
+        let mut content_length = 0usize;
+        loop {
+            let Some(h) = read_line_lossy(&mut reader) else {
+                return;
+            };
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                let (k, v) = (k.trim().to_ascii_lowercase(), v.trim().to_string());
+                if k == "content-length" {
+                    content_length = v.parse().unwrap_or(0);
+                }
+                headers.push((k, v));
+            }
+        }
+        let mut body = vec![0u8; content_length];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        if let Ok(mut s) = seen.lock() {
+            s.push(Seen {
+                at: Instant::now(),
+                method,
+                path: path.clone(),
+                headers,
+            });
+        }
+        if let Some(ms) = path.strip_prefix("/slow/").and_then(|m| m.parse().ok()) {
+            thread::sleep(Duration::from_millis(ms));
+        }
+        let reply = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok";
+        if writer.write_all(reply.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+/// Header bytes need not be UTF-8; the upstream must still answer.
+fn read_line_lossy(reader: &mut impl BufRead) -> Option<String> {
+    let mut bytes = Vec::new();
+    match reader.read_until(b'\n', &mut bytes) {
+        Ok(0) | Err(_) => None,
+        Ok(_) => Some(String::from_utf8_lossy(&bytes).into_owned()),
+    }
+}
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+static DIRS: AtomicUsize = AtomicUsize::new(0);
+
+/// A fresh directory for one test's files.
+pub fn temp_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "floodgate-test-{}-{}",
+        std::process::id(),
+        DIRS.fetch_add(1, Ordering::SeqCst)
+    ));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_floodgate")
+}
+
+/// The real binary serving a config, stopped (by its PID) on drop.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    pub config_path: PathBuf,
+    pub log_path: PathBuf,
+    child: Child,
+}
+
+/// Fills the `{listen}` and `{upstream}` placeholders of a config body.
+pub fn config_text(listen: SocketAddr, upstream: SocketAddr, body: &str) -> String {
+    format!(
+        "[server]\nlisten = \"{listen}\"\nthreads = 2\ngrace_period = \"1s\"\n\n[upstream]\nservers = [\"{upstream}\"]\nconnect_timeout = \"500ms\"\nread_timeout = \"5s\"\n\n{body}"
+    )
+}
+
+impl Proxy {
+    /// Starts floodgate in front of `upstream` with `[server]` and
+    /// `[upstream]` filled in and `body` (the rest of the file) appended.
+    pub fn start(upstream: &Upstream, body: &str) -> Proxy {
+        Proxy::start_with(upstream.addr, body, &[])
+    }
+
+    pub fn start_with(upstream: SocketAddr, body: &str, env: &[(&str, &str)]) -> Proxy {
+        let dir = temp_dir();
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        let config_path = dir.join("proxy.toml");
+        std::fs::write(&config_path, config_text(addr, upstream, body)).expect("write config");
+        Proxy::spawn(addr, config_path, env)
+    }
+
+    pub fn spawn(addr: SocketAddr, config_path: PathBuf, env: &[(&str, &str)]) -> Proxy {
+        let log_path = config_path.with_extension("log");
+        let log = std::fs::File::create(&log_path).expect("log file");
+        let mut command = Command::new(binary());
+        command
+            .arg("--config")
+            .arg(&config_path)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log);
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let child = command.spawn().expect("spawn floodgate");
+        let mut proxy = Proxy {
+            addr,
+            config_path,
+            log_path,
+            child,
+        };
+        proxy.wait_ready();
+        proxy
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("floodgate exited with {status}: {}", self.log());
+            }
+            if TcpStream::connect(self.addr).is_ok() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "floodgate did not listen on {} in time: {}",
+            self.addr,
+            self.log()
+        );
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub fn get(&self, path: &str) -> Response {
+        request(self.addr, "GET", path, &[], b"")
+    }
+
+    pub fn send(&self, method: &str, path: &str, headers: &[(&str, &str)]) -> Response {
+        request(self.addr, method, path, headers, b"")
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn has_rate_headers(&self) -> bool {
+        self.header("ratelimit-limit").is_some() || self.header("ratelimit").is_some()
+    }
+}
+
+/// One request on a fresh connection; status 0 when no response came.
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Response {
+    let mut raw =
+        format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n").into_bytes();
+    for (k, v) in headers {
+        raw.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
+    }
+    if !body.is_empty() {
+        raw.extend_from_slice(format!("Content-Length: {}\r\n", body.len()).as_bytes());
+    }
+    raw.extend_from_slice(b"\r\n");
+    raw.extend_from_slice(body);
+    raw_request(addr, &raw)
+}
+
+/// Sends bytes as they are and reads one response.
+pub fn raw_request(addr: SocketAddr, raw: &[u8]) -> Response {
+    let failed = Response {
+        status: 0,
+        headers: Vec::new(),
+        body: String::new(),
+    };
+    let Ok(mut stream) = TcpStream::connect(addr) else {
+        return failed;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(15)));
+    if stream.write_all(raw).is_err() {
+        return failed;
+    }
+    let mut reader = BufReader::new(stream);
+    let mut status_line = String::new();
+    if reader.read_line(&mut status_line).unwrap_or(0) == 0 {
+        return failed;
+    }
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let mut headers = Vec::new();
+    let mut content_length = None;
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h).unwrap_or(0) == 0 {
+            break;
+        }
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                content_length = v.trim().parse::<usize>().ok();
+            }
+            headers.push((k.trim().to_string(), v.trim().to_string()));
+        }
+    }
+    let mut body = Vec::new();
+    match content_length {
+        Some(n) => {
+            body.resize(n, 0);
+            let _ = reader.read_exact(&mut body);
+        }
+        None => {
+            let _ = reader.read_to_end(&mut body);
+        }
+    }
+    let _ = reader.get_ref().shutdown(Shutdown::Both);
+    Response {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+/// `n` requests released together from `n` threads.
+pub fn burst(
+    addr: SocketAddr,
+    n: usize,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Vec<Response> {
+    let barrier = Arc::new(Barrier::new(n));
+    let headers: Vec<(String, String)> = headers
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let barrier = barrier.clone();
+            let headers = headers.clone();
+            let (method, path) = (method.to_string(), path.to_string());
+            thread::spawn(move || {
+                let h: Vec<(&str, &str)> = headers
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect();
+                barrier.wait();
+                request(addr, &method, &path, &h, b"")
+            })
+        })
+        .collect();
+    handles.into_iter().filter_map(|h| h.join().ok()).collect()
+}
+
+pub fn count_status(responses: &[Response], status: u16) -> usize {
+    responses.iter().filter(|r| r.status == status).count()
+}
+
+/// Polls `condition` until it holds or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if condition() {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    condition()
+}
+
+/// Microseconds since the Unix epoch, as floodgate's clock counts.
+pub fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,506 @@
+//! End to end: the real binary in front of a real upstream, over HTTP.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const PER_IP: &str = r#"
+[[limits]]
+name = "per-ip"
+key = "ip"
+algorithm = "token_bucket"
+capacity = 20
+refill_rate = 2
+"#;
+
+#[test]
+fn token_bucket_burst_admits_exactly_capacity_then_refills() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(&upstream, PER_IP);
+    let started = Instant::now();
+    let responses = burst(proxy.addr, 30, "GET", "/", &[]);
+    let elapsed = started.elapsed();
+    let admitted = count_status(&responses, 200);
+    // 2 tokens a second: a burst that took longer than 0.5 s may have earned more.
+    let refilled = (elapsed.as_millis() / 500) as usize;
+    assert!(
+        (20..=20 + refilled).contains(&admitted),
+        "admitted {admitted} in {elapsed:?}"
+    );
+    assert_eq!(count_status(&responses, 429), 30 - admitted);
+    assert_eq!(
+        upstream.count(),
+        admitted,
+        "the upstream saw only admitted requests"
+    );
+
+    let refused = proxy.get("/");
+    assert_eq!(refused.status, 429);
+    let retry_ms: u64 = refused
+        .body
+        .split("\"retry_after_ms\":")
+        .nth(1)
+        .and_then(|s| s.trim_end_matches('}').parse().ok())
+        .expect("retry_after_ms in body");
+    assert!(retry_ms <= 500, "{retry_ms}");
+    // Refill is real time passing: wait out what the proxy said, then retry.
+    std::thread::sleep(Duration::from_millis(retry_ms));
+    assert_eq!(proxy.get("/").status, 200);
+}
+
+#[test]
+fn headers_and_429_have_exact_syntax() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(
+        &upstream,
+        r#"
+[[limits]]
+name = "per-ip"
+key = "ip"
+algorithm = "token_bucket"
+capacity = 3
+refill_rate = 0.5
+
+[[limits]]
+name = "per-minute"
+key = "ip"
+algorithm = "fixed_window"
+limit = 100
+window = "1m"
+"#,
+    );
+    let first = proxy.get("/");
+    assert_eq!(first.status, 200);
+    assert_eq!(first.body, "ok");
+    assert_eq!(first.header("RateLimit-Limit"), Some("3"));
+    assert_eq!(first.header("RateLimit-Remaining"), Some("2"));
+    assert_eq!(first.header("RateLimit-Reset"), Some("2"));
+    let policy = first.header("RateLimit-Policy").expect("policy");
+    let t: u64 = first
+        .header("RateLimit-Reset")
+        .and_then(|v| v.parse().ok())
+        .expect("reset");
+    assert_eq!(policy, "\"per-ip\";q=3;w=6, \"per-minute\";q=100;w=60");
+    assert_eq!(
+        first.header("RateLimit"),
+        Some(format!("\"per-ip\";r=2;t={t}").as_str())
+    );
+
+    proxy.get("/");
+    proxy.get("/");
+    let refused = proxy.get("/");
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.header("Content-Type"), Some("application/json"));
+    assert_eq!(refused.header("Cache-Control"), Some("no-store"));
+    assert_eq!(refused.header("RateLimit-Remaining"), Some("0"));
+    let prefix = "{\"error\":\"rate_limited\",\"limit\":\"per-ip\",\"retry_after_ms\":";
+    assert!(refused.body.starts_with(prefix), "{}", refused.body);
+    let ms: u64 = refused.body[prefix.len()..]
+        .trim_end_matches('}')
+        .parse()
+        .expect("number");
+    assert!(ms > 1000 && ms <= 2000, "{ms}");
+    let retry_after: u64 = refused
+        .header("Retry-After")
+        .and_then(|v| v.parse().ok())
+        .expect("Retry-After");
+    assert_eq!(retry_after, ms.div_ceil(1000).max(1));
+}
+
+#[test]
+fn header_styles_can_be_chosen() {
+    let upstream = Upstream::start();
+    for (style, legacy, draft) in [
+        ("legacy", true, false),
+        ("draft", false, true),
+        ("none", false, false),
+    ] {
+        let proxy = Proxy::start(
+            &upstream,
+            &format!("{PER_IP}\n[response]\nheaders = \"{style}\"\n"),
+        );
+        let r = proxy.get("/");
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("RateLimit-Limit").is_some(), legacy, "{style}");
+        assert_eq!(r.header("RateLimit-Policy").is_some(), draft, "{style}");
+        assert_eq!(r.header("RateLimit").is_some(), draft, "{style}");
+    }
+}
+
+#[test]
+fn a_request_refused_by_login_costs_nothing_from_per_ip() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(
+        &upstream,
+        r#"
+[[limits]]
+name = "per-ip"
+key = "ip"
+algorithm = "token_bucket"
+capacity = 10
+refill_rate = 0.01
+
+[[limits]]
+name = "login"
+key = "ip"
+algorithm = "sliding_log"
+limit = 2
+window = "1m"
+match = { methods = ["POST"], paths = ["/login"] }
+"#,
+    );
+    let logins: Vec<u16> = (0..5)
+        .map(|_| request(proxy.addr, "POST", "/login", &[], b"user=a").status)
+        .collect();
+    assert_eq!(logins, vec![200, 200, 429, 429, 429]);
+    let refused = request(proxy.addr, "POST", "/login", &[], b"user=a");
+    assert!(
+        refused.body.contains("\"limit\":\"login\""),
+        "{}",
+        refused.body
+    );
+    assert_eq!(
+        refused.header("Connection"),
+        Some("close"),
+        "unread body: {:?}",
+        refused.headers
+    );
+    // per-ip paid for the two admitted logins only: 8 left.
+    let first = proxy.get("/");
+    assert_eq!(first.header("RateLimit-Remaining"), Some("7"));
+    let rest: Vec<u16> = (0..8).map(|_| proxy.get("/").status).collect();
+    assert_eq!(count_status_codes(&rest, 200), 7);
+    assert_eq!(count_status_codes(&rest, 429), 1);
+    assert_eq!(upstream.count(), 2 + 8);
+}
+
+fn count_status_codes(codes: &[u16], code: u16) -> usize {
+    codes.iter().filter(|&&c| c == code).count()
+}
+
+const TIERS: &str = r#"
+[clients.api_keys]
+"free-key" = "free"
+"pro-key" = "pro"
+
+[exempt]
+paths = ["/healthz"]
+
+[[limits]]
+name = "per-ip"
+key = "ip"
+algorithm = "token_bucket"
+capacity = 100
+refill_rate = 0.01
+
+[[limits]]
+name = "per-account"
+key = "api_key"
+algorithm = "token_bucket"
+capacity = 3
+refill_rate = 0.01
+[limits.tiers.pro]
+capacity = 6
+refill_rate = 0.01
+
+[[costs]]
+match = { paths = ["/search*"] }
+cost = 10
+"#;
+
+#[test]
+fn tiers_costs_and_exemptions() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(&upstream, TIERS);
+    let admitted = |key: &str| {
+        (0..10)
+            .filter(|_| proxy.send("GET", "/", &[("X-API-Key", key)]).status == 200)
+            .count()
+    };
+    assert_eq!(admitted("free-key"), 3);
+    assert_eq!(admitted("pro-key"), 6);
+    // An unlisted key is no key: only per-ip applies, so nothing is refused here.
+    assert_eq!(admitted("made-up-key"), 10);
+    // per-ip has 100 - 19 left: /search costs 10 -> 8 fit.
+    let searches: Vec<u16> = (0..10).map(|_| proxy.get("/search?q=x").status).collect();
+    assert_eq!(count_status_codes(&searches, 200), 8, "{searches:?}");
+    // Exempt: always forwarded, no rate headers.
+    for _ in 0..5 {
+        let r = proxy.get("/healthz");
+        assert_eq!(r.status, 200);
+        assert!(!r.has_rate_headers());
+    }
+    assert_eq!(proxy.get("/").status, 200);
+}
+
+#[test]
+fn internal_peers_are_exempt_by_tier() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(
+        &upstream,
+        &format!(
+            "[clients]\ninternal = [\"127.0.0.0/8\"]\n[exempt]\ntiers = [\"internal\"]\n{PER_IP}"
+        ),
+    );
+    let statuses: Vec<u16> = (0..30).map(|_| proxy.get("/").status).collect();
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    assert_eq!(upstream.count(), 30);
+}
+
+const TWO_PER_IP: &str = r#"
+[[limits]]
+name = "per-ip"
+key = "ip"
+algorithm = "fixed_window"
+limit = 2
+window = "1h"
+"#;
+
+#[test]
+fn forwarded_for_is_ignored_from_untrusted_peers() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(&upstream, TWO_PER_IP);
+    let statuses: Vec<u16> = (0..4)
+        .map(|i| {
+            let xff = format!("203.0.113.{i}");
+            proxy.send("GET", "/", &[("X-Forwarded-For", &xff)]).status
+        })
+        .collect();
+    assert_eq!(statuses, vec![200, 200, 429, 429]);
+}
+
+#[test]
+fn forwarded_for_is_honoured_from_trusted_peers_and_ipv6_aggregated() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(
+        &upstream,
+        &format!("[clients]\ntrusted_proxies = [\"127.0.0.1/32\"]\nipv6_prefix = 64\n{TWO_PER_IP}"),
+    );
+    let status = |xff: &str| proxy.send("GET", "/", &[("X-Forwarded-For", xff)]).status;
+    // Distinct clients behind the trusted proxy each get their own budget.
+    for i in 0..4 {
+        let xff = format!("198.51.100.{i}, 127.0.0.1");
+        assert_eq!(status(&xff), 200, "{xff}");
+    }
+    // Two addresses in one /64 share a budget; the next /64 has its own.
+    assert_eq!(status("2001:db8:1:2::1"), 200);
+    assert_eq!(status("2001:db8:1:2:ffff::9"), 200);
+    assert_eq!(status("2001:db8:1:2::abcd"), 429);
+    assert_eq!(status("2001:db8:1:3::1"), 200);
+    // The Forwarded header too, and an IPv4-mapped address is its IPv4 client.
+    assert_eq!(
+        proxy
+            .send("GET", "/", &[("Forwarded", "for=192.0.2.60")])
+            .status,
+        200
+    );
+    assert_eq!(status("::ffff:192.0.2.60"), 200);
+    assert_eq!(status("192.0.2.60"), 429);
+}
+
+#[test]
+fn fixed_window_admits_a_double_burst_at_the_edge_sliding_algorithms_do_not() {
+    let upstream = Upstream::start();
+    let body = |algorithm: &str| {
+        format!(
+            "[[limits]]\nname = \"edge\"\nkey = \"ip\"\nalgorithm = \"{algorithm}\"\nlimit = 5\nwindow = \"2s\"\n"
+        )
+    };
+    let proxies: Vec<(&str, Proxy)> = ["fixed_window", "sliding_window", "sliding_log"]
+        .into_iter()
+        .map(|a| (a, Proxy::start(&upstream, &body(a))))
+        .collect();
+    // Windows are aligned to multiples of 2 s of wall-clock time: wait for the
+    // last 400 ms of one, burst, wait for the edge, burst again.
+    let window_us = 2_000_000;
+    let until_edge = window_us - now_us() % window_us;
+    let lead = if until_edge > 400_000 {
+        until_edge - 400_000
+    } else {
+        until_edge + window_us - 400_000
+    };
+    std::thread::sleep(Duration::from_micros(lead));
+    let before: Vec<usize> = proxies
+        .iter()
+        .map(|(_, p)| count_status(&burst(p.addr, 5, "GET", "/", &[]), 200))
+        .collect();
+    let until_edge = window_us - now_us() % window_us;
+    assert!(
+        until_edge < 400_000,
+        "the first bursts overran the window edge"
+    );
+    std::thread::sleep(Duration::from_micros(until_edge + 20_000));
+    let after: Vec<usize> = proxies
+        .iter()
+        .map(|(_, p)| count_status(&burst(p.addr, 5, "GET", "/", &[]), 200))
+        .collect();
+    assert_eq!(before, vec![5, 5, 5]);
+    assert_eq!(after[0], 5, "fixed_window: a fresh window at the edge");
+    // Just after the edge the previous window still weighs > 80 %: at most one more.
+    assert!(after[1] <= 1, "sliding_window admitted {}", after[1]);
+    assert_eq!(after[2], 0, "sliding_log is exact");
+}
+
+#[test]
+fn leaky_bucket_spaces_requests_and_refuses_overflow_at_once() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(
+        &upstream,
+        r#"
+[[limits]]
+name = "sms-gateway"
+key = "global"
+algorithm = "leaky_bucket"
+rate = 10
+capacity = 5
+match = { paths = ["/sms/*"] }
+"#,
+    );
+    let started = Instant::now();
+    let handles: Vec<_> = (0..10)
+        .map(|_| {
+            let addr = proxy.addr;
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                let r = request(addr, "POST", "/sms/send", &[], b"hi");
+                (r.status, t.elapsed())
+            })
+        })
+        .collect();
+    let results: Vec<(u16, Duration)> = handles.into_iter().filter_map(|h| h.join().ok()).collect();
+    let admitted = results.iter().filter(|(s, _)| *s == 200).count();
+    assert_eq!(admitted, 6, "one at once and five waiting: {results:?}");
+    for (status, took) in &results {
+        if *status == 429 {
+            assert!(
+                *took < Duration::from_millis(300),
+                "overflow refused at once, took {took:?}"
+            );
+        }
+    }
+    let mut arrivals: Vec<Instant> = upstream.seen().iter().map(|s| s.at).collect();
+    arrivals.sort();
+    assert_eq!(arrivals.len(), 6);
+    for pair in arrivals.windows(2) {
+        let gap = pair[1] - pair[0];
+        // 100 ms apart; a few ms of forwarding jitter either way is scheduling.
+        assert!(gap >= Duration::from_millis(90), "gap {gap:?}");
+    }
+    assert!(arrivals[5] - arrivals[0] >= Duration::from_millis(495));
+    assert!(started.elapsed() >= Duration::from_millis(500));
+}
+
+#[test]
+fn shadow_limits_log_but_never_refuse() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(
+        &upstream,
+        r#"
+[[limits]]
+name = "new-endpoint"
+key = "ip"
+algorithm = "sliding_window"
+limit = 2
+window = "1m"
+shadow = true
+match = { paths = ["/v2/*"] }
+"#,
+    );
+    let statuses: Vec<u16> = (0..5).map(|_| proxy.get("/v2/items").status).collect();
+    assert_eq!(statuses, vec![200; 5]);
+    assert_eq!(upstream.count(), 5);
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            proxy.log().matches("shadow limit would refuse").count() == 3
+        }),
+        "{}",
+        proxy.log()
+    );
+    assert!(proxy.log().contains("limit=new-endpoint"));
+}
+
+#[test]
+fn rejections_are_logged_once_with_identity_limit_and_retry_but_never_the_key() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(&upstream, TIERS);
+    let secret = "free-key";
+    for _ in 0..5 {
+        proxy.send("GET", "/", &[("X-API-Key", secret)]);
+    }
+    assert!(wait_until(Duration::from_secs(5), || proxy
+        .log()
+        .matches("rate limited:")
+        .count()
+        == 2));
+    let log = proxy.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("rate limited:"))
+        .expect("a rejection line");
+    assert!(line.contains("ip=127.0.0.1"), "{line}");
+    assert!(line.contains("key#"), "{line}");
+    assert!(line.contains("tier=free"), "{line}");
+    assert!(line.contains("limit=per-account"), "{line}");
+    assert!(line.contains("retry_after_ms="), "{line}");
+    assert!(!log.contains(secret), "the key leaked into the log");
+}
+
+#[test]
+fn upstream_down_gives_a_quick_502_with_json() {
+    let dead = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let proxy = Proxy::start_with(dead, PER_IP, &[]);
+    let started = Instant::now();
+    let r = proxy.get("/");
+    assert_eq!(r.status, 502);
+    assert_eq!(r.header("Content-Type"), Some("application/json"));
+    assert_eq!(r.body, "{\"error\":\"upstream_unavailable\"}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn a_cost_above_the_limit_is_refused_with_its_reason() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(
+        &upstream,
+        &format!("{PER_IP}\n[[costs]]\nmatch = {{ paths = [\"/bulk\"] }}\ncost = 50\n"),
+    );
+    let r = proxy.get("/bulk");
+    assert_eq!(r.status, 429);
+    assert_eq!(
+        r.body,
+        "{\"error\":\"cost_exceeds_limit\",\"limit\":\"per-ip\",\"cost_limit\":20}"
+    );
+    assert!(r.header("Retry-After").is_none());
+    assert_eq!(proxy.get("/").status, 200);
+    assert_eq!(upstream.count(), 1);
+}
+
+#[test]
+fn bad_input_never_gets_a_5xx_or_a_crash() {
+    let upstream = Upstream::start();
+    let mut proxy = Proxy::start(
+        &upstream,
+        &format!("{TIERS}\n[[limits]]\nname = \"by-tenant\"\nkey = \"header:X-Tenant\"\nalgorithm = \"fixed_window\"\nlimit = 1000\nwindow = \"1m\"\n"),
+    );
+    let huge = "a".repeat(200_000);
+    let mut cases: Vec<Vec<u8>> = vec![
+        format!("GET / HTTP/1.1\r\nHost: t\r\nX-API-Key: {huge}\r\n\r\n").into_bytes(),
+        format!("GET / HTTP/1.1\r\nHost: t\r\nX-Tenant: {huge}\r\n\r\n").into_bytes(),
+        format!("GET / HTTP/1.1\r\nHost: t\r\n{}\r\n", (0..500).map(|i| format!("X-H{i}: v\r\n")).collect::<String>()).into_bytes(),
+        b"GET / HTTP/1.1\r\nHost: t\r\nX-API-Key: \xff\xfe\x80key\r\nX-Tenant: \xc3\x28{}\r\n\r\n".to_vec(),
+        b"GET / HTTP/1.1\r\nHost: t\r\nX-Forwarded-For: \xff, ::::, 999.1.1.1\r\nForwarded: for=\"[zz\r\n\r\n".to_vec(),
+        b"GET /\xff\xfe HTTP/1.1\r\nHost: t\r\n\r\n".to_vec(),
+        b"BREW / HTTP/1.1\r\nHost: t\r\n\r\n".to_vec(),
+        b"GET / HTTP/9.9\r\n\r\n".to_vec(),
+        b"\x00\x01\x02 garbage\r\n\r\n".to_vec(),
+    ];
+    cases.push(format!("GET /{} HTTP/1.1\r\nHost: t\r\n\r\n", "p".repeat(100_000)).into_bytes());
+    for (i, raw) in cases.iter().enumerate() {
+        let r = raw_request(proxy.addr, raw);
+        assert!(r.status < 500, "case {i}: status {} {}", r.status, r.body);
+        assert!(proxy.is_running(), "case {i} killed the proxy");
+    }
+    assert_eq!(proxy.get("/").status, 200);
+}
