@@ -19,13 +19,17 @@ fn main() {
 }
 
 fn run() -> Result<(), String> {
-    let file = std::env::args().nth(1).unwrap_or_else(|| "proxy.toml".into());
+    let file = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "proxy.toml".into());
     let mut config = Config::load(file.as_ref()).map_err(|e| e.to_string())?;
     config.file = file.clone().into();
     let upstream = config.upstream.servers[0].clone();
     let proxy = config.server.listen[0];
     let listener = TcpListener::bind(&upstream).map_err(|e| {
-        format!("cannot start the demo upstream on {upstream} ({e}); is something else running there?")
+        format!(
+            "cannot start the demo upstream on {upstream} ({e}); is something else running there?"
+        )
     })?;
     std::thread::spawn(move || serve_demo_upstream(listener));
     let server = floodgate::server::build(&config).map_err(|e| e.to_string())?;
@@ -46,7 +50,8 @@ fn run() -> Result<(), String> {
             first_refusal = Some(response);
         }
     }
-    let refusal = first_refusal.ok_or("nothing was refused: are the limits in proxy.toml raised?")?;
+    let refusal =
+        first_refusal.ok_or("nothing was refused: are the limits in proxy.toml raised?")?;
     println!("\nThe first refusal in full:\n{}\n", refusal.raw.trim_end());
     let wait: u64 = refusal
         .header("Retry-After")
@@ -70,20 +75,33 @@ struct Response {
 
 impl Response {
     fn header(&self, name: &str) -> Option<&str> {
-        self.raw.lines().skip(1).take_while(|l| !l.is_empty()).find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case(name).then(|| v.trim())
-        })
+        self.raw
+            .lines()
+            .skip(1)
+            .take_while(|l| !l.is_empty())
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case(name).then(|| v.trim())
+            })
     }
 }
 
 fn get(addr: SocketAddr, path: &str) -> Result<Response, String> {
     let mut stream = TcpStream::connect(addr).map_err(|e| e.to_string())?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: demo\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: demo\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
     let mut raw = String::new();
     stream.read_to_string(&mut raw).map_err(|e| e.to_string())?;
     let raw = raw.replace("\r\n", "\n");
-    let status_line = raw.lines().next().unwrap_or("").trim_start_matches("HTTP/1.1 ").to_string();
+    let status_line = raw
+        .lines()
+        .next()
+        .unwrap_or("")
+        .trim_start_matches("HTTP/1.1 ")
+        .to_string();
     Ok(Response { status_line, raw })
 }
 
