@@ -168,6 +168,7 @@ pub struct StateKey {
 pub struct Check {
     /// Index into `Policy::limits`.
     pub layer: usize,
+    pub name: Arc<str>,
     pub algorithm: Algorithm,
     pub key: StateKey,
     pub cost: u64,
@@ -217,6 +218,7 @@ impl Policy {
                 let identity = identity_of(&limit.key, client, headers)?;
                 Some(Check {
                     layer,
+                    name: limit.name.clone(),
                     algorithm: limit.algorithm_for(&client.tier),
                     key: StateKey {
                         limit: limit.id,

@@ -8,9 +8,9 @@ use pingora::server::Server;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::{background_service, BackgroundService};
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{Clock, OffsetClock, SystemClock};
 use crate::config::Config;
-use crate::limiter::LocalLimiter;
+use crate::limiter::{Limiter, LocalLimiter, RedisLimiter};
 use crate::proxy::{Gateway, Runtime};
 
 #[derive(Debug, thiserror::Error)]
@@ -20,8 +20,8 @@ pub enum BuildError {
         file: String,
         source: std::io::Error,
     },
-    #[error("{file}: redis: the Redis store is not available in this version; remove [redis] to use the memory store")]
-    RedisUnsupported { file: String },
+    #[error("FLOODGATE_CLOCK_OFFSET_MS must be a whole number of milliseconds, got {0:?}")]
+    ClockOffset(String),
 }
 
 /// Drops idle keys of the memory store now and then, so that memory follows
@@ -43,15 +43,34 @@ impl BackgroundService for Sweeper {
     }
 }
 
+/// The proxy's clock. `FLOODGATE_CLOCK_OFFSET_MS` shifts it, which lets tests
+/// (and operators rehearsing) run instances whose clocks disagree.
+fn clock_from_env() -> Result<Arc<dyn Clock>, BuildError> {
+    match std::env::var("FLOODGATE_CLOCK_OFFSET_MS") {
+        Err(_) => Ok(Arc::new(SystemClock)),
+        Ok(text) => {
+            let ms: i64 = text
+                .trim()
+                .parse()
+                .map_err(|_| BuildError::ClockOffset(text.clone()))?;
+            Ok(Arc::new(OffsetClock::new(
+                SystemClock,
+                ms.saturating_mul(1000),
+            )))
+        }
+    }
+}
+
 /// Builds the server for `config`; `run_forever` it to serve.
 pub fn build(config: &Config) -> Result<Server, BuildError> {
     let file = config.file.display().to_string();
-    if config.redis.is_some() {
-        return Err(BuildError::RedisUnsupported { file });
-    }
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let store = Arc::new(LocalLimiter::new(config.max_keys, clock));
-    let runtime = Runtime::new(config, store.clone()).map_err(|source| BuildError::Upstream {
+    let clock = clock_from_env()?;
+    let store = Arc::new(LocalLimiter::new(config.max_keys, clock.clone()));
+    let limiter: Arc<dyn Limiter> = match &config.redis {
+        Some(settings) => Arc::new(RedisLimiter::new(settings.clone(), clock)),
+        None => store.clone(),
+    };
+    let runtime = Runtime::new(config, limiter).map_err(|source| BuildError::Upstream {
         file: file.clone(),
         source,
     })?;

@@ -1,6 +1,7 @@
 //! The `Limiter` interface: decide all layers of one request at once.
 
 pub mod local;
+pub mod redis;
 
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use async_trait::async_trait;
 use crate::algorithm::Decision;
 use crate::policy::Check;
 
+pub use self::redis::RedisLimiter;
 pub use local::LocalLimiter;
 
 /// Why a limiter could not decide. The request is then decided by the

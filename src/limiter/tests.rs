@@ -10,6 +10,7 @@ const T0: u64 = 1_800_000_000 * SEC;
 fn check(layer: usize, algorithm: Algorithm, identity: u128, cost: u64) -> Check {
     Check {
         layer,
+        name: Arc::from(format!("layer-{layer}")),
         algorithm,
         key: StateKey {
             limit: layer as u64 + 100,

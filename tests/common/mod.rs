@@ -2,6 +2,8 @@
 //! floodgate binary on a free port, and a plain HTTP/1.1 client.
 #![allow(dead_code)]
 
+pub mod redis_server;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;

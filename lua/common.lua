@@ -1,0 +1,45 @@
+-- floodgate: helpers shared by the algorithm scripts. The scripts are joined
+-- in this order into one script: common.lua, the five algorithms, decide.lua.
+--
+-- Every quantity is an integer below 2^53 (microseconds, counts), so Lua's
+-- doubles hold it exactly; config validation keeps every product in range.
+-- Integers are written back with '%.0f' because tostring() would round them
+-- to 14 digits.
+
+local function int(x)
+  return string.format('%.0f', x)
+end
+
+-- floor(a / b) for non-negative integers below 2^53: the correctly rounded
+-- quotient never crosses the next integer at these magnitudes.
+local function div(a, b)
+  return math.floor(a / b)
+end
+
+local function ttl_ms(idle_at, now)
+  return math.max(1, math.ceil((idle_at - now) / 1000))
+end
+
+-- A decision as the Rust twin's Evaluation: the reply fields, the state
+-- change to write if the request goes through, and when the state goes idle.
+local function decision(allowed, oversized, limit, remaining, reset_after, retry_after, update, idle_at)
+  return {
+    allowed = allowed, oversized = oversized, limit = limit, remaining = remaining,
+    reset_after = reset_after, retry_after = retry_after, delay = 0,
+    update = update, idle_at = idle_at,
+  }
+end
+
+local function admitted(limit, remaining, reset_after, update, idle_at)
+  return decision(1, 0, limit, remaining, reset_after, 0, update, idle_at)
+end
+
+local function refused(limit, remaining, reset_after, retry_after, idle_at)
+  return decision(0, 0, limit, remaining, reset_after, retry_after, nil, idle_at)
+end
+
+local function oversized(limit, remaining, reset_after, idle_at)
+  return decision(0, 1, limit, remaining, reset_after, 0, nil, idle_at)
+end
+
+local ALGORITHMS = {}

@@ -1,0 +1,36 @@
+-- fixed_window, the twin of src/algorithm/fixed_window.rs.
+--
+-- KEYS[i]  hash: s = window start (µs), n = units admitted in it.
+-- ARGV     limit, window_us, cost.
+-- Reply    allowed, cost_exceeds_limit, limit, remaining, reset_after_us,
+--          retry_after_us, delay_us (0).
+-- TTL      until the window ends.
+
+local function fixed_window_evaluate(limit, window, st, now, cost)
+  local start = math.max(now - math.fmod(now, window), st.s)
+  local count = 0
+  if start == st.s then count = st.n end
+  local finish = start + window
+  local reset_after = finish - math.min(now, finish)
+  if cost > limit then
+    return oversized(limit, math.max(limit - count, 0), reset_after, finish)
+  end
+  if count + cost <= limit then
+    local update = nil
+    if cost > 0 then update = { s = start, n = count + cost } end
+    return admitted(limit, limit - count - cost, reset_after, update, finish)
+  end
+  return refused(limit, math.max(limit - count, 0), reset_after, reset_after, finish)
+end
+
+local function fixed_window_load(key)
+  local v = redis.call('HMGET', key, 's', 'n')
+  return { s = tonumber(v[1] or '0'), n = tonumber(v[2] or '0') }
+end
+
+local function fixed_window_store(key, u, idle_at, now)
+  redis.call('HSET', key, 's', int(u.s), 'n', int(u.n))
+  redis.call('PEXPIRE', key, ttl_ms(idle_at, now))
+end
+
+ALGORITHMS[3] = { load = fixed_window_load, evaluate = fixed_window_evaluate, store = fixed_window_store }

@@ -1,0 +1,34 @@
+-- token_bucket (GCRA form), the twin of src/algorithm/token_bucket.rs.
+--
+-- KEYS[i]  string: tat, the instant (µs) at which the bucket is full again.
+-- ARGV     capacity, interval_us (one token back every interval), cost.
+-- Reply    allowed, cost_exceeds_limit, limit, remaining, reset_after_us,
+--          retry_after_us, delay_us (always 0).
+-- TTL      until tat: a bucket full again is a fresh bucket.
+
+local function token_bucket_evaluate(capacity, interval, tat, now, cost)
+  local burst = capacity * interval
+  local start = math.max(tat, now)
+  local debt = start - now
+  if cost > capacity then
+    return oversized(capacity, div(math.max(burst - debt, 0), interval), debt, start)
+  end
+  local after = start + cost * interval
+  local needed = after - now
+  if needed <= burst then
+    local update = nil
+    if cost > 0 then update = after end
+    return admitted(capacity, div(burst - needed, interval), needed, update, after)
+  end
+  return refused(capacity, div(math.max(burst - debt, 0), interval), debt, needed - burst, start)
+end
+
+local function gcra_load(key)
+  return tonumber(redis.call('GET', key) or '0')
+end
+
+local function gcra_store(key, tat, idle_at, now)
+  redis.call('SET', key, int(tat), 'PX', ttl_ms(idle_at, now))
+end
+
+ALGORITHMS[1] = { load = gcra_load, evaluate = token_bucket_evaluate, store = gcra_store }

@@ -1,0 +1,236 @@
+//! Limit state in Redis: every decision is one atomic Lua script run (by
+//! SHA), so any number of proxies share one budget without a
+//! read-check-write race.
+//!
+//! Standalone: all layers of a request go in one EVALSHA, all-or-nothing.
+//! Cluster: keys carry the identity hash as their hash tag, so the layers
+//! keyed by one identity share a slot. Layers are grouped by identity and
+//! each group is one EVALSHA, the groups run concurrently. All-or-nothing
+//! then holds within a group only: when layers keyed by different identities
+//! (say per-ip and per-account) disagree, the admitting group has been
+//! charged although the request is refused.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::Script;
+use tokio::sync::OnceCell;
+
+use super::{Limiter, LimiterError};
+use crate::algorithm::{Algorithm, Decision};
+use crate::clock::Clock;
+use crate::config::{ClockSource, RedisSettings};
+use crate::policy::Check;
+
+/// The five algorithm scripts and the entry point, joined into one script.
+pub const SCRIPT: &str = concat!(
+    include_str!("../../lua/common.lua"),
+    include_str!("../../lua/token_bucket.lua"),
+    include_str!("../../lua/leaky_bucket.lua"),
+    include_str!("../../lua/fixed_window.lua"),
+    include_str!("../../lua/sliding_window.lua"),
+    include_str!("../../lua/sliding_log.lua"),
+    include_str!("../../lua/decide.lua"),
+);
+
+/// Integers per layer in the script's reply.
+const REPLY_FIELDS: usize = 7;
+
+#[derive(Clone)]
+enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+pub struct RedisLimiter {
+    settings: RedisSettings,
+    clock: Arc<dyn Clock>,
+    script: Script,
+    /// Created on first use, so that it lives on the proxy's own runtime.
+    connection: OnceCell<Connection>,
+}
+
+impl RedisLimiter {
+    pub fn new(settings: RedisSettings, clock: Arc<dyn Clock>) -> Self {
+        RedisLimiter {
+            settings,
+            clock,
+            script: Script::new(SCRIPT),
+            connection: OnceCell::new(),
+        }
+    }
+
+    /// `{prefix}:{limit}:{identity}`, the identity hash in braces: the hash tag.
+    pub fn key(&self, check: &Check) -> String {
+        format!(
+            "{}:{}:{{{:032x}}}",
+            self.settings.key_prefix, check.name, check.key.identity
+        )
+    }
+
+    async fn connect(&self) -> Result<Connection, LimiterError> {
+        let unavailable = |e: redis::RedisError| LimiterError::Unavailable(e.to_string());
+        if self.settings.cluster.is_empty() {
+            let url = self.settings.url.as_deref().unwrap_or_default();
+            let client = redis::Client::open(url).map_err(unavailable)?;
+            // Reconnection happens in the background; a request never waits
+            // on more than one quick attempt.
+            let config = ConnectionManagerConfig::new()
+                .set_number_of_retries(1)
+                .set_min_delay(Duration::from_millis(10))
+                .set_max_delay(Duration::from_millis(100))
+                .set_connection_timeout(Some(self.settings.timeout));
+            let manager = ConnectionManager::new_with_config(client, config)
+                .await
+                .map_err(unavailable)?;
+            Ok(Connection::Single(manager))
+        } else {
+            let client = redis::cluster::ClusterClient::builder(self.settings.cluster.clone())
+                .connection_timeout(self.settings.timeout)
+                .build()
+                .map_err(unavailable)?;
+            let cluster = client.get_async_connection().await.map_err(unavailable)?;
+            Ok(Connection::Cluster(cluster))
+        }
+    }
+
+    fn now_arg(&self) -> i64 {
+        match self.settings.clock {
+            ClockSource::Redis => -1,
+            ClockSource::Local => self.clock.now_us() as i64,
+        }
+    }
+
+    async fn run<C: ConnectionLike>(
+        &self,
+        connection: &mut C,
+        checks: &[&Check],
+        now: i64,
+    ) -> Result<Vec<Decision>, LimiterError> {
+        let mut invocation = self.script.prepare_invoke();
+        for check in checks {
+            invocation.key(self.key(check));
+        }
+        invocation.arg(now).arg(checks.len());
+        for check in checks {
+            let (code, a, b) = script_params(&check.algorithm);
+            invocation
+                .arg(code)
+                .arg(a)
+                .arg(b)
+                .arg(check.cost)
+                .arg(u8::from(check.shadow));
+        }
+        let reply: Vec<i64> = invocation
+            .invoke_async(connection)
+            .await
+            .map_err(classify)?;
+        parse_reply(&reply, checks.len())
+    }
+
+    async fn decide_on(
+        &self,
+        connection: Connection,
+        checks: &[Check],
+    ) -> Result<Vec<Decision>, LimiterError> {
+        let now = self.now_arg();
+        match connection {
+            Connection::Single(mut c) => {
+                let all: Vec<&Check> = checks.iter().collect();
+                self.run(&mut c, &all, now).await
+            }
+            Connection::Cluster(c) => {
+                let mut groups: HashMap<u128, Vec<usize>> = HashMap::new();
+                for (i, check) in checks.iter().enumerate() {
+                    groups.entry(check.key.identity).or_default().push(i);
+                }
+                let calls = groups.values().map(|indices| {
+                    let mut c = c.clone();
+                    let group: Vec<&Check> = indices.iter().map(|&i| &checks[i]).collect();
+                    async move { self.run(&mut c, &group, now).await }
+                });
+                let results = futures_util::future::join_all(calls).await;
+                let mut decisions = vec![None; checks.len()];
+                for (indices, result) in groups.values().zip(results) {
+                    for (&i, d) in indices.iter().zip(result?) {
+                        decisions[i] = Some(d);
+                    }
+                }
+                decisions
+                    .into_iter()
+                    .map(|d| d.ok_or_else(|| LimiterError::Store("missing decision".into())))
+                    .collect()
+            }
+        }
+    }
+}
+
+fn script_params(algorithm: &Algorithm) -> (u8, u64, u64) {
+    match *algorithm {
+        Algorithm::TokenBucket {
+            capacity,
+            interval_us,
+        } => (1, capacity, interval_us),
+        Algorithm::LeakyBucket {
+            capacity,
+            interval_us,
+        } => (2, capacity, interval_us),
+        Algorithm::FixedWindow { limit, window_us } => (3, limit, window_us),
+        Algorithm::SlidingWindow { limit, window_us } => (4, limit, window_us),
+        Algorithm::SlidingLog { limit, window_us } => (5, limit, window_us),
+    }
+}
+
+fn parse_reply(reply: &[i64], layers: usize) -> Result<Vec<Decision>, LimiterError> {
+    if reply.len() != layers * REPLY_FIELDS {
+        return Err(LimiterError::Store(format!(
+            "script replied {} values for {layers} layers",
+            reply.len()
+        )));
+    }
+    let n = |v: i64| u64::try_from(v).unwrap_or(0);
+    Ok(reply
+        .chunks_exact(REPLY_FIELDS)
+        .map(|r| Decision {
+            allowed: r[0] == 1,
+            cost_exceeds_limit: r[1] == 1,
+            limit: n(r[2]),
+            remaining: n(r[3]),
+            reset_after_us: n(r[4]),
+            retry_after_us: n(r[5]),
+            delay_us: n(r[6]),
+        })
+        .collect())
+}
+
+fn classify(e: redis::RedisError) -> LimiterError {
+    if e.is_timeout() {
+        LimiterError::Timeout(Duration::ZERO)
+    } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+        LimiterError::Unavailable(e.to_string())
+    } else {
+        LimiterError::Store(e.to_string())
+    }
+}
+
+#[async_trait]
+impl Limiter for RedisLimiter {
+    async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
+        let deadline = self.settings.timeout;
+        let work = async {
+            let connection = self
+                .connection
+                .get_or_try_init(|| self.connect())
+                .await?
+                .clone();
+            self.decide_on(connection, checks).await
+        };
+        tokio::time::timeout(deadline, work)
+            .await
+            .map_err(|_| LimiterError::Timeout(deadline))?
+    }
+}

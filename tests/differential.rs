@@ -1,0 +1,186 @@
+//! The Lua scripts against their Rust twins: the same random (time, cost)
+//! sequences through a real Redis (clock = "local") and through the
+//! in-process limiter must give identical decisions.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::redis_server::RedisServer;
+use floodgate::algorithm::{Algorithm, Decision};
+use floodgate::clock::ManualClock;
+use floodgate::config::{ClockSource, RedisSettings};
+use floodgate::limiter::{Limiter, LocalLimiter, RedisLimiter};
+use floodgate::policy::{Check, OnFailure, StateKey};
+
+/// splitmix64: a reproducible sequence without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+fn settings(url: String) -> RedisSettings {
+    RedisSettings {
+        url: Some(url),
+        cluster: Vec::new(),
+        timeout: Duration::from_secs(5),
+        clock: ClockSource::Local,
+        key_prefix: "diff".into(),
+        on_failure: OnFailure::Deny,
+        instances: 1,
+    }
+}
+
+fn random_algorithm(rng: &mut Rng, which: u64) -> Algorithm {
+    let n = 1 + rng.below(40);
+    let interval_us = 1 + rng.below(2_000_000);
+    let window_us = 1_000 + rng.below(5_000_000);
+    match which {
+        0 => Algorithm::TokenBucket {
+            capacity: n,
+            interval_us,
+        },
+        1 => Algorithm::LeakyBucket {
+            capacity: n,
+            interval_us,
+        },
+        2 => Algorithm::FixedWindow {
+            limit: n,
+            window_us,
+        },
+        3 => Algorithm::SlidingWindow {
+            limit: n,
+            window_us,
+        },
+        _ => Algorithm::SlidingLog {
+            limit: n,
+            window_us,
+        },
+    }
+}
+
+/// Random steps, and steps that land exactly on (or next to) the instants
+/// where decisions flip: the last retry and reset times, whole intervals.
+fn step_us(rng: &mut Rng, algorithm: &Algorithm, last: Option<&Decision>) -> u64 {
+    let scale = algorithm.window_us().max(1) / algorithm.quota().max(1);
+    let nudge = |t: u64, rng: &mut Rng| match rng.below(3) {
+        0 => t.saturating_sub(1),
+        1 => t,
+        _ => t + 1,
+    };
+    match (rng.below(10), last) {
+        (0, _) => 0,
+        (1, _) => rng.below(algorithm.window_us().saturating_mul(3).max(1)),
+        (2 | 3, Some(d)) if d.retry_after_us > 0 => nudge(d.retry_after_us, rng),
+        (4, Some(d)) => nudge(d.reset_after_us, rng),
+        (5, _) => nudge(scale * (1 + rng.below(3)), rng),
+        _ => rng.below(scale.saturating_mul(2).max(2)),
+    }
+}
+
+#[test]
+fn lua_scripts_match_their_rust_twins() {
+    let redis = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let names = [
+        "token_bucket",
+        "leaky_bucket",
+        "fixed_window",
+        "sliding_window",
+        "sliding_log",
+    ];
+    for (which, name) in names.iter().enumerate() {
+        let mut rng = Rng(0xF100D + which as u64);
+        let clock = Arc::new(ManualClock::new(1_750_000_000_000_000 + rng.below(1 << 40)));
+        let remote = RedisLimiter::new(settings(redis.url()), clock.clone());
+        let local = LocalLimiter::new(100_000, clock.clone());
+        // Two layers of the same kind with different numbers, on a few clients,
+        // so that all-or-nothing and separate keys are compared too.
+        let layers = [
+            random_algorithm(&mut rng, which as u64),
+            random_algorithm(&mut rng, which as u64),
+        ];
+        let mut steps = 0;
+        let mut admitted = 0;
+        let mut last: Option<Decision> = None;
+        // A refused request, replayed at (or just before) its retry time: the
+        // instants where decisions flip, which random steps would rarely hit.
+        let mut replay: Option<(Vec<Check>, u64)> = None;
+        while steps < 10_000 {
+            let checks: Vec<Check> = match replay.take().filter(|_| rng.below(2) == 0) {
+                Some((checks, retry_us)) => {
+                    clock.advance(retry_us - rng.below(2));
+                    checks
+                }
+                None => {
+                    clock.advance(step_us(&mut rng, &layers[0], last.as_ref()));
+                    let client = rng.below(3) as u128;
+                    let quota = layers[0].quota().min(layers[1].quota());
+                    let cost = match rng.below(10) {
+                        0 => 0,
+                        1 => quota + 1,
+                        _ => 1 + rng.below(quota.min(4)),
+                    };
+                    let both = rng.below(2) == 0;
+                    (0..if both { 2 } else { 1 })
+                        .map(|layer| Check {
+                            layer,
+                            name: Arc::from(format!("{name}-{layer}")),
+                            algorithm: layers[layer],
+                            key: StateKey {
+                                limit: layer as u64,
+                                identity: client,
+                            },
+                            cost,
+                            shadow: layer == 1 && rng.below(4) == 0,
+                        })
+                        .collect()
+                }
+            };
+            let expected: Vec<Decision> = local.decide_now(&checks);
+            let got = runtime
+                .block_on(remote.decide(&checks))
+                .unwrap_or_else(|e| panic!("{name}: redis failed at step {steps}: {e}"));
+            assert_eq!(
+                got,
+                expected,
+                "{name} step {steps}: layers {layers:?} cost {} at {}",
+                checks[0].cost,
+                clock_now(&clock)
+            );
+            let all_allowed = expected.iter().all(|d| d.allowed);
+            admitted += usize::from(all_allowed);
+            let retry_us = expected.iter().map(|d| d.retry_after_us).max().unwrap_or(0);
+            if !all_allowed && retry_us > 0 {
+                replay = Some((checks, retry_us));
+            }
+            last = expected.first().copied();
+            steps += 1;
+        }
+        // A sequence that admits nothing (or everything) would prove little.
+        assert!(
+            admitted > 500 && admitted < 9_500,
+            "{name}: admitted {admitted} of {steps}"
+        );
+    }
+}
+
+fn clock_now(clock: &ManualClock) -> u64 {
+    use floodgate::clock::Clock;
+    clock.now_us()
+}
