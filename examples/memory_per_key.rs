@@ -8,7 +8,7 @@ use std::sync::Arc;
 use floodgate::algorithm::Algorithm;
 use floodgate::clock::ManualClock;
 use floodgate::limiter::LocalLimiter;
-use floodgate::policy::{Check, StateKey};
+use floodgate::policy::{Check, OnFailure, StateKey};
 
 const KEYS: usize = 1_000_000;
 
@@ -83,6 +83,7 @@ fn measure(which: usize) {
                 },
                 cost: 1,
                 shadow: false,
+                on_failure: OnFailure::Local,
             };
             store.decide_now(std::slice::from_ref(&check));
         }

@@ -173,6 +173,8 @@ pub struct Check {
     pub key: StateKey,
     pub cost: u64,
     pub shadow: bool,
+    /// What decides this layer when the shared store cannot.
+    pub on_failure: OnFailure,
 }
 
 #[derive(Debug)]
@@ -191,6 +193,8 @@ pub struct Policy {
     pub exempt_tiers: Vec<Tier>,
     pub limits: Vec<Limit>,
     pub costs: Vec<CostRule>,
+    /// `[redis].on_failure`, for limits that do not set their own.
+    pub default_on_failure: OnFailure,
 }
 
 impl Policy {
@@ -226,6 +230,7 @@ impl Policy {
                     },
                     cost,
                     shadow: limit.shadow,
+                    on_failure: limit.on_failure.unwrap_or(self.default_on_failure),
                 })
             })
             .collect();

@@ -10,7 +10,7 @@ use pingora::services::background::{background_service, BackgroundService};
 
 use crate::clock::{Clock, OffsetClock, SystemClock};
 use crate::config::Config;
-use crate::limiter::{Limiter, LocalLimiter, RedisLimiter};
+use crate::limiter::{FailureStats, FallbackLimiter, Limiter, LocalLimiter, RedisLimiter};
 use crate::proxy::{Gateway, Runtime};
 
 #[derive(Debug, thiserror::Error)]
@@ -67,7 +67,12 @@ pub fn build(config: &Config) -> Result<Server, BuildError> {
     let clock = clock_from_env()?;
     let store = Arc::new(LocalLimiter::new(config.max_keys, clock.clone()));
     let limiter: Arc<dyn Limiter> = match &config.redis {
-        Some(settings) => Arc::new(RedisLimiter::new(settings.clone(), clock)),
+        Some(settings) => Arc::new(FallbackLimiter::new(
+            RedisLimiter::new(settings.clone(), clock),
+            store.clone(),
+            settings.instances,
+            Arc::new(FailureStats::default()),
+        )),
         None => store.clone(),
     };
     let runtime = Runtime::new(config, limiter).map_err(|source| BuildError::Upstream {

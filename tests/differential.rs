@@ -148,6 +148,7 @@ fn lua_scripts_match_their_rust_twins() {
                             },
                             cost,
                             shadow: layer == 1 && rng.below(4) == 0,
+                            on_failure: OnFailure::Deny,
                         })
                         .collect()
                 }

@@ -77,6 +77,41 @@ impl Algorithm {
         }
     }
 
+    /// This limit shared evenly by `instances` processes deciding alone: each
+    /// gets its share of the quota (at least 1) and of the rate.
+    pub fn divided(&self, instances: u64) -> Algorithm {
+        let n = instances.max(1);
+        let share = |q: u64| (q / n).max(1);
+        match *self {
+            Algorithm::TokenBucket {
+                capacity,
+                interval_us,
+            } => Algorithm::TokenBucket {
+                capacity: share(capacity),
+                interval_us: interval_us.saturating_mul(n),
+            },
+            Algorithm::LeakyBucket {
+                capacity,
+                interval_us,
+            } => Algorithm::LeakyBucket {
+                capacity: share(capacity),
+                interval_us: interval_us.saturating_mul(n),
+            },
+            Algorithm::FixedWindow { limit, window_us } => Algorithm::FixedWindow {
+                limit: share(limit),
+                window_us,
+            },
+            Algorithm::SlidingWindow { limit, window_us } => Algorithm::SlidingWindow {
+                limit: share(limit),
+                window_us,
+            },
+            Algorithm::SlidingLog { limit, window_us } => Algorithm::SlidingLog {
+                limit: share(limit),
+                window_us,
+            },
+        }
+    }
+
     /// A fresh state for this algorithm (what a key that was never seen holds).
     pub fn fresh_state(&self) -> State {
         match self {

@@ -407,6 +407,7 @@ fn validate(raw: FileConfig, redis_url_env: Option<String>) -> Result<Config, In
         .as_ref()
         .map(|r| validate_redis(r, redis_url_env))
         .transpose()?;
+    let default_on_failure = redis.as_ref().map_or(OnFailure::Local, |r| r.on_failure);
     let clients = validate_clients(&raw.clients)?;
     let known_tiers: HashSet<&str> = clients
         .api_keys
@@ -472,6 +473,7 @@ fn validate(raw: FileConfig, redis_url_env: Option<String>) -> Result<Config, In
             exempt_tiers,
             limits,
             costs,
+            default_on_failure,
         }),
         headers: raw.response.headers.unwrap_or(HeaderStyle::Both),
     })

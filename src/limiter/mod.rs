@@ -1,5 +1,6 @@
 //! The `Limiter` interface: decide all layers of one request at once.
 
+pub mod fallback;
 pub mod local;
 pub mod redis;
 
@@ -11,6 +12,7 @@ use crate::algorithm::Decision;
 use crate::policy::Check;
 
 pub use self::redis::RedisLimiter;
+pub use fallback::{FailureStats, FallbackLimiter};
 pub use local::LocalLimiter;
 
 /// Why a limiter could not decide. The request is then decided by the

@@ -217,6 +217,32 @@ fn classify(e: redis::RedisError) -> LimiterError {
     }
 }
 
+impl RedisLimiter {
+    /// Whether Redis answers within the deadline, loading the script where
+    /// it is missing (after a restart or SCRIPT FLUSH).
+    pub async fn probe(&self) -> Result<(), LimiterError> {
+        let deadline = self.settings.timeout;
+        let work = async {
+            let connection = self
+                .connection
+                .get_or_try_init(|| self.connect())
+                .await?
+                .clone();
+            match connection {
+                Connection::Single(mut c) => self.script.load_async(&mut c).await.map(drop),
+                Connection::Cluster(mut c) => redis::cmd("PING")
+                    .query_async::<String>(&mut c)
+                    .await
+                    .map(drop),
+            }
+            .map_err(classify)
+        };
+        tokio::time::timeout(deadline, work)
+            .await
+            .map_err(|_| LimiterError::Timeout(deadline))?
+    }
+}
+
 #[async_trait]
 impl Limiter for RedisLimiter {
     async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {

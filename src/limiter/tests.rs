@@ -3,6 +3,7 @@ use std::sync::Arc;
 use super::*;
 use crate::algorithm::Algorithm;
 use crate::clock::ManualClock;
+use crate::policy::OnFailure;
 
 const SEC: u64 = 1_000_000;
 const T0: u64 = 1_800_000_000 * SEC;
@@ -18,6 +19,7 @@ fn check(layer: usize, algorithm: Algorithm, identity: u128, cost: u64) -> Check
         },
         cost,
         shadow: false,
+        on_failure: OnFailure::Local,
     }
 }
 

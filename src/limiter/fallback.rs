@@ -1,0 +1,207 @@
+//! Redis with a way out: a deadline on every call, a circuit breaker, and the
+//! per-limit `on_failure` when Redis cannot decide.
+//!
+//! Closed (Redis answers): every request is decided by Redis. The first
+//! failure (timeout, refused or reset connection, error reply) opens the
+//! breaker: from then on requests are decided at once without touching Redis,
+//! and one background task probes Redis until it answers, then closes the
+//! breaker. Each transition is logged once. A request never waits on a
+//! reconnect: the only Redis wait on the request path is the call that
+//! fails, bounded by `[redis].timeout`.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use log::{info, warn};
+
+use super::{Limiter, LimiterError, LocalLimiter, RedisLimiter};
+use crate::algorithm::Decision;
+use crate::policy::{Check, OnFailure};
+
+/// How often an open breaker asks Redis whether it is back.
+const PROBE_EVERY: Duration = Duration::from_millis(250);
+
+/// What a fail-closed layer tells the client to wait: about one probe.
+const DENY_RETRY_US: u64 = 1_000_000;
+
+/// Counters the metrics read.
+#[derive(Debug, Default)]
+pub struct FailureStats {
+    /// Redis calls that failed (each opens or keeps open the breaker).
+    pub failures: AtomicU64,
+    /// Requests decided without Redis.
+    pub fallback_decisions: AtomicU64,
+}
+
+struct Inner {
+    redis: RedisLimiter,
+    local: Arc<LocalLimiter>,
+    instances: u64,
+    open: AtomicBool,
+    probing: AtomicBool,
+    opened_at: Mutex<Option<Instant>>,
+    stats: Arc<FailureStats>,
+}
+
+pub struct FallbackLimiter {
+    inner: Arc<Inner>,
+}
+
+impl FallbackLimiter {
+    pub fn new(
+        redis: RedisLimiter,
+        local: Arc<LocalLimiter>,
+        instances: u64,
+        stats: Arc<FailureStats>,
+    ) -> Self {
+        FallbackLimiter {
+            inner: Arc::new(Inner {
+                redis,
+                local,
+                instances,
+                open: AtomicBool::new(false),
+                probing: AtomicBool::new(false),
+                opened_at: Mutex::new(None),
+                stats,
+            }),
+        }
+    }
+
+    /// True while decisions are made without Redis.
+    pub fn degraded(&self) -> bool {
+        self.inner.open.load(Ordering::Acquire)
+    }
+
+    pub fn stats(&self) -> Arc<FailureStats> {
+        self.inner.stats.clone()
+    }
+}
+
+impl Inner {
+    fn trip(self: &Arc<Self>, error: &LimiterError) {
+        self.stats.failures.fetch_add(1, Ordering::Relaxed);
+        if !self.open.swap(true, Ordering::AcqRel) {
+            if let Ok(mut at) = self.opened_at.lock() {
+                *at = Some(Instant::now());
+            }
+            warn!(
+                "Redis failed ({error}): deciding without it (on_failure; local limits divided by {}) until it answers again",
+                self.instances
+            );
+        }
+        if !self.probing.swap(true, Ordering::AcqRel) {
+            let inner = self.clone();
+            tokio::spawn(async move { inner.probe_until_back().await });
+        }
+    }
+
+    async fn probe_until_back(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(PROBE_EVERY).await;
+            // Loads the script too, so the first request after a restart
+            // finds it there.
+            match self.redis.probe().await {
+                Ok(()) => break,
+                Err(_) => {
+                    self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        let down_for = self
+            .opened_at
+            .lock()
+            .ok()
+            .and_then(|mut at| at.take())
+            .map_or(Duration::ZERO, |t| t.elapsed());
+        self.open.store(false, Ordering::Release);
+        self.probing.store(false, Ordering::Release);
+        info!(
+            "Redis answers again after {:.1}s: decisions are back on Redis",
+            down_for.as_secs_f64()
+        );
+    }
+
+    /// Decides without Redis, layer by layer as `on_failure` says, still
+    /// all-or-nothing: a layer that fails closed charges nothing locally.
+    fn decide_without_redis(&self, checks: &[Check]) -> Vec<Decision> {
+        self.stats
+            .fallback_decisions
+            .fetch_add(1, Ordering::Relaxed);
+        let closed = checks
+            .iter()
+            .any(|c| !c.shadow && c.on_failure == OnFailure::Deny);
+        let local_checks: Vec<Check> = checks
+            .iter()
+            .filter(|c| c.on_failure == OnFailure::Local)
+            .map(|c| Check {
+                algorithm: c.algorithm.divided(self.instances),
+                ..c.clone()
+            })
+            .collect();
+        let mut local_decisions = if closed {
+            // Nothing is charged when the request is refused anyway.
+            local_checks
+                .iter()
+                .map(|c| {
+                    c.algorithm
+                        .evaluate(&c.algorithm.fresh_state(), 0, 0)
+                        .decision
+                })
+                .collect()
+        } else {
+            self.local.decide_now(&local_checks)
+        }
+        .into_iter();
+        checks
+            .iter()
+            .map(|c| match c.on_failure {
+                OnFailure::Local => local_decisions.next().unwrap_or_else(|| open_decision(c)),
+                OnFailure::Allow => open_decision(c),
+                OnFailure::Deny => Decision {
+                    allowed: false,
+                    cost_exceeds_limit: false,
+                    limit: c.algorithm.quota(),
+                    remaining: 0,
+                    reset_after_us: DENY_RETRY_US,
+                    retry_after_us: DENY_RETRY_US,
+                    delay_us: 0,
+                },
+            })
+            .collect()
+    }
+}
+
+/// Fail open: admitted, nothing known about the quota's use.
+fn open_decision(check: &Check) -> Decision {
+    Decision {
+        allowed: true,
+        cost_exceeds_limit: false,
+        limit: check.algorithm.quota(),
+        remaining: check.algorithm.quota().saturating_sub(check.cost),
+        reset_after_us: 0,
+        retry_after_us: 0,
+        delay_us: 0,
+    }
+}
+
+#[async_trait]
+impl Limiter for FallbackLimiter {
+    async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
+        if self.degraded() {
+            return Ok(self.inner.decide_without_redis(checks));
+        }
+        match self.inner.redis.decide(checks).await {
+            Ok(decisions) => Ok(decisions),
+            Err(e) => {
+                self.inner.trip(&e);
+                Ok(self.inner.decide_without_redis(checks))
+            }
+        }
+    }
+
+    fn keys_held(&self) -> usize {
+        self.inner.local.len()
+    }
+}

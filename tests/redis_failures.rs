@@ -1,0 +1,290 @@
+//! Redis misbehaving under steady load: killed, frozen with SIGSTOP,
+//! restarted. Every request must still be answered, within the deadline,
+//! by the configured `on_failure`, and decisions must return to Redis.
+
+mod common;
+
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::redis_server::RedisServer;
+use common::*;
+
+const DEADLINE_MS: u64 = 50;
+
+fn config(redis: &RedisServer, on_failure: &str) -> String {
+    format!(
+        r#"[redis]
+url = "{url}"
+timeout = "{DEADLINE_MS}ms"
+on_failure = "{on_failure}"
+instances = 3
+
+[[limits]]
+name = "per-client"
+key = "header:X-Client"
+algorithm = "fixed_window"
+limit = 30
+window = "1h"
+
+[[limits]]
+name = "login"
+key = "ip"
+algorithm = "sliding_log"
+limit = 100
+window = "1m"
+on_failure = "deny"
+match = {{ methods = ["POST"], paths = ["/login"] }}
+
+[[limits]]
+name = "load"
+key = "header:X-Load"
+algorithm = "token_bucket"
+capacity = 1000000
+refill_rate = 1000000
+"#,
+        url = redis.url()
+    )
+}
+
+/// (sent at, latency, status) of every request the load made.
+type Samples = Arc<Mutex<Vec<(Instant, Duration, u16)>>>;
+
+/// Steady concurrent traffic that never hits a limit, recorded.
+struct Load {
+    stop: Arc<AtomicBool>,
+    samples: Samples,
+    threads: Vec<thread::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(proxy: &Proxy, threads: usize) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let samples: Samples = Arc::new(Mutex::new(Vec::new()));
+        let deadline = Instant::now() + Duration::from_secs(40);
+        let threads = (0..threads)
+            .map(|i| {
+                let (stop, samples, addr) = (stop.clone(), samples.clone(), proxy.addr);
+                thread::spawn(move || {
+                    let id = format!("load-{i}");
+                    while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
+                        let sent = Instant::now();
+                        let r = request(addr, "GET", "/", &[("X-Load", &id)], b"");
+                        if let Ok(mut s) = samples.lock() {
+                            s.push((sent, sent.elapsed(), r.status));
+                        }
+                        thread::sleep(Duration::from_millis(2));
+                    }
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            samples,
+            threads,
+        }
+    }
+
+    fn finish(self) -> Vec<(Instant, Duration, u16)> {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads {
+            let _ = t.join();
+        }
+        self.samples.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+fn percentile(mut latencies: Vec<Duration>, p: f64) -> Duration {
+    if latencies.is_empty() {
+        return Duration::ZERO;
+    }
+    latencies.sort();
+    let at = ((latencies.len() as f64 * p).ceil() as usize).clamp(1, latencies.len()) - 1;
+    latencies[at]
+}
+
+fn between(samples: &[(Instant, Duration, u16)], from: Instant, to: Instant) -> Vec<Duration> {
+    samples
+        .iter()
+        .filter(|(t, _, _)| *t >= from && *t < to)
+        .map(|(_, d, _)| *d)
+        .collect()
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "kill {sig} {pid}");
+}
+
+fn statuses(proxy: &Proxy, method: &str, path: &str, client: &str, n: usize) -> Vec<u16> {
+    (0..n)
+        .map(|_| request(proxy.addr, method, path, &[("X-Client", client)], b"").status)
+        .collect()
+}
+
+fn count(codes: &[u16], code: u16) -> usize {
+    codes.iter().filter(|&&c| c == code).count()
+}
+
+/// Writes what a test measured where the closing notes can quote it, without
+/// printing anything.
+fn record(name: &str, text: &str) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/measurements");
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = std::fs::write(dir.join(format!("{name}.txt")), text);
+}
+
+enum Outage {
+    Kill,
+    Freeze,
+}
+
+fn outage_under_load(kind: Outage, name: &str) {
+    let mut redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(&upstream, &config(&redis, "local"));
+    // The budget of a client already known to Redis.
+    assert_eq!(count(&statuses(&proxy, "GET", "/", "known", 5), 200), 5);
+    let load = Load::start(&proxy, 4);
+    thread::sleep(Duration::from_millis(800));
+
+    let outage_start = Instant::now();
+    match kind {
+        Outage::Kill => redis.kill(),
+        Outage::Freeze => signal(redis.pid(), "-STOP"),
+    }
+    let warn = "deciding without it";
+    assert!(
+        wait_until(Duration::from_secs(5), || proxy.log().contains(warn)),
+        "no switch to the fallback: {}",
+        proxy.log()
+    );
+    let switched_after = outage_start.elapsed();
+    // The fallback enforces limit / instances: 30 / 3 for a new client.
+    let during = statuses(&proxy, "GET", "/", "outage-client", 20);
+    assert_eq!(count(&during, 200), 10, "{during:?}");
+    assert_eq!(count(&during, 429), 10, "{during:?}");
+    // A limit with its own on_failure = "deny" fails closed meanwhile.
+    let login = statuses(&proxy, "POST", "/login", "outage-client", 3);
+    assert_eq!(login, vec![429, 429, 429]);
+    thread::sleep(Duration::from_millis(2_500));
+
+    let outage_end = Instant::now();
+    match kind {
+        Outage::Kill => redis.restart(),
+        Outage::Freeze => signal(redis.pid(), "-CONT"),
+    }
+    let back = "decisions are back on Redis";
+    assert!(
+        wait_until(Duration::from_secs(10), || proxy.log().contains(back)),
+        "never back on Redis: {}",
+        proxy.log()
+    );
+    let returned_after = outage_end.elapsed();
+    // Decided by Redis again: the new client's key appears there.
+    assert!(wait_until(Duration::from_secs(5), || {
+        request(proxy.addr, "GET", "/", &[("X-Client", "after-client")], b"");
+        redis.keys().iter().any(|k| k.contains("per-client"))
+    }));
+    thread::sleep(Duration::from_millis(800));
+    let after_start = Instant::now() - Duration::from_millis(800);
+    let samples = load.finish();
+
+    let failed: Vec<u16> = samples.iter().map(|s| s.2).filter(|&s| s != 200).collect();
+    assert!(
+        failed.is_empty(),
+        "load requests not answered 200: {failed:?}"
+    );
+    let before = between(
+        &samples,
+        outage_start - Duration::from_millis(800),
+        outage_start,
+    );
+    let during = between(&samples, outage_start, outage_end);
+    let after = between(&samples, after_start, Instant::now());
+    assert!(
+        during.len() > 50,
+        "too little load during the outage: {}",
+        during.len()
+    );
+    let p99_during = percentile(during.clone(), 0.99);
+    // The deadline, plus a margin for a debug build sharing two cores with
+    // the load generator.
+    assert!(
+        p99_during < Duration::from_millis(DEADLINE_MS + 150),
+        "p99 during the outage {p99_during:?}"
+    );
+    let log = proxy.log();
+    assert_eq!(
+        log.matches(warn).count(),
+        1,
+        "one warn line per transition:\n{log}"
+    );
+    assert_eq!(
+        log.matches(back).count(),
+        1,
+        "one info line per transition:\n{log}"
+    );
+
+    let fmt = |v: &[Duration]| {
+        format!(
+            "p50 {:.2} ms, p99 {:.2} ms ({} requests)",
+            percentile(v.to_vec(), 0.5).as_secs_f64() * 1e3,
+            percentile(v.to_vec(), 0.99).as_secs_f64() * 1e3,
+            v.len()
+        )
+    };
+    record(
+        name,
+        &format!(
+            "before: {}\nduring: {}\nafter: {}\nswitch to fallback: {:.0} ms after the outage began\nback on Redis: {:.0} ms after Redis returned\n",
+            fmt(&before),
+            fmt(&during),
+            fmt(&after),
+            switched_after.as_secs_f64() * 1e3,
+            returned_after.as_secs_f64() * 1e3
+        ),
+    );
+}
+
+#[test]
+fn redis_killed_and_restarted_under_load() {
+    outage_under_load(Outage::Kill, "redis_killed");
+}
+
+#[test]
+fn redis_frozen_with_sigstop_under_load() {
+    outage_under_load(Outage::Freeze, "redis_frozen");
+}
+
+#[test]
+fn on_failure_allow_fails_open_and_deny_fails_closed() {
+    let mut redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let open = Proxy::start(&upstream, &config(&redis, "allow"));
+    let closed = Proxy::start(&upstream, &config(&redis, "deny"));
+    redis.kill();
+    // Fail open: even past the limit of 30 everything goes through.
+    let through_open = statuses(&open, "GET", "/", "c", 40);
+    assert_eq!(count(&through_open, 200), 40);
+    // But a limit with its own on_failure = "deny" still refuses.
+    assert_eq!(statuses(&open, "POST", "/login", "c", 2), vec![429, 429]);
+    // Fail closed: limited requests are refused, with a retry hint.
+    let refused = request(closed.addr, "GET", "/", &[("X-Client", "c")], b"");
+    assert_eq!(refused.status, 429);
+    assert!(
+        refused.body.contains("\"limit\":\"per-client\""),
+        "{}",
+        refused.body
+    );
+    assert_eq!(refused.header("Retry-After"), Some("1"));
+    // A request no limit applies to is not refused by a down Redis.
+    assert_eq!(closed.get("/").status, 200);
+}
