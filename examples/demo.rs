@@ -33,7 +33,7 @@ fn run() -> Result<(), String> {
     })?;
     std::thread::spawn(move || serve_demo_upstream(listener));
     let server = floodgate::server::build(&config).map_err(|e| e.to_string())?;
-    std::thread::spawn(move || server.run_forever());
+    std::thread::spawn(move || server.run());
     wait_for(proxy)?;
 
     println!("floodgate on {proxy} -> demo upstream on {upstream}, limits from {file}\n");

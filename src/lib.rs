@@ -1,13 +1,18 @@
 //! floodgate: an edge rate-limiting reverse proxy on Pingora.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod algorithm;
 pub mod clock;
 pub mod config;
 pub mod headers;
 pub mod identity;
 pub mod limiter;
+pub mod metrics;
 pub mod policy;
 pub mod proxy;
 pub mod server;
+pub mod signals;
+pub mod state;
 pub mod summary;
+pub mod upstream;

@@ -93,5 +93,5 @@ fn run(file: &std::path::Path) -> anyhow::Result<()> {
         config.policy.limits.len(),
         file.display()
     );
-    server.run_forever()
+    server.run()
 }

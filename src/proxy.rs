@@ -9,12 +9,10 @@
 //! fail_to_proxy    upstream down or slow: 502 / 504 with a JSON body
 //! ```
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::Bytes;
 use log::{info, warn};
@@ -23,80 +21,27 @@ use pingora::prelude::HttpPeer;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType, Result};
 
-use crate::config::{Config, HeaderStyle, UpstreamSettings};
+use crate::algorithm::Decision;
 use crate::headers::{self, Layer};
-use crate::limiter::{Limiter, LimiterError};
-use crate::policy::{Check, Plan, Policy};
-
-/// Everything one configuration generation needs to serve requests. Swapped
-/// whole on reload; a request keeps the generation it started with.
-pub struct Runtime {
-    pub policy: Arc<Policy>,
-    pub headers: HeaderStyle,
-    pub limiter: Arc<dyn Limiter>,
-    pub upstream: Upstreams,
-}
-
-/// Resolved upstream addresses, taken in turn.
-pub struct Upstreams {
-    addrs: Vec<SocketAddr>,
-    next: AtomicUsize,
-    settings: UpstreamSettings,
-}
-
-impl Upstreams {
-    pub fn resolve(settings: &UpstreamSettings) -> std::io::Result<Upstreams> {
-        use std::net::ToSocketAddrs;
-        let mut addrs = Vec::new();
-        for server in &settings.servers {
-            addrs.extend(server.to_socket_addrs()?);
-        }
-        if addrs.is_empty() {
-            return Err(std::io::Error::other("no upstream address resolved"));
-        }
-        Ok(Upstreams {
-            addrs,
-            next: AtomicUsize::new(0),
-            settings: settings.clone(),
-        })
-    }
-
-    fn pick(&self) -> HttpPeer {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.addrs.len();
-        let mut peer = HttpPeer::new(self.addrs[i], self.settings.tls, self.settings.sni.clone());
-        peer.options.connection_timeout = Some(self.settings.connect_timeout);
-        peer.options.total_connection_timeout = Some(self.settings.connect_timeout);
-        peer.options.read_timeout = Some(self.settings.read_timeout);
-        peer
-    }
-}
-
-impl Runtime {
-    pub fn new(config: &Config, limiter: Arc<dyn Limiter>) -> std::io::Result<Runtime> {
-        Ok(Runtime {
-            policy: config.policy.clone(),
-            headers: config.headers,
-            limiter,
-            upstream: Upstreams::resolve(&config.upstream)?,
-        })
-    }
-}
+use crate::limiter::LimiterError;
+use crate::policy::{Check, Plan};
+use crate::state::{AppState, InFlight, Runtime};
 
 pub struct Gateway {
-    runtime: Arc<ArcSwap<Runtime>>,
+    state: Arc<AppState>,
 }
 
 impl Gateway {
-    pub fn new(runtime: Arc<ArcSwap<Runtime>>) -> Self {
-        Gateway { runtime }
+    pub fn new(state: Arc<AppState>) -> Self {
+        Gateway { state }
     }
 }
 
-#[derive(Default)]
 pub struct RequestCtx {
-    runtime: Option<Arc<Runtime>>,
+    runtime: Arc<Runtime>,
     /// Rate-limit headers to add to the upstream's response.
     rate_headers: Vec<(&'static str, String)>,
+    _in_flight: InFlight,
 }
 
 fn peer_ip(session: &Session) -> IpAddr {
@@ -138,11 +83,7 @@ async fn respond(
         .await
 }
 
-fn layers<'a>(
-    runtime: &'a Runtime,
-    checks: &[Check],
-    decisions: &[crate::algorithm::Decision],
-) -> Vec<Layer<'a>> {
+fn layers<'a>(runtime: &'a Runtime, checks: &[Check], decisions: &[Decision]) -> Vec<Layer<'a>> {
     checks
         .iter()
         .zip(decisions)
@@ -160,12 +101,19 @@ impl ProxyHttp for Gateway {
     type CTX = RequestCtx;
 
     fn new_ctx(&self) -> Self::CTX {
-        RequestCtx::default()
+        RequestCtx {
+            runtime: self.state.runtime.load_full(),
+            rate_headers: Vec::new(),
+            _in_flight: self.state.request_started(),
+        }
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
-        let runtime = self.runtime.load_full();
-        ctx.runtime = Some(runtime.clone());
+        if self.state.draining() {
+            // Shutting down: finish this request, then let the client go elsewhere.
+            session.set_keepalive(None);
+        }
+        let runtime = ctx.runtime.clone();
         let request = session.req_header();
         let client = runtime
             .policy
@@ -177,15 +125,28 @@ impl ProxyHttp for Gateway {
             &client,
             &request.headers,
         ) {
-            Plan::Exempt => return Ok(false),
+            Plan::Exempt => {
+                self.state.metrics.exempt.inc();
+                return Ok(false);
+            }
             Plan::Check(checks) if checks.is_empty() => return Ok(false),
             Plan::Check(checks) => checks,
         };
-        let decisions = match runtime.limiter.decide(&checks).await {
+        let decisions = match self.state.limiter.decide(&checks).await {
             Ok(d) => d,
             Err(e) => return limiter_failed(session, e).await,
         };
+        let enforced = layers(&runtime, &checks, &decisions);
+        let refused = headers::refusing(&enforced);
         for (check, decision) in checks.iter().zip(&decisions) {
+            let counters = &runtime.counters[check.layer];
+            match (check.shadow, decision.allowed, refused.is_some()) {
+                (true, false, _) => counters.shadow_refused.inc(),
+                (false, false, _) => counters.refused.inc(),
+                (_, true, false) => counters.admitted.inc(),
+                // Admitted by this layer, refused by another: not charged.
+                (_, true, true) => {}
+            }
             if check.shadow && !decision.allowed {
                 info!(
                     "shadow limit would refuse: {} limit={} retry_after_ms={}",
@@ -195,8 +156,7 @@ impl ProxyHttp for Gateway {
                 );
             }
         }
-        let enforced = layers(&runtime, &checks, &decisions);
-        if let Some(refused) = headers::refusing(&enforced) {
+        if let Some(refused) = refused {
             info!(
                 "rate limited: {} limit={} retry_after_ms={}{}",
                 client.log_label(),
@@ -227,11 +187,7 @@ impl ProxyHttp for Gateway {
         _session: &mut Session,
         ctx: &mut Self::CTX,
     ) -> Result<Box<HttpPeer>> {
-        let runtime = match &ctx.runtime {
-            Some(r) => r.clone(),
-            None => self.runtime.load_full(),
-        };
-        Ok(Box::new(runtime.upstream.pick()))
+        Ok(Box::new(ctx.runtime.upstream.pick()))
     }
 
     async fn response_filter(
@@ -295,8 +251,8 @@ impl ProxyHttp for Gateway {
     }
 }
 
-/// Until the Redis failure modes exist, a limiter that cannot decide refuses
-/// with 503 rather than guessing.
+/// A limiter that cannot decide and has no fallback (the Redis store is
+/// always wrapped in one) refuses with 503 rather than guessing.
 async fn limiter_failed(session: &mut Session, e: LimiterError) -> Result<bool> {
     warn!("limiter failed: {e}");
     let headers = [

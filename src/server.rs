@@ -1,17 +1,22 @@
 //! Wires a validated `Config` into a Pingora server.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use arc_swap::ArcSwap;
+use pingora::apps::http_app::HttpServer;
 use pingora::server::configuration::{Opt, ServerConf};
-use pingora::server::Server;
-use pingora::server::ShutdownWatch;
+use pingora::server::{RunArgs, Server, ShutdownWatch};
 use pingora::services::background::{background_service, BackgroundService};
+use pingora::services::listening::Service;
 
+use crate::admin::Admin;
 use crate::clock::{Clock, OffsetClock, SystemClock};
 use crate::config::Config;
-use crate::limiter::{FailureStats, FallbackLimiter, Limiter, LocalLimiter, RedisLimiter};
-use crate::proxy::{Gateway, Runtime};
+use crate::limiter::{FallbackLimiter, Limiter, LocalLimiter, RedisLimiter};
+use crate::metrics::Metrics;
+use crate::proxy::Gateway;
+use crate::signals::Signals;
+use crate::state::{AppState, Runtime};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
@@ -33,7 +38,7 @@ struct Sweeper {
 #[async_trait::async_trait]
 impl BackgroundService for Sweeper {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut tick = tokio::time::interval(std::time::Duration::from_secs(10));
+        let mut tick = tokio::time::interval(Duration::from_secs(10));
         loop {
             tokio::select! {
                 _ = tick.tick() => { self.store.sweep(); }
@@ -61,41 +66,83 @@ fn clock_from_env() -> Result<Arc<dyn Clock>, BuildError> {
     }
 }
 
-/// Builds the server for `config`; `run_forever` it to serve.
-pub fn build(config: &Config) -> Result<Server, BuildError> {
+/// A server ready to run.
+pub struct Floodgate {
+    server: Server,
+    signals: Signals,
+    pub state: Arc<AppState>,
+}
+
+impl Floodgate {
+    /// Serves until a signal stops it, then exits the process.
+    pub fn run(self) -> ! {
+        self.server.run(RunArgs {
+            shutdown_signal: Box::new(self.signals),
+        });
+        std::process::exit(0)
+    }
+}
+
+/// Builds the server for `config`.
+pub fn build(config: &Config) -> Result<Floodgate, BuildError> {
     let file = config.file.display().to_string();
     let clock = clock_from_env()?;
+    let metrics = Arc::new(Metrics::new());
     let store = Arc::new(LocalLimiter::new(config.max_keys, clock.clone()));
-    let limiter: Arc<dyn Limiter> = match &config.redis {
-        Some(settings) => Arc::new(FallbackLimiter::new(
+    let fallback = config.redis.as_ref().map(|settings| {
+        Arc::new(FallbackLimiter::new(
             RedisLimiter::new(settings.clone(), clock),
             store.clone(),
             settings.instances,
-            Arc::new(FailureStats::default()),
-        )),
+            metrics.redis.clone(),
+        ))
+    });
+    let limiter: Arc<dyn Limiter> = match &fallback {
+        Some(f) => f.clone(),
         None => store.clone(),
     };
-    let runtime = Runtime::new(config, limiter).map_err(|source| BuildError::Upstream {
+    let runtime = Runtime::new(config, &metrics).map_err(|source| BuildError::Upstream {
         file: file.clone(),
         source,
     })?;
+    let state = Arc::new(AppState::new(
+        config.clone(),
+        runtime,
+        limiter,
+        store.clone(),
+        fallback,
+        metrics,
+    ));
 
-    let grace = config.server.grace_period.as_secs().max(1);
+    // Draining is ours (see `signals`): Pingora stops the listeners once
+    // nothing is in flight, with no further wait.
     let conf = ServerConf {
         threads: config.server.threads,
-        grace_period_seconds: Some(grace),
-        graceful_shutdown_timeout_seconds: Some(grace),
+        grace_period_seconds: Some(0),
+        graceful_shutdown_timeout_seconds: Some(1),
         ..ServerConf::default()
     };
     let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
     server.bootstrap();
 
-    let gateway = Gateway::new(Arc::new(ArcSwap::from_pointee(runtime)));
-    let mut proxy = pingora::proxy::http_proxy_service(&server.configuration, gateway);
+    let mut proxy =
+        pingora::proxy::http_proxy_service(&server.configuration, Gateway::new(state.clone()));
     for addr in &config.server.listen {
         proxy.add_tcp(&addr.to_string());
     }
     server.add_service(proxy);
+    if let Some(admin_addr) = config.server.admin_listen {
+        let mut admin = Service::new(
+            "admin".into(),
+            HttpServer::new_app(Admin::new(state.clone())),
+        );
+        admin.add_tcp(&admin_addr.to_string());
+        server.add_service(admin);
+    }
     server.add_service(background_service("memory sweeper", Sweeper { store }));
-    Ok(server)
+    Ok(Floodgate {
+        server,
+        signals: Signals::new(state.clone(), config.server.grace_period),
+        state,
+    })
 }

@@ -168,9 +168,20 @@ fn outage_under_load(kind: Outage, name: &str) {
     );
     let switched_after = outage_start.elapsed();
     // Headers describe the fallback's decision: this instance's share.
-    let r = request(proxy.addr, "GET", "/", &[("X-Client", "header-client")], b"");
+    let r = request(
+        proxy.addr,
+        "GET",
+        "/",
+        &[("X-Client", "header-client")],
+        b"",
+    );
     assert_eq!(r.header("RateLimit-Limit"), Some("10"), "{:?}", r.headers);
-    assert_eq!(r.header("RateLimit-Remaining"), Some("9"), "{:?}", r.headers);
+    assert_eq!(
+        r.header("RateLimit-Remaining"),
+        Some("9"),
+        "{:?}",
+        r.headers
+    );
     // The fallback enforces limit / instances: 30 / 3 for a new client.
     let during = statuses(&proxy, "GET", "/", "outage-client", 20);
     assert_eq!(count(&during, 200), 10, "{during:?}");

@@ -250,7 +250,7 @@ pub enum HeaderStyle {
     None,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ServerSettings {
     pub listen: Vec<SocketAddr>,
     pub admin_listen: Option<SocketAddr>,
@@ -267,7 +267,7 @@ pub struct UpstreamSettings {
     pub sni: String,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RedisSettings {
     /// Standalone server URL (REDIS_URL overrides the file); empty in cluster mode.
     pub url: Option<String>,
@@ -292,6 +292,22 @@ pub struct Config {
 }
 
 impl Config {
+    /// The sections a running process cannot swap (listeners, threads, the
+    /// stores) that differ in `newer`.
+    pub fn restart_only_changes(&self, newer: &Config) -> Vec<&'static str> {
+        let mut changed = Vec::new();
+        if self.server != newer.server {
+            changed.push("[server]");
+        }
+        if self.redis != newer.redis {
+            changed.push("[redis]");
+        }
+        if self.max_keys != newer.max_keys {
+            changed.push("[memory]");
+        }
+        changed
+    }
+
     /// Reads and validates a file.
     pub fn load(file: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(file).map_err(|e| ConfigError {

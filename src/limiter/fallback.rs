@@ -9,7 +9,7 @@
 //! reconnect: the only Redis wait on the request path is the call that
 //! fails, bounded by `[redis].timeout`.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,7 @@ use log::{info, warn};
 
 use super::{Limiter, LimiterError, LocalLimiter, RedisLimiter};
 use crate::algorithm::Decision;
+use crate::metrics::RedisMetrics;
 use crate::policy::{Check, OnFailure};
 
 /// How often an open breaker asks Redis whether it is back.
@@ -26,15 +27,6 @@ const PROBE_EVERY: Duration = Duration::from_millis(250);
 /// What a fail-closed layer tells the client to wait: about one probe.
 const DENY_RETRY_US: u64 = 1_000_000;
 
-/// Counters the metrics read.
-#[derive(Debug, Default)]
-pub struct FailureStats {
-    /// Redis calls that failed (each opens or keeps open the breaker).
-    pub failures: AtomicU64,
-    /// Requests decided without Redis.
-    pub fallback_decisions: AtomicU64,
-}
-
 struct Inner {
     redis: RedisLimiter,
     local: Arc<LocalLimiter>,
@@ -42,7 +34,7 @@ struct Inner {
     open: AtomicBool,
     probing: AtomicBool,
     opened_at: Mutex<Option<Instant>>,
-    stats: Arc<FailureStats>,
+    metrics: RedisMetrics,
 }
 
 pub struct FallbackLimiter {
@@ -54,7 +46,7 @@ impl FallbackLimiter {
         redis: RedisLimiter,
         local: Arc<LocalLimiter>,
         instances: u64,
-        stats: Arc<FailureStats>,
+        metrics: RedisMetrics,
     ) -> Self {
         FallbackLimiter {
             inner: Arc::new(Inner {
@@ -64,7 +56,7 @@ impl FallbackLimiter {
                 open: AtomicBool::new(false),
                 probing: AtomicBool::new(false),
                 opened_at: Mutex::new(None),
-                stats,
+                metrics,
             }),
         }
     }
@@ -73,15 +65,11 @@ impl FallbackLimiter {
     pub fn degraded(&self) -> bool {
         self.inner.open.load(Ordering::Acquire)
     }
-
-    pub fn stats(&self) -> Arc<FailureStats> {
-        self.inner.stats.clone()
-    }
 }
 
 impl Inner {
     fn trip(self: &Arc<Self>, error: &LimiterError) {
-        self.stats.failures.fetch_add(1, Ordering::Relaxed);
+        self.metrics.failures.inc();
         if !self.open.swap(true, Ordering::AcqRel) {
             if let Ok(mut at) = self.opened_at.lock() {
                 *at = Some(Instant::now());
@@ -105,7 +93,7 @@ impl Inner {
             match self.redis.probe().await {
                 Ok(()) => break,
                 Err(_) => {
-                    self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                    self.metrics.failures.inc();
                 }
             }
         }
@@ -126,9 +114,7 @@ impl Inner {
     /// Decides without Redis, layer by layer as `on_failure` says, still
     /// all-or-nothing: a layer that fails closed charges nothing locally.
     fn decide_without_redis(&self, checks: &[Check]) -> Vec<Decision> {
-        self.stats
-            .fallback_decisions
-            .fetch_add(1, Ordering::Relaxed);
+        self.metrics.fallback_decisions.inc();
         let closed = checks
             .iter()
             .any(|c| !c.shadow && c.on_failure == OnFailure::Deny);
@@ -192,7 +178,10 @@ impl Limiter for FallbackLimiter {
         if self.degraded() {
             return Ok(self.inner.decide_without_redis(checks));
         }
-        match self.inner.redis.decide(checks).await {
+        let timer = self.inner.metrics.call_seconds.start_timer();
+        let result = self.inner.redis.decide(checks).await;
+        timer.observe_duration();
+        match result {
             Ok(decisions) => Ok(decisions),
             Err(e) => {
                 self.inner.trip(&e);

@@ -12,7 +12,7 @@ use crate::algorithm::Decision;
 use crate::policy::Check;
 
 pub use self::redis::RedisLimiter;
-pub use fallback::{FailureStats, FallbackLimiter};
+pub use fallback::FallbackLimiter;
 pub use local::LocalLimiter;
 
 /// Why a limiter could not decide. The request is then decided by the

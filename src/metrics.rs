@@ -1,0 +1,147 @@
+//! The Prometheus registry and every series floodgate exports.
+//!
+//! Hot-path counters are resolved to their series once per configuration
+//! (`LayerCounters`), so a request increments an atomic and never looks a
+//! label up.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+
+/// The series of one limit.
+#[derive(Clone)]
+pub struct LayerCounters {
+    pub admitted: IntCounter,
+    pub refused: IntCounter,
+    pub shadow_refused: IntCounter,
+}
+
+/// What the Redis store reports.
+#[derive(Clone)]
+pub struct RedisMetrics {
+    pub call_seconds: Histogram,
+    pub failures: IntCounter,
+    pub fallback_decisions: IntCounter,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    decisions: IntCounterVec,
+    pub exempt: IntCounter,
+    pub redis: RedisMetrics,
+    pub fallback_active: IntGauge,
+    pub local_keys: IntGauge,
+    reloads: IntCounterVec,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let decisions = IntCounterVec::new(
+            Opts::new(
+                "floodgate_decisions_total",
+                "Requests decided, by limit and outcome (admitted, refused, shadow_refused)",
+            ),
+            &["limit", "outcome"],
+        )
+        .expect("valid metric");
+        let exempt = IntCounter::new(
+            "floodgate_exempt_requests_total",
+            "Requests forwarded without any limit (exempt path or tier)",
+        )
+        .expect("valid metric");
+        let call_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "floodgate_redis_call_duration_seconds",
+                "Time of each limiter call to Redis",
+            )
+            .buckets(vec![
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+            ]),
+        )
+        .expect("valid metric");
+        let failures = IntCounter::new(
+            "floodgate_redis_failures_total",
+            "Redis calls and probes that failed (timeout, connection, error reply)",
+        )
+        .expect("valid metric");
+        let fallback_decisions = IntCounter::new(
+            "floodgate_fallback_decisions_total",
+            "Requests decided without Redis, by on_failure",
+        )
+        .expect("valid metric");
+        let fallback_active = IntGauge::new(
+            "floodgate_fallback_active",
+            "1 while decisions are made without Redis",
+        )
+        .expect("valid metric");
+        let local_keys = IntGauge::new(
+            "floodgate_local_keys",
+            "Client keys held by the in-process store",
+        )
+        .expect("valid metric");
+        let reloads = IntCounterVec::new(
+            Opts::new(
+                "floodgate_config_reloads_total",
+                "Configuration reloads on SIGHUP, by result (ok, failed)",
+            ),
+            &["result"],
+        )
+        .expect("valid metric");
+        for collector in [
+            Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(exempt.clone()),
+            Box::new(call_seconds.clone()),
+            Box::new(failures.clone()),
+            Box::new(fallback_decisions.clone()),
+            Box::new(fallback_active.clone()),
+            Box::new(local_keys.clone()),
+            Box::new(reloads.clone()),
+        ] {
+            registry.register(collector).expect("unique metric");
+        }
+        Metrics {
+            registry,
+            decisions,
+            exempt,
+            redis: RedisMetrics {
+                call_seconds,
+                failures,
+                fallback_decisions,
+            },
+            fallback_active,
+            local_keys,
+            reloads,
+        }
+    }
+
+    pub fn layer(&self, limit: &str) -> LayerCounters {
+        LayerCounters {
+            admitted: self.decisions.with_label_values(&[limit, "admitted"]),
+            refused: self.decisions.with_label_values(&[limit, "refused"]),
+            shadow_refused: self.decisions.with_label_values(&[limit, "shadow_refused"]),
+        }
+    }
+
+    pub fn reload(&self, ok: bool) {
+        self.reloads
+            .with_label_values(&[if ok { "ok" } else { "failed" }])
+            .inc();
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            log::warn!("cannot encode metrics: {e}");
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}

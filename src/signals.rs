@@ -1,0 +1,77 @@
+//! Signals, replacing Pingora's own handling: SIGHUP reloads the config
+//! (Pingora would die of it), SIGTERM drains within `grace_period` and exits
+//! as soon as nothing is in flight, SIGINT stops at once, SIGQUIT hands the
+//! listeners to a new process (Pingora's graceful upgrade).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use log::{error, info, warn};
+use pingora::server::{ShutdownSignal, ShutdownSignalWatch};
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::state::AppState;
+
+pub struct Signals {
+    state: Arc<AppState>,
+    grace: Duration,
+}
+
+impl Signals {
+    pub fn new(state: Arc<AppState>, grace: Duration) -> Self {
+        Signals { state, grace }
+    }
+
+    /// Waits for the requests in flight to finish, at most the grace period.
+    async fn drain(&self) {
+        self.state.start_draining();
+        let started = Instant::now();
+        info!(
+            "SIGTERM: draining {} request(s) in flight, for at most {:?}",
+            self.state.in_flight(),
+            self.grace
+        );
+        while self.state.in_flight() > 0 && started.elapsed() < self.grace {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        match self.state.in_flight() {
+            0 => info!("drained in {:.2}s", started.elapsed().as_secs_f64()),
+            n => warn!("grace period over with {n} request(s) still in flight"),
+        }
+    }
+}
+
+#[async_trait]
+impl ShutdownSignalWatch for Signals {
+    async fn recv(&self) -> ShutdownSignal {
+        let streams = (
+            signal(SignalKind::hangup()),
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::quit()),
+        );
+        let (Ok(mut hup), Ok(mut term), Ok(mut int), Ok(mut quit)) = streams else {
+            error!("cannot install signal handlers; stopping");
+            return ShutdownSignal::FastShutdown;
+        };
+        info!(
+            "signals: SIGHUP reloads {}, SIGTERM drains, SIGINT stops",
+            self.state.config_path.display()
+        );
+        loop {
+            tokio::select! {
+                _ = hup.recv() => {
+                    info!("SIGHUP: reloading {}", self.state.config_path.display());
+                    self.state.reload();
+                }
+                _ = term.recv() => {
+                    self.drain().await;
+                    return ShutdownSignal::GracefulTerminate;
+                }
+                _ = int.recv() => return ShutdownSignal::FastShutdown,
+                _ = quit.recv() => return ShutdownSignal::GracefulUpgrade,
+            }
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! What the process serves with: the current configuration generation
+//! (swapped whole on reload) and the state that outlives generations (the
+//! stores, the metrics, the drain).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use log::{error, info, warn};
+
+use crate::config::{Config, HeaderStyle};
+use crate::limiter::{FallbackLimiter, Limiter, LocalLimiter};
+use crate::metrics::{LayerCounters, Metrics};
+use crate::policy::Policy;
+use crate::upstream::Upstreams;
+
+/// One configuration generation. A request keeps the generation it started
+/// with, so a reload never changes the rules under a request in flight.
+pub struct Runtime {
+    pub policy: Arc<Policy>,
+    pub headers: HeaderStyle,
+    pub upstream: Upstreams,
+    /// `counters[layer]` for `policy.limits[layer]`.
+    pub counters: Vec<LayerCounters>,
+}
+
+impl Runtime {
+    pub fn new(config: &Config, metrics: &Metrics) -> std::io::Result<Runtime> {
+        Ok(Runtime {
+            policy: config.policy.clone(),
+            headers: config.headers,
+            upstream: Upstreams::resolve(&config.upstream)?,
+            counters: config
+                .policy
+                .limits
+                .iter()
+                .map(|l| metrics.layer(&l.name))
+                .collect(),
+        })
+    }
+}
+
+/// Process-wide state shared by the proxy, the admin endpoints and the
+/// signal handling.
+pub struct AppState {
+    pub runtime: ArcSwap<Runtime>,
+    pub limiter: Arc<dyn Limiter>,
+    pub store: Arc<LocalLimiter>,
+    /// Present with `[redis]`: tells whether decisions are degraded.
+    pub fallback: Option<Arc<FallbackLimiter>>,
+    pub metrics: Arc<Metrics>,
+    pub config_path: PathBuf,
+    /// The running configuration, to tell what a reload can change.
+    running: Mutex<Config>,
+    in_flight: Arc<AtomicUsize>,
+    draining: AtomicBool,
+}
+
+/// Counts a request as in flight for as long as it lives.
+pub struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl AppState {
+    pub fn new(
+        config: Config,
+        runtime: Runtime,
+        limiter: Arc<dyn Limiter>,
+        store: Arc<LocalLimiter>,
+        fallback: Option<Arc<FallbackLimiter>>,
+        metrics: Arc<Metrics>,
+    ) -> AppState {
+        AppState {
+            runtime: ArcSwap::from_pointee(runtime),
+            limiter,
+            store,
+            fallback,
+            metrics,
+            config_path: config.file.clone(),
+            running: Mutex::new(config),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    pub fn request_started(&self) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(self.in_flight.clone())
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    pub fn degraded(&self) -> bool {
+        self.fallback.as_ref().is_some_and(|f| f.degraded())
+    }
+
+    /// Re-reads the config file and swaps in what it says. An invalid file
+    /// changes nothing: the reason is logged and counted.
+    pub fn reload(&self) -> bool {
+        let path = &self.config_path;
+        let result = Config::load(path)
+            .map_err(|e| e.to_string())
+            .and_then(|mut config| {
+                config.file = path.clone();
+                let runtime = Runtime::new(&config, &self.metrics)
+                    .map_err(|e| format!("{}: upstream.servers: {e}", path.display()))?;
+                Ok((config, runtime))
+            });
+        match result {
+            Ok((config, runtime)) => {
+                if let Ok(mut running) = self.running.lock() {
+                    let restart_only = running.restart_only_changes(&config);
+                    if !restart_only.is_empty() {
+                        warn!(
+                            "reload: changes to {} take effect only after a restart",
+                            restart_only.join(", ")
+                        );
+                    }
+                    *running = config;
+                }
+                self.runtime.store(Arc::new(runtime));
+                self.metrics.reload(true);
+                info!("reloaded {}", path.display());
+                true
+            }
+            Err(reason) => {
+                self.metrics.reload(false);
+                error!("reload refused, the previous configuration keeps serving: {reason}");
+                false
+            }
+        }
+    }
+
+    /// `/readyz`: status and a one-line reason.
+    pub fn readiness(&self) -> (u16, &'static str) {
+        if self.draining() {
+            (503, "draining: shutting down\n")
+        } else if self.degraded() {
+            (200, "degraded: Redis unavailable, deciding by on_failure\n")
+        } else {
+            (200, "ready\n")
+        }
+    }
+
+    /// Values read at scrape time.
+    pub fn refresh_gauges(&self) {
+        self.metrics.fallback_active.set(i64::from(self.degraded()));
+        self.metrics
+            .local_keys
+            .set(i64::try_from(self.store.len()).unwrap_or(i64::MAX));
+    }
+}
