@@ -162,6 +162,8 @@ pub fn binary() -> &'static str {
 /// The real binary serving a config, stopped (by its PID) on drop.
 pub struct Proxy {
     pub addr: SocketAddr,
+    /// The admin listener, when started with one.
+    pub admin: Option<SocketAddr>,
     pub config_path: PathBuf,
     pub log_path: PathBuf,
     child: Child,
@@ -186,10 +188,29 @@ impl Proxy {
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
         let config_path = dir.join("proxy.toml");
         std::fs::write(&config_path, config_text(addr, upstream, body)).expect("write config");
-        Proxy::spawn(addr, config_path, env)
+        Proxy::spawn(addr, None, config_path, env)
     }
 
-    pub fn spawn(addr: SocketAddr, config_path: PathBuf, env: &[(&str, &str)]) -> Proxy {
+    /// Like `start`, with an admin listener and a grace period of `grace`.
+    pub fn start_admin(upstream: &Upstream, grace: &str, body: &str) -> Proxy {
+        let dir = temp_dir();
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        let text = config_text(addr, upstream.addr, body).replace(
+            "grace_period = \"1s\"",
+            &format!("grace_period = \"{grace}\"\nadmin_listen = \"{admin}\""),
+        );
+        let config_path = dir.join("proxy.toml");
+        std::fs::write(&config_path, text).expect("write config");
+        Proxy::spawn(addr, Some(admin), config_path, &[])
+    }
+
+    pub fn spawn(
+        addr: SocketAddr,
+        admin: Option<SocketAddr>,
+        config_path: PathBuf,
+        env: &[(&str, &str)],
+    ) -> Proxy {
         let log_path = config_path.with_extension("log");
         let log = std::fs::File::create(&log_path).expect("log file");
         let mut command = Command::new(binary());
@@ -206,6 +227,7 @@ impl Proxy {
         let child = command.spawn().expect("spawn floodgate");
         let mut proxy = Proxy {
             addr,
+            admin,
             config_path,
             log_path,
             child,
@@ -220,7 +242,8 @@ impl Proxy {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("floodgate exited with {status}: {}", self.log());
             }
-            if TcpStream::connect(self.addr).is_ok() {
+            // Listening, and the signal handlers are in place.
+            if TcpStream::connect(self.addr).is_ok() && self.log().contains("signals: SIGHUP") {
                 return;
             }
             thread::sleep(Duration::from_millis(20));
@@ -242,6 +265,48 @@ impl Proxy {
 
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// GET on the admin listener.
+    pub fn admin_get(&self, path: &str) -> Response {
+        let admin = self.admin.expect("started with an admin listener");
+        request(admin, "GET", path, &[], b"")
+    }
+
+    /// One sample of a Prometheus series, 0 when absent.
+    pub fn metric(&self, series: &str) -> f64 {
+        self.admin_get("/metrics")
+            .body
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(series)?
+                    .strip_prefix(' ')?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0.0)
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.pid().to_string()])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "kill {sig}");
+    }
+
+    /// Waits for the process to exit; its status, or None on timeout.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        None
     }
 
     pub fn get(&self, path: &str) -> Response {
