@@ -101,6 +101,10 @@ impl Metrics {
         ] {
             registry.register(collector).expect("unique metric");
         }
+        // Both outcomes exist from the start, so an alert on "failed" sees 0.
+        for result in ["ok", "failed"] {
+            reloads.with_label_values(&[result]);
+        }
         Metrics {
             registry,
             decisions,
