@@ -7,3 +7,4 @@ FLOODGATE_NEEDS_REDIS=1 source scripts/setup.sh
 cargo fmt --all -- --check
 cargo clippy --all-targets -- -D warnings
 cargo test --all-targets
+cargo bench --no-run

@@ -1,0 +1,89 @@
+//! The in-process store: one request's decision (two layers), on one hot key
+//! and spread over 100,000 keys, from one thread and from two contending.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use floodgate::algorithm::Algorithm;
+use floodgate::clock::SystemClock;
+use floodgate::limiter::LocalLimiter;
+use floodgate::policy::{Check, OnFailure, StateKey};
+
+const SEC: u64 = 1_000_000;
+
+fn checks(identity: u128) -> [Check; 2] {
+    let name: Arc<str> = Arc::from("per-ip");
+    // Generous limits: the admitted path, which writes state, is the one measured.
+    let check = |limit: u64, algorithm| Check {
+        layer: limit as usize,
+        name: name.clone(),
+        algorithm,
+        key: StateKey { limit, identity },
+        cost: 1,
+        shadow: false,
+        on_failure: OnFailure::Local,
+    };
+    [
+        check(
+            0,
+            Algorithm::TokenBucket {
+                capacity: 1 << 30,
+                interval_us: 1,
+            },
+        ),
+        check(
+            1,
+            Algorithm::SlidingWindow {
+                limit: 1 << 30,
+                window_us: 60 * SEC,
+            },
+        ),
+    ]
+}
+
+fn identities(n: u128) -> Vec<[Check; 2]> {
+    (0..n)
+        .map(|i| checks(i.wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835)))
+        .collect()
+}
+
+/// Runs `iters` decisions split over `threads` threads; the wall time of all.
+fn contended(
+    store: &Arc<LocalLimiter>,
+    keys: &Arc<Vec<[Check; 2]>>,
+    threads: usize,
+    iters: u64,
+) -> Duration {
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (store, keys) = (store.clone(), keys.clone());
+            s.spawn(move || {
+                for i in 0..iters / threads as u64 {
+                    let k = &keys[(i as usize * threads + t) % keys.len()];
+                    std::hint::black_box(store.decide_now(k));
+                }
+            });
+        }
+    });
+    started.elapsed()
+}
+
+fn local_limiter(c: &mut Criterion) {
+    for (label, n) in [("1 key", 1u128), ("100k keys", 100_000)] {
+        let store = Arc::new(LocalLimiter::new(1_000_000, Arc::new(SystemClock)));
+        let keys = Arc::new(identities(n));
+        let mut group = c.benchmark_group(format!("local limiter, {label}"));
+        group.bench_function("1 thread", |b| {
+            b.iter_custom(|iters| contended(&store, &keys, 1, iters))
+        });
+        group.bench_function("2 threads", |b| {
+            b.iter_custom(|iters| contended(&store, &keys, 2, iters))
+        });
+        group.finish();
+    }
+}
+
+criterion_group!(benches, local_limiter);
+criterion_main!(benches);
