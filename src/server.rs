@@ -91,10 +91,11 @@ pub fn build(config: &Config) -> Result<Floodgate, BuildError> {
     let store = Arc::new(LocalLimiter::new(config.max_keys, clock.clone()));
     let fallback = config.redis.as_ref().map(|settings| {
         Arc::new(FallbackLimiter::new(
-            RedisLimiter::new(settings.clone(), clock),
+            RedisLimiter::new(settings.clone(), clock.clone()),
             store.clone(),
             settings.instances,
             metrics.redis.clone(),
+            clock.clone(),
         ))
     });
     let limiter: Arc<dyn Limiter> = match &fallback {

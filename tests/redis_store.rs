@@ -308,3 +308,38 @@ fn limits_hold_across_a_real_cluster_and_clients_spread_over_slots() {
         }
     }
 }
+
+#[test]
+fn a_client_redis_refused_is_refused_locally_until_its_retry_time() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let body = format!(
+        "{}[[limits]]\nname = \"per-ip\"\nkey = \"ip\"\nalgorithm = \"token_bucket\"\ncapacity = 3\nrefill_rate = 2\n",
+        redis_table(&redis.url(), "")
+    );
+    let proxy = Proxy::start(&upstream, &body);
+    assert_eq!(proxy.get("/").status, 200);
+    let _: String = redis.cmd(&["CONFIG", "RESETSTAT"]);
+    let statuses: Vec<u16> = (0..22).map(|_| proxy.get("/").status).collect();
+    assert_eq!(count_status_codes(&statuses, 200), 2, "{statuses:?}");
+    let stats: String = redis.cmd(&["INFO", "commandstats"]);
+    let evalsha = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    // Two admitted, one refused by Redis; the other 19 never reached it.
+    assert_eq!(evalsha, 3, "{stats}");
+    // And the local answer is Redis's: a retry at the advertised time passes.
+    let refused = proxy.get("/");
+    assert_eq!(refused.status, 429);
+    let ms: u64 = refused
+        .body
+        .split("\"retry_after_ms\":")
+        .nth(1)
+        .and_then(|s| s.trim_end_matches('}').parse().ok())
+        .expect("retry_after_ms");
+    thread::sleep(Duration::from_millis(ms));
+    assert_eq!(proxy.get("/").status, 200);
+}

@@ -16,8 +16,10 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use log::{info, warn};
 
+use super::deny_cache::DenyCache;
 use super::{Limiter, LimiterError, LocalLimiter, RedisLimiter};
 use crate::algorithm::Decision;
+use crate::clock::Clock;
 use crate::metrics::RedisMetrics;
 use crate::policy::{Check, OnFailure};
 
@@ -35,6 +37,8 @@ struct Inner {
     probing: AtomicBool,
     opened_at: Mutex<Option<Instant>>,
     metrics: RedisMetrics,
+    deny_cache: DenyCache,
+    clock: Arc<dyn Clock>,
 }
 
 pub struct FallbackLimiter {
@@ -47,6 +51,7 @@ impl FallbackLimiter {
         local: Arc<LocalLimiter>,
         instances: u64,
         metrics: RedisMetrics,
+        clock: Arc<dyn Clock>,
     ) -> Self {
         FallbackLimiter {
             inner: Arc::new(Inner {
@@ -57,6 +62,8 @@ impl FallbackLimiter {
                 probing: AtomicBool::new(false),
                 opened_at: Mutex::new(None),
                 metrics,
+                deny_cache: DenyCache::new(100_000),
+                clock,
             }),
         }
     }
@@ -159,6 +166,26 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Decisions for a request one of whose layers Redis is known to refuse
+    /// still: that layer refuses, the others are reported unchanged (nothing
+    /// is charged, as Redis would charge nothing).
+    fn known_refusal(&self, checks: &[Check], now_us: u64) -> Option<Vec<Decision>> {
+        let mut refused = false;
+        let decisions = checks
+            .iter()
+            .map(|c| match self.deny_cache.refusal(c, now_us) {
+                Some(d) => {
+                    refused = true;
+                    d
+                }
+                None => open_decision(c),
+            })
+            .collect();
+        refused.then_some(decisions)
+    }
+}
+
 /// Fail open: admitted, nothing known about the quota's use.
 fn open_decision(check: &Check) -> Decision {
     Decision {
@@ -178,11 +205,18 @@ impl Limiter for FallbackLimiter {
         if self.degraded() {
             return Ok(self.inner.decide_without_redis(checks));
         }
+        let now_us = self.inner.clock.now_us();
+        if let Some(known) = self.inner.known_refusal(checks, now_us) {
+            return Ok(known);
+        }
         let timer = self.inner.metrics.call_seconds.start_timer();
         let result = self.inner.redis.decide(checks).await;
         timer.observe_duration();
         match result {
-            Ok(decisions) => Ok(decisions),
+            Ok(decisions) => {
+                self.inner.deny_cache.remember(checks, &decisions, now_us);
+                Ok(decisions)
+            }
             Err(e) => {
                 self.inner.trip(&e);
                 Ok(self.inner.decide_without_redis(checks))

@@ -1,5 +1,6 @@
 //! The `Limiter` interface: decide all layers of one request at once.
 
+mod deny_cache;
 pub mod fallback;
 pub mod local;
 pub mod redis;

@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# Load test: floodgate against nginx, all in one run, on 127.0.0.1 only.
+#
+#   scripts/loadtest.sh [seconds per case, default 10] [connections, default 64]
+#
+# Installs oha (cargo install), nginx and redis-server when missing, builds
+# floodgate in release mode, then measures each case with oha at a fixed
+# concurrency and duration, and prints req/s, p50 and p99 latency, the
+# ratio to the upstream alone, and the server's CPU time per request (read
+# from /proc: user + system time of the server's processes, divided by the
+# requests answered). Every server it starts is stopped by PID at the end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION="${1:-10}"
+CONNECTIONS="${2:-64}"
+
+FLOODGATE_NEEDS_REDIS=1 source scripts/setup.sh
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nginx-light >/dev/null
+fi
+NGINX="$(command -v nginx || echo /usr/sbin/nginx)"
+command -v oha >/dev/null 2>&1 || [ -x "$HOME/.cargo/bin/oha" ] || cargo install oha --locked
+OHA="$(command -v oha || echo "$HOME/.cargo/bin/oha")"
+command -v python3 >/dev/null 2>&1 || { echo "python3 is needed to read oha's JSON" >&2; exit 1; }
+cargo build --release --quiet --bin floodgate
+FLOODGATE="$PWD/target/release/floodgate"
+
+WORK="$(mktemp -d)"
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+UP=18000; NGX_PROXY=18001; NGX_LIMIT=18002; NGX_REFUSE=18003; REDIS=18379
+FG_PLAIN=18010; FG_MEMORY=18011; FG_REDIS=18012; FG_REFUSE=18013; FG_REFUSE_REDIS=18014
+
+nginx_conf() { # name port workers body
+  cat > "$WORK/$1.conf" <<CONF
+worker_processes $3;
+daemon off;
+pid $WORK/$1.pid;
+error_log $WORK/$1.error.log error;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  upstream backend { server 127.0.0.1:$UP; keepalive 128; }
+  $5
+  server {
+    listen 127.0.0.1:$2 reuseport;
+    location / {
+      $4
+    }
+  }
+}
+CONF
+}
+PROXY='proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection "";'
+nginx_conf upstream $UP 1 'return 200 "ok";' ''
+nginx_conf proxy $NGX_PROXY 2 "$PROXY" ''
+nginx_conf limit $NGX_LIMIT 2 "limit_req zone=ip burst=1000000 nodelay; limit_req_status 429; $PROXY" \
+  'limit_req_zone $binary_remote_addr zone=ip:10m rate=1000000r/s;'
+nginx_conf refuse $NGX_REFUSE 2 "limit_req zone=ip; limit_req_status 429; $PROXY" \
+  'limit_req_zone $binary_remote_addr zone=ip:10m rate=1r/m;'
+
+start() { # command...: starts in the background, records the PID
+  "$@" >"$WORK/$(basename "$1").$RANDOM.log" 2>&1 &
+  PIDS+=($!)
+  echo $!
+}
+wait_port() {
+  for _ in $(seq 1 300); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "nothing listens on $1" >&2; exit 1
+}
+
+floodgate_conf() { # name port body
+  cat > "$WORK/$1.toml" <<CONF
+[server]
+listen = "127.0.0.1:$2"
+threads = ${FLOODGATE_THREADS:-2}
+[upstream]
+servers = ["127.0.0.1:$UP"]
+$3
+CONF
+}
+NEVER='[[limits]]
+name = "per-ip"
+key = "ip"
+algorithm = "token_bucket"
+capacity = 1000000000
+refill_rate = 1000000'
+ABUSE='[[limits]]
+name = "per-ip"
+key = "ip"
+algorithm = "token_bucket"
+capacity = 1
+refill_rate = 0.001'
+REDIS_TABLE="[redis]
+url = \"redis://127.0.0.1:$REDIS/0\"
+timeout = \"50ms\""
+floodgate_conf plain $FG_PLAIN ''
+floodgate_conf memory $FG_MEMORY "$NEVER"
+floodgate_conf redis $FG_REDIS "$REDIS_TABLE
+$NEVER"
+floodgate_conf refuse $FG_REFUSE "$ABUSE"
+floodgate_conf refuse-redis $FG_REFUSE_REDIS "$REDIS_TABLE
+$ABUSE"
+
+declare -A PID_OF
+PID_OF[upstream]=$(start "$NGINX" -c "$WORK/upstream.conf" -p "$WORK")
+PID_OF[proxy]=$(start "$NGINX" -c "$WORK/proxy.conf" -p "$WORK")
+PID_OF[limit]=$(start "$NGINX" -c "$WORK/limit.conf" -p "$WORK")
+PID_OF[refuse]=$(start "$NGINX" -c "$WORK/refuse.conf" -p "$WORK")
+start redis-server --port $REDIS --bind 127.0.0.1 --save "" --appendonly no >/dev/null
+for name in plain memory redis refuse refuse-redis; do
+  PID_OF[fg-$name]=$(RUST_LOG="${FLOODGATE_LOG:-warn}" start "$FLOODGATE" --config "$WORK/$name.toml")
+done
+for port in $UP $NGX_PROXY $NGX_LIMIT $NGX_REFUSE $REDIS $FG_PLAIN $FG_MEMORY $FG_REDIS $FG_REFUSE $FG_REFUSE_REDIS; do
+  wait_port "$port"
+done
+
+cpu_ticks() { # pid: user+system ticks of the process and its children (nginx workers)
+  local total=0 p
+  for p in "$1" $(ps -o pid= --ppid "$1" 2>/dev/null); do
+    if [ -r "/proc/$p/stat" ]; then
+      total=$((total + $(awk '{print $14 + $15}' "/proc/$p/stat")))
+    fi
+  done
+  echo "$total"
+}
+
+RESULTS="$WORK/results.tsv"
+: > "$RESULTS"
+measure() { # label port server-pid
+  "$OHA" -n 2000 -c "$CONNECTIONS" --no-tui "http://127.0.0.1:$2/" >/dev/null 2>&1 || true
+  local before after
+  before=$(cpu_ticks "$3")
+  "$OHA" -z "${DURATION}s" -c "$CONNECTIONS" --no-tui --output-format json "http://127.0.0.1:$2/" > "$WORK/oha.json"
+  after=$(cpu_ticks "$3")
+  python3 - "$1" "$WORK/oha.json" "$((after - before))" "$(getconf CLK_TCK)" >> "$RESULTS" <<'PY'
+import json, sys
+label, path, ticks, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+data = json.load(open(path))
+summary, pct = data["summary"], data["latencyPercentiles"]
+codes = data.get("statusCodeDistribution", {})
+total = sum(int(v) for v in codes.values()) or 1
+refused = int(codes.get("429", 0))
+cpu_us = ticks / hz * 1e6 / total
+print(f"{label}\t{summary['requestsPerSec']:.0f}\t{pct['p50'] * 1e3:.3f}\t{pct['p99'] * 1e3:.3f}\t{cpu_us:.1f}\t{refused / total:.3f}")
+PY
+}
+
+measure "upstream alone (nginx, fixed 200)" $UP "${PID_OF[upstream]}"
+measure "nginx reverse proxy" $NGX_PROXY "${PID_OF[proxy]}"
+measure "nginx limit_req, admitting" $NGX_LIMIT "${PID_OF[limit]}"
+measure "floodgate, no limits" $FG_PLAIN "${PID_OF[fg-plain]}"
+measure "floodgate memory, admitting" $FG_MEMORY "${PID_OF[fg-memory]}"
+measure "floodgate redis, admitting" $FG_REDIS "${PID_OF[fg-redis]}"
+measure "nginx limit_req, refusing" $NGX_REFUSE "${PID_OF[refuse]}"
+measure "floodgate memory, refusing" $FG_REFUSE "${PID_OF[fg-refuse]}"
+measure "floodgate redis, refusing" $FG_REFUSE_REDIS "${PID_OF[fg-refuse-redis]}"
+
+python3 - "$RESULTS" "$DURATION" "$CONNECTIONS" "$(nproc)" <<'PY'
+import sys
+rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1]) if line.strip()]
+base = float(rows[0][1])
+print(f"oha -c {sys.argv[3]} -z {sys.argv[2]}s on 127.0.0.1, {sys.argv[4]} cores shared by servers and oha\n")
+print(f"| {'case':<34} | {'req/s':>8} | {'p50 ms':>7} | {'p99 ms':>7} | {'ratio':>5} | {'CPU µs/req':>10} | {'429 share':>9} |")
+print(f"|{'-'*36}|{'-'*10}|{'-'*9}|{'-'*9}|{'-'*7}|{'-'*12}|{'-'*11}|")
+for label, rps, p50, p99, cpu, refused in rows:
+    print(f"| {label:<34} | {float(rps):>8.0f} | {float(p50):>7.3f} | {float(p99):>7.3f} | {float(rps) / base:>5.2f} | {float(cpu):>10.1f} | {float(refused):>9.3f} |")
+PY
