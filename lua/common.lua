@@ -16,8 +16,12 @@ local function div(a, b)
   return math.floor(a / b)
 end
 
+-- Keys expire once their state is as good as fresh, but not in under a
+-- second: a state that goes idle that fast is cheaper kept than recreated, and
+-- expiry runs on Redis's clock, which with clock = "local" is not the one the
+-- state was computed with. Keeping idle state longer changes no decision.
 local function ttl_ms(idle_at, now)
-  return math.max(1, math.ceil((idle_at - now) / 1000))
+  return math.max(1000, math.ceil((idle_at - now) / 1000))
 end
 
 -- A decision as the Rust twin's Evaluation: the reply fields, the state

@@ -257,7 +257,8 @@ fn one_evalsha_per_request_and_keys_hold_no_user_input_and_expire() {
             "{key}"
         );
     }
-    // Every key expires once its state is as good as fresh (here within 1 s).
+    // Every key expires once its state is as good as fresh (here within 1 s,
+    // the shortest TTL the scripts set).
     assert!(
         wait_until(Duration::from_secs(5), || redis.keys().is_empty()),
         "keys left: {:?}",
