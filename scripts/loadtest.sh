@@ -59,17 +59,22 @@ http {
 CONF
 }
 PROXY='proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection "";'
+# Proxies get the same number of workers (nginx) and threads (floodgate):
+# one by default, since oha needs the other core of a 2-core machine.
+WORKERS="${PROXY_WORKERS:-1}"
 nginx_conf upstream $UP 1 'return 200 "ok";' ''
-nginx_conf proxy $NGX_PROXY 2 "$PROXY" ''
-nginx_conf limit $NGX_LIMIT 2 "limit_req zone=ip burst=1000000 nodelay; limit_req_status 429; $PROXY" \
+nginx_conf proxy $NGX_PROXY "$WORKERS" "$PROXY" ''
+nginx_conf limit $NGX_LIMIT "$WORKERS" "limit_req zone=ip burst=1000000 nodelay; limit_req_status 429; $PROXY" \
   'limit_req_zone $binary_remote_addr zone=ip:10m rate=1000000r/s;'
-nginx_conf refuse $NGX_REFUSE 2 "limit_req zone=ip; limit_req_status 429; $PROXY" \
+nginx_conf refuse $NGX_REFUSE "$WORKERS" "limit_req zone=ip; limit_req_status 429; $PROXY" \
   'limit_req_zone $binary_remote_addr zone=ip:10m rate=1r/m;'
 
-start() { # command...: starts in the background, records the PID
-  "$@" >"$WORK/$(basename "$1").$RANDOM.log" 2>&1 &
+declare -A PID_OF
+start() { # name command...: starts in the background, records the PID
+  local name="$1"; shift
+  "$@" >"$WORK/$name.log" 2>&1 &
   PIDS+=($!)
-  echo $!
+  PID_OF[$name]=$!
 }
 wait_port() {
   for _ in $(seq 1 300); do
@@ -83,7 +88,7 @@ floodgate_conf() { # name port body
   cat > "$WORK/$1.toml" <<CONF
 [server]
 listen = "127.0.0.1:$2"
-threads = ${FLOODGATE_THREADS:-2}
+threads = $WORKERS
 [upstream]
 servers = ["127.0.0.1:$UP"]
 $3
@@ -112,14 +117,21 @@ floodgate_conf refuse $FG_REFUSE "$ABUSE"
 floodgate_conf refuse-redis $FG_REFUSE_REDIS "$REDIS_TABLE
 $ABUSE"
 
-declare -A PID_OF
-PID_OF[upstream]=$(start "$NGINX" -c "$WORK/upstream.conf" -p "$WORK")
-PID_OF[proxy]=$(start "$NGINX" -c "$WORK/proxy.conf" -p "$WORK")
-PID_OF[limit]=$(start "$NGINX" -c "$WORK/limit.conf" -p "$WORK")
-PID_OF[refuse]=$(start "$NGINX" -c "$WORK/refuse.conf" -p "$WORK")
-start redis-server --port $REDIS --bind 127.0.0.1 --save "" --appendonly no >/dev/null
+for port in $UP $NGX_PROXY $NGX_LIMIT $NGX_REFUSE $REDIS $FG_PLAIN $FG_MEMORY $FG_REDIS $FG_REFUSE $FG_REFUSE_REDIS; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "port $port is taken: stop what listens there first" >&2; exit 1
+  fi
+done
+start upstream "$NGINX" -c "$WORK/upstream.conf" -p "$WORK"
+start proxy "$NGINX" -c "$WORK/proxy.conf" -p "$WORK"
+start limit "$NGINX" -c "$WORK/limit.conf" -p "$WORK"
+start refuse "$NGINX" -c "$WORK/refuse.conf" -p "$WORK"
+start redis redis-server --port $REDIS --bind 127.0.0.1 --save "" --appendonly no
+# Refusals are logged at info, one line each; the load would mostly measure
+# the terminal. FLOODGATE_LOG=info measures that too.
+export RUST_LOG="${FLOODGATE_LOG:-warn}"
 for name in plain memory redis refuse refuse-redis; do
-  PID_OF[fg-$name]=$(RUST_LOG="${FLOODGATE_LOG:-warn}" start "$FLOODGATE" --config "$WORK/$name.toml")
+  start "fg-$name" "$FLOODGATE" --config "$WORK/$name.toml"
 done
 for port in $UP $NGX_PROXY $NGX_LIMIT $NGX_REFUSE $REDIS $FG_PLAIN $FG_MEMORY $FG_REDIS $FG_REFUSE $FG_REFUSE_REDIS; do
   wait_port "$port"
@@ -166,11 +178,11 @@ measure "nginx limit_req, refusing" $NGX_REFUSE "${PID_OF[refuse]}"
 measure "floodgate memory, refusing" $FG_REFUSE "${PID_OF[fg-refuse]}"
 measure "floodgate redis, refusing" $FG_REFUSE_REDIS "${PID_OF[fg-refuse-redis]}"
 
-python3 - "$RESULTS" "$DURATION" "$CONNECTIONS" "$(nproc)" <<'PY'
+python3 - "$RESULTS" "$DURATION" "$CONNECTIONS" "$(nproc)" "$WORKERS" <<'PY'
 import sys
 rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1]) if line.strip()]
 base = float(rows[0][1])
-print(f"oha -c {sys.argv[3]} -z {sys.argv[2]}s on 127.0.0.1, {sys.argv[4]} cores shared by servers and oha\n")
+print(f"oha -c {sys.argv[3]} -z {sys.argv[2]}s on 127.0.0.1, {sys.argv[4]} cores shared by servers and oha, {sys.argv[5]} worker(s) per proxy\n")
 print(f"| {'case':<34} | {'req/s':>8} | {'p50 ms':>7} | {'p99 ms':>7} | {'ratio':>5} | {'CPU µs/req':>10} | {'429 share':>9} |")
 print(f"|{'-'*36}|{'-'*10}|{'-'*9}|{'-'*9}|{'-'*7}|{'-'*12}|{'-'*11}|")
 for label, rps, p50, p99, cpu, refused in rows:

@@ -49,35 +49,41 @@ pub fn rate_limit_headers(
     layers: &[Layer<'_>],
     shown: &Layer<'_>,
 ) -> Vec<(&'static str, String)> {
+    // Built by hand rather than with format!: this runs on every admitted
+    // request, and the formatting machinery cost more than the limiter.
     let mut out = Vec::with_capacity(5);
     let d = &shown.decision;
+    let mut n = itoa::Buffer::new();
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
-        out.push(("RateLimit-Limit", d.limit.to_string()));
-        out.push(("RateLimit-Remaining", d.remaining.to_string()));
-        out.push(("RateLimit-Reset", ceil_secs(d.reset_after_us).to_string()));
+        out.push(("RateLimit-Limit", n.format(d.limit).to_string()));
+        out.push(("RateLimit-Remaining", n.format(d.remaining).to_string()));
+        out.push((
+            "RateLimit-Reset",
+            n.format(ceil_secs(d.reset_after_us)).to_string(),
+        ));
     }
     if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
-        let policies: Vec<String> = layers
-            .iter()
-            .map(|l| {
-                format!(
-                    "\"{}\";q={};w={}",
-                    l.name,
-                    l.algorithm.quota(),
-                    ceil_secs(l.algorithm.window_us()).max(1)
-                )
-            })
-            .collect();
-        out.push(("RateLimit-Policy", policies.join(", ")));
-        out.push((
-            "RateLimit",
-            format!(
-                "\"{}\";r={};t={}",
-                shown.name,
-                d.remaining,
-                ceil_secs(d.reset_after_us)
-            ),
-        ));
+        let mut policy = String::with_capacity(32 * layers.len());
+        for (i, l) in layers.iter().enumerate() {
+            if i > 0 {
+                policy.push_str(", ");
+            }
+            policy.push('"');
+            policy.push_str(l.name);
+            policy.push_str("\";q=");
+            policy.push_str(n.format(l.algorithm.quota()));
+            policy.push_str(";w=");
+            policy.push_str(n.format(ceil_secs(l.algorithm.window_us()).max(1)));
+        }
+        out.push(("RateLimit-Policy", policy));
+        let mut current = String::with_capacity(32);
+        current.push('"');
+        current.push_str(shown.name);
+        current.push_str("\";r=");
+        current.push_str(n.format(d.remaining));
+        current.push_str(";t=");
+        current.push_str(n.format(ceil_secs(d.reset_after_us)));
+        out.push(("RateLimit", current));
     }
     out
 }

@@ -539,7 +539,11 @@ fn validate_server(s: &ServerSection) -> Result<ServerSettings, Invalid> {
         .as_deref()
         .map(|a| socket_addr(a, &[&"server", &"admin_listen"]))
         .transpose()?;
-    let threads = s.threads.unwrap_or(2);
+    // One worker thread per core unless told otherwise: the proxy is usually
+    // the machine's main job.
+    let threads = s
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     if threads == 0 || threads > 1024 {
         return Err(at(&[&"server", &"threads"], "must be from 1 to 1024"));
     }

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use lru::LruCache;
+use smallvec::SmallVec;
 
 use super::{admitted, Limiter, LimiterError};
 use crate::algorithm::{Decision, Evaluation, State, Update};
@@ -64,11 +65,13 @@ impl LocalLimiter {
     /// involved are locked in ascending order (so callers cannot deadlock)
     /// for the evaluation and the update together.
     pub fn decide_at(&self, checks: &[Check], now_us: u64) -> Vec<Decision> {
-        let mut shard_ids: Vec<usize> = checks.iter().map(|c| self.shard_of(&c.key)).collect();
+        // A request has a handful of layers: all of this stays on the stack.
+        let mut shard_ids: SmallVec<[usize; 4]> =
+            checks.iter().map(|c| self.shard_of(&c.key)).collect();
         shard_ids.sort_unstable();
         shard_ids.dedup();
         // Index of each check's shard among the locked ones.
-        let slots: Vec<usize> = checks
+        let slots: SmallVec<[usize; 4]> = checks
             .iter()
             .map(|c| {
                 shard_ids
@@ -76,10 +79,10 @@ impl LocalLimiter {
                     .unwrap_or_default()
             })
             .collect();
-        let mut guards: Vec<MutexGuard<'_, Shard>> =
+        let mut guards: SmallVec<[MutexGuard<'_, Shard>; 4]> =
             shard_ids.iter().map(|&i| self.lock(i)).collect();
 
-        let evaluations: Vec<Evaluation> = checks
+        let evaluations: SmallVec<[Evaluation; 4]> = checks
             .iter()
             .zip(&slots)
             .map(|(check, &slot)| {
