@@ -40,6 +40,7 @@ fn settings(url: String) -> RedisSettings {
         key_prefix: "diff".into(),
         on_failure: OnFailure::Deny,
         instances: 1,
+        tls_ca: None,
     }
 }
 

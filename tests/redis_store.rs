@@ -344,3 +344,40 @@ fn a_client_redis_refused_is_refused_locally_until_its_retry_time() {
     thread::sleep(Duration::from_millis(ms));
     assert_eq!(proxy.get("/").status, 200);
 }
+
+#[test]
+fn a_password_in_the_url_and_rediss_with_a_private_ca() {
+    let upstream = Upstream::start();
+    let limit = "[[limits]]\nname = \"per-ip\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1h\"\n";
+
+    let locked = RedisServer::start_with_password("s3cret");
+    assert!(locked.url().contains(":s3cret@"));
+    let proxy = Proxy::start(
+        &upstream,
+        &format!("{}{limit}", redis_table(&locked.url(), "")),
+    );
+    let statuses: Vec<u16> = (0..3).map(|_| proxy.get("/").status).collect();
+    assert_eq!(statuses, vec![200, 200, 429]);
+    assert_eq!(
+        locked.keys().len(),
+        1,
+        "decided by the password-protected Redis"
+    );
+
+    let tls = RedisServer::start_tls();
+    let ca = tls.tls_ca.clone().expect("ca");
+    assert!(tls.url().starts_with("rediss://"));
+    let extra = format!("tls_ca_file = \"{}\"", ca.display());
+    let proxy = Proxy::start(
+        &upstream,
+        &format!("{}{limit}", redis_table(&tls.url(), &extra)),
+    );
+    let statuses: Vec<u16> = (0..3).map(|_| proxy.get("/").status).collect();
+    assert_eq!(statuses, vec![200, 200, 429]);
+    assert_eq!(tls.keys().len(), 1, "decided by the TLS Redis");
+    assert!(
+        !proxy.log().contains("deciding without it"),
+        "{}",
+        proxy.log()
+    );
+}

@@ -112,6 +112,7 @@ struct RedisSection {
     key_prefix: Option<String>,
     on_failure: Option<FailureMode>,
     instances: Option<u64>,
+    tls_ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -277,6 +278,8 @@ pub struct RedisSettings {
     pub key_prefix: String,
     pub on_failure: OnFailure,
     pub instances: u64,
+    /// PEM certificates to trust for rediss:// instead of the system's roots.
+    pub tls_ca: Option<Vec<u8>>,
 }
 
 /// A validated configuration.
@@ -649,6 +652,18 @@ fn validate_redis(r: &RedisSection, env_url: Option<String>) -> Result<RedisSett
     if instances == 0 {
         return Err(at(&[&"redis", &"instances"], "must be at least 1"));
     }
+    let tls_ca = r
+        .tls_ca_file
+        .as_ref()
+        .map(|file| {
+            std::fs::read(file).map_err(|e| {
+                at(
+                    &[&"redis", &"tls_ca_file"],
+                    format!("cannot read {}: {e}", file.display()),
+                )
+            })
+        })
+        .transpose()?;
     Ok(RedisSettings {
         url: if cluster.is_empty() { url } else { None },
         cluster,
@@ -657,6 +672,7 @@ fn validate_redis(r: &RedisSection, env_url: Option<String>) -> Result<RedisSett
         key_prefix,
         on_failure: r.on_failure.map_or(OnFailure::Local, Into::into),
         instances,
+        tls_ca,
     })
 }
 

@@ -75,9 +75,20 @@ impl RedisLimiter {
 
     async fn connect(&self) -> Result<Connection, LimiterError> {
         let unavailable = |e: redis::RedisError| LimiterError::Unavailable(e.to_string());
+        // rediss:// needs a process-wide TLS provider; a second install
+        // (another limiter, a reload) finds it there already.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let certificates = |ca: &Vec<u8>| redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(ca.clone()),
+        };
         if self.settings.cluster.is_empty() {
             let url = self.settings.url.as_deref().unwrap_or_default();
-            let client = redis::Client::open(url).map_err(unavailable)?;
+            let client = match &self.settings.tls_ca {
+                Some(ca) => redis::Client::build_with_tls(url, certificates(ca)),
+                None => redis::Client::open(url),
+            }
+            .map_err(unavailable)?;
             // Reconnection happens in the background; a request never waits
             // on more than one quick attempt.
             let config = ConnectionManagerConfig::new()
@@ -93,10 +104,12 @@ impl RedisLimiter {
                 .map_err(unavailable)?;
             Ok(Connection::Single(manager))
         } else {
-            let client = redis::cluster::ClusterClient::builder(self.settings.cluster.clone())
-                .connection_timeout(self.settings.timeout)
-                .build()
-                .map_err(unavailable)?;
+            let mut builder = redis::cluster::ClusterClient::builder(self.settings.cluster.clone())
+                .connection_timeout(self.settings.timeout);
+            if let Some(ca) = &self.settings.tls_ca {
+                builder = builder.certs(certificates(ca));
+            }
+            let client = builder.build().map_err(unavailable)?;
             let cluster = client.get_async_connection().await.map_err(unavailable)?;
             Ok(Connection::Cluster(cluster))
         }

@@ -12,6 +12,9 @@ pub struct RedisServer {
     pub dir: PathBuf,
     child: Option<Child>,
     extra: Vec<String>,
+    password: Option<String>,
+    /// The CA that signed the server's certificate, when it speaks TLS only.
+    pub tls_ca: Option<PathBuf>,
 }
 
 impl RedisServer {
@@ -25,14 +28,126 @@ impl RedisServer {
             dir: temp_dir(),
             child: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            password: None,
+            tls_ca: None,
+        };
+        server.spawn();
+        server
+    }
+
+    /// A server that wants a password.
+    pub fn start_with_password(password: &str) -> RedisServer {
+        let mut server = RedisServer {
+            port: free_port(),
+            dir: temp_dir(),
+            child: None,
+            extra: vec!["--requirepass".into(), password.into()],
+            password: Some(password.into()),
+            tls_ca: None,
+        };
+        server.spawn();
+        server
+    }
+
+    /// A server that speaks TLS only, with a certificate from a fresh CA made
+    /// by `openssl`.
+    pub fn start_tls() -> RedisServer {
+        let dir = temp_dir();
+        let run = |args: &[&str]| {
+            let ok = Command::new("openssl")
+                .args(args)
+                .current_dir(&dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            assert!(ok, "openssl {args:?}");
+        };
+        run(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=floodgate test CA",
+        ]);
+        run(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        ]);
+        std::fs::write(
+            dir.join("san.ext"),
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+        )
+        .expect("san");
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+        ]);
+        let port = free_port();
+        let path = |f: &str| dir.join(f).to_string_lossy().into_owned();
+        let mut server = RedisServer {
+            port,
+            dir: dir.clone(),
+            child: None,
+            extra: vec![
+                "--port".into(),
+                "0".into(),
+                "--tls-port".into(),
+                port.to_string(),
+                "--tls-cert-file".into(),
+                path("server.crt"),
+                "--tls-key-file".into(),
+                path("server.key"),
+                "--tls-ca-cert-file".into(),
+                path("ca.crt"),
+                "--tls-auth-clients".into(),
+                "no".into(),
+            ],
+            password: None,
+            tls_ca: Some(dir.join("ca.crt")),
         };
         server.spawn();
         server
     }
 
     fn spawn(&mut self) {
+        let port_args = if self.tls_ca.is_some() {
+            Vec::new()
+        } else {
+            vec!["--port".to_string(), self.port.to_string()]
+        };
         let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string()])
+            .args(&port_args)
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(["--dir", self.dir.to_str().unwrap_or(".")])
             .args(&self.extra)
@@ -41,16 +156,40 @@ impl RedisServer {
             .spawn()
             .expect("redis-server must be installed (scripts/test.sh installs it)");
         self.child = Some(child);
-        let url = self.url();
         assert!(
-            wait_until(Duration::from_secs(10), || ping(&url)),
+            wait_until(Duration::from_secs(10), || self
+                .client()
+                .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(500)))
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                .is_ok()),
             "redis-server on {} did not answer",
             self.port
         );
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
+        let scheme = if self.tls_ca.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        match &self.password {
+            Some(p) => format!("{scheme}://:{p}@127.0.0.1:{}/0", self.port),
+            None => format!("{scheme}://127.0.0.1:{}/0", self.port),
+        }
+    }
+
+    fn client(&self) -> redis::RedisResult<redis::Client> {
+        match &self.tls_ca {
+            Some(ca) => redis::Client::build_with_tls(
+                self.url(),
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(std::fs::read(ca).unwrap_or_default()),
+                },
+            ),
+            None => redis::Client::open(self.url()),
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -58,7 +197,7 @@ impl RedisServer {
     }
 
     pub fn connection(&self) -> redis::Connection {
-        redis::Client::open(self.url())
+        self.client()
             .and_then(|c| c.get_connection())
             .expect("connect to redis")
     }
@@ -93,13 +232,6 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-pub fn ping(url: &str) -> bool {
-    redis::Client::open(url)
-        .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
-        .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
-        .is_ok()
 }
 
 /// A 3-master Redis Cluster on loopback, made with `redis-cli --cluster create`.
