@@ -20,7 +20,7 @@ fn token_bucket_burst_admits_exactly_capacity_then_refills() {
     let upstream = Upstream::start();
     let proxy = Proxy::start(&upstream, PER_IP);
     let started = Instant::now();
-    let responses = burst(proxy.addr, 30, "GET", "/", &[]);
+    let responses = burst(&[proxy.addr], 30, "GET", "/", &[]);
     let elapsed = started.elapsed();
     let admitted = count_status(&responses, 200);
     // 2 tokens a second: a burst that took longer than 0.5 s may have earned more.
@@ -324,7 +324,7 @@ fn fixed_window_admits_a_double_burst_at_the_edge_sliding_algorithms_do_not() {
     std::thread::sleep(Duration::from_micros(lead));
     let before: Vec<usize> = proxies
         .iter()
-        .map(|(_, p)| count_status(&burst(p.addr, 5, "GET", "/", &[]), 200))
+        .map(|(_, p)| count_status(&burst(&[p.addr], 5, "GET", "/", &[]), 200))
         .collect();
     let until_edge = window_us - now_us() % window_us;
     assert!(
@@ -334,7 +334,7 @@ fn fixed_window_admits_a_double_burst_at_the_edge_sliding_algorithms_do_not() {
     std::thread::sleep(Duration::from_micros(until_edge + 20_000));
     let after: Vec<usize> = proxies
         .iter()
-        .map(|(_, p)| count_status(&burst(p.addr, 5, "GET", "/", &[]), 200))
+        .map(|(_, p)| count_status(&burst(&[p.addr], 5, "GET", "/", &[]), 200))
         .collect();
     assert_eq!(before, vec![5, 5, 5]);
     assert_eq!(after[0], 5, "fixed_window: a fresh window at the edge");

@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -14,33 +13,15 @@ fn redis_table(url: &str, extra: &str) -> String {
     format!("[redis]\nurl = \"{url}\"\ntimeout = \"2s\"\nclock = \"redis\"\n{extra}\n")
 }
 
-/// `n` requests released together, spread round-robin over the proxies.
+/// `n` GETs released together, spread round-robin over the proxies.
 fn spread_burst(
     proxies: &[&Proxy],
     n: usize,
     path: &str,
     headers: &[(&str, &str)],
 ) -> Vec<Response> {
-    let barrier = Arc::new(Barrier::new(n));
-    let headers: Vec<(String, String)> = headers
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let handles: Vec<_> = (0..n)
-        .map(|i| {
-            let addr = proxies[i % proxies.len()].addr;
-            let (barrier, headers, path) = (barrier.clone(), headers.clone(), path.to_string());
-            thread::spawn(move || {
-                let h: Vec<(&str, &str)> = headers
-                    .iter()
-                    .map(|(k, v)| (k.as_str(), v.as_str()))
-                    .collect();
-                barrier.wait();
-                request(addr, "GET", &path, &h, b"")
-            })
-        })
-        .collect();
-    handles.into_iter().filter_map(|h| h.join().ok()).collect()
+    let addrs: Vec<_> = proxies.iter().map(|p| p.addr).collect();
+    burst(&addrs, n, "GET", path, headers)
 }
 
 fn no_5xx(responses: &[Response]) {

@@ -235,16 +235,32 @@ fn classify(e: redis::RedisError) -> LimiterError {
 }
 
 impl RedisLimiter {
-    /// Whether Redis answers within the deadline, loading the script where
-    /// it is missing (after a restart or SCRIPT FLUSH).
-    pub async fn probe(&self) -> Result<(), LimiterError> {
+    /// Runs `work` on the connection (made on first use), all within the
+    /// deadline: the only wait on Redis a request can ever have.
+    async fn within_deadline<T, F, Fut>(&self, work: F) -> Result<T, LimiterError>
+    where
+        F: FnOnce(Connection) -> Fut,
+        Fut: std::future::Future<Output = Result<T, LimiterError>>,
+    {
         let deadline = self.settings.timeout;
-        let work = async {
+        let run = async {
             let connection = self
                 .connection
                 .get_or_try_init(|| self.connect())
                 .await?
                 .clone();
+            work(connection).await
+        };
+        // Pingora's timer wheel: far cheaper per call than a tokio timer.
+        fast_timeout(deadline, run)
+            .await
+            .map_err(|_| LimiterError::Timeout(deadline))?
+    }
+
+    /// Whether Redis answers within the deadline, loading the script where
+    /// it is missing (after a restart or SCRIPT FLUSH).
+    pub async fn probe(&self) -> Result<(), LimiterError> {
+        self.within_deadline(|connection| async move {
             match connection {
                 Connection::Single(mut c) => self.script.load_async(&mut c).await.map(drop),
                 Connection::Cluster(mut c) => redis::cmd("PING")
@@ -253,28 +269,15 @@ impl RedisLimiter {
                     .map(drop),
             }
             .map_err(classify)
-        };
-        fast_timeout(deadline, work)
-            .await
-            .map_err(|_| LimiterError::Timeout(deadline))?
+        })
+        .await
     }
 }
 
 #[async_trait]
 impl Limiter for RedisLimiter {
     async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
-        let deadline = self.settings.timeout;
-        let work = async {
-            let connection = self
-                .connection
-                .get_or_try_init(|| self.connect())
-                .await?
-                .clone();
-            self.decide_on(connection, checks).await
-        };
-        // Pingora's timer wheel: far cheaper per call than a tokio timer.
-        fast_timeout(deadline, work)
+        self.within_deadline(|connection| self.decide_on(connection, checks))
             .await
-            .map_err(|_| LimiterError::Timeout(deadline))?
     }
 }

@@ -426,9 +426,10 @@ pub fn raw_request(addr: SocketAddr, raw: &[u8]) -> Response {
     }
 }
 
-/// `n` requests released together from `n` threads.
+/// `n` requests released together from `n` threads, spread round-robin
+/// over `addrs` (several proxies sharing one store).
 pub fn burst(
-    addr: SocketAddr,
+    addrs: &[SocketAddr],
     n: usize,
     method: &str,
     path: &str,
@@ -440,9 +441,9 @@ pub fn burst(
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     let handles: Vec<_> = (0..n)
-        .map(|_| {
-            let barrier = barrier.clone();
-            let headers = headers.clone();
+        .map(|i| {
+            let addr = addrs[i % addrs.len()];
+            let (barrier, headers) = (barrier.clone(), headers.clone());
             let (method, path) = (method.to_string(), path.to_string());
             thread::spawn(move || {
                 let h: Vec<(&str, &str)> = headers
