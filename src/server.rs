@@ -121,6 +121,11 @@ pub fn build(config: &Config) -> Result<Floodgate, BuildError> {
         threads: config.server.threads,
         grace_period_seconds: Some(0),
         graceful_shutdown_timeout_seconds: Some(1),
+        ca_file: config
+            .upstream
+            .ca_file
+            .as_ref()
+            .map(|f| f.display().to_string()),
         ..ServerConf::default()
     };
     let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);

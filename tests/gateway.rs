@@ -504,3 +504,47 @@ fn bad_input_never_gets_a_5xx_or_a_crash() {
     }
     assert_eq!(proxy.get("/").status, 200);
 }
+
+#[test]
+fn https_to_the_upstream_verifies_its_certificate() {
+    let upstream = TlsUpstream::start();
+    let dir = temp_dir();
+    let listen: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let config = |tls: bool, ca: Option<&std::path::Path>| {
+        let ca_line = ca.map_or(String::new(), |c| {
+            format!("ca_file = \"{}\"\n", c.display())
+        });
+        let tls_lines = if tls {
+            format!("tls = true\nsni = \"localhost\"\n{ca_line}")
+        } else {
+            String::new()
+        };
+        let path = dir.join(format!("tls-{tls}-{}.toml", ca.is_some()));
+        let text = config_text(listen, upstream.addr, PER_IP).replace(
+            "read_timeout = \"5s\"\n",
+            &format!("read_timeout = \"5s\"\n{tls_lines}"),
+        );
+        std::fs::write(&path, text).expect("write config");
+        path
+    };
+
+    // Plain HTTP to a TLS server gets no usable answer: a 502, not a hang.
+    let plain = Proxy::spawn(listen, None, config(false, None), &[]);
+    assert_eq!(plain.get("/").status, 502);
+    drop(plain);
+
+    let proxy = Proxy::spawn(listen, None, config(true, Some(&upstream.ca)), &[]);
+    let r = proxy.get("/");
+    assert_eq!(r.status, 200, "{}", proxy.log());
+    assert!(
+        r.body.contains("s_server"),
+        "the upstream's page: {}",
+        r.body
+    );
+    assert_eq!(r.header("RateLimit-Limit"), Some("20"));
+    drop(proxy);
+
+    // A certificate from a CA nobody trusts is refused: 502, not a silent pass.
+    let untrusting = Proxy::spawn(listen, None, config(true, None), &[]);
+    assert_eq!(untrusting.get("/").status, 502);
+}

@@ -94,6 +94,7 @@ struct UpstreamSection {
     #[serde(default)]
     tls: bool,
     sni: Option<String>,
+    ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -266,6 +267,9 @@ pub struct UpstreamSettings {
     pub read_timeout: Duration,
     pub tls: bool,
     pub sni: String,
+    /// PEM file of the CA(s) to trust for the upstream's TLS (default: the
+    /// system's roots).
+    pub ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -307,6 +311,9 @@ impl Config {
         }
         if self.max_keys != newer.max_keys {
             changed.push("[memory]");
+        }
+        if self.upstream.ca_file != newer.upstream.ca_file {
+            changed.push("[upstream].ca_file");
         }
         changed
     }
@@ -602,12 +609,27 @@ fn validate_upstream(u: &UpstreamSection) -> Result<UpstreamSettings, Invalid> {
             .map(|(h, _)| h.trim_matches(['[', ']']).to_string())
             .unwrap_or_default(),
     };
+    if let Some(file) = &u.ca_file {
+        if !u.tls {
+            return Err(at(
+                &[&"upstream", &"ca_file"],
+                "applies only with tls = true",
+            ));
+        }
+        if let Err(e) = std::fs::metadata(file) {
+            return Err(at(
+                &[&"upstream", &"ca_file"],
+                format!("cannot read {}: {e}", file.display()),
+            ));
+        }
+    }
     Ok(UpstreamSettings {
         servers: u.servers.clone(),
         connect_timeout,
         read_timeout,
         tls: u.tls,
         sni,
+        ca_file: u.ca_file.clone(),
     })
 }
 

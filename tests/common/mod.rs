@@ -155,6 +155,122 @@ pub fn temp_dir() -> PathBuf {
     dir
 }
 
+/// A fresh CA (`ca.crt`) and a server certificate it signed (`server.crt`,
+/// `server.key`) for localhost and 127.0.0.1, made in `dir` by `openssl`.
+pub fn make_certificates(dir: &std::path::Path) {
+    let run = |args: &[&str]| {
+        let ok = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "openssl {args:?}");
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=floodgate test CA",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .expect("san");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+    ]);
+}
+
+/// An HTTPS upstream: `openssl s_server -www`, which answers every GET with
+/// a 200 status page. Stopped on drop.
+pub struct TlsUpstream {
+    pub addr: SocketAddr,
+    pub ca: PathBuf,
+    child: Child,
+}
+
+impl TlsUpstream {
+    pub fn start() -> TlsUpstream {
+        let dir = temp_dir();
+        make_certificates(&dir);
+        let port = free_port();
+        let child = Command::new("openssl")
+            .args([
+                "s_server",
+                "-accept",
+                &port.to_string(),
+                "-cert",
+                "server.crt",
+                "-key",
+                "server.key",
+                "-www",
+                "-quiet",
+            ])
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("openssl s_server");
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        assert!(wait_until(Duration::from_secs(10), || TcpStream::connect(
+            addr
+        )
+        .is_ok()));
+        TlsUpstream {
+            addr,
+            ca: dir.join("ca.crt"),
+            child,
+        }
+    }
+}
+
+impl Drop for TlsUpstream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 pub fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_floodgate")
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::{free_port, temp_dir, wait_until};
+use super::{free_port, make_certificates, temp_dir, wait_until};
 
 pub struct RedisServer {
     pub port: u16,
@@ -53,66 +53,7 @@ impl RedisServer {
     /// by `openssl`.
     pub fn start_tls() -> RedisServer {
         let dir = temp_dir();
-        let run = |args: &[&str]| {
-            let ok = Command::new("openssl")
-                .args(args)
-                .current_dir(&dir)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .map(|s| s.success())
-                .unwrap_or(false);
-            assert!(ok, "openssl {args:?}");
-        };
-        run(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=floodgate test CA",
-        ]);
-        run(&[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=localhost",
-        ]);
-        std::fs::write(
-            dir.join("san.ext"),
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-        )
-        .expect("san");
-        run(&[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.crt",
-            "-days",
-            "2",
-            "-extfile",
-            "san.ext",
-        ]);
+        make_certificates(&dir);
         let port = free_port();
         let path = |f: &str| dir.join(f).to_string_lossy().into_owned();
         let mut server = RedisServer {
