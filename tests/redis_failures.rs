@@ -133,14 +133,6 @@ fn count(codes: &[u16], code: u16) -> usize {
     codes.iter().filter(|&&c| c == code).count()
 }
 
-/// Writes what a test measured where the closing notes can quote it, without
-/// printing anything.
-fn record(name: &str, text: &str) {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/measurements");
-    let _ = std::fs::create_dir_all(&dir);
-    let _ = std::fs::write(dir.join(format!("{name}.txt")), text);
-}
-
 enum Outage {
     Kill,
     Freeze,

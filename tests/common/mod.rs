@@ -590,6 +590,14 @@ pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> boo
     condition()
 }
 
+/// Writes what a test measured to target/measurements/<name>.txt, where
+/// reports can quote it; tests print nothing on success.
+pub fn record(name: &str, text: &str) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/measurements");
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = std::fs::write(dir.join(format!("{name}.txt")), text);
+}
+
 /// Microseconds since the Unix epoch, as floodgate's clock counts.
 pub fn now_us() -> u64 {
     std::time::SystemTime::now()
