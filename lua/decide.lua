@@ -7,8 +7,10 @@
 --          algorithm (1 token_bucket, 2 leaky_bucket, 3 fixed_window,
 --          4 sliding_window, 5 sliding_log), its two numbers (capacity and
 --          interval_us, or limit and window_us), cost, shadow (1 or 0)
--- Reply    7 integers per layer: allowed, cost_exceeds_limit, limit,
---          remaining, reset_after_us, retry_after_us, delay_us
+-- Reply    one string: 7 integers per layer, separated by spaces: allowed,
+--          cost_exceeds_limit, limit, remaining, reset_after_us,
+--          retry_after_us, delay_us. (One string rather than an array of
+--          integers: the client parses it in a fraction of the time.)
 --
 -- Nothing is written unless every enforcing (non-shadow) layer admits; then
 -- every admitting layer, shadow ones included, is charged.
@@ -40,12 +42,12 @@ for i = 1, n do
     layers[i].algorithm.store(KEYS[i], d.update, d.idle_at, now)
   end
   local at = (i - 1) * 7
-  reply[at + 1] = d.allowed
-  reply[at + 2] = d.oversized
-  reply[at + 3] = d.limit
-  reply[at + 4] = d.remaining
-  reply[at + 5] = d.reset_after
-  reply[at + 6] = d.retry_after
-  reply[at + 7] = d.delay
+  reply[at + 1] = int(d.allowed)
+  reply[at + 2] = int(d.oversized)
+  reply[at + 3] = int(d.limit)
+  reply[at + 4] = int(d.remaining)
+  reply[at + 5] = int(d.reset_after)
+  reply[at + 6] = int(d.retry_after)
+  reply[at + 7] = int(d.delay)
 end
-return reply
+return table.concat(reply, ' ')

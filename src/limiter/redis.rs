@@ -142,7 +142,7 @@ impl RedisLimiter {
                 .arg(check.cost)
                 .arg(u8::from(check.shadow));
         }
-        let reply: Vec<i64> = invocation
+        let reply: Vec<u8> = invocation
             .invoke_async(connection)
             .await
             .map_err(classify)?;
@@ -202,24 +202,41 @@ fn script_params(algorithm: &Algorithm) -> (u8, u64, u64) {
     }
 }
 
-fn parse_reply(reply: &[i64], layers: usize) -> Result<Vec<Decision>, LimiterError> {
-    if reply.len() != layers * REPLY_FIELDS {
+/// The script's reply: `REPLY_FIELDS` space-separated integers per layer.
+fn parse_reply(reply: &[u8], layers: usize) -> Result<Vec<Decision>, LimiterError> {
+    if layers == 0 {
+        return Ok(Vec::new());
+    }
+    let values: Vec<u64> = reply
+        .split(|&b| b == b' ')
+        .map(|field| {
+            std::str::from_utf8(field)
+                .ok()
+                .and_then(|f| f.parse().ok())
+                .ok_or_else(|| {
+                    LimiterError::Store(format!(
+                        "script replied {:?}",
+                        String::from_utf8_lossy(reply)
+                    ))
+                })
+        })
+        .collect::<Result<_, _>>()?;
+    if values.len() != layers * REPLY_FIELDS {
         return Err(LimiterError::Store(format!(
             "script replied {} values for {layers} layers",
-            reply.len()
+            values.len()
         )));
     }
-    let n = |v: i64| u64::try_from(v).unwrap_or(0);
-    Ok(reply
+    Ok(values
         .chunks_exact(REPLY_FIELDS)
         .map(|r| Decision {
             allowed: r[0] == 1,
             cost_exceeds_limit: r[1] == 1,
-            limit: n(r[2]),
-            remaining: n(r[3]),
-            reset_after_us: n(r[4]),
-            retry_after_us: n(r[5]),
-            delay_us: n(r[6]),
+            limit: r[2],
+            remaining: r[3],
+            reset_after_us: r[4],
+            retry_after_us: r[5],
+            delay_us: r[6],
         })
         .collect())
 }
