@@ -38,12 +38,7 @@ fn token_bucket_burst_admits_exactly_capacity_then_refills() {
 
     let refused = proxy.get("/");
     assert_eq!(refused.status, 429);
-    let retry_ms: u64 = refused
-        .body
-        .split("\"retry_after_ms\":")
-        .nth(1)
-        .and_then(|s| s.trim_end_matches('}').parse().ok())
-        .expect("retry_after_ms in body");
+    let retry_ms = refused.retry_after_ms().expect("retry_after_ms in body");
     assert!(retry_ms <= 500, "{retry_ms}");
     // Refill is real time passing: wait out what the proxy said, then retry.
     std::thread::sleep(Duration::from_millis(retry_ms));

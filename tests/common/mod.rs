@@ -456,6 +456,14 @@ impl Response {
             .map(|(_, v)| v.as_str())
     }
 
+    /// `retry_after_ms` of a 429's JSON body.
+    pub fn retry_after_ms(&self) -> Option<u64> {
+        self.body
+            .split("\"retry_after_ms\":")
+            .nth(1)
+            .and_then(|s| s.trim_end_matches('}').parse().ok())
+    }
+
     pub fn has_rate_headers(&self) -> bool {
         self.header("ratelimit-limit").is_some() || self.header("ratelimit").is_some()
     }

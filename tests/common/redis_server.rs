@@ -151,6 +151,17 @@ impl RedisServer {
         c.query(&mut self.connection()).expect("redis command")
     }
 
+    /// Calls of one command since the last `CONFIG RESETSTAT`.
+    pub fn calls(&self, command: &str) -> u64 {
+        let stats: String = self.cmd(&["INFO", "commandstats"]);
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
     pub fn keys(&self) -> Vec<String> {
         self.cmd(&["KEYS", "*"])
     }
