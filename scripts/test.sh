@@ -8,4 +8,11 @@ cargo fmt --all -- --check
 cargo clippy --all-targets -- -D warnings
 # The benches only have to keep compiling; they run with `cargo bench`.
 cargo bench --no-run
-cargo test --all-targets
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+cargo test --all-targets 2>&1 | tee "$log"
+# One closing line for the whole run: cargo prints one per test binary, and
+# the last of them belongs to a binary without tests.
+passed=$(grep -o 'test result: [a-zA-Z]*\. [0-9]* passed' "$log" | awk '{n += $4} END {print n + 0}')
+failed=$(grep -o '[0-9]* failed;' "$log" | awk '{n += $1} END {print n + 0}')
+echo "tests: $passed passed, $failed failed"
