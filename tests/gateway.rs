@@ -543,3 +543,55 @@ fn https_to_the_upstream_verifies_its_certificate() {
     let untrusting = Proxy::spawn(listen, None, config(true, None), &[]);
     assert_eq!(untrusting.get("/").status, 502);
 }
+
+#[test]
+fn requests_go_round_robin_and_a_dead_server_is_skipped() {
+    let first = Upstream::start();
+    let second = Upstream::start();
+    let dead = format!("127.0.0.1:{}", free_port());
+    let listen: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let text = config_text(listen, first.addr, PER_IP).replace(
+        &format!("servers = [\"{}\"]", first.addr),
+        &format!(
+            "servers = [\"{}\", \"{}\", \"{dead}\"]",
+            first.addr, second.addr
+        ),
+    );
+    let path = temp_dir().join("rr.toml");
+    std::fs::write(&path, text).expect("write config");
+    let proxy = Proxy::spawn(listen, None, path, &[]);
+    let statuses: Vec<u16> = (0..12).map(|_| proxy.get("/").status).collect();
+    assert_eq!(
+        statuses,
+        vec![200; 12],
+        "a refused connection moves on to the next server"
+    );
+    // The dead server's turns went to the next live one.
+    assert_eq!(first.count() + second.count(), 12);
+    assert!(
+        first.count() >= 4 && second.count() >= 4,
+        "{} / {}",
+        first.count(),
+        second.count()
+    );
+}
+
+#[test]
+fn a_slow_upstream_gets_a_504_after_read_timeout() {
+    let upstream = Upstream::start();
+    let listen: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let text = config_text(listen, upstream.addr, PER_IP)
+        .replace("read_timeout = \"5s\"", "read_timeout = \"300ms\"");
+    let path = temp_dir().join("slow.toml");
+    std::fs::write(&path, text).expect("write config");
+    let proxy = Proxy::spawn(listen, None, path, &[]);
+    let started = Instant::now();
+    let r = proxy.get("/slow/3000");
+    assert_eq!(r.status, 504);
+    assert_eq!(r.body, "{\"error\":\"upstream_timeout\"}");
+    assert!(
+        started.elapsed() < Duration::from_millis(2_500),
+        "{:?}",
+        started.elapsed()
+    );
+}
