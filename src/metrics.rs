@@ -38,69 +38,73 @@ pub struct Metrics {
 impl Metrics {
     pub fn new() -> Metrics {
         let registry = Registry::new();
-        let decisions = IntCounterVec::new(
-            Opts::new(
-                "floodgate_decisions_total",
-                "Requests decided, by limit and outcome (admitted, refused, shadow_refused)",
+        let decisions = registered(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "floodgate_decisions_total",
+                    "Requests decided, by limit and outcome (admitted, refused, shadow_refused)",
+                ),
+                &["limit", "outcome"],
             ),
-            &["limit", "outcome"],
-        )
-        .expect("valid metric");
-        let exempt = IntCounter::new(
-            "floodgate_exempt_requests_total",
-            "Requests forwarded without any limit (exempt path or tier)",
-        )
-        .expect("valid metric");
-        let call_seconds = Histogram::with_opts(
-            HistogramOpts::new(
-                "floodgate_redis_call_duration_seconds",
-                "Time of each limiter call to Redis",
-            )
-            .buckets(vec![
-                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-            ]),
-        )
-        .expect("valid metric");
-        let failures = IntCounter::new(
-            "floodgate_redis_failures_total",
-            "Redis calls and probes that failed (timeout, connection, error reply)",
-        )
-        .expect("valid metric");
-        let fallback_decisions = IntCounter::new(
-            "floodgate_fallback_decisions_total",
-            "Requests decided without Redis, by on_failure",
-        )
-        .expect("valid metric");
-        let fallback_active = IntGauge::new(
-            "floodgate_fallback_active",
-            "1 while decisions are made without Redis",
-        )
-        .expect("valid metric");
-        let local_keys = IntGauge::new(
-            "floodgate_local_keys",
-            "Client keys held by the in-process store",
-        )
-        .expect("valid metric");
-        let reloads = IntCounterVec::new(
-            Opts::new(
-                "floodgate_config_reloads_total",
-                "Configuration reloads on SIGHUP, by result (ok, failed)",
+        );
+        let exempt = registered(
+            &registry,
+            IntCounter::new(
+                "floodgate_exempt_requests_total",
+                "Requests forwarded without any limit (exempt path or tier)",
             ),
-            &["result"],
-        )
-        .expect("valid metric");
-        for collector in [
-            Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(exempt.clone()),
-            Box::new(call_seconds.clone()),
-            Box::new(failures.clone()),
-            Box::new(fallback_decisions.clone()),
-            Box::new(fallback_active.clone()),
-            Box::new(local_keys.clone()),
-            Box::new(reloads.clone()),
-        ] {
-            registry.register(collector).expect("unique metric");
-        }
+        );
+        let call_seconds = registered(
+            &registry,
+            Histogram::with_opts(
+                HistogramOpts::new(
+                    "floodgate_redis_call_duration_seconds",
+                    "Time of each limiter call to Redis",
+                )
+                .buckets(vec![
+                    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                ]),
+            ),
+        );
+        let failures = registered(
+            &registry,
+            IntCounter::new(
+                "floodgate_redis_failures_total",
+                "Redis calls and probes that failed (timeout, connection, error reply)",
+            ),
+        );
+        let fallback_decisions = registered(
+            &registry,
+            IntCounter::new(
+                "floodgate_fallback_decisions_total",
+                "Requests decided without Redis, by on_failure",
+            ),
+        );
+        let fallback_active = registered(
+            &registry,
+            IntGauge::new(
+                "floodgate_fallback_active",
+                "1 while decisions are made without Redis",
+            ),
+        );
+        let local_keys = registered(
+            &registry,
+            IntGauge::new(
+                "floodgate_local_keys",
+                "Client keys held by the in-process store",
+            ),
+        );
+        let reloads = registered(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "floodgate_config_reloads_total",
+                    "Configuration reloads on SIGHUP, by result (ok, failed)",
+                ),
+                &["result"],
+            ),
+        );
         // Both outcomes exist from the start, so an alert on "failed" sees 0.
         for result in ["ok", "failed"] {
             reloads.with_label_values(&[result]);
@@ -142,6 +146,19 @@ impl Metrics {
         }
         String::from_utf8_lossy(&out).into_owned()
     }
+}
+
+/// A metric built from constant definitions, registered once: its only
+/// failures are programming errors (a bad or duplicate name).
+fn registered<C>(registry: &Registry, metric: prometheus::Result<C>) -> C
+where
+    C: prometheus::core::Collector + Clone + 'static,
+{
+    let metric = metric.expect("valid metric definition");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("metric names are unique");
+    metric
 }
 
 impl Default for Metrics {

@@ -171,18 +171,25 @@ impl Inner {
     /// still: that layer refuses, the others are reported unchanged (nothing
     /// is charged, as Redis would charge nothing).
     fn known_refusal(&self, checks: &[Check], now_us: u64) -> Option<Vec<Decision>> {
-        let mut refused = false;
-        let decisions = checks
+        // Most requests have no known refusal: look before building anything.
+        let (at, refusal) = checks
             .iter()
-            .map(|c| match self.deny_cache.refusal(c, now_us) {
-                Some(d) => {
-                    refused = true;
-                    d
-                }
-                None => open_decision(c),
-            })
-            .collect();
-        refused.then_some(decisions)
+            .enumerate()
+            .find_map(|(i, c)| Some((i, self.deny_cache.refusal(c, now_us)?)))?;
+        Some(
+            checks
+                .iter()
+                .enumerate()
+                .map(|(i, c)| match i.cmp(&at) {
+                    std::cmp::Ordering::Less => open_decision(c),
+                    std::cmp::Ordering::Equal => refusal,
+                    std::cmp::Ordering::Greater => self
+                        .deny_cache
+                        .refusal(c, now_us)
+                        .unwrap_or_else(|| open_decision(c)),
+                })
+                .collect(),
+        )
     }
 }
 
