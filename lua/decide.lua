@@ -1,53 +1,70 @@
--- decide: all layers of one request, atomically, all-or-nothing.
+-- decide: the layers of one or more requests, atomically; each request
+-- all-or-nothing, the requests one after the other in the order given (a
+-- later request sees what an earlier one charged), all at the same instant.
 --
--- KEYS     one per layer: {prefix}:{limit name}:{identity hash}
+-- KEYS     one per layer, request after request:
+--          {prefix}:{limit name}:{identity hash}
 -- ARGV[1]  now in µs, or -1 to read Redis TIME (clock = "redis"; the time
 --          is frozen for the script's run)
--- ARGV[2]  n, the number of layers; then 5 values per layer:
---          algorithm (1 token_bucket, 2 leaky_bucket, 3 fixed_window,
---          4 sliding_window, 5 sliding_log), its two numbers (capacity and
---          interval_us, or limit and window_us), cost, shadow (1 or 0)
--- Reply    one string: 7 integers per layer, separated by spaces: allowed,
---          cost_exceeds_limit, limit, remaining, reset_after_us,
---          retry_after_us, delay_us. (One string rather than an array of
---          integers: the client parses it in a fraction of the time.)
+-- ARGV[2]  r, the number of requests; then for each request: n, its number
+--          of layers, then 5 values per layer: algorithm (1 token_bucket,
+--          2 leaky_bucket, 3 fixed_window, 4 sliding_window, 5 sliding_log),
+--          its two numbers (capacity and interval_us, or limit and
+--          window_us), cost, shadow (1 or 0)
+-- Reply    one string: 7 integers per layer, request after request,
+--          separated by spaces: allowed, cost_exceeds_limit, limit,
+--          remaining, reset_after_us, retry_after_us, delay_us. (One string
+--          rather than an array of integers: the client parses it in a
+--          fraction of the time.)
 --
--- Nothing is written unless every enforcing (non-shadow) layer admits; then
--- every admitting layer, shadow ones included, is charged.
+-- For each request, nothing is written unless every enforcing (non-shadow)
+-- layer admits; then every admitting layer, shadow ones included, is charged.
 
 local now = tonumber(ARGV[1])
 if now < 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local n = tonumber(ARGV[2])
-local layers = {}
-local blocked = false
-for i = 1, n do
-  local base = 2 + (i - 1) * 5
-  local algorithm = ALGORITHMS[tonumber(ARGV[base + 1])]
-  local a, b = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
-  local cost = tonumber(ARGV[base + 4])
-  local d = algorithm.evaluate(a, b, algorithm.load(KEYS[i]), now, cost)
-  layers[i] = { algorithm = algorithm, decision = d }
-  if ARGV[base + 5] ~= '1' and d.allowed == 0 then
-    blocked = true
+
+local reply = {}
+local written = 0
+
+local function decide_request(first_key, first_arg, n)
+  local layers = {}
+  local blocked = false
+  for i = 1, n do
+    local base = first_arg + (i - 1) * 5
+    local algorithm = ALGORITHMS[tonumber(ARGV[base])]
+    local a, b = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
+    local cost = tonumber(ARGV[base + 3])
+    local key = KEYS[first_key + i - 1]
+    local d = algorithm.evaluate(a, b, algorithm.load(key), now, cost)
+    layers[i] = { algorithm = algorithm, decision = d, key = key }
+    if ARGV[base + 4] ~= '1' and d.allowed == 0 then
+      blocked = true
+    end
+  end
+  for i = 1, n do
+    local d = layers[i].decision
+    if not blocked and d.allowed == 1 and d.update ~= nil then
+      layers[i].algorithm.store(layers[i].key, d.update, d.idle_at, now)
+    end
+    reply[written + 1] = int(d.allowed)
+    reply[written + 2] = int(d.oversized)
+    reply[written + 3] = int(d.limit)
+    reply[written + 4] = int(d.remaining)
+    reply[written + 5] = int(d.reset_after)
+    reply[written + 6] = int(d.retry_after)
+    reply[written + 7] = int(d.delay)
+    written = written + 7
   end
 end
 
-local reply = {}
-for i = 1, n do
-  local d = layers[i].decision
-  if not blocked and d.allowed == 1 and d.update ~= nil then
-    layers[i].algorithm.store(KEYS[i], d.update, d.idle_at, now)
-  end
-  local at = (i - 1) * 7
-  reply[at + 1] = int(d.allowed)
-  reply[at + 2] = int(d.oversized)
-  reply[at + 3] = int(d.limit)
-  reply[at + 4] = int(d.remaining)
-  reply[at + 5] = int(d.reset_after)
-  reply[at + 6] = int(d.retry_after)
-  reply[at + 7] = int(d.delay)
+local next_key, next_arg = 1, 3
+for _ = 1, tonumber(ARGV[2]) do
+  local n = tonumber(ARGV[next_arg])
+  decide_request(next_key, next_arg + 1, n)
+  next_key = next_key + n
+  next_arg = next_arg + 1 + n * 5
 end
 return table.concat(reply, ' ')

@@ -186,3 +186,75 @@ fn clock_now(clock: &ManualClock) -> u64 {
     use floodgate::clock::Clock;
     clock.now_us()
 }
+
+/// Requests that share one script run (what a busy proxy sends) are decided
+/// exactly as the same requests one after the other, in order, at one
+/// instant: several of them on the same client, so a later one sees what an
+/// earlier one in the same run charged.
+#[test]
+fn requests_sharing_a_script_run_decide_as_if_one_after_another() {
+    let redis = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    for which in 0..5u64 {
+        let mut rng = Rng(0xBA7C4 + which);
+        let clock = Arc::new(ManualClock::new(1_750_000_000_000_000 + rng.below(1 << 40)));
+        let remote = RedisLimiter::new(settings(redis.url()), clock.clone());
+        let local = LocalLimiter::new(100_000, clock.clone());
+        let layers = [
+            random_algorithm(&mut rng, which),
+            random_algorithm(&mut rng, which),
+        ];
+        let mut admitted = 0;
+        let mut refused = 0;
+        for run in 0..300 {
+            clock.advance(step_us(&mut rng, &layers[0], None));
+            let requests: Vec<Vec<Check>> = (0..1 + rng.below(20))
+                .map(|_| {
+                    let client = rng.below(3) as u128;
+                    let layer_count = 1 + rng.below(2) as usize;
+                    let cost = rng.below(3);
+                    (0..layer_count)
+                        .map(|layer| Check {
+                            layer,
+                            name: Arc::from(format!("batch-{which}-{layer}")),
+                            algorithm: layers[layer],
+                            key: StateKey {
+                                limit: layer as u64,
+                                identity: client,
+                            },
+                            cost,
+                            shadow: layer == 1 && rng.below(4) == 0,
+                            on_failure: OnFailure::Deny,
+                        })
+                        .collect()
+                })
+                .collect();
+            let expected: Vec<Vec<Decision>> = requests
+                .iter()
+                .map(|checks| local.decide_now(checks))
+                .collect();
+            let borrowed: Vec<&[Check]> = requests.iter().map(Vec::as_slice).collect();
+            let got = runtime
+                .block_on(remote.decide_together(&borrowed))
+                .unwrap_or_else(|e| panic!("algorithm {which}: redis failed in run {run}: {e}"));
+            assert_eq!(
+                got, expected,
+                "algorithm {which} run {run}: layers {layers:?}"
+            );
+            for decisions in &expected {
+                if decisions[0].allowed {
+                    admitted += 1;
+                } else {
+                    refused += 1;
+                }
+            }
+        }
+        assert!(
+            admitted > 100 && refused > 100,
+            "algorithm {which}: admitted {admitted}, refused {refused}"
+        );
+    }
+}

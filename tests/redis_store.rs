@@ -347,3 +347,69 @@ fn a_password_in_the_url_and_rediss_with_a_private_ca() {
         proxy.log()
     );
 }
+
+/// Decisions requested together share one script run: 50 requests waiting
+/// at once cost Redis one EVALSHA (two on the very first call, which loads
+/// the script), and the budget is still exact.
+#[test]
+fn concurrent_decisions_share_one_script_run() {
+    use std::sync::Arc;
+
+    use floodgate::algorithm::Algorithm;
+    use floodgate::clock::SystemClock;
+    use floodgate::config::{ClockSource, RedisSettings};
+    use floodgate::limiter::{Limiter, RedisLimiter};
+    use floodgate::policy::{Check, OnFailure, StateKey};
+
+    let redis = RedisServer::start();
+    let limiter = RedisLimiter::new(
+        RedisSettings {
+            url: Some(redis.url()),
+            cluster: Vec::new(),
+            timeout: Duration::from_secs(5),
+            clock: ClockSource::Redis,
+            key_prefix: "together".into(),
+            on_failure: OnFailure::Deny,
+            instances: 1,
+            tls_ca: None,
+        },
+        Arc::new(SystemClock),
+    );
+    let check = Check {
+        layer: 0,
+        name: Arc::from("per-client"),
+        algorithm: Algorithm::FixedWindow {
+            limit: 20,
+            window_us: 3_600_000_000,
+        },
+        key: StateKey {
+            limit: 0,
+            identity: 7,
+        },
+        cost: 1,
+        shadow: false,
+        on_failure: OnFailure::Deny,
+    };
+    let requests = vec![vec![check]; 50];
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let _: String = redis.cmd(&["CONFIG", "RESETSTAT"]);
+    // On one thread, all 50 are queued before the batch task first runs.
+    let decided = runtime.block_on(futures_util::future::join_all(
+        requests.iter().map(|checks| limiter.decide(checks)),
+    ));
+    let admitted = decided
+        .iter()
+        .filter(|d| d.as_ref().expect("decided")[0].allowed)
+        .count();
+    assert_eq!(admitted, 20);
+    let remaining: Vec<u64> = decided
+        .iter()
+        .take(20)
+        .map(|d| d.as_ref().expect("decided")[0].remaining)
+        .collect();
+    assert_eq!(remaining, (0..20).rev().collect::<Vec<u64>>());
+    assert!(redis.calls("evalsha") <= 2, "{}", redis.calls("evalsha"));
+}

@@ -1,5 +1,6 @@
 //! The `Limiter` interface: decide all layers of one request at once.
 
+mod batch;
 mod deny_cache;
 pub mod fallback;
 pub mod local;
@@ -18,7 +19,7 @@ pub use local::LocalLimiter;
 
 /// Why a limiter could not decide. The request is then decided by the
 /// configured `on_failure`, never left waiting.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum LimiterError {
     #[error("store did not answer within {0:?}")]
     Timeout(Duration),

@@ -2,7 +2,9 @@
 //! SHA), so any number of proxies share one budget without a
 //! read-check-write race.
 //!
-//! Standalone: all layers of a request go in one EVALSHA, all-or-nothing.
+//! Standalone: all layers of a request go in one EVALSHA, all-or-nothing,
+//! and requests that arrive while a run is in flight share the next one
+//! (`batch`): Redis pays one script call for many decisions.
 //! Cluster: keys carry the identity hash as their hash tag, so the layers
 //! keyed by one identity share a slot. Layers are grouped by identity and
 //! each group is one EVALSHA, the groups run concurrently. All-or-nothing
@@ -11,7 +13,7 @@
 //! charged although the request is refused.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -21,6 +23,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::Script;
 use tokio::sync::OnceCell;
 
+use super::batch::BatchQueue;
 use super::{Limiter, LimiterError};
 use crate::algorithm::{Algorithm, Decision};
 use crate::clock::Clock;
@@ -47,7 +50,18 @@ enum Connection {
     Cluster(ClusterConnection),
 }
 
-pub struct RedisLimiter {
+/// One layer as the script takes it.
+pub(super) struct ScriptLayer {
+    key: String,
+    algorithm: u8,
+    a: u64,
+    b: u64,
+    cost: u64,
+    shadow: bool,
+}
+
+/// What the script runs need: shared by the limiter and its batch queue.
+pub(super) struct Store {
     settings: RedisSettings,
     clock: Arc<dyn Clock>,
     script: Script,
@@ -55,22 +69,80 @@ pub struct RedisLimiter {
     connection: OnceCell<Connection>,
 }
 
+pub struct RedisLimiter {
+    store: Arc<Store>,
+    /// Standalone only: concurrent decisions share script runs (see
+    /// `batch`). Started on first use, on the proxy's runtime.
+    queue: OnceLock<BatchQueue>,
+}
+
 impl RedisLimiter {
     pub fn new(settings: RedisSettings, clock: Arc<dyn Clock>) -> Self {
         RedisLimiter {
-            settings,
-            clock,
-            script: Script::new(SCRIPT),
-            connection: OnceCell::new(),
+            store: Arc::new(Store {
+                settings,
+                clock,
+                script: Script::new(SCRIPT),
+                connection: OnceCell::new(),
+            }),
+            queue: OnceLock::new(),
         }
     }
 
     /// `{prefix}:{limit}:{identity}`, the identity hash in braces: the hash tag.
     pub fn key(&self, check: &Check) -> String {
+        self.store.key(check)
+    }
+
+    /// Decides several requests in one script run, in the order given, as if
+    /// each had been decided alone one after the other (standalone Redis).
+    /// On a cluster, each request is decided on its own.
+    pub async fn decide_together(
+        &self,
+        requests: &[&[Check]],
+    ) -> Result<Vec<Vec<Decision>>, LimiterError> {
+        if !self.store.settings.cluster.is_empty() {
+            let mut all = Vec::with_capacity(requests.len());
+            for checks in requests {
+                all.push(self.decide(checks).await?);
+            }
+            return Ok(all);
+        }
+        let layers: Vec<Vec<ScriptLayer>> = requests
+            .iter()
+            .map(|checks| self.store.script_layers(*checks))
+            .collect();
+        let borrowed: Vec<&[ScriptLayer]> = layers.iter().map(Vec::as_slice).collect();
+        self.store.run_standalone(&borrowed).await
+    }
+}
+
+impl Store {
+    fn key(&self, check: &Check) -> String {
         format!(
             "{}:{}:{{{:032x}}}",
             self.settings.key_prefix, check.name, check.key.identity
         )
+    }
+
+    pub(super) fn script_layers<'a>(
+        &self,
+        checks: impl IntoIterator<Item = &'a Check>,
+    ) -> Vec<ScriptLayer> {
+        checks
+            .into_iter()
+            .map(|check| {
+                let (algorithm, a, b) = script_params(&check.algorithm);
+                ScriptLayer {
+                    key: self.key(check),
+                    algorithm,
+                    a,
+                    b,
+                    cost: check.cost,
+                    shadow: check.shadow,
+                }
+            })
+            .collect()
     }
 
     async fn connect(&self) -> Result<Connection, LimiterError> {
@@ -122,67 +194,87 @@ impl RedisLimiter {
         }
     }
 
+    /// One script run on the single node, within the deadline.
+    pub(super) async fn run_standalone(
+        &self,
+        requests: &[&[ScriptLayer]],
+    ) -> Result<Vec<Vec<Decision>>, LimiterError> {
+        self.within_deadline(|connection| async move {
+            match connection {
+                Connection::Single(mut c) => self.run(&mut c, requests).await,
+                Connection::Cluster(_) => Err(LimiterError::Store(
+                    "a cluster connection where a single node was configured".into(),
+                )),
+            }
+        })
+        .await
+    }
+
+    /// One script run for all the requests' layers; the decisions come back
+    /// per request.
     async fn run<C: ConnectionLike>(
         &self,
         connection: &mut C,
-        checks: &[&Check],
-        now: i64,
-    ) -> Result<Vec<Decision>, LimiterError> {
+        requests: &[&[ScriptLayer]],
+    ) -> Result<Vec<Vec<Decision>>, LimiterError> {
         let mut invocation = self.script.prepare_invoke();
-        for check in checks {
-            invocation.key(self.key(check));
+        for layer in requests.iter().flat_map(|layers| layers.iter()) {
+            invocation.key(&layer.key);
         }
-        invocation.arg(now).arg(checks.len());
-        for check in checks {
-            let (code, a, b) = script_params(&check.algorithm);
-            invocation
-                .arg(code)
-                .arg(a)
-                .arg(b)
-                .arg(check.cost)
-                .arg(u8::from(check.shadow));
+        invocation.arg(self.now_arg()).arg(requests.len());
+        for layers in requests {
+            invocation.arg(layers.len());
+            for layer in layers.iter() {
+                invocation
+                    .arg(layer.algorithm)
+                    .arg(layer.a)
+                    .arg(layer.b)
+                    .arg(layer.cost)
+                    .arg(u8::from(layer.shadow));
+            }
         }
         let reply: Vec<u8> = invocation
             .invoke_async(connection)
             .await
             .map_err(classify)?;
-        parse_reply(&reply, checks.len())
+        let total = requests.iter().map(|layers| layers.len()).sum();
+        let mut decisions = parse_reply(&reply, total)?.into_iter();
+        Ok(requests
+            .iter()
+            .map(|layers| decisions.by_ref().take(layers.len()).collect())
+            .collect())
     }
 
-    async fn decide_on(
+    /// Layers keyed by one identity share a slot: one script run per group,
+    /// the groups concurrently.
+    async fn decide_on_cluster(
         &self,
-        connection: Connection,
+        connection: ClusterConnection,
         checks: &[Check],
     ) -> Result<Vec<Decision>, LimiterError> {
-        let now = self.now_arg();
-        match connection {
-            Connection::Single(mut c) => {
-                let all: Vec<&Check> = checks.iter().collect();
-                self.run(&mut c, &all, now).await
+        let mut groups: HashMap<u128, Vec<usize>> = HashMap::new();
+        for (i, check) in checks.iter().enumerate() {
+            groups.entry(check.key.identity).or_default().push(i);
+        }
+        let calls = groups.values().map(|indices| {
+            let mut c = connection.clone();
+            let layers = self.script_layers(indices.iter().map(|&i| &checks[i]));
+            async move {
+                let mut decided = self.run(&mut c, &[&layers]).await?;
+                Ok::<_, LimiterError>(decided.pop().unwrap_or_default())
             }
-            Connection::Cluster(c) => {
-                let mut groups: HashMap<u128, Vec<usize>> = HashMap::new();
-                for (i, check) in checks.iter().enumerate() {
-                    groups.entry(check.key.identity).or_default().push(i);
-                }
-                let calls = groups.values().map(|indices| {
-                    let mut c = c.clone();
-                    let group: Vec<&Check> = indices.iter().map(|&i| &checks[i]).collect();
-                    async move { self.run(&mut c, &group, now).await }
-                });
-                let results = futures_util::future::join_all(calls).await;
-                let mut decisions = vec![None; checks.len()];
-                for (indices, result) in groups.values().zip(results) {
-                    for (&i, d) in indices.iter().zip(result?) {
-                        decisions[i] = Some(d);
-                    }
-                }
-                decisions
-                    .into_iter()
-                    .map(|d| d.ok_or_else(|| LimiterError::Store("missing decision".into())))
-                    .collect()
+        });
+        let results = futures_util::future::join_all(calls).await;
+        let mut decisions = vec![None; checks.len()];
+        for (indices, result) in groups.values().zip(results) {
+            for (&i, d) in indices.iter().zip(result?) {
+                decisions[i] = Some(d);
             }
         }
+        decisions
+            .into_iter()
+            .map(|d| d.ok_or_else(|| LimiterError::Store("missing decision".into())))
+            .collect()
     }
 }
 
@@ -251,9 +343,9 @@ fn classify(e: redis::RedisError) -> LimiterError {
     }
 }
 
-impl RedisLimiter {
+impl Store {
     /// Runs `work` on the connection (made on first use), all within the
-    /// deadline: the only wait on Redis a request can ever have.
+    /// deadline.
     async fn within_deadline<T, F, Fut>(&self, work: F) -> Result<T, LimiterError>
     where
         F: FnOnce(Connection) -> Fut,
@@ -273,28 +365,54 @@ impl RedisLimiter {
             .await
             .map_err(|_| LimiterError::Timeout(deadline))?
     }
+}
 
+impl RedisLimiter {
     /// Whether Redis answers within the deadline, loading the script where
     /// it is missing (after a restart or SCRIPT FLUSH).
     pub async fn probe(&self) -> Result<(), LimiterError> {
-        self.within_deadline(|connection| async move {
-            match connection {
-                Connection::Single(mut c) => self.script.load_async(&mut c).await.map(drop),
-                Connection::Cluster(mut c) => redis::cmd("PING")
-                    .query_async::<String>(&mut c)
-                    .await
-                    .map(drop),
-            }
-            .map_err(classify)
-        })
-        .await
+        let store = &self.store;
+        store
+            .within_deadline(|connection| async move {
+                match connection {
+                    Connection::Single(mut c) => store.script.load_async(&mut c).await.map(drop),
+                    Connection::Cluster(mut c) => redis::cmd("PING")
+                        .query_async::<String>(&mut c)
+                        .await
+                        .map(drop),
+                }
+                .map_err(classify)
+            })
+            .await
     }
 }
 
 #[async_trait]
 impl Limiter for RedisLimiter {
     async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
-        self.within_deadline(|connection| self.decide_on(connection, checks))
-            .await
+        let store = &self.store;
+        if !store.settings.cluster.is_empty() {
+            return store
+                .within_deadline(|connection| async move {
+                    match connection {
+                        Connection::Cluster(c) => store.decide_on_cluster(c, checks).await,
+                        Connection::Single(_) => Err(LimiterError::Store(
+                            "cluster configured, single node found".into(),
+                        )),
+                    }
+                })
+                .await;
+        }
+        let queue = self
+            .queue
+            .get_or_init(|| BatchQueue::start(self.store.clone()));
+        // The request's own deadline covers the wait for a place in a run
+        // as well as the run.
+        fast_timeout(
+            store.settings.timeout,
+            queue.decide(store.script_layers(checks)),
+        )
+        .await
+        .map_err(|_| LimiterError::Timeout(store.settings.timeout))?
     }
 }
