@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use log::{info, warn};
 use pingora::http::ResponseHeader;
+use pingora::modules::http::HttpModules;
 use pingora::prelude::HttpPeer;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType, Result};
@@ -64,12 +65,13 @@ fn request_has_body(session: &Session) -> bool {
 async fn respond(
     session: &mut Session,
     status: u16,
-    headers: &[(&'static str, String)],
+    headers: Vec<(&'static str, String)>,
     body: String,
 ) -> Result<()> {
     let mut header = ResponseHeader::build(status, Some(headers.len() + 1))?;
+    // Owned values become header values without a copy.
     for (name, value) in headers {
-        header.insert_header(*name, value.as_str())?;
+        header.insert_header(name, value)?;
     }
     header.insert_header("Content-Length", body.len().to_string())?;
     if request_has_body(session) {
@@ -99,6 +101,11 @@ fn layers<'a>(runtime: &'a Runtime, checks: &[Check], decisions: &[Decision]) ->
 #[async_trait]
 impl ProxyHttp for Gateway {
     type CTX = RequestCtx;
+
+    /// No downstream modules: Pingora's default is a response compression
+    /// module that stays disabled but is still built and consulted on every
+    /// request.
+    fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
 
     fn new_ctx(&self) -> Self::CTX {
         RequestCtx {
@@ -169,7 +176,7 @@ impl ProxyHttp for Gateway {
                 }
             );
             let r = headers::rejection(runtime.headers, &enforced, refused);
-            respond(session, r.status, &r.headers, r.body).await?;
+            respond(session, r.status, r.headers, r.body).await?;
             return Ok(true);
         }
         if let Some(shown) = headers::most_constrained(&enforced) {
@@ -235,12 +242,12 @@ impl ProxyHttp for Gateway {
         };
         if status > 0 {
             let body = format!("{{\"error\":\"{error}\"}}");
-            let headers = [
+            let headers = vec![
                 ("Content-Type", "application/json".to_string()),
                 ("Cache-Control", "no-store".to_string()),
             ];
             session.set_keepalive(None);
-            if let Err(write_error) = respond(session, status, &headers, body).await {
+            if let Err(write_error) = respond(session, status, headers, body).await {
                 warn!("could not send the {status} answer: {write_error}");
             }
         }
@@ -255,7 +262,7 @@ impl ProxyHttp for Gateway {
 /// always wrapped in one) refuses with 503 rather than guessing.
 async fn limiter_failed(session: &mut Session, e: LimiterError) -> Result<bool> {
     warn!("limiter failed: {e}");
-    let headers = [
+    let headers = vec![
         ("Content-Type", "application/json".to_string()),
         ("Cache-Control", "no-store".to_string()),
         ("Retry-After", "1".to_string()),
@@ -263,7 +270,7 @@ async fn limiter_failed(session: &mut Session, e: LimiterError) -> Result<bool> 
     respond(
         session,
         503,
-        &headers,
+        headers,
         "{\"error\":\"limiter_unavailable\"}".into(),
     )
     .await?;
