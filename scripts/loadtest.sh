@@ -149,13 +149,19 @@ cpu_ticks() { # pid: user+system ticks of the process and its children (nginx wo
 
 RESULTS="$WORK/results.tsv"
 : > "$RESULTS"
-measure() { # label port server-pid
-  "$OHA" -n 2000 -c "$CONNECTIONS" --no-tui "http://127.0.0.1:$2/" >/dev/null 2>&1 || true
+server_ticks() { # pid...: the sum over the server's processes
+  local total=0 p
+  for p in "$@"; do total=$((total + $(cpu_ticks "$p"))); done
+  echo "$total"
+}
+measure() { # label port server-pid [more server pids: redis-server]
+  local label="$1" port="$2"; shift 2
+  "$OHA" -n 2000 -c "$CONNECTIONS" --no-tui "http://127.0.0.1:$port/" >/dev/null 2>&1 || true
   local before after
-  before=$(cpu_ticks "$3")
-  "$OHA" -z "${DURATION}s" -c "$CONNECTIONS" --no-tui --output-format json "http://127.0.0.1:$2/" > "$WORK/oha.json"
-  after=$(cpu_ticks "$3")
-  python3 - "$1" "$WORK/oha.json" "$((after - before))" "$(getconf CLK_TCK)" >> "$RESULTS" <<'PY'
+  before=$(server_ticks "$@")
+  "$OHA" -z "${DURATION}s" -c "$CONNECTIONS" --no-tui --output-format json "http://127.0.0.1:$port/" > "$WORK/oha.json"
+  after=$(server_ticks "$@")
+  python3 - "$label" "$WORK/oha.json" "$((after - before))" "$(getconf CLK_TCK)" >> "$RESULTS" <<'PY'
 import json, sys
 label, path, ticks, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 data = json.load(open(path))
@@ -173,18 +179,30 @@ measure "nginx reverse proxy" $NGX_PROXY "${PID_OF[proxy]}"
 measure "nginx limit_req, admitting" $NGX_LIMIT "${PID_OF[limit]}"
 measure "floodgate, no limits" $FG_PLAIN "${PID_OF[fg-plain]}"
 measure "floodgate memory, admitting" $FG_MEMORY "${PID_OF[fg-memory]}"
-measure "floodgate redis, admitting" $FG_REDIS "${PID_OF[fg-redis]}"
+measure "floodgate redis, admitting" $FG_REDIS "${PID_OF[fg-redis]}" "${PID_OF[redis]}"
 measure "nginx limit_req, refusing" $NGX_REFUSE "${PID_OF[refuse]}"
 measure "floodgate memory, refusing" $FG_REFUSE "${PID_OF[fg-refuse]}"
-measure "floodgate redis, refusing" $FG_REFUSE_REDIS "${PID_OF[fg-refuse-redis]}"
+measure "floodgate redis, refusing" $FG_REFUSE_REDIS "${PID_OF[fg-refuse-redis]}" "${PID_OF[redis]}"
 
 python3 - "$RESULTS" "$DURATION" "$CONNECTIONS" "$(nproc)" "$WORKERS" <<'PY'
 import sys
 rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1]) if line.strip()]
 base = float(rows[0][1])
-print(f"oha -c {sys.argv[3]} -z {sys.argv[2]}s on 127.0.0.1, {sys.argv[4]} cores shared by servers and oha, {sys.argv[5]} worker(s) per proxy\n")
+print(f"oha -c {sys.argv[3]} -z {sys.argv[2]}s on 127.0.0.1, {sys.argv[4]} cores shared by servers and oha, {sys.argv[5]} worker(s) per proxy")
+print("CPU µs/req: the server's processes (nginx master and workers; floodgate; plus redis-server on the Redis rows)\n")
 print(f"| {'case':<34} | {'req/s':>8} | {'p50 ms':>7} | {'p99 ms':>7} | {'ratio':>5} | {'CPU µs/req':>10} | {'429 share':>9} |")
 print(f"|{'-'*36}|{'-'*10}|{'-'*9}|{'-'*9}|{'-'*7}|{'-'*12}|{'-'*11}|")
 for label, rps, p50, p99, cpu, refused in rows:
     print(f"| {label:<34} | {float(rps):>8.0f} | {float(p50):>7.3f} | {float(p99):>7.3f} | {float(rps) / base:>5.2f} | {float(cpu):>10.1f} | {float(refused):>9.3f} |")
+by_label = {row[0]: row for row in rows}
+def rps(label): return float(by_label[label][1])
+def p99(label): return float(by_label[label][3])
+limit_req = rps("nginx limit_req, admitting")
+print("\nAgainst nginx limit_req in this run (targets in parentheses):")
+print(f"  memory store admitting   {rps('floodgate memory, admitting') / limit_req:.2f}x (>= 1.0)")
+print(f"  Redis store admitting    {rps('floodgate redis, admitting') / limit_req:.2f}x (>= 0.8)")
+refusing = rps("nginx limit_req, refusing")
+print(f"  refusing, memory / Redis {rps('floodgate memory, refusing') / refusing:.2f}x / {rps('floodgate redis, refusing') / refusing:.2f}x (>= 1.0)")
+added = p99("floodgate redis, admitting") - p99("floodgate, no limits")
+print(f"  p99 added by Redis over no limits {added:.2f} ms (<= 1)")
 PY
