@@ -49,14 +49,9 @@ local function decide_request(first_key, first_arg, n)
     if not blocked and d.allowed == 1 and d.update ~= nil then
       layers[i].algorithm.store(layers[i].key, d.update, d.idle_at, now)
     end
-    reply[written + 1] = int(d.allowed)
-    reply[written + 2] = int(d.oversized)
-    reply[written + 3] = int(d.limit)
-    reply[written + 4] = int(d.remaining)
-    reply[written + 5] = int(d.reset_after)
-    reply[written + 6] = int(d.retry_after)
-    reply[written + 7] = int(d.delay)
-    written = written + 7
+    written = written + 1
+    reply[written] = string.format('%d %d %d %d %d %d %d', d.allowed, d.oversized,
+      d.limit, d.remaining, d.reset_after, d.retry_after, d.delay)
   end
 end
 
