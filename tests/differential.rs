@@ -91,6 +91,27 @@ fn step_us(rng: &mut Rng, algorithm: &Algorithm, last: Option<&Decision>) -> u64
     }
 }
 
+/// One request of `client` through `layers` (limit i keyed by layer i); the
+/// second layer is sometimes a shadow one.
+fn request(rng: &mut Rng, name: &str, layers: &[Algorithm], client: u128, cost: u64) -> Vec<Check> {
+    layers
+        .iter()
+        .enumerate()
+        .map(|(layer, algorithm)| Check {
+            layer,
+            name: Arc::from(format!("{name}-{layer}")),
+            algorithm: *algorithm,
+            key: StateKey {
+                limit: layer as u64,
+                identity: client,
+            },
+            cost,
+            shadow: layer == 1 && rng.below(4) == 0,
+            on_failure: OnFailure::Deny,
+        })
+        .collect()
+}
+
 #[test]
 fn lua_scripts_match_their_rust_twins() {
     let redis = RedisServer::start();
@@ -137,21 +158,8 @@ fn lua_scripts_match_their_rust_twins() {
                         1 => quota + 1,
                         _ => 1 + rng.below(quota.min(4)),
                     };
-                    let both = rng.below(2) == 0;
-                    (0..if both { 2 } else { 1 })
-                        .map(|layer| Check {
-                            layer,
-                            name: Arc::from(format!("{name}-{layer}")),
-                            algorithm: layers[layer],
-                            key: StateKey {
-                                limit: layer as u64,
-                                identity: client,
-                            },
-                            cost,
-                            shadow: layer == 1 && rng.below(4) == 0,
-                            on_failure: OnFailure::Deny,
-                        })
-                        .collect()
+                    let count = 1 + rng.below(2) as usize;
+                    request(&mut rng, name, &layers[..count], client, cost)
                 }
             };
             let expected: Vec<Decision> = local.decide_now(&checks);
@@ -214,22 +222,15 @@ fn requests_sharing_a_script_run_decide_as_if_one_after_another() {
             let requests: Vec<Vec<Check>> = (0..1 + rng.below(20))
                 .map(|_| {
                     let client = rng.below(3) as u128;
-                    let layer_count = 1 + rng.below(2) as usize;
+                    let count = 1 + rng.below(2) as usize;
                     let cost = rng.below(3);
-                    (0..layer_count)
-                        .map(|layer| Check {
-                            layer,
-                            name: Arc::from(format!("batch-{which}-{layer}")),
-                            algorithm: layers[layer],
-                            key: StateKey {
-                                limit: layer as u64,
-                                identity: client,
-                            },
-                            cost,
-                            shadow: layer == 1 && rng.below(4) == 0,
-                            on_failure: OnFailure::Deny,
-                        })
-                        .collect()
+                    request(
+                        &mut rng,
+                        &format!("batch-{which}"),
+                        &layers[..count],
+                        client,
+                        cost,
+                    )
                 })
                 .collect();
             let expected: Vec<Vec<Decision>> = requests
