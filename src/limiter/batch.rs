@@ -4,7 +4,7 @@
 //! A script call has a fixed price on both sides (Redis looks the script
 //! up, sets up Lua and the reply, reads TIME; the client encodes, sends and
 //! parses one command), and under load that price, paid per request, was
-//! most of Redis's time. Batching needs no tuning: an idle proxy sends each
+//! over a third of Redis's time (16 µs of CPU per request, 10 when shared). Batching needs no tuning: an idle proxy sends each
 //! request alone at once, a busy one sends as many per run as arrived during
 //! the last. Within a run the requests are decided one after the other, each
 //! all-or-nothing, exactly as separate calls in that order would be.
