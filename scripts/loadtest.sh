@@ -94,18 +94,11 @@ servers = ["127.0.0.1:$UP"]
 $3
 CONF
 }
-NEVER='[[limits]]
-name = "per-ip"
-key = "ip"
-algorithm = "token_bucket"
-capacity = 1000000000
-refill_rate = 1000000'
-ABUSE='[[limits]]
-name = "per-ip"
-key = "ip"
-algorithm = "token_bucket"
-capacity = 1
-refill_rate = 0.001'
+per_ip_bucket() { # capacity refill_rate
+  printf '[[limits]]\nname = "per-ip"\nkey = "ip"\nalgorithm = "token_bucket"\ncapacity = %s\nrefill_rate = %s\n' "$1" "$2"
+}
+NEVER="$(per_ip_bucket 1000000000 1000000)"  # never reached
+ABUSE="$(per_ip_bucket 1 0.001)"             # one client refused almost always
 REDIS_TABLE="[redis]
 url = \"redis://127.0.0.1:$REDIS/0\"
 timeout = \"50ms\""

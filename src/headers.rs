@@ -88,6 +88,15 @@ pub fn rate_limit_headers(
     out
 }
 
+/// The headers of every JSON answer floodgate writes itself (429, 502, 503,
+/// 504): never cached.
+pub fn json_headers() -> Vec<(&'static str, String)> {
+    vec![
+        ("Content-Type", "application/json".to_string()),
+        ("Cache-Control", "no-store".to_string()),
+    ]
+}
+
 /// Status, headers and body of the refusal.
 pub struct Rejection {
     pub status: u16,
@@ -96,10 +105,7 @@ pub struct Rejection {
 }
 
 pub fn rejection(style: HeaderStyle, layers: &[Layer<'_>], refused: &Layer<'_>) -> Rejection {
-    let mut headers = vec![
-        ("Content-Type", "application/json".to_string()),
-        ("Cache-Control", "no-store".to_string()),
-    ];
+    let mut headers = json_headers();
     let d = &refused.decision;
     let body = if d.cost_exceeds_limit {
         // Retrying cannot help, so no Retry-After: the body says why.

@@ -163,6 +163,13 @@ pub struct StateKey {
     pub identity: u128,
 }
 
+impl StateKey {
+    /// Which of `shards` maps holds this key (the identity is already a hash).
+    pub fn shard(&self, shards: usize) -> usize {
+        (self.identity as usize ^ self.limit as usize) % shards
+    }
+}
+
 /// One layer to decide for one request.
 #[derive(Debug, Clone)]
 pub struct Check {

@@ -85,13 +85,14 @@ async fn respond(
         .await
 }
 
-fn layers<'a>(runtime: &'a Runtime, checks: &[Check], decisions: &[Decision]) -> Vec<Layer<'a>> {
+/// The enforcing layers (shadow ones never show) with their decisions.
+fn layers<'a>(checks: &'a [Check], decisions: &[Decision]) -> Vec<Layer<'a>> {
     checks
         .iter()
         .zip(decisions)
         .filter(|(c, _)| !c.shadow)
         .map(|(c, d)| Layer {
-            name: &runtime.policy.limits[c.layer].name,
+            name: &c.name,
             algorithm: c.algorithm,
             decision: *d,
         })
@@ -120,7 +121,7 @@ impl ProxyHttp for Gateway {
             // Shutting down: finish this request, then let the client go elsewhere.
             session.set_keepalive(None);
         }
-        let runtime = ctx.runtime.clone();
+        let runtime = &ctx.runtime;
         let request = session.req_header();
         let client = runtime
             .policy
@@ -143,7 +144,7 @@ impl ProxyHttp for Gateway {
             Ok(d) => d,
             Err(e) => return limiter_failed(session, e).await,
         };
-        let enforced = layers(&runtime, &checks, &decisions);
+        let enforced = layers(&checks, &decisions);
         let refused = headers::refusing(&enforced);
         for (check, decision) in checks.iter().zip(&decisions) {
             let counters = &runtime.counters[check.layer];
@@ -158,7 +159,7 @@ impl ProxyHttp for Gateway {
                 info!(
                     "shadow limit would refuse: {} limit={} retry_after_ms={}",
                     client.log_label(),
-                    runtime.policy.limits[check.layer].name,
+                    check.name,
                     headers::ceil_ms(decision.retry_after_us)
                 );
             }
@@ -242,12 +243,9 @@ impl ProxyHttp for Gateway {
         };
         if status > 0 {
             let body = format!("{{\"error\":\"{error}\"}}");
-            let headers = vec![
-                ("Content-Type", "application/json".to_string()),
-                ("Cache-Control", "no-store".to_string()),
-            ];
             session.set_keepalive(None);
-            if let Err(write_error) = respond(session, status, headers, body).await {
+            if let Err(write_error) = respond(session, status, headers::json_headers(), body).await
+            {
                 warn!("could not send the {status} answer: {write_error}");
             }
         }
@@ -262,11 +260,8 @@ impl ProxyHttp for Gateway {
 /// always wrapped in one) refuses with 503 rather than guessing.
 async fn limiter_failed(session: &mut Session, e: LimiterError) -> Result<bool> {
     warn!("limiter failed: {e}");
-    let headers = vec![
-        ("Content-Type", "application/json".to_string()),
-        ("Cache-Control", "no-store".to_string()),
-        ("Retry-After", "1".to_string()),
-    ];
+    let mut headers = headers::json_headers();
+    headers.push(("Retry-After", "1".to_string()));
     respond(
         session,
         503,

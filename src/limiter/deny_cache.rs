@@ -37,7 +37,7 @@ impl DenyCache {
     }
 
     fn shard(&self, key: &StateKey) -> &Mutex<HashMap<StateKey, Refusal>> {
-        &self.shards[(key.identity as usize ^ key.limit as usize) % SHARDS]
+        &self.shards[key.shard(SHARDS)]
     }
 
     /// The refusal Redis would give `check` at `now_us`, if one is known.

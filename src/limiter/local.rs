@@ -44,10 +44,6 @@ impl LocalLimiter {
         LocalLimiter { shards, clock }
     }
 
-    fn shard_of(&self, key: &StateKey) -> usize {
-        (key.identity as usize ^ key.limit as usize) % self.shards.len()
-    }
-
     fn lock(&self, index: usize) -> MutexGuard<'_, Shard> {
         // A panic while holding a shard cannot leave an entry half-written
         // (entries are replaced whole), so a poisoned lock is still usable.
@@ -66,18 +62,17 @@ impl LocalLimiter {
     /// for the evaluation and the update together.
     pub fn decide_at(&self, checks: &[Check], now_us: u64) -> Vec<Decision> {
         // A request has a handful of layers: all of this stays on the stack.
-        let mut shard_ids: SmallVec<[usize; 4]> =
-            checks.iter().map(|c| self.shard_of(&c.key)).collect();
+        let shard_of_check: SmallVec<[usize; 4]> = checks
+            .iter()
+            .map(|c| c.key.shard(self.shards.len()))
+            .collect();
+        let mut shard_ids = shard_of_check.clone();
         shard_ids.sort_unstable();
         shard_ids.dedup();
         // Index of each check's shard among the locked ones.
-        let slots: SmallVec<[usize; 4]> = checks
+        let slots: SmallVec<[usize; 4]> = shard_of_check
             .iter()
-            .map(|c| {
-                shard_ids
-                    .binary_search(&self.shard_of(&c.key))
-                    .unwrap_or_default()
-            })
+            .map(|shard| shard_ids.binary_search(shard).unwrap_or_default())
             .collect();
         let mut guards: SmallVec<[MutexGuard<'_, Shard>; 4]> =
             shard_ids.iter().map(|&i| self.lock(i)).collect();
