@@ -1,13 +1,16 @@
 //! Who is asking: the client's address (the TCP peer, or the forwarded client
-//! address when the peer is a trusted proxy), its API key and tier.
+//! address when the peer is a trusted proxy), its API key and tier, and the
+//! keyed hashes that stand for them in limit state.
 
 use std::collections::HashMap;
+use std::hash::Hasher;
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use http::{HeaderMap, HeaderName};
 use ipnet::IpNet;
-use xxhash_rust::xxh3::xxh3_128_with_seed;
+use siphasher::sip128::{Hasher128, SipHasher13};
+use smallvec::SmallVec;
 
 /// A tier name ("anonymous", "internal", or one named in `[clients.api_keys]`).
 pub type Tier = Arc<str>;
@@ -15,16 +18,146 @@ pub type Tier = Arc<str>;
 pub const ANONYMOUS: &str = "anonymous";
 pub const INTERNAL: &str = "internal";
 
+/// What identifies the client for one limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    Ip,
+    ApiKey,
+    Header(HeaderName),
+    Global,
+}
+
+impl KeySource {
+    pub fn describe(&self) -> String {
+        match self {
+            KeySource::Ip => "ip".into(),
+            KeySource::ApiKey => "api_key".into(),
+            KeySource::Header(h) => format!("header:{h}"),
+            KeySource::Global => "global".into(),
+        }
+    }
+}
+
+/// `[clients].forwarded_header`: the one header trusted proxies write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ForwardedHeader {
+    #[default]
+    XForwardedFor,
+    /// RFC 7239 `Forwarded: for=...`.
+    Forwarded,
+}
+
+impl ForwardedHeader {
+    pub fn name(&self) -> &'static str {
+        match self {
+            ForwardedHeader::XForwardedFor => "x-forwarded-for",
+            ForwardedHeader::Forwarded => "forwarded",
+        }
+    }
+}
+
+/// Keyed hashing of identities (SipHash-1-3, 128 bits). Without the key no
+/// one can compute which state, shard or Redis key a client has, nor build
+/// two values that share one.
+#[derive(Clone, PartialEq, Eq)]
+pub struct IdentityHasher {
+    key: [u8; 16],
+}
+
+impl std::fmt::Debug for IdentityHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IdentityHasher(..)")
+    }
+}
+
+/// Keeps the hashes of different kinds of identity apart.
+#[derive(Debug, Clone, Copy)]
+#[repr(u8)]
+enum Kind {
+    Ip = 1,
+    ApiKey = 2,
+    Header = 3,
+}
+
+impl IdentityHasher {
+    /// The key derived from a shared secret (instances on one Redis must
+    /// share it to share budgets).
+    pub fn from_secret(secret: &[u8]) -> IdentityHasher {
+        // A fixed-key hash only compresses the secret's entropy into a key.
+        let mut h = SipHasher13::new_with_keys(0x666c_6f6f_6467_6174, 0x6964_656e_7469_7479);
+        h.write(secret);
+        IdentityHasher {
+            key: h.finish128().as_u128().to_le_bytes(),
+        }
+    }
+
+    /// A key drawn once per process: the memory store's default, where no
+    /// other instance needs to agree. Reloads keep it, so state survives them.
+    pub fn per_process() -> IdentityHasher {
+        static KEY: OnceLock<[u8; 16]> = OnceLock::new();
+        let key = *KEY.get_or_init(|| {
+            let mut key = [0u8; 16];
+            if getrandom::fill(&mut key).is_err() {
+                // No entropy source at all: fall back to what std seeds its
+                // own hash maps with.
+                let seed = std::collections::hash_map::RandomState::new();
+                let mut h = std::hash::BuildHasher::build_hasher(&seed);
+                h.write_u64(std::process::id().into());
+                key[..8].copy_from_slice(&h.finish().to_le_bytes());
+            }
+            key
+        });
+        IdentityHasher { key }
+    }
+
+    /// A fixed, public key: only for a Redis store whose instances were given
+    /// no secret (`floodgate check` warns about it).
+    pub fn public() -> IdentityHasher {
+        IdentityHasher::from_secret(b"floodgate public identity key")
+    }
+
+    fn hash(&self, kind: Kind, bytes: &[u8]) -> u128 {
+        let mut h = SipHasher13::new_with_key(&self.key);
+        h.write_u8(kind as u8);
+        h.write(bytes);
+        h.finish128().as_u128()
+    }
+}
+
 /// Validated `[clients]` settings.
 #[derive(Debug, Clone)]
 pub struct ClientRules {
     pub api_key_header: HeaderName,
     pub trusted_proxies: Vec<IpNet>,
+    pub forwarded_header: ForwardedHeader,
     pub ipv6_prefix: u8,
     pub internal: Vec<IpNet>,
     pub api_keys: HashMap<Box<[u8]>, Tier>,
     pub anonymous: Tier,
     pub internal_tier: Tier,
+    pub hasher: IdentityHasher,
+}
+
+/// A request whose client cannot be told for sure: answered with 400.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityError {
+    #[error("more than one API key header")]
+    AmbiguousApiKey,
+    #[error("a forwarded client entry from a trusted proxy is not an address")]
+    UnreadableForwardedEntry,
+    #[error("more than one value of the header {0}, which a limit is keyed on")]
+    AmbiguousKeyHeader(HeaderName),
+}
+
+impl IdentityError {
+    /// The `error` of the 400's JSON body.
+    pub fn code(&self) -> &'static str {
+        match self {
+            IdentityError::AmbiguousApiKey => "ambiguous_api_key",
+            IdentityError::UnreadableForwardedEntry => "bad_forwarded_header",
+            IdentityError::AmbiguousKeyHeader(_) => "ambiguous_key_header",
+        }
+    }
 }
 
 /// A known API key, never kept in the clear beyond the lookup.
@@ -48,6 +181,8 @@ pub struct Client {
     /// The client address, aggregated (IPv6 to its prefix).
     pub ip: IpAddr,
     pub ip_prefix: u8,
+    /// Identity of the (aggregated) address for limit state.
+    pub ip_hash: u128,
     pub api_key: Option<ApiKey>,
     pub tier: Tier,
 }
@@ -66,17 +201,6 @@ impl Client {
     }
 }
 
-/// Seeds keep the hashes of different kinds of identity apart.
-pub(crate) mod seed {
-    pub const IP: u64 = 1;
-    pub const API_KEY: u64 = 2;
-    pub const HEADER: u64 = 3;
-}
-
-pub(crate) fn hash(seed: u64, bytes: &[u8]) -> u128 {
-    xxh3_128_with_seed(bytes, seed)
-}
-
 /// An IPv4-mapped IPv6 address is the IPv4 client it carries.
 pub fn normalize(ip: IpAddr) -> IpAddr {
     match ip {
@@ -86,8 +210,8 @@ pub fn normalize(ip: IpAddr) -> IpAddr {
 }
 
 impl ClientRules {
-    pub fn identify(&self, peer: IpAddr, headers: &HeaderMap) -> Client {
-        let client_ip = self.client_ip(normalize(peer), headers);
+    pub fn identify(&self, peer: IpAddr, headers: &HeaderMap) -> Result<Client, IdentityError> {
+        let client_ip = self.client_ip(normalize(peer), headers)?;
         let (ip, ip_prefix) = match client_ip {
             IpAddr::V4(_) => (client_ip, 32),
             IpAddr::V6(_) => {
@@ -97,10 +221,16 @@ impl ClientRules {
                 (net, self.ipv6_prefix)
             }
         };
-        let api_key = headers.get(&self.api_key_header).and_then(|value| {
+        let mut key_values = headers.get_all(&self.api_key_header).iter();
+        let key_value = key_values.next();
+        if key_values.next().is_some() {
+            // The upstream might read either one: no limit may be keyed on a guess.
+            return Err(IdentityError::AmbiguousApiKey);
+        }
+        let api_key = key_value.and_then(|value| {
             let tier = self.api_keys.get(value.as_bytes())?;
             Some(ApiKey {
-                hash: hash(seed::API_KEY, value.as_bytes()),
+                hash: self.hasher.hash(Kind::ApiKey, value.as_bytes()),
                 tier: tier.clone(),
             })
         });
@@ -111,87 +241,142 @@ impl ClientRules {
                 .as_ref()
                 .map_or_else(|| self.anonymous.clone(), |k| k.tier.clone())
         };
-        Client {
+        Ok(Client {
             ip,
             ip_prefix,
+            ip_hash: self.ip_hash(ip, ip_prefix),
             api_key,
             tier,
-        }
+        })
+    }
+
+    fn ip_hash(&self, ip: IpAddr, prefix: u8) -> u128 {
+        let mut bytes = [0u8; 17];
+        let len = match ip {
+            IpAddr::V4(v4) => {
+                bytes[..4].copy_from_slice(&v4.octets());
+                4
+            }
+            IpAddr::V6(v6) => {
+                bytes[..16].copy_from_slice(&v6.octets());
+                16
+            }
+        };
+        bytes[len] = prefix;
+        self.hasher.hash(Kind::Ip, &bytes[..=len])
+    }
+
+    /// The identity hash a limit keys on; `None` when the request lacks it
+    /// (an `api_key` limit on an anonymous request), and the limit is skipped.
+    pub fn identity_of(
+        &self,
+        key: &KeySource,
+        client: &Client,
+        headers: &HeaderMap,
+    ) -> Result<Option<u128>, IdentityError> {
+        Ok(match key {
+            KeySource::Ip => Some(client.ip_hash),
+            KeySource::ApiKey => client.api_key.as_ref().map(|k| k.hash),
+            KeySource::Header(name) => {
+                let mut values = headers.get_all(name).iter();
+                let value = values.next();
+                if values.next().is_some() {
+                    return Err(IdentityError::AmbiguousKeyHeader(name.clone()));
+                }
+                value.map(|v| self.hasher.hash(Kind::Header, v.as_bytes()))
+            }
+            KeySource::Global => Some(0),
+        })
     }
 
     fn is_trusted(&self, ip: &IpAddr) -> bool {
         self.trusted_proxies.iter().any(|n| n.contains(ip))
     }
 
-    /// The peer itself, unless it is a trusted proxy: then the forwarding
-    /// chain is read right to left and the first hop that is not trusted is
-    /// the client. An unreadable hop stops the walk at the last trusted one,
-    /// so garbage never becomes somebody's identity.
-    fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+    /// The peer itself, unless it is a trusted proxy: then the chain of the
+    /// configured header (all its lines, in order) is read right to left and
+    /// the first entry that is not a trusted proxy is the client. A trusted
+    /// proxy never writes an entry that is not an address, so reaching one
+    /// means the chain cannot be believed: the request is refused rather than
+    /// pinned on the proxy. Entries left of the client are never read.
+    fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> Result<IpAddr, IdentityError> {
         if !self.is_trusted(&peer) {
-            return peer;
+            return Ok(peer);
         }
-        let hops = forwarded_hops(headers);
+        let mut entries: SmallVec<[&[u8]; 8]> = SmallVec::new();
+        for line in headers.get_all(self.forwarded_header.name()) {
+            entries.extend(list_elements(line.as_bytes()));
+        }
         let mut client = peer;
-        for hop in hops.iter().rev() {
-            match hop {
-                Some(ip) => {
-                    client = *ip;
-                    if !self.is_trusted(ip) {
-                        break;
-                    }
-                }
-                None => break,
+        for entry in entries.iter().rev() {
+            let address = match self.forwarded_header {
+                ForwardedHeader::XForwardedFor => parse_hop(entry),
+                ForwardedHeader::Forwarded => forwarded_for(entry).and_then(parse_hop),
+            };
+            client = address.ok_or(IdentityError::UnreadableForwardedEntry)?;
+            if !self.is_trusted(&client) {
+                break;
             }
         }
-        client
+        Ok(client)
     }
 }
 
-/// The forwarding chain, leftmost first: X-Forwarded-For when present, else
-/// the `for=` parameters of Forwarded. `None` marks a hop that is not an address.
-fn forwarded_hops(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
-    let xff: Vec<Option<IpAddr>> = headers
-        .get_all("x-forwarded-for")
-        .iter()
-        .flat_map(|v| split_list(v.as_bytes()))
-        .map(|hop| parse_hop(hop.trim()))
-        .collect();
-    if !xff.is_empty() {
-        return xff;
+/// The elements of a comma-separated header list, as bytes: a comma inside a
+/// quoted string does not separate, surrounding white space goes, and empty
+/// elements are skipped (RFC 9110, section 5.6.1).
+fn list_elements(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    split_unquoted(value, b',')
+        .map(|e| e.trim_ascii())
+        .filter(|e| !e.is_empty())
+}
+
+/// Splits at `separator` outside double-quoted strings (with `\` escapes).
+fn split_unquoted(value: &[u8], separator: u8) -> impl Iterator<Item = &[u8]> {
+    let mut start = 0;
+    let mut quoted = false;
+    let mut escaped = false;
+    let mut pieces: SmallVec<[&[u8]; 4]> = SmallVec::new();
+    for (i, &b) in value.iter().enumerate() {
+        if escaped {
+            escaped = false;
+        } else if quoted && b == b'\\' {
+            escaped = true;
+        } else if b == b'"' {
+            quoted = !quoted;
+        } else if b == separator && !quoted {
+            pieces.push(&value[start..i]);
+            start = i + 1;
+        }
     }
-    headers
-        .get_all("forwarded")
-        .iter()
-        .flat_map(|v| split_list(v.as_bytes()))
-        .filter_map(|element| {
-            element.split(';').find_map(|pair| {
-                let (name, value) = pair.split_once('=')?;
-                name.trim()
-                    .eq_ignore_ascii_case("for")
-                    .then(|| parse_hop(value.trim().trim_matches('"')))
-            })
+    pieces.push(&value[start..]);
+    pieces.into_iter()
+}
+
+/// The `for=` value of one `Forwarded` element, unquoted.
+fn forwarded_for(element: &[u8]) -> Option<&[u8]> {
+    split_unquoted(element, b';').find_map(|pair| {
+        let at = pair.iter().position(|&b| b == b'=')?;
+        let (name, value) = (pair[..at].trim_ascii(), pair[at + 1..].trim_ascii());
+        name.eq_ignore_ascii_case(b"for").then(|| {
+            value
+                .strip_prefix(b"\"")
+                .and_then(|v| v.strip_suffix(b"\""))
+                .unwrap_or(value)
         })
-        .collect()
+    })
 }
 
-fn split_list(value: &[u8]) -> Vec<&str> {
-    match std::str::from_utf8(value) {
-        Ok(text) => text.split(',').collect(),
-        // Not text at all: one unreadable hop.
-        Err(_) => vec![""],
-    }
-}
-
-/// `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`, `[2001:db8::1]:80`.
-fn parse_hop(hop: &str) -> Option<IpAddr> {
+/// `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`, `[2001:db8::1]`, `[2001:db8::1]:80`.
+fn parse_hop(hop: &[u8]) -> Option<IpAddr> {
+    let hop = std::str::from_utf8(hop).ok()?;
     if let Ok(ip) = hop.parse::<IpAddr>() {
         return Some(normalize(ip));
     }
     if let Ok(sa) = hop.parse::<std::net::SocketAddr>() {
         return Some(normalize(sa.ip()));
     }
-    let inner = hop.strip_prefix('[')?.split(']').next()?;
+    let inner = hop.strip_prefix('[')?.strip_suffix(']')?;
     inner.parse::<IpAddr>().ok().map(normalize)
 }
 
@@ -199,26 +384,32 @@ fn parse_hop(hop: &str) -> Option<IpAddr> {
 mod tests {
     use super::*;
 
-    fn rules() -> ClientRules {
+    fn rules_with(forwarded_header: ForwardedHeader) -> ClientRules {
         let mut api_keys = HashMap::new();
         api_keys.insert(b"k-pro".to_vec().into_boxed_slice(), Tier::from("pro"));
         ClientRules {
             api_key_header: HeaderName::from_static("x-api-key"),
             trusted_proxies: vec!["10.0.0.0/8".parse().unwrap()],
+            forwarded_header,
             ipv6_prefix: 64,
             internal: vec!["192.168.0.0/16".parse().unwrap()],
             api_keys,
             anonymous: Tier::from(ANONYMOUS),
             internal_tier: Tier::from(INTERNAL),
+            hasher: IdentityHasher::from_secret(b"test secret of sixteen bytes"),
         }
     }
 
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+    fn rules() -> ClientRules {
+        rules_with(ForwardedHeader::XForwardedFor)
+    }
+
+    fn headers(pairs: &[(&str, &[u8])]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
             h.append(
                 HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                v.parse().unwrap(),
+                http::HeaderValue::from_bytes(v).unwrap(),
             );
         }
         h
@@ -228,61 +419,161 @@ mod tests {
         s.parse().unwrap()
     }
 
+    fn client_of(
+        r: &ClientRules,
+        peer: &str,
+        pairs: &[(&str, &[u8])],
+    ) -> Result<IpAddr, IdentityError> {
+        r.identify(ip(peer), &headers(pairs)).map(|c| c.ip)
+    }
+
     #[test]
     fn forwarded_for_is_read_only_from_trusted_peers() {
         let r = rules();
-        let h = headers(&[("x-forwarded-for", "6.6.6.6, 1.2.3.4, 10.0.0.7")]);
-        assert_eq!(r.identify(ip("8.8.8.8"), &h).ip, ip("8.8.8.8"));
-        assert_eq!(r.identify(ip("10.1.1.1"), &h).ip, ip("1.2.3.4"));
-        let all_trusted = headers(&[("x-forwarded-for", "10.0.0.9, 10.0.0.7")]);
-        assert_eq!(r.identify(ip("10.1.1.1"), &all_trusted).ip, ip("10.0.0.9"));
-        let garbage = headers(&[("x-forwarded-for", "1.2.3.4, bogus, 10.0.0.7")]);
-        assert_eq!(r.identify(ip("10.1.1.1"), &garbage).ip, ip("10.0.0.7"));
-        let split = headers(&[
-            ("x-forwarded-for", "5.5.5.5"),
-            ("x-forwarded-for", "10.0.0.2"),
-        ]);
-        assert_eq!(r.identify(ip("10.1.1.1"), &split).ip, ip("5.5.5.5"));
+        let chain: &[(&str, &[u8])] = &[("x-forwarded-for", b"6.6.6.6, 1.2.3.4, 10.0.0.7")];
+        assert_eq!(client_of(&r, "8.8.8.8", chain), Ok(ip("8.8.8.8")));
+        assert_eq!(client_of(&r, "10.1.1.1", chain), Ok(ip("1.2.3.4")));
+        let all_trusted: &[(&str, &[u8])] = &[("x-forwarded-for", b"10.0.0.9, 10.0.0.7")];
+        assert_eq!(client_of(&r, "10.1.1.1", all_trusted), Ok(ip("10.0.0.9")));
+        let split: &[(&str, &[u8])] = &[
+            ("x-forwarded-for", b"5.5.5.5"),
+            ("x-forwarded-for", b"10.0.0.2"),
+        ];
+        assert_eq!(client_of(&r, "10.1.1.1", split), Ok(ip("5.5.5.5")));
+        // No header from a trusted peer: the peer is the client.
+        assert_eq!(client_of(&r, "10.1.1.1", &[]), Ok(ip("10.1.1.1")));
+    }
+
+    #[test]
+    fn one_odd_entry_spoils_only_itself() {
+        let r = rules();
+        // Garbage left of the client is never read.
+        for value in [
+            &b"\x80x, 198.51.100.11"[..],
+            b"bogus, 198.51.100.11, 10.0.0.7",
+            b", ,198.51.100.11,,",
+            b"\"quoted,comma\", 198.51.100.11",
+        ] {
+            assert_eq!(
+                client_of(&r, "10.1.1.1", &[("x-forwarded-for", value)]),
+                Ok(ip("198.51.100.11")),
+                "{}",
+                String::from_utf8_lossy(value)
+            );
+        }
+        // Garbage reached by the walk is never pinned on the proxy.
+        for value in [
+            &b"1.2.3.4, bogus, 10.0.0.7"[..],
+            b"1.2.3.4, \xff",
+            b"unknown",
+        ] {
+            assert_eq!(
+                client_of(&r, "10.1.1.1", &[("x-forwarded-for", value)]),
+                Err(IdentityError::UnreadableForwardedEntry),
+                "{}",
+                String::from_utf8_lossy(value)
+            );
+        }
+    }
+
+    #[test]
+    fn only_the_configured_header_is_read() {
+        let xff = rules();
+        let fwd = rules_with(ForwardedHeader::Forwarded);
+        let both: &[(&str, &[u8])] = &[
+            ("x-forwarded-for", b"7.7.7.7"),
+            ("forwarded", b"for=9.9.9.9;proto=https"),
+        ];
+        assert_eq!(client_of(&xff, "10.1.1.1", both), Ok(ip("7.7.7.7")));
+        assert_eq!(client_of(&fwd, "10.1.1.1", both), Ok(ip("9.9.9.9")));
+        // A client's own X-Forwarded-For behind a Forwarded-writing proxy.
+        let spoof: &[(&str, &[u8])] = &[("x-forwarded-for", b"1.1.1.1")];
+        assert_eq!(client_of(&fwd, "10.1.1.1", spoof), Ok(ip("10.1.1.1")));
     }
 
     #[test]
     fn forwarded_header_is_understood() {
-        let r = rules();
-        let h = headers(&[(
+        let r = rules_with(ForwardedHeader::Forwarded);
+        let h: &[(&str, &[u8])] = &[(
             "forwarded",
-            "for=9.9.9.9;proto=https, for=\"[2001:db8::5]:4711\"",
-        )]);
-        assert_eq!(r.identify(ip("10.1.1.1"), &h).ip, ip("2001:db8::"));
+            b"for=9.9.9.9;proto=https, For=\"[2001:db8::5]:4711\";by=\"a,b\"",
+        )];
+        assert_eq!(client_of(&r, "10.1.1.1", h), Ok(ip("2001:db8::")));
+        let v4_port: &[(&str, &[u8])] = &[("forwarded", b"for=\"192.0.2.43:47011\"")];
+        assert_eq!(client_of(&r, "10.1.1.1", v4_port), Ok(ip("192.0.2.43")));
+        for bad in [&b"for=unknown"[..], b"proto=https", b"for=_hidden"] {
+            assert_eq!(
+                client_of(&r, "10.1.1.1", &[("forwarded", bad)]),
+                Err(IdentityError::UnreadableForwardedEntry)
+            );
+        }
     }
 
     #[test]
     fn ipv6_is_aggregated_and_mapped_v4_normalised() {
         let r = rules();
-        let a = r.identify(ip("2001:db8:1:2:aaaa::1"), &HeaderMap::new());
-        let b = r.identify(ip("2001:db8:1:2:bbbb::9"), &HeaderMap::new());
+        let a = r
+            .identify(ip("2001:db8:1:2:aaaa::1"), &HeaderMap::new())
+            .unwrap();
+        let b = r
+            .identify(ip("2001:db8:1:2:bbbb::9"), &HeaderMap::new())
+            .unwrap();
         assert_eq!(a.ip, b.ip);
+        assert_eq!(a.ip_hash, b.ip_hash);
         assert_eq!(a.ip, ip("2001:db8:1:2::"));
-        assert_eq!(
-            r.identify(ip("::ffff:1.2.3.4"), &HeaderMap::new()).ip,
-            ip("1.2.3.4")
-        );
+        assert_eq!(client_of(&r, "::ffff:1.2.3.4", &[]), Ok(ip("1.2.3.4")));
     }
 
     #[test]
     fn tiers_come_from_listed_keys_and_internal_ranges() {
         let r = rules();
-        let pro = r.identify(ip("1.1.1.1"), &headers(&[("x-api-key", "k-pro")]));
+        let pro = r
+            .identify(ip("1.1.1.1"), &headers(&[("x-api-key", b"k-pro")]))
+            .unwrap();
         assert_eq!(&*pro.tier, "pro");
         assert!(pro.api_key.is_some());
-        let made_up = r.identify(ip("1.1.1.1"), &headers(&[("x-api-key", "k-made-up")]));
+        let made_up = r
+            .identify(ip("1.1.1.1"), &headers(&[("x-api-key", b"k-made-up")]))
+            .unwrap();
         assert_eq!(&*made_up.tier, ANONYMOUS);
         assert!(made_up.api_key.is_none());
-        let internal = r.identify(ip("192.168.3.3"), &headers(&[("x-api-key", "k-pro")]));
+        let internal = r
+            .identify(ip("192.168.3.3"), &headers(&[("x-api-key", b"k-pro")]))
+            .unwrap();
         assert_eq!(&*internal.tier, INTERNAL);
         let label = pro.log_label();
         assert!(
             !label.contains("k-pro") && label.contains("key#"),
             "{label}"
         );
+    }
+
+    #[test]
+    fn two_api_keys_are_refused() {
+        let r = rules();
+        let h = headers(&[("x-api-key", b"junk"), ("x-api-key", b"k-pro")]);
+        assert_eq!(
+            r.identify(ip("1.1.1.1"), &h).map(|c| c.tier),
+            Err(IdentityError::AmbiguousApiKey)
+        );
+    }
+
+    #[test]
+    fn hashes_depend_on_the_secret_and_the_kind() {
+        let a = rules();
+        let mut b = rules();
+        b.hasher = IdentityHasher::from_secret(b"another secret, sixteen bytes+");
+        let peer = ip("203.0.113.9");
+        let ca = a.identify(peer, &HeaderMap::new()).unwrap();
+        let cb = b.identify(peer, &HeaderMap::new()).unwrap();
+        assert_ne!(ca.ip_hash, cb.ip_hash);
+        let name = HeaderName::from_static("x-tenant");
+        let twice = headers(&[("x-tenant", b"a"), ("x-tenant", b"b")]);
+        assert_eq!(
+            a.identity_of(&KeySource::Header(name.clone()), &ca, &twice),
+            Err(IdentityError::AmbiguousKeyHeader(name))
+        );
+        assert_ne!(IdentityHasher::per_process(), IdentityHasher::public());
+        assert_eq!(IdentityHasher::per_process(), IdentityHasher::per_process());
     }
 }

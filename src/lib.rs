@@ -9,6 +9,7 @@ pub mod headers;
 pub mod identity;
 pub mod limiter;
 pub mod metrics;
+pub mod path;
 pub mod policy;
 pub mod proxy;
 pub mod server;

@@ -32,6 +32,7 @@ pub struct Metrics {
     pub redis: RedisMetrics,
     pub fallback_active: IntGauge,
     pub local_keys: IntGauge,
+    pub local_overflow: IntCounter,
     reloads: IntCounterVec,
 }
 
@@ -95,6 +96,13 @@ impl Metrics {
                 "Client keys held by the in-process store",
             ),
         );
+        let local_overflow = registered(
+            &registry,
+            IntCounter::new(
+                "floodgate_local_overflow_decisions_total",
+                "Decisions made against a limit's shared overflow bucket because the memory store was full of live state",
+            ),
+        );
         let reloads = registered(
             &registry,
             IntCounterVec::new(
@@ -120,6 +128,7 @@ impl Metrics {
             },
             fallback_active,
             local_keys,
+            local_overflow,
             reloads,
         }
     }

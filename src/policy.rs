@@ -3,30 +3,13 @@
 
 use std::sync::Arc;
 
-use http::{HeaderMap, HeaderName, Method};
+use http::{HeaderMap, Method};
 
 use crate::algorithm::Algorithm;
-use crate::identity::{self, seed, Client, ClientRules, Tier};
+use crate::identity::{Client, ClientRules, IdentityError, Tier};
+use crate::path::PathRules;
 
-/// What identifies the client for one limit.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeySource {
-    Ip,
-    ApiKey,
-    Header(HeaderName),
-    Global,
-}
-
-impl KeySource {
-    pub fn describe(&self) -> String {
-        match self {
-            KeySource::Ip => "ip".into(),
-            KeySource::ApiKey => "api_key".into(),
-            KeySource::Header(h) => format!("header:{h}"),
-            KeySource::Global => "global".into(),
-        }
-    }
-}
+pub use crate::identity::KeySource;
 
 /// What to do with a decision when the shared store cannot be reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,7 +22,10 @@ pub enum OnFailure {
     Deny,
 }
 
-/// A path glob: `*` stands for any run of characters, `/` included.
+/// A path glob: `*` stands for any run of characters, `/` included. It
+/// matches its path with or without one trailing slash, as common routers
+/// (Express, Rails) treat the two alike. Paths are normalised (`path`) before
+/// they are matched.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PathPattern {
     pattern: String,
@@ -47,12 +33,23 @@ pub struct PathPattern {
 
 impl PathPattern {
     pub fn new(pattern: &str) -> Self {
+        let pattern = match pattern.strip_suffix('/') {
+            Some(stem) if !stem.is_empty() => stem,
+            _ => pattern,
+        };
         PathPattern {
             pattern: pattern.to_string(),
         }
     }
 
     pub fn matches(&self, path: &str) -> bool {
+        self.matches_exactly(path)
+            || path
+                .strip_suffix('/')
+                .is_some_and(|stem| !stem.is_empty() && self.matches_exactly(stem))
+    }
+
+    fn matches_exactly(&self, path: &str) -> bool {
         let mut parts = self.pattern.split('*');
         let first = parts.next().unwrap_or("");
         let Some(mut rest) = path.strip_prefix(first) else {
@@ -77,6 +74,7 @@ impl PathPattern {
 }
 
 /// `match = { methods = [...], paths = [...] }`; an empty list matches all.
+/// A limit on GET also limits HEAD, which routers answer with the GET handler.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Matcher {
     pub methods: Vec<Method>,
@@ -85,8 +83,10 @@ pub struct Matcher {
 
 impl Matcher {
     pub fn matches(&self, method: &Method, path: &str) -> bool {
-        (self.methods.is_empty() || self.methods.contains(method))
-            && (self.paths.is_empty() || self.paths.iter().any(|p| p.matches(path)))
+        let method_matches = self.methods.is_empty()
+            || self.methods.contains(method)
+            || (method == Method::HEAD && self.methods.contains(&Method::GET));
+        method_matches && (self.paths.is_empty() || self.paths.iter().any(|p| p.matches(path)))
     }
 
     /// Whether some request could match both (approximate: a path pattern is
@@ -164,7 +164,8 @@ pub struct StateKey {
 }
 
 impl StateKey {
-    /// Which of `shards` maps holds this key (the identity is already a hash).
+    /// Which of `shards` maps holds this key (the identity is already a keyed
+    /// hash, so no client can aim at a shard).
     pub fn shard(&self, shards: usize) -> usize {
         (self.identity as usize ^ self.limit as usize) % shards
     }
@@ -196,6 +197,8 @@ pub enum Plan {
 #[derive(Debug, Clone)]
 pub struct Policy {
     pub clients: ClientRules,
+    /// How request paths are normalised and matched.
+    pub paths: PathRules,
     pub exempt_paths: Vec<PathPattern>,
     pub exempt_tiers: Vec<Tier>,
     pub limits: Vec<Limit>,
@@ -213,62 +216,43 @@ impl Policy {
             .map_or(1, |c| c.cost)
     }
 
-    pub fn plan(&self, method: &Method, path: &str, client: &Client, headers: &HeaderMap) -> Plan {
+    /// The layers that apply to a request whose normalised path is `path`
+    /// (lower-cased by the caller when `paths.case_insensitive`).
+    pub fn plan(
+        &self,
+        method: &Method,
+        path: &str,
+        client: &Client,
+        headers: &HeaderMap,
+    ) -> Result<Plan, IdentityError> {
         if self.exempt_paths.iter().any(|p| p.matches(path))
             || self.exempt_tiers.contains(&client.tier)
         {
-            return Plan::Exempt;
+            return Ok(Plan::Exempt);
         }
         let cost = self.cost_of(method, path);
-        let checks = self
-            .limits
-            .iter()
-            .enumerate()
-            .filter(|(_, limit)| limit.matcher.matches(method, path))
-            .filter_map(|(layer, limit)| {
-                let identity = identity_of(&limit.key, client, headers)?;
-                Some(Check {
-                    layer,
-                    name: limit.name.clone(),
-                    algorithm: limit.algorithm_for(&client.tier),
-                    key: StateKey {
-                        limit: limit.id,
-                        identity,
-                    },
-                    cost,
-                    shadow: limit.shadow,
-                    on_failure: limit.on_failure.unwrap_or(self.default_on_failure),
-                })
-            })
-            .collect();
-        Plan::Check(checks)
-    }
-}
-
-/// The identity hash a limit keys on; `None` when the request lacks it (an
-/// `api_key` limit on an anonymous request), and the limit is skipped.
-fn identity_of(key: &KeySource, client: &Client, headers: &HeaderMap) -> Option<u128> {
-    match key {
-        KeySource::Ip => {
-            let mut bytes = [0u8; 17];
-            let len = match client.ip {
-                std::net::IpAddr::V4(v4) => {
-                    bytes[..4].copy_from_slice(&v4.octets());
-                    4
-                }
-                std::net::IpAddr::V6(v6) => {
-                    bytes[..16].copy_from_slice(&v6.octets());
-                    16
-                }
+        let mut checks = Vec::new();
+        for (layer, limit) in self.limits.iter().enumerate() {
+            if !limit.matcher.matches(method, path) {
+                continue;
+            }
+            let Some(identity) = self.clients.identity_of(&limit.key, client, headers)? else {
+                continue;
             };
-            bytes[len] = client.ip_prefix;
-            Some(identity::hash(seed::IP, &bytes[..=len]))
+            checks.push(Check {
+                layer,
+                name: limit.name.clone(),
+                algorithm: limit.algorithm_for(&client.tier),
+                key: StateKey {
+                    limit: limit.id,
+                    identity,
+                },
+                cost,
+                shadow: limit.shadow,
+                on_failure: limit.on_failure.unwrap_or(self.default_on_failure),
+            });
         }
-        KeySource::ApiKey => client.api_key.as_ref().map(|k| k.hash),
-        KeySource::Header(name) => headers
-            .get(name)
-            .map(|v| identity::hash(seed::HEADER, v.as_bytes())),
-        KeySource::Global => Some(0),
+        Ok(Plan::Check(checks))
     }
 }
 
@@ -280,7 +264,11 @@ mod tests {
     fn path_globs() {
         let cases = [
             ("/login", "/login", true),
-            ("/login", "/login/", false),
+            ("/login", "/login/", true),
+            ("/login/", "/login", true),
+            ("/login", "/login//", false),
+            ("/", "/", true),
+            ("/", "/x", false),
             ("/otp/*", "/otp/123", true),
             ("/otp/*", "/otp/", true),
             ("/otp/*", "/otp", false),

@@ -1,7 +1,8 @@
 //! The Pingora `ProxyHttp` implementation: phase hooks only, no arithmetic.
 //!
 //! ```text
-//! request_filter   identify -> plan layers -> one limiter call
+//! request_filter   canonical path (the upstream gets it too)
+//!                  identify -> plan layers -> one limiter call
 //!                  refused: 429 written here, upstream never touched
 //!                  leaky bucket: wait for the slot, then go on
 //! upstream_peer    round robin over [upstream].servers
@@ -9,14 +10,15 @@
 //! fail_to_proxy    upstream down or slow: 502 / 504 with a JSON body
 //! ```
 
+use std::borrow::Cow;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use log::{info, warn};
-use pingora::http::ResponseHeader;
+use log::{debug, info, warn};
+use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::modules::http::HttpModules;
 use pingora::prelude::HttpPeer;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
@@ -25,6 +27,7 @@ use pingora::{Error, ErrorSource, ErrorType, Result};
 use crate::algorithm::Decision;
 use crate::headers::{self, Layer};
 use crate::limiter::LimiterError;
+use crate::path::{self, EscapedSlashes, PathError};
 use crate::policy::{Check, Plan};
 use crate::state::{AppState, InFlight, Runtime};
 
@@ -85,6 +88,51 @@ async fn respond(
         .await
 }
 
+/// Rewrites the request target to its canonical path, the query kept as it
+/// came: what the limits match is what the upstream receives.
+fn canonicalise_target(
+    request: &mut RequestHeader,
+    escaped: EscapedSlashes,
+) -> Result<(), PathError> {
+    let raw = request.raw_path();
+    let origin_form = raw.first() == Some(&b'/');
+    let (path, query) = if origin_form {
+        match raw.iter().position(|&b| b == b'?') {
+            Some(at) => (&raw[..at], Some(&raw[at + 1..])),
+            None => (raw, None),
+        }
+    } else if raw == b"*" {
+        // `OPTIONS *`: the server itself, no path to speak of.
+        return Ok(());
+    } else {
+        // Absolute-form: the URI holds the path component alone.
+        let uri = &request.uri;
+        (uri.path().as_bytes(), uri.query().map(str::as_bytes))
+    };
+    let canonical = path::normalize(path, escaped)?;
+    if origin_form && matches!(canonical, Cow::Borrowed(_)) {
+        return Ok(());
+    }
+    let mut target = canonical.into_owned().into_bytes();
+    if let Some(query) = query {
+        target.push(b'?');
+        target.extend_from_slice(query);
+    }
+    let uri = http::Uri::from_maybe_shared(Bytes::from(target)).map_err(|_| PathError::BadQuery)?;
+    request.set_uri(uri);
+    Ok(())
+}
+
+/// 400 with `{"error":"<code>","reason":"<reason>"}`; `reason` is our own
+/// text, never the client's.
+async fn bad_request(session: &mut Session, code: &str, reason: &str) -> Result<bool> {
+    debug!("400 {code}: {reason}");
+    session.set_keepalive(None);
+    let body = format!("{{\"error\":\"{code}\",\"reason\":\"{reason}\"}}");
+    respond(session, 400, headers::json_headers(), body).await?;
+    Ok(true)
+}
+
 /// The enforcing layers (shadow ones never show) with their decisions.
 fn layers<'a>(checks: &'a [Check], decisions: &[Decision]) -> Vec<Layer<'a>> {
     checks
@@ -122,23 +170,30 @@ impl ProxyHttp for Gateway {
             session.set_keepalive(None);
         }
         let runtime = &ctx.runtime;
+        let policy = &runtime.policy;
+        if let Err(e) = canonicalise_target(session.req_header_mut(), policy.paths.escaped_slashes)
+        {
+            return bad_request(session, e.code(), &e.to_string()).await;
+        }
         let request = session.req_header();
-        let client = runtime
-            .policy
-            .clients
-            .identify(peer_ip(session), &request.headers);
-        let checks = match runtime.policy.plan(
-            &request.method,
-            request.uri.path(),
-            &client,
-            &request.headers,
-        ) {
-            Plan::Exempt => {
+        let client = match policy.clients.identify(peer_ip(session), &request.headers) {
+            Ok(client) => client,
+            Err(e) => return bad_request(session, e.code(), &e.to_string()).await,
+        };
+        let path = request.uri.path();
+        let path = if policy.paths.case_insensitive {
+            Cow::Owned(path.to_ascii_lowercase())
+        } else {
+            Cow::Borrowed(path)
+        };
+        let checks = match policy.plan(&request.method, &path, &client, &request.headers) {
+            Ok(Plan::Exempt) => {
                 self.state.metrics.exempt.inc();
                 return Ok(false);
             }
-            Plan::Check(checks) if checks.is_empty() => return Ok(false),
-            Plan::Check(checks) => checks,
+            Ok(Plan::Check(checks)) if checks.is_empty() => return Ok(false),
+            Ok(Plan::Check(checks)) => checks,
+            Err(e) => return bad_request(session, e.code(), &e.to_string()).await,
         };
         let decisions = match self.state.limiter.decide(&checks).await {
             Ok(d) => d,

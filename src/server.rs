@@ -11,7 +11,7 @@ use pingora::services::listening::Service;
 
 use crate::admin::Admin;
 use crate::clock::{Clock, OffsetClock, SystemClock};
-use crate::config::Config;
+use crate::config::{Config, IdentityKeySource};
 use crate::limiter::{FallbackLimiter, Limiter, LocalLimiter, RedisLimiter};
 use crate::metrics::Metrics;
 use crate::proxy::Gateway;
@@ -86,9 +86,17 @@ impl Floodgate {
 /// Builds the server for `config`.
 pub fn build(config: &Config) -> Result<Floodgate, BuildError> {
     let file = config.file.display().to_string();
+    if config.redis.is_some() && config.identity_key == IdentityKeySource::Public {
+        log::warn!(
+            "no identity secret (FLOODGATE_IDENTITY_SECRET or [clients].identity_secret_file): identities are hashed with a public key, so clients can compute their Redis keys; give every instance the same secret"
+        );
+    }
     let clock = clock_from_env()?;
     let metrics = Arc::new(Metrics::new());
-    let store = Arc::new(LocalLimiter::new(config.max_keys, clock.clone()));
+    let store = Arc::new(
+        LocalLimiter::new(config.max_keys, clock.clone())
+            .with_overflow_metric(metrics.local_overflow.clone()),
+    );
     let fallback = config.redis.as_ref().map(|settings| {
         Arc::new(FallbackLimiter::new(
             RedisLimiter::new(settings.clone(), clock.clone()),

@@ -2,7 +2,8 @@
 
 use std::fmt::Write;
 
-use crate::config::Config;
+use crate::config::{Config, IdentityKeySource};
+use crate::path::EscapedSlashes;
 use crate::policy::OnFailure;
 
 pub fn describe(config: &Config) -> String {
@@ -31,6 +32,38 @@ pub fn describe(config: &Config) -> String {
         }
     }
     let policy = &config.policy;
+    let clients = &policy.clients;
+    let identity_key = match config.identity_key {
+        IdentityKeySource::Secret => "keyed by the shared secret",
+        IdentityKeySource::PerProcess => "keyed by a secret drawn at start",
+        IdentityKeySource::Public => "public key",
+    };
+    let _ = writeln!(
+        out,
+        "clients   forwarded header {} from {} trusted prefix(es); identities hashed, {identity_key}",
+        clients.forwarded_header.name(),
+        clients.trusted_proxies.len()
+    );
+    if config.identity_key == IdentityKeySource::Public {
+        let _ = writeln!(
+            out,
+            "  warning: a Redis store without an identity secret: clients can compute their keys and shards; set FLOODGATE_IDENTITY_SECRET or [clients].identity_secret_file on every instance"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "paths     escaped slashes: {}; matching {}",
+        match policy.paths.escaped_slashes {
+            EscapedSlashes::Reject => "reject",
+            EscapedSlashes::Keep => "keep",
+            EscapedSlashes::Decode => "decode",
+        },
+        if policy.paths.case_insensitive {
+            "ignores case"
+        } else {
+            "is case-sensitive"
+        }
+    );
     let _ = writeln!(out, "layers    {}", policy.limits.len());
     for limit in &policy.limits {
         let mut flags = Vec::new();

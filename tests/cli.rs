@@ -122,3 +122,27 @@ fn check_prints_the_resolved_layers() {
         "{stdout}"
     );
 }
+
+#[test]
+fn check_warns_about_a_redis_store_without_an_identity_secret() {
+    let warning = "warning: a Redis store without an identity secret";
+    let out = check("examples/full.toml");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains(warning), "{stdout}");
+    let with_secret = Command::new(binary())
+        .args(["check", "examples/full.toml"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("FLOODGATE_IDENTITY_SECRET", "0123456789abcdef0123")
+        .output()
+        .expect("run check");
+    let stdout = String::from_utf8_lossy(&with_secret.stdout);
+    assert!(!stdout.contains(warning), "{stdout}");
+    assert!(stdout.contains("keyed by the shared secret"), "{stdout}");
+    // The memory store draws its own key and needs no warning.
+    let out = check("proxy.toml");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("keyed by a secret drawn at start"),
+        "{stdout}"
+    );
+}

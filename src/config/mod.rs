@@ -17,7 +17,8 @@ use ipnet::IpNet;
 use serde::Deserialize;
 
 use crate::algorithm::{Algorithm, MAX_EXACT};
-use crate::identity::{ClientRules, Tier, ANONYMOUS, INTERNAL};
+use crate::identity::{ClientRules, ForwardedHeader, IdentityHasher, Tier, ANONYMOUS, INTERNAL};
+use crate::path::{EscapedSlashes, PathRules};
 use crate::policy::{CostRule, KeySource, Limit, Matcher, OnFailure, PathPattern, Policy};
 use source::Segment;
 
@@ -83,6 +84,34 @@ struct ServerSection {
     admin_listen: Option<String>,
     threads: Option<usize>,
     grace_period: Option<String>,
+    escaped_slashes: Option<EscapedSlashesName>,
+    #[serde(default)]
+    case_insensitive_paths: bool,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum EscapedSlashesName {
+    Reject,
+    Keep,
+    Decode,
+}
+
+impl From<EscapedSlashesName> for EscapedSlashes {
+    fn from(name: EscapedSlashesName) -> Self {
+        match name {
+            EscapedSlashesName::Reject => EscapedSlashes::Reject,
+            EscapedSlashesName::Keep => EscapedSlashes::Keep,
+            EscapedSlashesName::Decode => EscapedSlashes::Decode,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum ForwardedHeaderName {
+    XForwardedFor,
+    Forwarded,
 }
 
 #[derive(Debug, Deserialize)]
@@ -152,6 +181,8 @@ struct ClientsSection {
     internal: Vec<String>,
     #[serde(default)]
     api_keys: BTreeMap<String, String>,
+    forwarded_header: Option<ForwardedHeaderName>,
+    identity_secret_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -286,10 +317,34 @@ pub struct RedisSettings {
     pub tls_ca: Option<Vec<u8>>,
 }
 
+/// Where identities' hashing key comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdentityKeySource {
+    /// `FLOODGATE_IDENTITY_SECRET` or `[clients].identity_secret_file`.
+    Secret,
+    /// Memory store, no secret: a key drawn at start.
+    PerProcess,
+    /// Redis store, no secret: a fixed public key, so that instances still
+    /// share budgets, but clients can compute their keys.
+    Public,
+}
+
+/// What the environment says (read once, at the edge, by `parse`).
+struct Environment {
+    redis_url: Option<String>,
+    identity_secret: Option<String>,
+}
+
+/// The smallest secret accepted: 128 bits of a random hex or base64 string.
+const MIN_SECRET_BYTES: usize = 16;
+
 /// A validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub file: PathBuf,
+    /// Where the identity-hashing key came from (`floodgate check` warns
+    /// about a Redis store without a shared secret).
+    pub identity_key: IdentityKeySource,
     pub server: ServerSettings,
     pub upstream: UpstreamSettings,
     pub max_keys: usize,
@@ -366,8 +421,13 @@ impl Config {
                 message,
             }
         })?;
-        let redis_url_env = std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty());
-        validate(raw, redis_url_env).map_err(|(path, message)| ConfigError {
+        let env = Environment {
+            redis_url: std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()),
+            identity_secret: std::env::var("FLOODGATE_IDENTITY_SECRET")
+                .ok()
+                .filter(|s| !s.is_empty()),
+        };
+        validate(raw, env).map_err(|(path, message)| ConfigError {
             file: file.to_path_buf(),
             line: source::line_of_path(text, &path),
             key: render_path(&path),
@@ -421,7 +481,7 @@ const DEFAULT_GRACE: Duration = Duration::from_secs(5);
 const DEFAULT_MAX_KEYS: u64 = 1_000_000;
 const MAX_SLIDING_LOG: u64 = 100_000;
 
-fn validate(raw: FileConfig, redis_url_env: Option<String>) -> Result<Config, Invalid> {
+fn validate(raw: FileConfig, env: Environment) -> Result<Config, Invalid> {
     let server = validate_server(&raw.server)?;
     let upstream = validate_upstream(&raw.upstream)?;
     let max_keys = raw.memory.max_keys.unwrap_or(DEFAULT_MAX_KEYS);
@@ -431,10 +491,27 @@ fn validate(raw: FileConfig, redis_url_env: Option<String>) -> Result<Config, In
     let redis = raw
         .redis
         .as_ref()
-        .map(|r| validate_redis(r, redis_url_env))
+        .map(|r| validate_redis(r, env.redis_url))
         .transpose()?;
     let default_on_failure = redis.as_ref().map_or(OnFailure::Local, |r| r.on_failure);
-    let clients = validate_clients(&raw.clients)?;
+    let (hasher, identity_key) =
+        identity_hasher(&raw.clients, env.identity_secret, redis.is_some())?;
+    let clients = validate_clients(&raw.clients, hasher)?;
+    let paths = PathRules {
+        escaped_slashes: raw
+            .server
+            .escaped_slashes
+            .map_or_else(Default::default, Into::into),
+        case_insensitive: raw.server.case_insensitive_paths,
+    };
+    // Case-insensitive matching compares lower-cased paths with lower-cased patterns.
+    let compile_pattern = |p: &str| {
+        if paths.case_insensitive {
+            path_pattern(&p.to_ascii_lowercase())
+        } else {
+            path_pattern(p)
+        }
+    };
     let known_tiers: HashSet<&str> = clients
         .api_keys
         .values()
@@ -457,13 +534,13 @@ fn validate(raw: FileConfig, redis_url_env: Option<String>) -> Result<Config, In
         .paths
         .iter()
         .enumerate()
-        .map(|(i, p)| path_pattern(p).map_err(|m| at(&[&"exempt", &"paths", &i], m)))
+        .map(|(i, p)| compile_pattern(p).map_err(|m| at(&[&"exempt", &"paths", &i], m)))
         .collect::<Result<_, _>>()?;
 
     let mut limits = Vec::new();
     let mut names = HashSet::new();
     for (i, section) in raw.limits.iter().enumerate() {
-        let limit = validate_limit(i, section, &known_tiers)?;
+        let limit = validate_limit(i, section, &known_tiers, &compile_pattern)?;
         if !names.insert(limit.name.clone()) {
             return Err(at(
                 &[&"limits", &i, &"name"],
@@ -482,19 +559,21 @@ fn validate(raw: FileConfig, redis_url_env: Option<String>) -> Result<Config, In
             ));
         }
         costs.push(CostRule {
-            matcher: validate_match(&c.matcher, &[&"costs", &i, &"match"])?,
+            matcher: validate_match(&c.matcher, &[&"costs", &i, &"match"], &compile_pattern)?,
             cost: c.cost as u64,
         });
     }
 
     Ok(Config {
         file: PathBuf::new(),
+        identity_key,
         server,
         upstream,
         max_keys: usize::try_from(max_keys).unwrap_or(usize::MAX),
         redis,
         policy: Arc::new(Policy {
             clients,
+            paths,
             exempt_paths,
             exempt_tiers,
             limits,
@@ -709,7 +788,45 @@ fn check_redis_url(u: &str, path: &[&dyn AsSegment]) -> Result<(), Invalid> {
     }
 }
 
-fn validate_clients(c: &ClientsSection) -> Result<ClientRules, Invalid> {
+/// The key identities are hashed with: from the shared secret (the
+/// environment beats the file), else per process (memory store) or public
+/// (Redis store, whose instances must agree).
+fn identity_hasher(
+    c: &ClientsSection,
+    env_secret: Option<String>,
+    shared_store: bool,
+) -> Result<(IdentityHasher, IdentityKeySource), Invalid> {
+    let path: [&dyn AsSegment; 2] = [&"clients", &"identity_secret_file"];
+    let secret = match (env_secret, &c.identity_secret_file) {
+        (Some(secret), _) => Some(secret.into_bytes()),
+        (None, Some(file)) => Some(
+            std::fs::read(file)
+                .map_err(|e| at(&path, format!("cannot read {}: {e}", file.display())))?,
+        ),
+        (None, None) => None,
+    };
+    match secret {
+        Some(secret) => {
+            let secret = secret.trim_ascii();
+            if secret.len() < MIN_SECRET_BYTES {
+                return Err(at(
+                    &path,
+                    format!(
+                        "the identity secret must hold at least {MIN_SECRET_BYTES} bytes (e.g. the output of `openssl rand -hex 32`)"
+                    ),
+                ));
+            }
+            Ok((
+                IdentityHasher::from_secret(secret),
+                IdentityKeySource::Secret,
+            ))
+        }
+        None if shared_store => Ok((IdentityHasher::public(), IdentityKeySource::Public)),
+        None => Ok((IdentityHasher::per_process(), IdentityKeySource::PerProcess)),
+    }
+}
+
+fn validate_clients(c: &ClientsSection, hasher: IdentityHasher) -> Result<ClientRules, Invalid> {
     let header = c.api_key_header.as_deref().unwrap_or("X-API-Key");
     let api_key_header = HeaderName::from_bytes(header.as_bytes()).map_err(|_| {
         at(
@@ -765,6 +882,11 @@ fn validate_clients(c: &ClientsSection) -> Result<ClientRules, Invalid> {
     Ok(ClientRules {
         api_key_header,
         trusted_proxies: nets(&c.trusted_proxies, "trusted_proxies")?,
+        forwarded_header: match c.forwarded_header {
+            None | Some(ForwardedHeaderName::XForwardedFor) => ForwardedHeader::XForwardedFor,
+            Some(ForwardedHeaderName::Forwarded) => ForwardedHeader::Forwarded,
+        },
+        hasher,
         ipv6_prefix: ipv6_prefix as u8,
         internal: nets(&c.internal, "internal")?,
         api_keys,
@@ -780,7 +902,11 @@ fn path_pattern(p: &str) -> Result<PathPattern, String> {
     Ok(PathPattern::new(p))
 }
 
-fn validate_match(m: &MatchSection, path: &[&dyn AsSegment]) -> Result<Matcher, Invalid> {
+fn validate_match(
+    m: &MatchSection,
+    path: &[&dyn AsSegment],
+    compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,
+) -> Result<Matcher, Invalid> {
     let sub = |key: &'static str, i: usize| -> Vec<Segment> {
         let mut p: Vec<Segment> = path.iter().map(|s| s.segment()).collect();
         p.push(Segment::Key(key.into()));
@@ -806,7 +932,7 @@ fn validate_match(m: &MatchSection, path: &[&dyn AsSegment]) -> Result<Matcher, 
         .paths
         .iter()
         .enumerate()
-        .map(|(i, p)| path_pattern(p).map_err(|msg| (sub("paths", i), msg)))
+        .map(|(i, p)| compile_pattern(p).map_err(|msg| (sub("paths", i), msg)))
         .collect::<Result<_, _>>()?;
     Ok(Matcher { methods, paths })
 }
@@ -831,6 +957,7 @@ fn validate_limit(
     i: usize,
     s: &LimitSection,
     known_tiers: &HashSet<&str>,
+    compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,
 ) -> Result<Limit, Invalid> {
     let name_ok = !s.name.is_empty()
         && s.name.len() <= 64
@@ -864,7 +991,7 @@ fn validate_limit(
         ));
     }
     let matcher = match &s.matcher {
-        Some(m) => validate_match(m, &[&"limits", &i, &"match"])?,
+        Some(m) => validate_match(m, &[&"limits", &i, &"match"], compile_pattern)?,
         None => Matcher::default(),
     };
     Ok(Limit {

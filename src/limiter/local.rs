@@ -1,15 +1,25 @@
 //! In-process limit state: the whole store without Redis, the fallback with it.
 //!
-//! Keys live in sharded LRU maps. A key is inserted only when a request it
-//! admits changes its state, so a flood of refused or unique identities cannot
-//! grow memory past `max_keys`; beyond it the least recently used key goes
-//! first. State that has gone idle (indistinguishable from fresh) is treated
-//! as absent at once and dropped by `sweep` or when its slot is reused.
+//! Keys live in sharded LRU maps, at most `max_keys` in all. A key is
+//! inserted only when a request it admits changes its state. State that has
+//! gone idle (indistinguishable from fresh) is treated as absent at once and
+//! dropped by `sweep` or when its room is needed.
+//!
+//! Eviction never resets a live limit: only idle state is ever dropped. When
+//! a shard is full of live state, a new identity does not displace anyone:
+//! it is decided against its limit's one shared overflow bucket (the limit's
+//! own numbers), so a flood of made-up identities competes only with itself
+//! and with other newcomers while the flood lasts. Memory is bounded by
+//! `max_keys` entries plus one overflow entry per limit.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
+use log::warn;
 use lru::LruCache;
+use prometheus::IntCounter;
 use smallvec::SmallVec;
 
 use super::{admitted, Limiter, LimiterError};
@@ -18,6 +28,14 @@ use crate::clock::Clock;
 use crate::policy::{Check, StateKey};
 
 const SHARDS: usize = 64;
+
+/// How far from the least recently used end a full shard is searched for
+/// idle state to drop: bounded, so one insertion stays cheap; the sweeper
+/// clears the rest.
+const IDLE_SCAN: usize = 16;
+
+/// At most one overflow warning per this long.
+const OVERFLOW_LOG_INTERVAL_US: u64 = 60_000_000;
 
 struct Entry {
     state: State,
@@ -28,7 +46,23 @@ type Shard = LruCache<StateKey, Entry>;
 
 pub struct LocalLimiter {
     shards: Box<[Mutex<Shard>]>,
+    /// One entry per limit id, for identities that found no room. Locked
+    /// after the shards, never before.
+    overflow: Mutex<HashMap<u64, Entry>>,
+    overflow_decisions: AtomicU64,
+    overflow_logged_at_us: AtomicU64,
+    /// Exported as `floodgate_local_overflow_decisions_total`.
+    overflow_metric: Option<IntCounter>,
     clock: Arc<dyn Clock>,
+}
+
+/// Where one check's state lives for this decision.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Home {
+    /// Its own key, in the locked shard of this index.
+    Shard(usize),
+    /// Its limit's shared overflow entry.
+    Overflow,
 }
 
 impl LocalLimiter {
@@ -41,7 +75,31 @@ impl LocalLimiter {
         let shards = (0..shard_count)
             .map(|_| Mutex::new(LruCache::new(per_shard)))
             .collect();
-        LocalLimiter { shards, clock }
+        LocalLimiter {
+            shards,
+            overflow: Mutex::new(HashMap::new()),
+            overflow_decisions: AtomicU64::new(0),
+            overflow_logged_at_us: AtomicU64::new(0),
+            overflow_metric: None,
+            clock,
+        }
+    }
+
+    /// Also counts overflow decisions in `metric`.
+    pub fn with_overflow_metric(mut self, metric: IntCounter) -> Self {
+        self.overflow_metric = Some(metric);
+        self
+    }
+
+    /// Decisions made against an overflow bucket since start.
+    pub fn overflow_decisions(&self) -> u64 {
+        self.overflow_decisions.load(Ordering::Relaxed)
+    }
+
+    fn lock_overflow(&self) -> MutexGuard<'_, HashMap<u64, Entry>> {
+        self.overflow
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn lock(&self, index: usize) -> MutexGuard<'_, Shard> {
@@ -58,8 +116,9 @@ impl LocalLimiter {
     }
 
     /// Decides all checks atomically with respect to other callers: the shards
-    /// involved are locked in ascending order (so callers cannot deadlock)
-    /// for the evaluation and the update together.
+    /// involved are locked in ascending order (so callers cannot deadlock),
+    /// then the overflow map if needed, for the evaluation and the update
+    /// together.
     pub fn decide_at(&self, checks: &[Check], now_us: u64) -> Vec<Decision> {
         // A request has a handful of layers: all of this stays on the stack.
         let shard_of_check: SmallVec<[usize; 4]> = checks
@@ -69,20 +128,40 @@ impl LocalLimiter {
         let mut shard_ids = shard_of_check.clone();
         shard_ids.sort_unstable();
         shard_ids.dedup();
-        // Index of each check's shard among the locked ones.
-        let slots: SmallVec<[usize; 4]> = shard_of_check
-            .iter()
-            .map(|shard| shard_ids.binary_search(shard).unwrap_or_default())
-            .collect();
         let mut guards: SmallVec<[MutexGuard<'_, Shard>; 4]> =
             shard_ids.iter().map(|&i| self.lock(i)).collect();
+        // New keys each locked shard must make room for.
+        let mut pending: SmallVec<[usize; 4]> = SmallVec::from_elem(0, shard_ids.len());
+        let homes: SmallVec<[Home; 4]> = checks
+            .iter()
+            .zip(&shard_of_check)
+            .map(|(check, shard)| {
+                let slot = shard_ids.binary_search(shard).unwrap_or_default();
+                let guard = &mut guards[slot];
+                if guard.contains(&check.key) {
+                    return Home::Shard(slot);
+                }
+                if make_room(guard, pending[slot] + 1, now_us) {
+                    pending[slot] += 1;
+                    Home::Shard(slot)
+                } else {
+                    Home::Overflow
+                }
+            })
+            .collect();
+        let overflowing = homes.iter().filter(|h| **h == Home::Overflow).count();
+        let mut overflow = (overflowing > 0).then(|| self.lock_overflow());
 
         let evaluations: SmallVec<[Evaluation; 4]> = checks
             .iter()
-            .zip(&slots)
-            .map(|(check, &slot)| {
+            .zip(&homes)
+            .map(|(check, home)| {
+                let entry = match home {
+                    Home::Shard(slot) => guards[*slot].peek(&check.key),
+                    Home::Overflow => overflow.as_ref().and_then(|o| o.get(&check.key.limit)),
+                };
                 let fresh;
-                let state = match guards[slot].peek(&check.key) {
+                let state = match entry {
                     Some(entry) if entry.idle_at_us > now_us => &entry.state,
                     _ => {
                         fresh = check.algorithm.fresh_state();
@@ -94,13 +173,56 @@ impl LocalLimiter {
             .collect();
         let decisions: Vec<Decision> = evaluations.iter().map(|e| e.decision).collect();
         if admitted(checks, &decisions) {
-            for ((check, &slot), evaluation) in checks.iter().zip(&slots).zip(&evaluations) {
-                if evaluation.decision.allowed && evaluation.update != Update::Unchanged {
-                    store(&mut guards[slot], check, evaluation, now_us);
+            for ((check, home), evaluation) in checks.iter().zip(&homes).zip(&evaluations) {
+                if !evaluation.decision.allowed || evaluation.update == Update::Unchanged {
+                    continue;
+                }
+                match home {
+                    Home::Shard(slot) => store(&mut guards[*slot], check, evaluation, now_us),
+                    Home::Overflow => {
+                        if let Some(map) = overflow.as_mut() {
+                            let entry = map.entry(check.key.limit).or_insert_with(|| Entry {
+                                state: check.algorithm.fresh_state(),
+                                idle_at_us: 0,
+                            });
+                            update(entry, check, evaluation, now_us);
+                        }
+                    }
                 }
             }
         }
+        drop(overflow);
+        drop(guards);
+        if overflowing > 0 {
+            self.note_overflow(checks, &homes, overflowing as u64, now_us);
+        }
         decisions
+    }
+
+    /// Counts overflow decisions and says so in the log at most once a minute.
+    fn note_overflow(&self, checks: &[Check], homes: &[Home], count: u64, now_us: u64) {
+        let total = self.overflow_decisions.fetch_add(count, Ordering::Relaxed) + count;
+        if let Some(metric) = &self.overflow_metric {
+            metric.inc_by(count);
+        }
+        let last = self.overflow_logged_at_us.load(Ordering::Relaxed);
+        if (last == 0 || now_us.saturating_sub(last) >= OVERFLOW_LOG_INTERVAL_US)
+            && self
+                .overflow_logged_at_us
+                .compare_exchange(last, now_us.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let limits: Vec<&str> = checks
+                .iter()
+                .zip(homes)
+                .filter(|(_, h)| **h == Home::Overflow)
+                .map(|(c, _)| &*c.name)
+                .collect();
+            warn!(
+                "memory store full of live state ([memory].max_keys): new clients share the overflow bucket of {} ({total} overflow decisions so far)",
+                limits.join(", ")
+            );
+        }
     }
 
     /// Drops every idle key; returns how many went.
@@ -131,23 +253,41 @@ impl LocalLimiter {
     }
 }
 
+/// Whether `shard` can take `needed` more keys, dropping idle state (and
+/// only idle state) near its least recently used end to make the room.
+fn make_room(shard: &mut Shard, needed: usize, now_us: u64) -> bool {
+    let cap = shard.cap().get();
+    if shard.len() + needed <= cap {
+        return true;
+    }
+    let idle: SmallVec<[StateKey; 4]> = shard
+        .iter()
+        .rev()
+        .take(IDLE_SCAN)
+        .filter(|(_, e)| e.idle_at_us <= now_us)
+        .map(|(k, _)| *k)
+        .take(shard.len() + needed - cap)
+        .collect();
+    for key in &idle {
+        shard.pop(key);
+    }
+    shard.len() + needed <= cap
+}
+
+fn update(entry: &mut Entry, check: &Check, evaluation: &Evaluation, now_us: u64) {
+    if entry.idle_at_us <= now_us {
+        entry.state = check.algorithm.fresh_state();
+    }
+    entry.state.apply(&evaluation.update);
+    entry.idle_at_us = evaluation.idle_at_us;
+}
+
+/// Writes an admitted change; room for a new key was made when it was
+/// evaluated, so `push` never displaces a live key.
 fn store(shard: &mut Shard, check: &Check, evaluation: &Evaluation, now_us: u64) {
     if let Some(entry) = shard.get_mut(&check.key) {
-        if entry.idle_at_us <= now_us {
-            entry.state = check.algorithm.fresh_state();
-        }
-        entry.state.apply(&evaluation.update);
-        entry.idle_at_us = evaluation.idle_at_us;
+        update(entry, check, evaluation, now_us);
         return;
-    }
-    // Reuse room held by idle keys before evicting a live one.
-    while shard.len() >= shard.cap().get() {
-        match shard.peek_lru() {
-            Some((_, e)) if e.idle_at_us <= now_us => {
-                shard.pop_lru();
-            }
-            _ => break,
-        }
     }
     let mut state = check.algorithm.fresh_state();
     state.apply(&evaluation.update);

@@ -123,3 +123,57 @@ fn concurrent_callers_never_exceed_the_bucket() {
     let d = l.decide_now(&[check(1, bucket(1000), 7, 0)]);
     assert_eq!(d[0].remaining, 900);
 }
+
+#[test]
+fn a_flood_of_new_identities_never_resets_a_live_limit() {
+    let (clock, l) = limiter(128);
+    let login = Algorithm::SlidingLog {
+        limit: 5,
+        window_us: 60 * SEC,
+    };
+    let victim = [check(0, login, 7, 1)];
+    for _ in 0..5 {
+        assert!(l.decide_now(&victim)[0].allowed);
+    }
+    assert!(!l.decide_now(&victim)[0].allowed);
+    // Tenants whose buckets stay live for a long time fill every shard.
+    let slow = Algorithm::TokenBucket {
+        capacity: 50,
+        interval_us: 1000 * SEC,
+    };
+    let mut flood_admitted = 0;
+    for id in 0..20_000u128 {
+        let tenant = [check(1, slow, 1_000_000 + id, 1)];
+        flood_admitted += usize::from(l.decide_now(&tenant)[0].allowed);
+        clock.advance(1_000);
+    }
+    assert!(l.len() <= 128, "held {}", l.len());
+    assert!(!l.decide_now(&victim)[0].allowed, "still refused");
+    // The flood had its own keys (one request each) and one shared bucket.
+    assert!(flood_admitted <= 127 + 50, "{flood_admitted}");
+    assert!(l.overflow_decisions() >= 20_000 - 128);
+    // Once the victim's window has passed, its state is idle and its room
+    // goes to whoever needs it; the victim starts afresh.
+    clock.advance(60 * SEC);
+    assert!(l.decide_now(&victim)[0].allowed);
+}
+
+#[test]
+fn room_held_by_idle_state_is_reused_before_overflowing() {
+    let (clock, l) = limiter(64);
+    for id in 0..64u128 {
+        l.decide_now(&[check(0, bucket(1), id, 1)]);
+    }
+    // A token comes back after a second: every key is then idle, and the
+    // next identities fare exactly as in an empty store.
+    clock.advance(SEC);
+    let (_, empty) = limiter(64);
+    let before = l.overflow_decisions();
+    for id in 1000..1064u128 {
+        let next = [check(0, bucket(1), id, 1)];
+        assert!(l.decide_now(&next)[0].allowed);
+        empty.decide_now(&next);
+    }
+    assert_eq!(l.overflow_decisions() - before, empty.overflow_decisions());
+    assert_eq!(l.len(), empty.len());
+}

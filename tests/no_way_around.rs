@@ -1,0 +1,480 @@
+//! No way around a limit: each test is an attack that walked around a
+//! configured limit before, run against the real binary in front of a real
+//! upstream (and a real Redis where instances share state).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use common::redis_server::RedisServer;
+use common::*;
+
+const LOGIN: &str = r#"
+[[limits]]
+name = "login"
+key = "ip"
+algorithm = "sliding_log"
+limit = 2
+window = "1m"
+match = { methods = ["POST"], paths = ["/login"] }
+"#;
+
+fn post(addr: SocketAddr, path: &str) -> Response {
+    request(addr, "POST", path, &[], b"")
+}
+
+fn upstream_paths(upstream: &Upstream) -> Vec<String> {
+    upstream.seen().into_iter().map(|s| s.path).collect()
+}
+
+#[test]
+fn every_spelling_of_a_limited_path_is_that_path() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(&upstream, LOGIN);
+    for _ in 0..2 {
+        assert_eq!(post(proxy.addr, "/login").status, 200);
+    }
+    assert_eq!(post(proxy.addr, "/login").status, 429);
+    for spelling in [
+        "//login",
+        "/%6Cogin",
+        "/%6c%6f%67%69%6e",
+        "/./login",
+        "/x/../login",
+        "/login/",
+        "///x/./..//login//",
+        "/%2e/login",
+        "/login?next=/home",
+        "http://test/login",
+        "http://test//x/../%6cogin/",
+    ] {
+        let r = post(proxy.addr, spelling);
+        assert_eq!(r.status, 429, "{spelling}: {}", r.body);
+    }
+    for (spelling, error) in [
+        ("/%2e%2e/login", "bad_path"),
+        ("/x/../../login", "bad_path"),
+        ("/x/..%2Flogin", "escaped_slash"),
+        ("/x%2f..%2f..%2flogin", "escaped_slash"),
+        ("/x\\..\\login", "escaped_slash"),
+        ("/x/..%5Clogin", "escaped_slash"),
+        ("/log%6", "bad_path"),
+        ("/log%zzin", "bad_path"),
+    ] {
+        let r = post(proxy.addr, spelling);
+        assert_eq!(r.status, 400, "{spelling}: {}", r.body);
+        assert!(
+            r.body.starts_with(&format!("{{\"error\":\"{error}\"")),
+            "{spelling}: {}",
+            r.body
+        );
+    }
+    assert_eq!(upstream_paths(&upstream), ["/login", "/login"]);
+
+    // What reaches the upstream is the normalised path, the query untouched.
+    upstream.reset();
+    for (sent, received) in [
+        ("/a//b/./c/../d?q=%2f&x=..", "/a/b/d?q=%2f&x=.."),
+        ("/%7Euser/caf%c3%a9/%41", "/~user/caf%C3%A9/A"),
+        ("/x/..", "/"),
+        ("http://test/abs/./path?y=1", "/abs/path?y=1"),
+    ] {
+        assert_eq!(proxy.get(sent).status, 200, "{sent}");
+        assert_eq!(
+            upstream.seen().last().map(|s| s.path.clone()).as_deref(),
+            Some(received),
+            "{sent}"
+        );
+    }
+}
+
+#[test]
+fn matching_follows_the_routers_rules() {
+    let upstream = Upstream::start();
+    // Case-sensitive by default: /LOGIN is another path, and goes upstream as is.
+    let proxy = Proxy::start(
+        &upstream,
+        r#"
+[[limits]]
+name = "items"
+key = "ip"
+algorithm = "fixed_window"
+limit = 1
+window = "1m"
+match = { methods = ["GET"], paths = ["/items/"] }
+"#,
+    );
+    assert_eq!(proxy.get("/items").status, 200);
+    // HEAD runs the GET handler in common routers; the trailing slash is the same route.
+    assert_eq!(proxy.send("HEAD", "/items", &[]).status, 429);
+    assert_eq!(proxy.get("/items/").status, 429);
+    assert_eq!(proxy.get("/ITEMS").status, 200);
+    drop(proxy);
+
+    let dir = temp_dir();
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let config = config_text(addr, upstream.addr, LOGIN).replace(
+        "grace_period = \"1s\"",
+        "grace_period = \"1s\"\ncase_insensitive_paths = true\nescaped_slashes = \"decode\"",
+    );
+    let path = dir.join("proxy.toml");
+    std::fs::write(&path, config).expect("config");
+    let proxy = Proxy::spawn(addr, None, path, &[]);
+    upstream.reset();
+    assert_eq!(post(proxy.addr, "/Login").status, 200);
+    assert_eq!(post(proxy.addr, "/LOGIN").status, 200);
+    assert_eq!(post(proxy.addr, "/login").status, 429);
+    assert_eq!(post(proxy.addr, "/public/..%2Flogin").status, 429);
+    assert_eq!(post(proxy.addr, "/public\\..\\LOGIN").status, 429);
+    // The upstream gets the case it was sent.
+    assert_eq!(upstream_paths(&upstream), ["/Login", "/LOGIN"]);
+}
+
+#[test]
+fn escaped_slashes_can_be_kept() {
+    let upstream = Upstream::start();
+    let dir = temp_dir();
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let config = config_text(addr, upstream.addr, LOGIN).replace(
+        "grace_period = \"1s\"",
+        "grace_period = \"1s\"\nescaped_slashes = \"keep\"",
+    );
+    let path = dir.join("proxy.toml");
+    std::fs::write(&path, config).expect("config");
+    let proxy = Proxy::spawn(addr, None, path, &[]);
+    assert_eq!(proxy.get("/files/a%2fb/..%5c").status, 200);
+    assert_eq!(upstream_paths(&upstream), ["/files/a%2Fb/..%5C"]);
+}
+
+/// Many GETs on a few keep-alive connections (reconnecting when one is
+/// closed); the status of each.
+fn keepalive_gets(addr: SocketAddr, requests: Vec<Vec<(String, String)>>) -> Vec<u16> {
+    let mut statuses = Vec::with_capacity(requests.len());
+    let mut connection: Option<(TcpStream, BufReader<TcpStream>)> = None;
+    for headers in requests {
+        let mut raw = String::from("GET /tenant-data HTTP/1.1\r\nHost: test\r\n");
+        for (k, v) in &headers {
+            raw.push_str(&format!("{k}: {v}\r\n"));
+        }
+        raw.push_str("\r\n");
+        let (writer, reader) = connection.get_or_insert_with(|| {
+            let stream = TcpStream::connect(addr).expect("connect");
+            stream
+                .set_read_timeout(Some(Duration::from_secs(10)))
+                .expect("timeout");
+            let reader = BufReader::new(stream.try_clone().expect("clone"));
+            (stream, reader)
+        });
+        if writer.write_all(raw.as_bytes()).is_err() {
+            connection = None;
+            statuses.push(0);
+            continue;
+        }
+        let mut status_line = String::new();
+        if reader.read_line(&mut status_line).unwrap_or(0) == 0 {
+            connection = None;
+            statuses.push(0);
+            continue;
+        }
+        let status = status_line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let mut length = 0usize;
+        let mut close = false;
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                close = true;
+                break;
+            }
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = line.split_once(':') {
+                if k.eq_ignore_ascii_case("content-length") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+                if k.eq_ignore_ascii_case("connection") && v.trim() == "close" {
+                    close = true;
+                }
+            }
+        }
+        let mut body = vec![0u8; length];
+        if reader.read_exact(&mut body).is_err() {
+            close = true;
+        }
+        statuses.push(status);
+        if close {
+            connection = None;
+        }
+    }
+    statuses
+}
+
+#[test]
+fn a_flood_of_made_up_identities_never_frees_an_exhausted_client() {
+    let upstream = Upstream::start();
+    let max_keys = 256;
+    let proxy = Proxy::start_admin(
+        &upstream,
+        "1s",
+        &format!(
+            r#"
+[memory]
+max_keys = {max_keys}
+
+[[limits]]
+name = "login"
+key = "ip"
+algorithm = "sliding_log"
+limit = 5
+window = "1m"
+match = {{ methods = ["POST"], paths = ["/login"] }}
+
+[[limits]]
+name = "per-tenant"
+key = "header:X-Tenant"
+algorithm = "token_bucket"
+capacity = 50
+refill_rate = 0.01
+"#
+        ),
+    );
+    for _ in 0..5 {
+        assert_eq!(post(proxy.addr, "/login").status, 200);
+    }
+    assert_eq!(post(proxy.addr, "/login").status, 429);
+
+    let flood = 20_000;
+    let threads = 4;
+    let addr = proxy.addr;
+    let statuses: Vec<u16> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || {
+                    let requests = (0..flood / threads)
+                        .map(|i| vec![("X-Tenant".to_string(), format!("tenant-{t}-{i}"))])
+                        .collect();
+                    keepalive_gets(addr, requests)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
+    assert_eq!(statuses.len(), flood);
+    assert!(statuses.iter().all(|&s| s == 200 || s == 429), "no errors");
+    let admitted = statuses.iter().filter(|&&s| s == 200).count();
+
+    let victim = post(proxy.addr, "/login");
+    assert_eq!(victim.status, 429, "the exhausted client is still refused");
+    let keys = proxy.metric("floodgate_local_keys");
+    assert!(keys <= max_keys as f64, "held {keys} keys");
+    let overflowed = proxy.metric("floodgate_local_overflow_decisions_total");
+    assert!(overflowed >= (flood - max_keys) as f64, "{overflowed}");
+    // The flood competed with itself: its own keys (one request each) and
+    // the overflow bucket's capacity.
+    assert!(admitted <= max_keys + 50 + 1, "admitted {admitted}");
+    assert!(proxy.log().contains("memory store full of live state"));
+    record(
+        "flood_of_identities",
+        &format!(
+            "{flood} made-up tenants, max_keys {max_keys}: {admitted} admitted, {overflowed} overflow decisions, {keys} keys held, victim still 429\n"
+        ),
+    );
+}
+
+#[test]
+fn instances_share_state_only_when_they_share_the_secret() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let body = format!(
+        "[redis]\nurl = \"{}\"\nclock = \"local\"\n\n[[limits]]\nname = \"per-ip\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 3\nwindow = \"1m\"\n",
+        redis.url()
+    );
+    let secret = (
+        "FLOODGATE_IDENTITY_SECRET",
+        "0123456789abcdef0123456789abcdef",
+    );
+    let other = (
+        "FLOODGATE_IDENTITY_SECRET",
+        "fedcba9876543210fedcba9876543210",
+    );
+    let a = Proxy::start_with(upstream.addr, &body, &[secret]);
+    let b = Proxy::start_with(upstream.addr, &body, &[secret]);
+    let c = Proxy::start_with(upstream.addr, &body, &[other]);
+    for p in [&a, &b, &a] {
+        assert_eq!(p.get("/").status, 200);
+    }
+    assert_eq!(b.get("/").status, 429, "a and b share one budget");
+    assert_eq!(redis.keys().len(), 1);
+    assert_eq!(c.get("/").status, 200, "c hashes the same client elsewhere");
+    let keys = redis.keys();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert_ne!(keys[0], keys[1]);
+    // Without a secret, a Redis store warns that its keys are computable.
+    let d = Proxy::start_with(upstream.addr, &body, &[]);
+    assert!(d.log().contains("no identity secret"), "{}", d.log());
+}
+
+/// Behind a trusted proxy on 127.0.0.0/8 whose peers are internal (exempt);
+/// `header_line` chooses the forwarding header (empty: the default).
+fn trusted_proxy(upstream: &Upstream, header_line: &str) -> Proxy {
+    Proxy::start(
+        upstream,
+        &format!(
+            r#"
+[clients]
+trusted_proxies = ["127.0.0.0/8"]
+internal = ["127.0.0.0/8"]
+{header_line}
+
+[exempt]
+tiers = ["internal"]
+
+[[limits]]
+name = "per-ip"
+key = "ip"
+algorithm = "fixed_window"
+limit = 2
+window = "1m"
+"#
+        ),
+    )
+}
+
+fn with_headers(addr: SocketAddr, headers: &[&[u8]]) -> Response {
+    let mut raw = b"GET / HTTP/1.1\r\nHost: test\r\nConnection: close\r\n".to_vec();
+    for h in headers {
+        raw.extend_from_slice(h);
+        raw.extend_from_slice(b"\r\n");
+    }
+    raw.extend_from_slice(b"\r\n");
+    raw_request(addr, &raw)
+}
+
+fn statuses(addr: SocketAddr, n: usize, headers: &[&[u8]]) -> Vec<u16> {
+    (0..n).map(|_| with_headers(addr, headers).status).collect()
+}
+
+#[test]
+fn a_trusted_proxys_chain_is_read_entry_by_entry() {
+    let upstream = Upstream::start();
+    let proxy = trusted_proxy(&upstream, "");
+    // Before: one odd byte made the whole line unreadable and the proxy (an
+    // internal, exempt peer) the client.
+    assert_eq!(
+        statuses(proxy.addr, 3, &[b"X-Forwarded-For: \x80x, 198.51.100.11"]),
+        [200, 200, 429]
+    );
+    assert_eq!(
+        statuses(proxy.addr, 3, &[b"X-Forwarded-For: , 198.51.100.12,, "]),
+        [200, 200, 429]
+    );
+    // Two lines are one list: the client is the rightmost untrusted entry.
+    assert_eq!(
+        statuses(
+            proxy.addr,
+            3,
+            &[
+                b"X-Forwarded-For: 6.6.6.6",
+                b"X-Forwarded-For: 198.51.100.13, 127.0.0.9"
+            ]
+        ),
+        [200, 200, 429]
+    );
+    // An entry the walk reaches that is not an address: 400, never the proxy.
+    for value in [
+        &b"X-Forwarded-For: 198.51.100.14, bogus"[..],
+        b"X-Forwarded-For: 198.51.100.14, \xff\xfe",
+    ] {
+        let r = with_headers(proxy.addr, &[value]);
+        assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(value));
+        assert!(r.body.contains("bad_forwarded_header"), "{}", r.body);
+    }
+    // Forwarded is not read when X-Forwarded-For is the configured header.
+    assert_eq!(
+        statuses(proxy.addr, 2, &[b"Forwarded: for=198.51.100.15"]),
+        [200, 200],
+        "the peer itself: internal, exempt"
+    );
+    assert_eq!(upstream.count(), 2 + 2 + 2 + 2);
+}
+
+#[test]
+fn behind_a_forwarded_proxy_a_clients_own_x_forwarded_for_is_ignored() {
+    let upstream = Upstream::start();
+    let proxy = trusted_proxy(&upstream, "forwarded_header = \"forwarded\"");
+    let got: Vec<u16> = (0..3)
+        .map(|i| {
+            let spoof = format!("X-Forwarded-For: 203.0.113.{i}");
+            with_headers(
+                proxy.addr,
+                &[
+                    spoof.as_bytes(),
+                    b"Forwarded: for=198.51.100.20;proto=https",
+                ],
+            )
+            .status
+        })
+        .collect();
+    assert_eq!(got, [200, 200, 429], "one client, one bucket");
+    assert_eq!(
+        statuses(
+            proxy.addr,
+            3,
+            &[b"Forwarded: for=\"[2001:db8::1]:4711\", for=127.0.0.5"]
+        ),
+        [200, 200, 429]
+    );
+    let r = with_headers(proxy.addr, &[b"Forwarded: for=unknown"]);
+    assert_eq!(r.status, 400);
+}
+
+#[test]
+fn one_api_key_per_request() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(
+        &upstream,
+        r#"
+[clients.api_keys]
+"k1" = "free"
+
+[[limits]]
+name = "per-account"
+key = "api_key"
+algorithm = "fixed_window"
+limit = 1
+window = "1m"
+
+[[limits]]
+name = "per-tenant"
+key = "header:X-Tenant"
+algorithm = "fixed_window"
+limit = 100
+window = "1m"
+"#,
+    );
+    assert_eq!(with_headers(proxy.addr, &[b"X-API-Key: k1"]).status, 200);
+    assert_eq!(with_headers(proxy.addr, &[b"X-API-Key: k1"]).status, 429);
+    // Before: the first value decided (an unknown key: no account limit) and
+    // both went upstream.
+    let r = with_headers(proxy.addr, &[b"X-API-Key: junk", b"X-API-Key: k1"]);
+    assert_eq!(r.status, 400);
+    assert!(
+        r.body.starts_with("{\"error\":\"ambiguous_api_key\""),
+        "{}",
+        r.body
+    );
+    let r = with_headers(proxy.addr, &[b"X-Tenant: a", b"X-Tenant: b"]);
+    assert_eq!(r.status, 400);
+    assert!(r.body.contains("ambiguous_key_header"), "{}", r.body);
+    assert_eq!(upstream.count(), 1);
+}
