@@ -295,3 +295,76 @@ fn on_failure_allow_fails_open_and_deny_fails_closed() {
     // A request no limit applies to is not refused by a down Redis.
     assert_eq!(closed.get("/").status, 200);
 }
+
+/// Redis that answers but refuses writes: out of memory under `noeviction`,
+/// then a read-only replica, each for 5 s under steady load. The breaker's
+/// probe writes, so it stays open until writes succeed: one open/close pair
+/// per outage in the log (before: 40 flaps in 10 s), every request decided
+/// by on_failure, and decisions back on Redis afterwards.
+#[test]
+fn a_redis_that_refuses_writes_keeps_the_breaker_open() {
+    let warn = "Redis failed";
+    let back = "Redis answers again";
+    let dead_port = free_port().to_string();
+    let outages: [(&str, Vec<&str>, Vec<&str>); 2] = [
+        (
+            "out of memory",
+            vec!["CONFIG", "SET", "maxmemory", "1"],
+            vec!["CONFIG", "SET", "maxmemory", "0"],
+        ),
+        (
+            "read-only replica",
+            vec!["REPLICAOF", "127.0.0.1", &dead_port],
+            vec!["REPLICAOF", "NO", "ONE"],
+        ),
+    ];
+    let mut report = String::new();
+    for (name, break_it, mend_it) in &outages {
+        let redis = RedisServer::start();
+        let upstream = Upstream::start();
+        let proxy = Proxy::start(&upstream, &config(&redis, "local"));
+        assert_eq!(statuses(&proxy, "GET", "/", "before", 1), [200]);
+        let load = Load::start(&proxy, 2);
+        let _: String = redis.cmd(break_it);
+        assert!(
+            wait_until(Duration::from_secs(5), || proxy.log().contains(warn)),
+            "{name}: the breaker opened: {}",
+            proxy.log()
+        );
+        // The outage lasts 5 s of steady load.
+        thread::sleep(Duration::from_secs(5));
+        let log = proxy.log();
+        assert_eq!(log.matches(warn).count(), 1, "{name}: one opening: {log}");
+        assert_eq!(
+            log.matches(back).count(),
+            0,
+            "{name}: no closing while writes fail: {log}"
+        );
+        let evalsha_before = redis.calls("evalsha");
+        let _: String = redis.cmd(mend_it);
+        assert!(
+            wait_until(Duration::from_secs(10), || proxy.log().contains(back)),
+            "{name}: back on Redis: {}",
+            proxy.log()
+        );
+        assert!(
+            wait_until(Duration::from_secs(5), || redis.calls("evalsha")
+                > evalsha_before + 5),
+            "{name}: decisions go to Redis again"
+        );
+        let samples = load.finish();
+        let statuses: Vec<u16> = samples.iter().map(|(_, _, s)| *s).collect();
+        assert!(statuses.iter().all(|&s| s == 200), "{name}: {statuses:?}");
+        let log = proxy.log();
+        assert_eq!(
+            (log.matches(warn).count(), log.matches(back).count()),
+            (1, 1),
+            "{name}"
+        );
+        report.push_str(&format!(
+            "{name}: {} requests in about 5 s, all 200; the breaker opened once and closed once\n",
+            statuses.len()
+        ));
+    }
+    record("redis_refusing_writes", &report);
+}

@@ -5,11 +5,14 @@
 //! failure (timeout, refused or reset connection, error reply) opens the
 //! breaker: from then on requests are decided at once without touching Redis,
 //! and one background task probes Redis until it answers, then closes the
-//! breaker. Each transition is logged once. A request never waits on a
-//! reconnect: the only Redis wait on the request path is the call that
-//! fails, bounded by `[redis].timeout`.
+//! breaker. The probe runs the decision script with a write, so a Redis that
+//! answers but refuses writes keeps the breaker open. Each transition is
+//! logged once, and at most one open/close pair per `LOG_PAIR_EVERY`: the
+//! flaps in between are counted and reported with the next pair. A request
+//! never waits on a reconnect: the only Redis wait on the request path is the
+//! call that fails, bounded by `[redis].timeout`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,6 +29,9 @@ use crate::policy::{Check, OnFailure};
 /// How often an open breaker asks Redis whether it is back.
 const PROBE_EVERY: Duration = Duration::from_millis(250);
 
+/// At most one logged open/close pair per this long.
+const LOG_PAIR_EVERY: Duration = Duration::from_secs(10);
+
 /// What a fail-closed layer tells the client to wait: about one probe.
 const DENY_RETRY_US: u64 = 1_000_000;
 
@@ -36,6 +42,11 @@ struct Inner {
     open: AtomicBool,
     probing: AtomicBool,
     opened_at: Mutex<Option<Instant>>,
+    /// When the last logged opening was, and whether the current opening
+    /// was logged (its closing is logged only if so).
+    last_logged_open: Mutex<Option<Instant>>,
+    open_logged: AtomicBool,
+    suppressed_flaps: AtomicU64,
     metrics: RedisMetrics,
     deny_cache: DenyCache,
     clock: Arc<dyn Clock>,
@@ -61,6 +72,9 @@ impl FallbackLimiter {
                 open: AtomicBool::new(false),
                 probing: AtomicBool::new(false),
                 opened_at: Mutex::new(None),
+                last_logged_open: Mutex::new(None),
+                open_logged: AtomicBool::new(false),
+                suppressed_flaps: AtomicU64::new(0),
                 metrics,
                 deny_cache: DenyCache::new(100_000),
                 clock,
@@ -78,13 +92,32 @@ impl Inner {
     fn trip(self: &Arc<Self>, error: &LimiterError) {
         self.metrics.failures.inc();
         if !self.open.swap(true, Ordering::AcqRel) {
+            let now = Instant::now();
             if let Ok(mut at) = self.opened_at.lock() {
-                *at = Some(Instant::now());
+                *at = Some(now);
             }
-            warn!(
-                "Redis failed ({error}): deciding without it (on_failure; local limits divided by {}) until it answers again",
-                self.instances
-            );
+            let log = self.last_logged_open.lock().is_ok_and(|mut last| {
+                let due = last.is_none_or(|t| now.duration_since(t) >= LOG_PAIR_EVERY);
+                if due {
+                    *last = Some(now);
+                }
+                due
+            });
+            self.open_logged.store(log, Ordering::Release);
+            if log {
+                let flaps = self.suppressed_flaps.swap(0, Ordering::AcqRel);
+                let flaps = if flaps > 0 {
+                    format!(" ({flaps} more failures and recoveries since the last report were not logged)")
+                } else {
+                    String::new()
+                };
+                warn!(
+                    "Redis failed ({error}): deciding without it (on_failure; local limits divided by {}) until it answers again{flaps}",
+                    self.instances
+                );
+            } else {
+                self.suppressed_flaps.fetch_add(1, Ordering::AcqRel);
+            }
         }
         if !self.probing.swap(true, Ordering::AcqRel) {
             let inner = self.clone();
@@ -112,10 +145,12 @@ impl Inner {
             .map_or(Duration::ZERO, |t| t.elapsed());
         self.open.store(false, Ordering::Release);
         self.probing.store(false, Ordering::Release);
-        info!(
-            "Redis answers again after {:.1}s: decisions are back on Redis",
-            down_for.as_secs_f64()
-        );
+        if self.open_logged.load(Ordering::Acquire) {
+            info!(
+                "Redis answers again after {:.1}s: decisions are back on Redis",
+                down_for.as_secs_f64()
+            );
+        }
     }
 
     /// Decides without Redis, layer by layer as `on_failure` says, still

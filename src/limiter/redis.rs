@@ -387,24 +387,40 @@ impl Store {
 }
 
 impl RedisLimiter {
-    /// Whether Redis answers within the deadline, loading the script where
-    /// it is missing (after a restart or SCRIPT FLUSH).
+    /// Whether Redis can decide: runs the script (loading it where it is
+    /// missing, after a restart or SCRIPT FLUSH) on a probe key, with a
+    /// write, within the deadline. A Redis that answers pings but refuses
+    /// writes (out of memory under `noeviction`, a read-only replica) fails
+    /// the probe as it fails decisions.
     pub async fn probe(&self) -> Result<(), LimiterError> {
         let store = &self.store;
+        let (algorithm, a, b) = script_params(&PROBE);
+        let probe = [ScriptLayer {
+            key: format!("{}:probe:{{0}}", store.settings.key_prefix),
+            algorithm,
+            a,
+            b,
+            cost: 1,
+            shadow: false,
+        }];
         store
             .within_deadline(|connection| async move {
                 match connection {
-                    Connection::Single(mut c) => store.script.load_async(&mut c).await.map(drop),
-                    Connection::Cluster(mut c) => redis::cmd("PING")
-                        .query_async::<String>(&mut c)
-                        .await
-                        .map(drop),
+                    Connection::Single(mut c) => store.run(&mut c, &[&probe]).await,
+                    Connection::Cluster(mut c) => store.run(&mut c, &[&probe]).await,
                 }
-                .map_err(classify)
+                .map(drop)
             })
             .await
     }
 }
+
+/// The probe's layer: always admits (so it always writes), and its key lives
+/// a second.
+const PROBE: Algorithm = Algorithm::FixedWindow {
+    limit: 1 << 40,
+    window_us: 1_000_000,
+};
 
 #[async_trait]
 impl Limiter for RedisLimiter {
