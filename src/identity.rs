@@ -101,9 +101,12 @@ impl IdentityHasher {
                 // No entropy source at all: fall back to what std seeds its
                 // own hash maps with.
                 let seed = std::collections::hash_map::RandomState::new();
-                let mut h = std::hash::BuildHasher::build_hasher(&seed);
-                h.write_u64(std::process::id().into());
-                key[..8].copy_from_slice(&h.finish().to_le_bytes());
+                for (half, chunk) in key.chunks_mut(8).enumerate() {
+                    let mut h = std::hash::BuildHasher::build_hasher(&seed);
+                    h.write_u64(std::process::id().into());
+                    h.write_usize(half);
+                    chunk.copy_from_slice(&h.finish().to_le_bytes());
+                }
             }
             key
         });
@@ -289,6 +292,23 @@ impl ClientRules {
         })
     }
 
+    /// The address a connection from `peer` counts against for the
+    /// per-address connection cap: IPv6 grouped by `ipv6_prefix`, as limits
+    /// group it; none for a trusted proxy, whose connections carry many
+    /// clients.
+    pub fn connection_group(&self, peer: IpAddr) -> Option<IpAddr> {
+        let peer = normalize(peer);
+        if self.is_trusted(&peer) {
+            return None;
+        }
+        Some(match peer {
+            IpAddr::V4(_) => peer,
+            IpAddr::V6(_) => IpNet::new(peer, self.ipv6_prefix)
+                .map(|n| n.trunc().network())
+                .unwrap_or(peer),
+        })
+    }
+
     fn is_trusted(&self, ip: &IpAddr) -> bool {
         self.trusted_proxies.iter().any(|n| n.contains(ip))
     }
@@ -303,16 +323,21 @@ impl ClientRules {
         if !self.is_trusted(&peer) {
             return Ok(peer);
         }
-        let mut entries: SmallVec<[&[u8]; 8]> = SmallVec::new();
+        let mut entries: SmallVec<[ChainEntry<'_>; 8]> = SmallVec::new();
         for line in headers.get_all(self.forwarded_header.name()) {
-            entries.extend(list_elements(line.as_bytes()));
+            match self.forwarded_header {
+                ForwardedHeader::XForwardedFor => {
+                    entries.extend(x_forwarded_for_entries(line.as_bytes()))
+                }
+                ForwardedHeader::Forwarded => entries.extend(forwarded_elements(line.as_bytes())),
+            }
         }
         let mut client = peer;
         for entry in entries.iter().rev() {
-            let address = match self.forwarded_header {
+            let address = entry.and_then(|entry| match self.forwarded_header {
                 ForwardedHeader::XForwardedFor => parse_hop(entry),
                 ForwardedHeader::Forwarded => forwarded_for(entry).and_then(parse_hop),
-            };
+            });
             client = address.ok_or(IdentityError::UnreadableForwardedEntry)?;
             if !self.is_trusted(&client) {
                 break;
@@ -322,17 +347,38 @@ impl ClientRules {
     }
 }
 
-/// The elements of a comma-separated header list, as bytes: a comma inside a
-/// quoted string does not separate, surrounding white space goes, and empty
-/// elements are skipped (RFC 9110, section 5.6.1).
-fn list_elements(value: &[u8]) -> impl Iterator<Item = &[u8]> {
-    split_unquoted(value, b',')
-        .map(|e| e.trim_ascii())
+/// One entry of a forwarding chain: its bytes, or `None` where the header's
+/// syntax around it cannot be trusted.
+type ChainEntry<'a> = Option<&'a [u8]>;
+
+/// The entries of one `X-Forwarded-For` line, as bytes: split at every comma
+/// (the header has no quoting), white space trimmed, and empty elements
+/// skipped (RFC 9110, section 5.6.1).
+fn x_forwarded_for_entries(value: &[u8]) -> impl Iterator<Item = ChainEntry<'_>> {
+    value
+        .split(|&b| b == b',')
+        .map(<[u8]>::trim_ascii)
         .filter(|e| !e.is_empty())
+        .map(Some)
 }
 
-/// Splits at `separator` outside double-quoted strings (with `\` escapes).
-fn split_unquoted(value: &[u8], separator: u8) -> impl Iterator<Item = &[u8]> {
+/// The elements of one `Forwarded` line (RFC 7239): a comma inside a quoted
+/// string does not separate. A quote left open would swallow what a proxy
+/// appended after it, so the last element of such a line is unreadable.
+fn forwarded_elements(value: &[u8]) -> SmallVec<[ChainEntry<'_>; 4]> {
+    let (pieces, balanced) = split_unquoted(value, b',');
+    let last = pieces.len() - 1;
+    pieces
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| (i < last || balanced).then(|| e.trim_ascii()))
+        .filter(|e| e.is_none_or(|e| !e.is_empty()))
+        .collect()
+}
+
+/// Splits at `separator` outside double-quoted strings (with `\` escapes);
+/// also tells whether every quote was closed.
+fn split_unquoted(value: &[u8], separator: u8) -> (SmallVec<[&[u8]; 4]>, bool) {
     let mut start = 0;
     let mut quoted = false;
     let mut escaped = false;
@@ -350,21 +396,31 @@ fn split_unquoted(value: &[u8], separator: u8) -> impl Iterator<Item = &[u8]> {
         }
     }
     pieces.push(&value[start..]);
-    pieces.into_iter()
+    (pieces, !quoted)
 }
 
-/// The `for=` value of one `Forwarded` element, unquoted.
+/// The `for=` value of one `Forwarded` element, unquoted; `None` unless the
+/// element has exactly one.
 fn forwarded_for(element: &[u8]) -> Option<&[u8]> {
-    split_unquoted(element, b';').find_map(|pair| {
-        let at = pair.iter().position(|&b| b == b'=')?;
+    let mut found = None;
+    for pair in split_unquoted(element, b';').0 {
+        let Some(at) = pair.iter().position(|&b| b == b'=') else {
+            continue;
+        };
         let (name, value) = (pair[..at].trim_ascii(), pair[at + 1..].trim_ascii());
-        name.eq_ignore_ascii_case(b"for").then(|| {
-            value
-                .strip_prefix(b"\"")
-                .and_then(|v| v.strip_suffix(b"\""))
-                .unwrap_or(value)
-        })
-    })
+        if name.eq_ignore_ascii_case(b"for") {
+            if found.is_some() {
+                return None;
+            }
+            found = Some(
+                value
+                    .strip_prefix(b"\"")
+                    .and_then(|v| v.strip_suffix(b"\""))
+                    .unwrap_or(value),
+            );
+        }
+    }
+    found
 }
 
 /// `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`, `[2001:db8::1]`, `[2001:db8::1]:80`.
@@ -452,7 +508,7 @@ mod tests {
             &b"\x80x, 198.51.100.11"[..],
             b"bogus, 198.51.100.11, 10.0.0.7",
             b", ,198.51.100.11,,",
-            b"\"quoted,comma\", 198.51.100.11",
+            b"\"quoted, 198.51.100.11",
         ] {
             assert_eq!(
                 client_of(&r, "10.1.1.1", &[("x-forwarded-for", value)]),
@@ -501,7 +557,23 @@ mod tests {
         assert_eq!(client_of(&r, "10.1.1.1", h), Ok(ip("2001:db8::")));
         let v4_port: &[(&str, &[u8])] = &[("forwarded", b"for=\"192.0.2.43:47011\"")];
         assert_eq!(client_of(&r, "10.1.1.1", v4_port), Ok(ip("192.0.2.43")));
-        for bad in [&b"for=unknown"[..], b"proto=https", b"for=_hidden"] {
+        // A quote the client left open cannot swallow the proxy's element.
+        let swallow: &[(&str, &[u8])] = &[("forwarded", b"for=10.0.0.1;x=\", for=203.0.113.7")];
+        assert_eq!(
+            client_of(&r, "10.1.1.1", swallow),
+            Err(IdentityError::UnreadableForwardedEntry)
+        );
+        let two_lines: &[(&str, &[u8])] = &[
+            ("forwarded", b"for=10.0.0.1;x=\""),
+            ("forwarded", b"for=203.0.113.7"),
+        ];
+        assert_eq!(client_of(&r, "10.1.1.1", two_lines), Ok(ip("203.0.113.7")));
+        for bad in [
+            &b"for=unknown"[..],
+            b"proto=https",
+            b"for=_hidden",
+            b"for=1.2.3.4;for=5.6.7.8",
+        ] {
             assert_eq!(
                 client_of(&r, "10.1.1.1", &[("forwarded", bad)]),
                 Err(IdentityError::UnreadableForwardedEntry)

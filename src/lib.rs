@@ -5,6 +5,7 @@ pub mod admin;
 pub mod algorithm;
 pub mod clock;
 pub mod config;
+pub mod connection;
 pub mod headers;
 pub mod identity;
 pub mod limiter;

@@ -44,7 +44,15 @@ fn parse_args(args: &[String]) -> Result<Command, String> {
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    // Pingora's own lines carry what floodgate must never log (query
+    // strings in its request summaries; at debug, raw header blocks with API
+    // keys and cookies), or come once per misbehaving connection. floodgate
+    // logs requests, failures and refusals itself; these caps come after
+    // RUST_LOG, so it cannot lift them.
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+        .filter_module("pingora_proxy", log::LevelFilter::Off)
+        .filter_module("pingora_core", log::LevelFilter::Info)
+        .init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let command = match parse_args(&args) {
         Ok(c) => c,

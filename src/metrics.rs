@@ -25,6 +25,16 @@ pub struct RedisMetrics {
     pub fallback_decisions: IntCounter,
 }
 
+/// What the connection layer reports.
+#[derive(Clone)]
+pub struct ConnectionMetrics {
+    pub open: IntGauge,
+    /// By cap: `total`, `per_ip`.
+    pub refused: IntCounterVec,
+    pub header_timeouts: IntCounter,
+    pub idle_timeouts: IntCounter,
+}
+
 pub struct Metrics {
     registry: Registry,
     decisions: IntCounterVec,
@@ -33,6 +43,7 @@ pub struct Metrics {
     pub fallback_active: IntGauge,
     pub local_keys: IntGauge,
     pub local_overflow: IntCounter,
+    pub connections: ConnectionMetrics,
     reloads: IntCounterVec,
 }
 
@@ -103,6 +114,42 @@ impl Metrics {
                 "Decisions made against a limit's shared overflow bucket because the memory store was full of live state",
             ),
         );
+        let connections = ConnectionMetrics {
+            open: registered(
+                &registry,
+                IntGauge::new(
+                    "floodgate_connections_open",
+                    "Client connections open now",
+                ),
+            ),
+            refused: registered(
+                &registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "floodgate_connections_refused_total",
+                        "Connections closed at once, by the cap they hit (total, per_ip)",
+                    ),
+                    &["cap"],
+                ),
+            ),
+            header_timeouts: registered(
+                &registry,
+                IntCounter::new(
+                    "floodgate_header_timeouts_total",
+                    "Connections closed with 408 because a request head was not complete within header_timeout",
+                ),
+            ),
+            idle_timeouts: registered(
+                &registry,
+                IntCounter::new(
+                    "floodgate_idle_timeouts_total",
+                    "Keep-alive connections closed after keepalive_timeout without a new request",
+                ),
+            ),
+        };
+        for cap in ["total", "per_ip"] {
+            connections.refused.with_label_values(&[cap]);
+        }
         let reloads = registered(
             &registry,
             IntCounterVec::new(
@@ -129,6 +176,7 @@ impl Metrics {
             fallback_active,
             local_keys,
             local_overflow,
+            connections,
             reloads,
         }
     }

@@ -9,6 +9,10 @@
 //! above the root is refused). A trailing slash is kept: the application may
 //! tell `/a` from `/a/`, and the limits' patterns match both (see `policy`).
 //!
+//! A segment that is empty or a dot segment once its `;` parameters are
+//! stripped (`..;`, `;x=1`) is refused: Tomcat and Spring strip parameters
+//! before resolving dots, so `/public/..;/login` is `/login` to them.
+//!
 //! Encoded slashes and backslashes (`%2F`, `%5C`, and a raw `\`, which some
 //! routers take as `/`) are ambiguous: one application splits segments on
 //! them, another does not. `EscapedSlashes` chooses: refuse (the default),
@@ -48,6 +52,8 @@ pub enum PathError {
     EscapedSlash,
     #[error("'..' climbs above the root")]
     AboveRoot,
+    #[error("a segment is empty or a dot segment once its ';' parameters are stripped")]
+    AmbiguousParameters,
     #[error("the query is not a valid URI query")]
     BadQuery,
 }
@@ -87,6 +93,15 @@ fn push_escaped(out: &mut Vec<u8>, b: u8) {
     out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]]);
 }
 
+/// `..;x`, `.;x`, `;x`: a segment some servers read as a dot segment or an
+/// empty one, once they strip its parameters.
+fn is_ambiguous_with_parameters(segment: &[u8]) -> bool {
+    match segment.iter().position(|&b| b == b';') {
+        Some(at) => matches!(&segment[..at], b"" | b"." | b".."),
+        None => false,
+    }
+}
+
 /// Already canonical: the common case, answered without allocating.
 fn is_canonical(path: &[u8]) -> bool {
     let Some(rest) = path.strip_prefix(b"/") else {
@@ -100,6 +115,7 @@ fn is_canonical(path: &[u8]) -> bool {
         if (segment.is_empty() && !last)
             || segment == b"."
             || segment == b".."
+            || is_ambiguous_with_parameters(segment)
             || !segment.iter().all(|&b| is_raw_allowed(b))
         {
             return false;
@@ -162,6 +178,9 @@ pub fn normalize(path: &[u8], escaped: EscapedSlashes) -> Result<Cow<'_, str>, P
                 if segments.pop().is_none() {
                     return Err(PathError::AboveRoot);
                 }
+            }
+            _ if is_ambiguous_with_parameters(segment) => {
+                return Err(PathError::AmbiguousParameters);
             }
             _ => {
                 segments.push(segment);
@@ -237,6 +256,23 @@ mod tests {
         assert_eq!(norm("login"), Err(PathError::NotAbsolute));
         assert_eq!(norm("/a\\..\\login"), Err(PathError::EscapedSlash));
         assert_eq!(norm("/a%5Clogin"), Err(PathError::EscapedSlash));
+        for tomcat in [
+            "/x/..;/login",
+            "/;/login",
+            "/;x=1/login",
+            "/x/.;y/login",
+            "/x/%2e%2e;/login",
+        ] {
+            assert_eq!(
+                norm(tomcat),
+                Err(PathError::AmbiguousParameters),
+                "{tomcat}"
+            );
+        }
+        assert_eq!(
+            norm("/login;jsessionid=1").as_deref(),
+            Ok("/login;jsessionid=1")
+        );
     }
 
     #[test]
@@ -253,8 +289,9 @@ mod tests {
     /// A random canonical path: segments of unreserved and raw-allowed
     /// characters (no dot segments).
     fn canonical_path() -> impl Strategy<Value = String> {
-        let segment = "[a-zA-Z0-9._~!$&'()*+,;=:@-]{1,8}"
-            .prop_filter("not a dot segment", |s| s != "." && s != "..");
+        let segment = "[a-zA-Z0-9._~!$&'()*+,;=:@-]{1,8}".prop_filter("not a dot segment", |s| {
+            s != "." && s != ".." && !is_ambiguous_with_parameters(s.as_bytes())
+        });
         (prop::collection::vec(segment, 0..6), any::<bool>()).prop_map(|(segments, slash)| {
             let mut path = String::new();
             for s in &segments {

@@ -74,7 +74,8 @@ impl PathPattern {
 }
 
 /// `match = { methods = [...], paths = [...] }`; an empty list matches all.
-/// A limit on GET also limits HEAD, which routers answer with the GET handler.
+/// A limit on GET also limits HEAD, which routers answer with the GET handler;
+/// methods match ignoring case.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Matcher {
     pub methods: Vec<Method>,
@@ -83,9 +84,16 @@ pub struct Matcher {
 
 impl Matcher {
     pub fn matches(&self, method: &Method, path: &str) -> bool {
+        // Methods are case-sensitive in HTTP, but some frameworks (Werkzeug)
+        // route `post` as POST.
+        let listed = |m: &str| {
+            self.methods
+                .iter()
+                .any(|l| l.as_str().eq_ignore_ascii_case(m))
+        };
         let method_matches = self.methods.is_empty()
-            || self.methods.contains(method)
-            || (method == Method::HEAD && self.methods.contains(&Method::GET));
+            || listed(method.as_str())
+            || (method.as_str().eq_ignore_ascii_case("HEAD") && listed("GET"));
         method_matches && (self.paths.is_empty() || self.paths.iter().any(|p| p.matches(path)))
     }
 

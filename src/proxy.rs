@@ -1,13 +1,20 @@
 //! The Pingora `ProxyHttp` implementation: phase hooks only, no arithmetic.
 //!
 //! ```text
-//! request_filter   canonical path (the upstream gets it too)
+//! (connection)     caps and head deadlines: see `connection`
+//! request_filter   strict framing: a Content-Length list, CL with TE, no Host: 400
+//!                  canonical path (the upstream gets it too)
 //!                  identify -> plan layers -> one limiter call
 //!                  refused: 429 written here, upstream never touched
 //!                  leaky bucket: wait for the slot, then go on
-//! upstream_peer    round robin over [upstream].servers
+//! upstream_peer    round robin over [upstream].servers, each server at most
+//!                  once per request (fail_to_connect decides the retry)
+//! upstream_request_filter  Host for HTTP/1.0 requests that had none
 //! response_filter  rate-limit headers of the most constrained layer
-//! fail_to_proxy    upstream down or slow: 502 / 504 with a JSON body
+//! fail_to_proxy    upstream down or slow: 502 / 504 with a JSON body, one
+//!                  warn line per failed request (Pingora's own are off: they
+//!                  carry query strings)
+//! logging          the connection's head clock starts again
 //! ```
 
 use std::borrow::Cow;
@@ -25,6 +32,7 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType, Result};
 
 use crate::algorithm::Decision;
+use crate::connection::HeadClock;
 use crate::headers::{self, Layer};
 use crate::limiter::LimiterError;
 use crate::path::{self, EscapedSlashes, PathError};
@@ -43,6 +51,11 @@ impl Gateway {
 
 pub struct RequestCtx {
     runtime: Arc<Runtime>,
+    /// The connection's head deadline (see `connection`).
+    head_clock: Option<Arc<HeadClock>>,
+    /// Upstream servers tried so far, and where the round started.
+    tries: usize,
+    first_server: usize,
     /// Rate-limit headers to add to the upstream's response.
     rate_headers: Vec<(&'static str, String)>,
     _in_flight: InFlight,
@@ -101,9 +114,11 @@ fn canonicalise_target(
             Some(at) => (&raw[..at], Some(&raw[at + 1..])),
             None => (raw, None),
         }
-    } else if raw == b"*" {
+    } else if raw == b"*" && request.method == http::Method::OPTIONS {
         // `OPTIONS *`: the server itself, no path to speak of.
         return Ok(());
+    } else if !is_absolute_form(raw) {
+        return Err(PathError::NotAbsolute);
     } else {
         // Absolute-form: the URI holds the path component alone.
         let uri = &request.uri;
@@ -121,6 +136,46 @@ fn canonicalise_target(
     let uri = http::Uri::from_maybe_shared(Bytes::from(target)).map_err(|_| PathError::BadQuery)?;
     request.set_uri(uri);
     Ok(())
+}
+
+/// What makes a request's framing ambiguous, if anything: a list of
+/// Content-Length values (even equal ones), Content-Length beside
+/// Transfer-Encoding, or an HTTP/1.1 request without Host. Such a request is
+/// never forwarded: a server behind may frame it differently.
+fn framing_problem(session: &Session) -> Option<(&'static str, &'static str)> {
+    let request = session.req_header();
+    let headers = &request.headers;
+    let lengths = headers.get_all(http::header::CONTENT_LENGTH);
+    if lengths.iter().count() > 1 || lengths.iter().any(|v| v.as_bytes().contains(&b',')) {
+        return Some(("bad_content_length", "more than one Content-Length value"));
+    }
+    // Pingora drops Content-Length when Transfer-Encoding is present; the
+    // raw head still shows it.
+    if headers.contains_key(http::header::TRANSFER_ENCODING)
+        && session.as_http1().is_some_and(|h1| {
+            h1.get_headers_raw_bytes()
+                .split(|&b| b == b'\n')
+                .any(|line| line.len() > 15 && line[..15].eq_ignore_ascii_case(b"content-length:"))
+        })
+    {
+        return Some((
+            "conflicting_framing",
+            "both Content-Length and Transfer-Encoding",
+        ));
+    }
+    if request.version == http::Version::HTTP_11 && !headers.contains_key(http::header::HOST) {
+        return Some(("missing_host", "an HTTP/1.1 request needs a Host header"));
+    }
+    None
+}
+
+/// `http://host/path` or `https://...`: the only other form a request
+/// target may take here (authority-form is CONNECT's, which is not proxied).
+fn is_absolute_form(target: &[u8]) -> bool {
+    let scheme_of = |prefix: &[u8]| {
+        target.len() > prefix.len() && target[..prefix.len()].eq_ignore_ascii_case(prefix)
+    };
+    scheme_of(b"http://") || scheme_of(b"https://")
 }
 
 /// 400 with `{"error":"<code>","reason":"<reason>"}`; `reason` is our own
@@ -156,15 +211,45 @@ impl ProxyHttp for Gateway {
     /// request.
     fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
 
+    /// The connection's context: its `HeadClock`. The head has been parsed.
+    fn on_connection_reuse(
+        &self,
+        _session: &mut Session,
+        ctx: &mut Self::CTX,
+        connection: Box<dyn std::any::Any + Send + Sync>,
+    ) {
+        if let Ok(clock) = connection.downcast::<Arc<HeadClock>>() {
+            clock.head_arrived();
+            ctx.head_clock = Some(*clock);
+        }
+    }
+
+    /// The response is over, on every path: the connection idles until the
+    /// next head.
+    async fn logging(&self, _session: &mut Session, _e: Option<&Error>, ctx: &mut Self::CTX) {
+        if let Some(clock) = &ctx.head_clock {
+            clock.await_next_head();
+        }
+    }
+
     fn new_ctx(&self) -> Self::CTX {
         RequestCtx {
             runtime: self.state.runtime.load_full(),
+            head_clock: None,
+            tries: 0,
+            first_server: 0,
             rate_headers: Vec::new(),
             _in_flight: self.state.request_started(),
         }
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
+        // Requests that arrive before the previous answer are kept and
+        // answered in order, each decided on its own.
+        session.set_pipelining_enabled(true);
+        if let Some((code, reason)) = framing_problem(session) {
+            return bad_request(session, code, reason).await;
+        }
         if self.state.draining() {
             // Shutting down: finish this request, then let the client go elsewhere.
             session.set_keepalive(None);
@@ -250,7 +335,73 @@ impl ProxyHttp for Gateway {
         _session: &mut Session,
         ctx: &mut Self::CTX,
     ) -> Result<Box<HttpPeer>> {
-        Ok(Box::new(ctx.runtime.upstream.pick()))
+        let upstreams = &ctx.runtime.upstream;
+        if ctx.tries == 0 {
+            ctx.first_server = upstreams.next_start();
+        }
+        let peer = upstreams.peer(ctx.first_server + ctx.tries);
+        ctx.tries += 1;
+        Ok(Box::new(peer))
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream_request: &mut pingora::http::RequestHeader,
+        ctx: &mut Self::CTX,
+    ) -> Result<()> {
+        // HTTP/1.0 allows no Host; the upstream gets HTTP/1.1, which needs one.
+        if !upstream_request.headers.contains_key(http::header::HOST)
+            && session.req_header().version == http::Version::HTTP_10
+        {
+            let server = ctx.first_server + ctx.tries.saturating_sub(1);
+            upstream_request
+                .insert_header(http::header::HOST, ctx.runtime.upstream.host(server))?;
+        }
+        Ok(())
+    }
+
+    /// Pingora's summary carries the query string; ours does not.
+    fn request_summary(&self, session: &Session, _ctx: &Self::CTX) -> String {
+        let request = session.req_header();
+        format!("{} {}", request.method, request.uri.path())
+    }
+
+    /// `fail_to_proxy` logs one line per failed request instead.
+    fn suppress_error_log(&self, _session: &Session, _ctx: &Self::CTX, _error: &Error) -> bool {
+        true
+    }
+
+    fn suppress_proxy_warn_log(
+        &self,
+        _session: &Session,
+        _ctx: &Self::CTX,
+        _error: &Error,
+        _context: pingora::proxy::ProxyWarnLogContext,
+    ) -> bool {
+        true
+    }
+
+    /// A failure after the request was sent is retried only where Pingora
+    /// would (an idempotent request on a pooled connection that turned out
+    /// stale), and never beyond one more round of the servers.
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        ctx: &mut Self::CTX,
+        client_reused: bool,
+    ) -> Box<Error> {
+        let mut e = e.more_context(format!("peer {peer}"));
+        let idempotent = session.req_header().method.is_idempotent()
+            && !session.as_ref().retry_buffer_truncated();
+        if idempotent && client_reused && ctx.tries <= ctx.runtime.upstream.len() {
+            e.retry.decide_reuse(client_reused);
+        } else {
+            e.set_retry(false);
+        }
+        e
     }
 
     async fn response_filter(
@@ -269,11 +420,12 @@ impl ProxyHttp for Gateway {
         &self,
         _session: &mut Session,
         _peer: &HttpPeer,
-        _ctx: &mut Self::CTX,
+        ctx: &mut Self::CTX,
         mut e: Box<Error>,
     ) -> Box<Error> {
-        // Nothing reached that server, so the next one may take the request.
-        e.set_retry(true);
+        // Nothing reached that server, so the next one may take the request;
+        // each server once, so the wait is bounded by servers x connect_timeout.
+        e.set_retry(ctx.tries < ctx.runtime.upstream.len());
         e
     }
 
@@ -281,7 +433,7 @@ impl ProxyHttp for Gateway {
         &self,
         session: &mut Session,
         e: &Error,
-        _ctx: &mut Self::CTX,
+        ctx: &mut Self::CTX,
     ) -> FailToProxy {
         let (status, error) = match (e.esource(), e.etype()) {
             (_, ErrorType::HTTPStatus(code)) => (*code, "bad_request"),
@@ -296,6 +448,16 @@ impl ProxyHttp for Gateway {
             (ErrorSource::Downstream, _) => (400, "bad_request"),
             _ => (500, "internal_error"),
         };
+        if matches!(e.esource(), ErrorSource::Upstream) {
+            let request = session.req_header();
+            warn!(
+                "upstream failed: {} {} -> {status} after {} attempt(s): {}",
+                request.method,
+                request.uri.path(),
+                ctx.tries,
+                e.etype().as_str()
+            );
+        }
         if status > 0 {
             let body = format!("{{\"error\":\"{error}\"}}");
             session.set_keepalive(None);

@@ -11,7 +11,8 @@ use pingora::services::listening::Service;
 
 use crate::admin::Admin;
 use crate::clock::{Clock, OffsetClock, SystemClock};
-use crate::config::{Config, IdentityKeySource};
+use crate::config::{Config, IdentityKeySource, ServerSettings};
+use crate::connection::{ConnectionCaps, ConnectionSettings, FrontDoor};
 use crate::limiter::{FallbackLimiter, Limiter, LocalLimiter, RedisLimiter};
 use crate::metrics::Metrics;
 use crate::proxy::Gateway;
@@ -63,6 +64,49 @@ fn clock_from_env() -> Result<Arc<dyn Clock>, BuildError> {
                 ms.saturating_mul(1000),
             )))
         }
+    }
+}
+
+/// File descriptors kept back from the connection cap's default: listeners,
+/// Redis, logs, the admin listener.
+const RESERVED_FDS: u64 = 64;
+
+/// Raises the soft open-files limit to the hard one (a proxy holds two
+/// descriptors per proxied request) and returns the limit in force.
+fn raise_open_files_limit() -> u64 {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => {
+                log::info!("open files limit raised from {soft} to {hard}");
+                hard
+            }
+            Err(e) => {
+                log::warn!("cannot raise the open files limit from {soft} to {hard}: {e}");
+                soft
+            }
+        },
+        Ok((soft, _)) => soft,
+        Err(e) => {
+            log::warn!("cannot read the open files limit: {e}");
+            1024
+        }
+    }
+}
+
+/// `[server]`'s connection settings, the total cap derived from the
+/// open-files limit when not given: each client connection may need an
+/// upstream one too, so half of what is left after the reserve.
+fn connection_settings(server: &ServerSettings) -> ConnectionSettings {
+    let open_files = raise_open_files_limit();
+    let derived = (open_files.saturating_sub(RESERVED_FDS) / 2).max(16);
+    ConnectionSettings {
+        header_timeout: server.header_timeout,
+        keepalive_timeout: server.keepalive_timeout,
+        max_connections: server
+            .max_connections
+            .unwrap_or_else(|| usize::try_from(derived).unwrap_or(usize::MAX)),
+        max_connections_per_ip: server.max_connections_per_ip,
     }
 }
 
@@ -139,12 +183,24 @@ pub fn build(config: &Config) -> Result<Floodgate, BuildError> {
     let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
     server.bootstrap();
 
-    let mut proxy =
-        pingora::proxy::http_proxy_service(&server.configuration, Gateway::new(state.clone()));
+    let connections = connection_settings(&config.server);
+    log::info!(
+        "connections: at most {} open, {} per client address; request heads within {:?}, idle keep-alive {:?}",
+        connections.max_connections,
+        connections.max_connections_per_ip,
+        connections.header_timeout,
+        connections.keepalive_timeout
+    );
+    let caps = ConnectionCaps::new(&connections, state.metrics.connections.clone());
+    let proxy = pingora::proxy::http_proxy(&server.configuration, Gateway::new(state.clone()));
+    let mut front = Service::new(
+        "floodgate".into(),
+        FrontDoor::new(proxy, state.clone(), caps, connections),
+    );
     for addr in &config.server.listen {
-        proxy.add_tcp(&addr.to_string());
+        front.add_tcp(&addr.to_string());
     }
-    server.add_service(proxy);
+    server.add_service(front);
     if let Some(admin_addr) = config.server.admin_listen {
         let mut admin = Service::new(
             "admin".into(),

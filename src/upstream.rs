@@ -30,13 +30,31 @@ impl Upstreams {
         })
     }
 
-    /// The next server in turn, with the configured timeouts.
-    pub fn pick(&self) -> HttpPeer {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.addrs.len();
-        let mut peer = HttpPeer::new(self.addrs[i], self.settings.tls, self.settings.sni.clone());
+    pub fn len(&self) -> usize {
+        self.addrs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.addrs.is_empty()
+    }
+
+    /// Where a request starts its round: the next server in turn.
+    pub fn next_start(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed) % self.addrs.len()
+    }
+
+    /// Server `i` (modulo the count), with the configured timeouts.
+    pub fn peer(&self, i: usize) -> HttpPeer {
+        let addr = self.addrs[i % self.addrs.len()];
+        let mut peer = HttpPeer::new(addr, self.settings.tls, self.settings.sni.clone());
         peer.options.connection_timeout = Some(self.settings.connect_timeout);
         peer.options.total_connection_timeout = Some(self.settings.connect_timeout);
         peer.options.read_timeout = Some(self.settings.read_timeout);
         peer
+    }
+
+    /// Server `i`'s address as a Host value, for requests that came without one.
+    pub fn host(&self, i: usize) -> String {
+        self.addrs[i % self.addrs.len()].to_string()
     }
 }

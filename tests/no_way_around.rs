@@ -53,6 +53,11 @@ fn every_spelling_of_a_limited_path_is_that_path() {
         let r = post(proxy.addr, spelling);
         assert_eq!(r.status, 429, "{spelling}: {}", r.body);
     }
+    // Werkzeug routes a lower-case method as the upper-case one.
+    for method in ["post", "Post"] {
+        let r = request(proxy.addr, method, "/login", &[], b"");
+        assert_eq!(r.status, 429, "{method}");
+    }
     for (spelling, error) in [
         ("/%2e%2e/login", "bad_path"),
         ("/x/../../login", "bad_path"),
@@ -62,6 +67,14 @@ fn every_spelling_of_a_limited_path_is_that_path() {
         ("/x/..%5Clogin", "escaped_slash"),
         ("/log%6", "bad_path"),
         ("/log%zzin", "bad_path"),
+        // Tomcat and Spring strip `;` parameters before resolving dots.
+        ("/x/..;/login", "bad_path"),
+        ("/;/login", "bad_path"),
+        ("/;x=1/login", "bad_path"),
+        // Not a path, not absolute-form: never forwarded as `/`.
+        ("login", "bad_path"),
+        ("mailto:a@b", "bad_path"),
+        ("*", "bad_path"),
     ] {
         let r = post(proxy.addr, spelling);
         assert_eq!(r.status, 400, "{spelling}: {}", r.body);
@@ -130,6 +143,26 @@ match = { methods = ["GET"], paths = ["/items/"] }
     assert_eq!(post(proxy.addr, "/public\\..\\LOGIN").status, 429);
     // The upstream gets the case it was sent.
     assert_eq!(upstream_paths(&upstream), ["/Login", "/LOGIN"]);
+}
+
+#[test]
+fn patterns_are_normalised_like_paths() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(
+        &upstream,
+        r#"
+[[limits]]
+name = "home"
+key = "ip"
+algorithm = "fixed_window"
+limit = 1
+window = "1m"
+match = { paths = ["/%7euser/./caf%c3%a9//*"] }
+"#,
+    );
+    assert_eq!(proxy.get("/~user/caf%C3%A9/x").status, 200);
+    assert_eq!(proxy.get("/%7Euser/caf\u{e9}/y").status, 429);
+    assert_eq!(proxy.get("/~user//caf%c3%a9/./z").status, 429);
 }
 
 #[test]
@@ -436,6 +469,18 @@ fn behind_a_forwarded_proxy_a_clients_own_x_forwarded_for_is_ignored() {
     );
     let r = with_headers(proxy.addr, &[b"Forwarded: for=unknown"]);
     assert_eq!(r.status, 400);
+    // A quote the client leaves open must not swallow the element the
+    // trusted proxy appended to the same line (nginx's
+    // "$http_forwarded, for=$remote_addr"): refused, never the client's pick.
+    for _ in 0..3 {
+        let r = with_headers(
+            proxy.addr,
+            &[b"Forwarded: for=10.0.0.1;x=\", for=198.51.100.21"],
+        );
+        assert_eq!(r.status, 400, "{}", r.body);
+    }
+    let r = with_headers(proxy.addr, &[b"Forwarded: for=10.0.0.1;for=198.51.100.22"]);
+    assert_eq!(r.status, 400, "two for= in one element");
 }
 
 #[test]

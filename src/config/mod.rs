@@ -87,6 +87,10 @@ struct ServerSection {
     escaped_slashes: Option<EscapedSlashesName>,
     #[serde(default)]
     case_insensitive_paths: bool,
+    header_timeout: Option<String>,
+    keepalive_timeout: Option<String>,
+    max_connections: Option<i64>,
+    max_connections_per_ip: Option<i64>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -289,6 +293,11 @@ pub struct ServerSettings {
     pub admin_listen: Option<SocketAddr>,
     pub threads: usize,
     pub grace_period: Duration,
+    pub header_timeout: Duration,
+    pub keepalive_timeout: Duration,
+    /// None: derived from the open-files limit at start.
+    pub max_connections: Option<usize>,
+    pub max_connections_per_ip: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -478,6 +487,14 @@ impl AsSegment for usize {
 }
 
 const DEFAULT_GRACE: Duration = Duration::from_secs(5);
+/// Long enough for a phone on a bad link to send a head, short enough that a
+/// slow-header client holds a connection for seconds, not minutes.
+const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// What browsers and most load balancers keep idle connections for.
+const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(60);
+/// A browser opens about 6 connections per host; a NAT of a few dozen users
+/// fits; one address cannot take the fd table.
+const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 256;
 const DEFAULT_MAX_KEYS: u64 = 1_000_000;
 const MAX_SLIDING_LOG: u64 = 100_000;
 
@@ -636,6 +653,23 @@ fn validate_server(s: &ServerSection) -> Result<ServerSettings, Invalid> {
     if threads == 0 || threads > 1024 {
         return Err(at(&[&"server", &"threads"], "must be from 1 to 1024"));
     }
+    let positive = |value: Option<String>, default: Duration, key: &'static str| {
+        let d = duration(&value, default, &[&"server", &key])?;
+        if d.is_zero() {
+            return Err(at(&[&"server", &key], "must be longer than 0"));
+        }
+        Ok(d)
+    };
+    let count = |value: Option<i64>, key: &'static str| -> Result<Option<usize>, Invalid> {
+        value
+            .map(|n| {
+                usize::try_from(n)
+                    .ok()
+                    .filter(|&n| n >= 1)
+                    .ok_or_else(|| at(&[&"server", &key], "must be a whole number of at least 1"))
+            })
+            .transpose()
+    };
     Ok(ServerSettings {
         listen,
         admin_listen,
@@ -645,6 +679,19 @@ fn validate_server(s: &ServerSection) -> Result<ServerSettings, Invalid> {
             DEFAULT_GRACE,
             &[&"server", &"grace_period"],
         )?,
+        header_timeout: positive(
+            s.header_timeout.clone(),
+            DEFAULT_HEADER_TIMEOUT,
+            "header_timeout",
+        )?,
+        keepalive_timeout: positive(
+            s.keepalive_timeout.clone(),
+            DEFAULT_KEEPALIVE_TIMEOUT,
+            "keepalive_timeout",
+        )?,
+        max_connections: count(s.max_connections, "max_connections")?,
+        max_connections_per_ip: count(s.max_connections_per_ip, "max_connections_per_ip")?
+            .unwrap_or(DEFAULT_MAX_CONNECTIONS_PER_IP),
     })
 }
 
@@ -895,11 +942,19 @@ fn validate_clients(c: &ClientsSection, hasher: IdentityHasher) -> Result<Client
     })
 }
 
+/// A pattern is matched against normalised paths, so it is normalised too
+/// (`/%7euser/*` is `/~user/*`); one that cannot be is refused rather than
+/// left to match nothing.
 fn path_pattern(p: &str) -> Result<PathPattern, String> {
-    if !p.starts_with('/') && !p.starts_with('*') {
+    if p.starts_with('*') {
+        return Ok(PathPattern::new(p));
+    }
+    if !p.starts_with('/') {
         return Err(format!("\"{p}\" must start with '/' (or '*')"));
     }
-    Ok(PathPattern::new(p))
+    let canonical = crate::path::normalize(p.as_bytes(), EscapedSlashes::Keep)
+        .map_err(|e| format!("\"{p}\" is not a path a request can have: {e}"))?;
+    Ok(PathPattern::new(&canonical))
 }
 
 fn validate_match(

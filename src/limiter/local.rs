@@ -141,7 +141,7 @@ impl LocalLimiter {
                 if guard.contains(&check.key) {
                     return Home::Shard(slot);
                 }
-                if make_room(guard, pending[slot] + 1, now_us) {
+                if make_room(guard, pending[slot] + 1, now_us, checks) {
                     pending[slot] += 1;
                     Home::Shard(slot)
                 } else {
@@ -254,8 +254,10 @@ impl LocalLimiter {
 }
 
 /// Whether `shard` can take `needed` more keys, dropping idle state (and
-/// only idle state) near its least recently used end to make the room.
-fn make_room(shard: &mut Shard, needed: usize, now_us: u64) -> bool {
+/// only idle state) near its least recently used end to make the room. Keys
+/// of the request being decided stay: one of them may be idle now and
+/// written in a moment.
+fn make_room(shard: &mut Shard, needed: usize, now_us: u64, request: &[Check]) -> bool {
     let cap = shard.cap().get();
     if shard.len() + needed <= cap {
         return true;
@@ -264,7 +266,7 @@ fn make_room(shard: &mut Shard, needed: usize, now_us: u64) -> bool {
         .iter()
         .rev()
         .take(IDLE_SCAN)
-        .filter(|(_, e)| e.idle_at_us <= now_us)
+        .filter(|(k, e)| e.idle_at_us <= now_us && !request.iter().any(|c| c.key == **k))
         .map(|(k, _)| *k)
         .take(shard.len() + needed - cap)
         .collect();
@@ -287,6 +289,12 @@ fn update(entry: &mut Entry, check: &Check, evaluation: &Evaluation, now_us: u64
 fn store(shard: &mut Shard, check: &Check, evaluation: &Evaluation, now_us: u64) {
     if let Some(entry) = shard.get_mut(&check.key) {
         update(entry, check, evaluation, now_us);
+        return;
+    }
+    if shard.len() >= shard.cap().get() {
+        // Room was made when the request was evaluated; should it be gone,
+        // dropping this update beats displacing somebody's live state.
+        debug_assert!(false, "no room reserved for a new key");
         return;
     }
     let mut state = check.algorithm.fresh_state();

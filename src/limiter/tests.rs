@@ -177,3 +177,37 @@ fn room_held_by_idle_state_is_reused_before_overflowing() {
     assert_eq!(l.overflow_decisions() - before, empty.overflow_decisions());
     assert_eq!(l.len(), empty.len());
 }
+
+#[test]
+fn room_for_one_layer_is_never_taken_from_another_layer_of_the_same_request() {
+    // Two keys per shard; identities chosen so that all keys share shard 0.
+    let (clock, l) = limiter(128);
+    let in_shard_0 = |layer: usize, algorithm| check(layer, algorithm, layer as u128 + 100, 1);
+    let short = Algorithm::FixedWindow {
+        limit: 100,
+        window_us: SEC,
+    };
+    let long = Algorithm::FixedWindow {
+        limit: 2,
+        window_us: 3600 * SEC,
+    };
+    let (a, victim, b) = (
+        in_shard_0(0, short),
+        in_shard_0(1, long),
+        in_shard_0(2, long),
+    );
+    assert!([&a, &victim, &b].iter().all(|c| c.key.shard(64) == 0));
+    assert!(l.decide_now(std::slice::from_ref(&a))[0].allowed);
+    for allowed in [true, true, false] {
+        assert_eq!(
+            l.decide_now(std::slice::from_ref(&victim))[0].allowed,
+            allowed
+        );
+    }
+    // a is idle (present, as good as fresh); the shard is full. A request
+    // with a and b: b may not take a's place and so push the victim out.
+    clock.advance(2 * SEC);
+    assert!(admitted(&[a.clone(), b.clone()], &l.decide_now(&[a, b])));
+    assert!(!l.decide_now(std::slice::from_ref(&victim))[0].allowed);
+    assert!(l.len() <= 128);
+}

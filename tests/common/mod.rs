@@ -327,9 +327,27 @@ impl Proxy {
         config_path: PathBuf,
         env: &[(&str, &str)],
     ) -> Proxy {
+        Proxy::spawn_wrapped(addr, admin, config_path, env, &[])
+    }
+
+    /// Like `spawn`, the binary run by `wrapper` (e.g. `prlimit --nofile=...`).
+    pub fn spawn_wrapped(
+        addr: SocketAddr,
+        admin: Option<SocketAddr>,
+        config_path: PathBuf,
+        env: &[(&str, &str)],
+        wrapper: &[&str],
+    ) -> Proxy {
         let log_path = config_path.with_extension("log");
         let log = std::fs::File::create(&log_path).expect("log file");
-        let mut command = Command::new(binary());
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(binary());
+                c
+            }
+            None => Command::new(binary()),
+        };
         command
             .arg("--config")
             .arg(&config_path)

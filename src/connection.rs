@@ -1,0 +1,549 @@
+//! The connection before any request exists: caps on how many connections
+//! are open (in all, and per client address), and deadlines on the request
+//! head and on idle keep-alive connections.
+//!
+//! Pingora reads a request head with a timeout per read (a client that sends
+//! one byte every few seconds never trips it) and keeps an idle HTTP/1.1
+//! connection forever, and it has no connection cap. So floodgate serves each
+//! TCP connection itself (`FrontDoor`, a `ServerApp` around Pingora's proxy):
+//!
+//! ```text
+//! accept -> permit (total cap, per-address cap)   none: closed at once
+//!        -> stream wrapped with a HeadClock
+//!        -> loop: one HTTP/1 session after another (Pingora parses and proxies)
+//! HeadClock: from accept, the first head must be complete within header_timeout;
+//!            after a response, the next head's first byte within keepalive_timeout,
+//!            then the whole head within header_timeout. A late head gets 408 and
+//!            the connection is closed; an idle connection is just closed.
+//! ```
+//!
+//! The proxy tells the clock when a head has been parsed (`head_arrived`) and
+//! when a response is over (`await_next_head`), through the connection's
+//! user context that Pingora hands to `ProxyHttp::on_connection_reuse`.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use log::{debug, warn};
+use pingora::apps::{HttpServerApp, ServerApp};
+use pingora::protocols::http::ServerSession;
+use pingora::protocols::raw_connect::ProxyDigest;
+use pingora::protocols::tls::TlsRef;
+use pingora::protocols::SocketDigest;
+use pingora::protocols::{
+    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, Ssl, Stream, TimingDigest,
+    UniqueID, UniqueIDType, ALPN,
+};
+use pingora::proxy::HttpProxy;
+use pingora::server::ShutdownWatch;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
+
+use crate::metrics::ConnectionMetrics;
+use crate::proxy::Gateway;
+use crate::state::AppState;
+
+/// `[server]` connection settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionSettings {
+    pub header_timeout: Duration,
+    pub keepalive_timeout: Duration,
+    pub max_connections: usize,
+    pub max_connections_per_ip: usize,
+}
+
+/// How long a refused address stays quiet in the log.
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Beyond this many addresses remembered for log throttling, forget them all.
+const REFUSAL_LOG_MEMORY: usize = 10_000;
+
+/// What a late head gets before the connection closes.
+const REQUEST_TIMEOUT: &[u8] = b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: 33\r\n\r\n{\"error\":\"request_head_timeout\"}\n";
+
+// ---------------------------------------------------------------------------
+// Caps.
+
+/// Open connections, in all and per client address.
+pub struct ConnectionCaps {
+    max_total: usize,
+    max_per_ip: usize,
+    total: AtomicUsize,
+    per_ip: Mutex<PerIp>,
+    metrics: ConnectionMetrics,
+}
+
+#[derive(Default)]
+struct PerIp {
+    open: HashMap<IpAddr, usize>,
+    /// When each address was last logged as refused.
+    logged: HashMap<IpAddr, Instant>,
+}
+
+/// One open connection's place under the caps, given back on drop.
+pub struct Permit {
+    caps: Arc<ConnectionCaps>,
+    /// The address counted against the per-address cap (none for trusted
+    /// proxies, which hold many clients' connections).
+    counted_as: Option<IpAddr>,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.caps.total.fetch_sub(1, Ordering::AcqRel);
+        self.caps.metrics.open.dec();
+        if let Some(ip) = self.counted_as {
+            let mut per_ip = self.caps.lock();
+            if let Some(n) = per_ip.open.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    per_ip.open.remove(&ip);
+                }
+            }
+        }
+    }
+}
+
+/// Why a connection was closed at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapReached {
+    Total,
+    PerAddress,
+}
+
+impl ConnectionCaps {
+    pub fn new(settings: &ConnectionSettings, metrics: ConnectionMetrics) -> Arc<Self> {
+        Arc::new(ConnectionCaps {
+            max_total: settings.max_connections,
+            max_per_ip: settings.max_connections_per_ip,
+            total: AtomicUsize::new(0),
+            per_ip: Mutex::new(PerIp::default()),
+            metrics,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PerIp> {
+        // Counts are plain integers: a panic elsewhere leaves them usable.
+        self.per_ip.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A place for a new connection from `address` (already grouped: an
+    /// IPv6 client by its prefix), or which cap it hit. `None` counts
+    /// against the total only.
+    pub fn admit(self: &Arc<Self>, address: Option<IpAddr>) -> Result<Permit, CapReached> {
+        if self.total.fetch_add(1, Ordering::AcqRel) >= self.max_total {
+            self.total.fetch_sub(1, Ordering::AcqRel);
+            return Err(CapReached::Total);
+        }
+        if let Some(ip) = address {
+            let mut per_ip = self.lock();
+            let open = per_ip.open.entry(ip).or_insert(0);
+            if *open >= self.max_per_ip {
+                drop(per_ip);
+                self.total.fetch_sub(1, Ordering::AcqRel);
+                return Err(CapReached::PerAddress);
+            }
+            *open += 1;
+        }
+        self.metrics.open.inc();
+        Ok(Permit {
+            caps: self.clone(),
+            counted_as: address,
+        })
+    }
+
+    /// Counts a refusal; logs it unless this address was logged within the
+    /// last minute.
+    fn refused(&self, peer: Option<IpAddr>, reason: CapReached) {
+        let (label, cap) = match reason {
+            CapReached::Total => ("total", self.max_total),
+            CapReached::PerAddress => ("per_ip", self.max_per_ip),
+        };
+        self.metrics.refused.with_label_values(&[label]).inc();
+        let now = Instant::now();
+        let due = {
+            let mut per_ip = self.lock();
+            if per_ip.logged.len() >= REFUSAL_LOG_MEMORY {
+                per_ip.logged.clear();
+            }
+            let key = peer.unwrap_or(IpAddr::from([0, 0, 0, 0]));
+            match per_ip.logged.get(&key) {
+                Some(at) if now.duration_since(*at) < REFUSAL_LOG_INTERVAL => false,
+                _ => {
+                    per_ip.logged.insert(key, now);
+                    true
+                }
+            }
+        };
+        if due {
+            let who = peer.map_or_else(|| "unknown".to_string(), |ip| ip.to_string());
+            warn!(
+                "connection from {who} closed at once: {label} connection cap ({cap}) reached (logged once a minute per address)"
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Deadlines.
+
+/// When the next request head must have arrived on one connection.
+pub struct HeadClock {
+    header_timeout: Duration,
+    keepalive_timeout: Duration,
+    state: Mutex<ClockState>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum ClockState {
+    /// Between requests: the next head's first byte is due by then.
+    Idle { until: Instant },
+    /// A head is arriving: it must be complete by then.
+    Head { until: Instant },
+    /// A head was parsed; the request's own timeouts apply until its
+    /// response is over.
+    InRequest,
+}
+
+impl fmt::Debug for HeadClock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "HeadClock({:?})", self.state())
+    }
+}
+
+impl HeadClock {
+    /// The clock of a connection accepted now: its first head is due within
+    /// `header_timeout`, counted from the accept (a connection that sends
+    /// nothing is as slow as one that trickles).
+    pub fn new(header_timeout: Duration, keepalive_timeout: Duration) -> Arc<Self> {
+        Arc::new(HeadClock {
+            header_timeout,
+            keepalive_timeout,
+            state: Mutex::new(ClockState::Head {
+                until: Instant::now() + header_timeout,
+            }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ClockState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn state(&self) -> ClockState {
+        *self.lock()
+    }
+
+    /// A whole head was parsed.
+    pub fn head_arrived(&self) {
+        *self.lock() = ClockState::InRequest;
+    }
+
+    /// A response is over: the connection idles until the next head starts.
+    pub fn await_next_head(&self) {
+        *self.lock() = ClockState::Idle {
+            until: Instant::now() + self.keepalive_timeout,
+        };
+    }
+
+    /// Bytes arrived: an idle connection starts its next head.
+    fn bytes_arrived(&self) {
+        let mut state = self.lock();
+        if let ClockState::Idle { .. } = *state {
+            *state = ClockState::Head {
+                until: Instant::now() + self.header_timeout,
+            };
+        }
+    }
+}
+
+/// The client's stream, read under the connection's `HeadClock`.
+pub struct GuardedStream {
+    inner: Stream,
+    clock: Arc<HeadClock>,
+    timer: Pin<Box<Sleep>>,
+    /// Set once the deadline passed: reads end the connection from then on.
+    expired: bool,
+    metrics: ConnectionMetrics,
+}
+
+impl fmt::Debug for GuardedStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GuardedStream")
+            .field("inner", &self.inner)
+            .field("clock", &self.clock)
+            .finish()
+    }
+}
+
+impl GuardedStream {
+    pub fn new(inner: Stream, clock: Arc<HeadClock>, metrics: ConnectionMetrics) -> Self {
+        GuardedStream {
+            inner,
+            clock,
+            timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            expired: false,
+            metrics,
+        }
+    }
+
+    /// The head came too late: tell the client (if it was sending one) and
+    /// end the stream.
+    fn expire(&mut self, cx: &mut Context<'_>, late_head: bool) {
+        self.expired = true;
+        if late_head {
+            self.metrics.header_timeouts.inc();
+            debug!("request head not complete in time: 408, closing");
+            // Small enough for any socket buffer; if it does not fit at
+            // once, the connection closes without it.
+            let _ = Pin::new(&mut *self.inner).poll_write(cx, REQUEST_TIMEOUT);
+            let _ = Pin::new(&mut *self.inner).poll_flush(cx);
+        } else {
+            self.metrics.idle_timeouts.inc();
+        }
+    }
+}
+
+impl AsyncRead for GuardedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.expired {
+            // End of stream: Pingora closes the connection.
+            return Poll::Ready(Ok(()));
+        }
+        let before = buf.filled().len();
+        let this = &mut *self;
+        match Pin::new(&mut *this.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    this.clock.bytes_arrived();
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => {
+                let (until, late_head) = match this.clock.state() {
+                    ClockState::InRequest => return Poll::Pending,
+                    ClockState::Idle { until } => (until, false),
+                    ClockState::Head { until } => (until, true),
+                };
+                if this.timer.deadline() != until {
+                    this.timer.as_mut().reset(until);
+                }
+                match this.timer.as_mut().poll(cx) {
+                    Poll::Pending => Poll::Pending,
+                    Poll::Ready(()) => {
+                        this.expire(cx, late_head);
+                        Poll::Ready(Ok(()))
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl AsyncWrite for GuardedStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut *self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut *self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+// The rest of Pingora's stream interface passes straight through.
+
+#[async_trait]
+impl Shutdown for GuardedStream {
+    async fn shutdown(&mut self) {
+        self.inner.shutdown().await
+    }
+}
+
+impl UniqueID for GuardedStream {
+    fn id(&self) -> UniqueIDType {
+        self.inner.id()
+    }
+}
+
+impl Ssl for GuardedStream {
+    fn get_ssl(&self) -> Option<&TlsRef> {
+        self.inner.get_ssl()
+    }
+
+    fn get_ssl_digest(&self) -> Option<Arc<pingora::protocols::tls::SslDigest>> {
+        self.inner.get_ssl_digest()
+    }
+
+    fn selected_alpn_proto(&self) -> Option<ALPN> {
+        self.inner.selected_alpn_proto()
+    }
+}
+
+impl GetTimingDigest for GuardedStream {
+    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+        self.inner.get_timing_digest()
+    }
+
+    fn get_read_pending_time(&self) -> Duration {
+        self.inner.get_read_pending_time()
+    }
+
+    fn get_write_pending_time(&self) -> Duration {
+        self.inner.get_write_pending_time()
+    }
+}
+
+impl GetProxyDigest for GuardedStream {
+    fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
+        self.inner.get_proxy_digest()
+    }
+
+    fn set_proxy_digest(&mut self, digest: ProxyDigest) {
+        self.inner.set_proxy_digest(digest)
+    }
+}
+
+impl GetSocketDigest for GuardedStream {
+    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
+        self.inner.get_socket_digest()
+    }
+
+    fn set_socket_digest(&mut self, digest: SocketDigest) {
+        self.inner.set_socket_digest(digest)
+    }
+}
+
+#[async_trait]
+impl Peek for GuardedStream {
+    async fn try_peek(&mut self, buf: &mut [u8]) -> std::io::Result<bool> {
+        self.inner.try_peek(buf).await
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The front door.
+
+/// Serves each accepted connection: caps, then HTTP/1 sessions one after the
+/// other under the connection's `HeadClock`.
+pub struct FrontDoor {
+    proxy: Arc<HttpProxy<Gateway>>,
+    state: Arc<AppState>,
+    caps: Arc<ConnectionCaps>,
+    settings: ConnectionSettings,
+}
+
+impl FrontDoor {
+    pub fn new(
+        proxy: HttpProxy<Gateway>,
+        state: Arc<AppState>,
+        caps: Arc<ConnectionCaps>,
+        settings: ConnectionSettings,
+    ) -> Self {
+        FrontDoor {
+            proxy: Arc::new(proxy),
+            state,
+            caps,
+            settings,
+        }
+    }
+
+    /// Pingora's own per-read keep-alive timeout, kept out of the way of the
+    /// clock's deadlines (it would close silently where a 408 is due).
+    fn backstop_secs(&self) -> u64 {
+        self.settings
+            .header_timeout
+            .max(self.settings.keepalive_timeout)
+            .as_secs()
+            + 1
+    }
+}
+
+fn peer_of(stream: &Stream) -> Option<IpAddr> {
+    let digest = stream.get_socket_digest()?;
+    let addr = digest.peer_addr()?.as_inet()?;
+    Some(crate::identity::normalize(addr.ip()))
+}
+
+#[async_trait]
+impl ServerApp for FrontDoor {
+    async fn process_new(
+        self: &Arc<Self>,
+        stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        let peer = peer_of(&stream);
+        let counted_as = peer.and_then(|ip| {
+            let runtime = self.state.runtime.load();
+            runtime.policy.clients.connection_group(ip)
+        });
+        let _permit = match self.caps.admit(counted_as) {
+            Ok(permit) => permit,
+            Err(reason) => {
+                self.caps.refused(peer, reason);
+                // Dropping the stream closes it.
+                return None;
+            }
+        };
+        let clock = HeadClock::new(
+            self.settings.header_timeout,
+            self.settings.keepalive_timeout,
+        );
+        let mut stream: Stream = Box::new(GuardedStream::new(
+            stream,
+            clock.clone(),
+            self.caps.metrics.clone(),
+        ));
+        let mut persisted = None;
+        loop {
+            let mut session = ServerSession::new_http1(stream);
+            if *shutdown.borrow() {
+                session.set_keepalive(None);
+            } else {
+                session.set_keepalive(Some(self.backstop_secs()));
+            }
+            if let Some(settings) = persisted {
+                pingora::apps::HttpPersistentSettings::apply_to_session(settings, &mut session);
+            }
+            // After the persisted settings, which carry no context of ours.
+            session.set_connection_user_context(Some(Box::new(clock.clone())));
+            let reused = self.proxy.process_new_http(session, shutdown).await?;
+            (stream, persisted) = reused.consume();
+        }
+    }
+
+    async fn cleanup(&self) {
+        self.proxy.http_cleanup().await
+    }
+}

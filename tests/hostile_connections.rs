@@ -1,0 +1,533 @@
+//! Hostile connections: what never becomes a proper request. Slow heads,
+//! idle keep-alives, one address holding thousands of connections, pipelined
+//! and early requests, ambiguous framing, dead upstreams, and what the log
+//! must never say. The real binary, real sockets, all on 127.0.0.0/8.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const PER_IP_TEN: &str = r#"
+[[limits]]
+name = "per-ip"
+key = "ip"
+algorithm = "fixed_window"
+limit = 10
+window = "1h"
+"#;
+
+/// A config with `server_lines` added to `[server]` and an admin listener.
+fn proxy_with(upstream: SocketAddr, server_lines: &str, body: &str, wrapper: &[&str]) -> Proxy {
+    let dir = temp_dir();
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let text = config_text(addr, upstream, body).replace(
+        "grace_period = \"1s\"",
+        &format!("grace_period = \"1s\"\nadmin_listen = \"{admin}\"\n{server_lines}"),
+    );
+    let path = dir.join("proxy.toml");
+    std::fs::write(&path, text).expect("config");
+    Proxy::spawn_wrapped(addr, Some(admin), path, &[], wrapper)
+}
+
+/// A TCP connection to `to` from the local address `from` (any 127.x.y.z).
+fn connect_from(from: &str, to: SocketAddr) -> std::io::Result<TcpStream> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+    let local: SocketAddr = format!("{from}:0").parse().map_err(std::io::Error::other)?;
+    socket.bind(&local.into())?;
+    socket.connect(&to.into())?;
+    Ok(socket.into())
+}
+
+/// Reads one response (status and body) off a kept-alive connection.
+fn read_response(reader: &mut impl BufRead) -> Option<(u16, String)> {
+    let mut status_line = String::new();
+    if reader.read_line(&mut status_line).ok()? == 0 {
+        return None;
+    }
+    let status = status_line.split_whitespace().nth(1)?.parse().ok()?;
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).ok()?;
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = line.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                length = v.trim().parse().ok()?;
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok()?;
+    Some((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// Waits until the server closes `stream` (or `limit` passes); what it sent
+/// before closing, and when it closed.
+fn until_closed(stream: &mut TcpStream, limit: Duration) -> (Vec<u8>, Option<Instant>) {
+    let deadline = Instant::now() + limit;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while Instant::now() < deadline {
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(50)));
+        match stream.read(&mut buf) {
+            Ok(0) => return (got, Some(Instant::now())),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => return (got, Some(Instant::now())),
+        }
+    }
+    (got, None)
+}
+
+#[test]
+fn slow_heads_and_idle_connections_are_closed_in_time() {
+    let upstream = Upstream::start();
+    let proxy = proxy_with(
+        upstream.addr,
+        "header_timeout = \"1s\"\nkeepalive_timeout = \"2s\"",
+        "",
+        &[],
+    );
+    let addr = proxy.addr;
+    // 50 clients trickling a head one header line every 200 ms.
+    let slow: Vec<_> = (0..50)
+        .map(|_| {
+            thread::spawn(move || {
+                let started = Instant::now();
+                let mut s = TcpStream::connect(addr).expect("connect");
+                let _ = s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n");
+                let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+                let mut got = Vec::new();
+                let mut buf = [0u8; 256];
+                while started.elapsed() < Duration::from_secs(6) {
+                    if s.write_all(b"X-Slow: 1\r\n").is_err() {
+                        break;
+                    }
+                    match s.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                        Err(_) => {}
+                    }
+                }
+                (
+                    started.elapsed(),
+                    String::from_utf8_lossy(&got).into_owned(),
+                )
+            })
+        })
+        .collect();
+    // Meanwhile a legitimate client is served as usual.
+    let mut legit = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        assert_eq!(proxy.get("/").status, 200);
+        legit.push(t.elapsed());
+    }
+    let mut closed_after = Vec::new();
+    for handle in slow {
+        let (took, got) = handle.join().expect("slow client");
+        assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+        assert!(took < Duration::from_secs(2), "closed after {took:?}");
+        closed_after.push(took);
+    }
+    // A connection that sends nothing at all is as slow.
+    let mut silent = TcpStream::connect(addr).expect("connect");
+    let started = Instant::now();
+    let (got, closed) = until_closed(&mut silent, Duration::from_secs(5));
+    let silent_took = closed.map(|c| c - started).expect("closed");
+    assert!(silent_took < Duration::from_secs(2), "{silent_took:?}");
+    assert!(got.starts_with(b"HTTP/1.1 408"));
+
+    // After a complete request: idle is closed after keepalive_timeout, with nothing sent.
+    let mut idle = TcpStream::connect(addr).expect("connect");
+    idle.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        .expect("send");
+    let mut reader = BufReader::new(idle.try_clone().expect("clone"));
+    assert_eq!(read_response(&mut reader).map(|r| r.0), Some(200));
+    let idle_from = Instant::now();
+    let (got, closed) = until_closed(&mut idle, Duration::from_secs(6));
+    let idle_took = closed.map(|c| c - idle_from).expect("closed");
+    assert!(got.is_empty());
+    assert!(
+        idle_took >= Duration::from_millis(1900) && idle_took < Duration::from_secs(3),
+        "{idle_took:?}"
+    );
+
+    // Half of a second request, then silence: 408 within header_timeout.
+    let mut half = TcpStream::connect(addr).expect("connect");
+    half.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        .expect("send");
+    let mut reader = BufReader::new(half.try_clone().expect("clone"));
+    assert_eq!(read_response(&mut reader).map(|r| r.0), Some(200));
+    half.write_all(b"GET / HTTP/1.1\r\nHo").expect("send half");
+    let half_from = Instant::now();
+    let (got, closed) = until_closed(&mut half, Duration::from_secs(5));
+    let half_took = closed.map(|c| c - half_from).expect("closed");
+    assert!(half_took < Duration::from_secs(2), "{half_took:?}");
+    assert!(
+        got.starts_with(b"HTTP/1.1 408"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+
+    assert!(proxy.metric("floodgate_header_timeouts_total") >= 52.0);
+    assert!(proxy.metric("floodgate_idle_timeouts_total") >= 1.0);
+    legit.sort();
+    closed_after.sort();
+    record(
+        "slow_and_idle_connections",
+        &format!(
+            "header_timeout 1s, keepalive_timeout 2s\n50 slow-header clients closed with 408 after {:?} .. {:?}\nsilent connection closed after {silent_took:?}\nidle keep-alive closed after {idle_took:?}\nhalf a second request closed after {half_took:?}\nlegitimate requests meanwhile: median {:?}, max {:?}\n",
+            closed_after[0],
+            closed_after[closed_after.len() - 1],
+            legit[legit.len() / 2],
+            legit[legit.len() - 1]
+        ),
+    );
+}
+
+fn resident_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn one_address_cannot_hold_more_than_its_share() {
+    let upstream = Upstream::start();
+    let proxy = proxy_with(
+        upstream.addr,
+        "header_timeout = \"30s\"\nmax_connections_per_ip = 50",
+        "",
+        &[],
+    );
+    let rss_before = resident_kib(proxy.pid());
+    // 50 idle connections from 127.0.0.1, each after one request.
+    let held: Vec<TcpStream> = (0..50)
+        .map(|_| {
+            let mut s = TcpStream::connect(proxy.addr).expect("connect");
+            s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+                .expect("send");
+            let mut reader = BufReader::new(s.try_clone().expect("clone"));
+            assert_eq!(read_response(&mut reader).map(|r| r.0), Some(200));
+            s
+        })
+        .collect();
+    assert!(wait_until(Duration::from_secs(5), || proxy
+        .metric("floodgate_connections_open")
+        == 50.0));
+    let rss_held = resident_kib(proxy.pid());
+    // The 51st from the same address is closed at once, without an answer;
+    // so are the next 200 attempts.
+    for _ in 0..200 {
+        let mut extra = TcpStream::connect(proxy.addr).expect("connect");
+        let _ = extra.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n");
+        let (got, closed) = until_closed(&mut extra, Duration::from_secs(2));
+        assert!(
+            closed.is_some() && got.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&got)
+        );
+    }
+    // Another address is served.
+    let mut other = connect_from("127.0.0.2", proxy.addr).expect("connect from 127.0.0.2");
+    other
+        .write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .expect("send");
+    let mut reader = BufReader::new(other);
+    assert_eq!(read_response(&mut reader).map(|r| r.0), Some(200));
+    assert_eq!(
+        proxy.metric("floodgate_connections_refused_total{cap=\"per_ip\"}"),
+        200.0
+    );
+    let log = proxy.log();
+    assert_eq!(
+        log.matches("per_ip connection cap (50) reached").count(),
+        1,
+        "logged once a minute per address: {log}"
+    );
+    drop(held);
+    assert!(wait_until(Duration::from_secs(5), || proxy
+        .metric("floodgate_connections_open")
+        == 0.0));
+    assert_eq!(proxy.get("/").status, 200, "the places came back");
+    record(
+        "connection_caps",
+        &format!(
+            "RSS {rss_before} KiB with no connection, {rss_held} KiB with 50 idle keep-alive connections: {} KiB each\n",
+            rss_held.saturating_sub(rss_before) / 50
+        ),
+    );
+}
+
+#[test]
+fn the_total_cap_keeps_the_proxy_within_a_low_fd_limit() {
+    let upstream = Upstream::start();
+    // 200 descriptors: the derived cap is (200 - 64) / 2 = 68 connections.
+    let proxy = proxy_with(
+        upstream.addr,
+        "header_timeout = \"30s\"\nmax_connections_per_ip = 20",
+        "",
+        &["prlimit", "--nofile=200:200"],
+    );
+    assert!(proxy.log().contains("at most 68 open"), "{}", proxy.log());
+    let mut held = Vec::new();
+    // Three addresses take 20 each; each of them tries 100.
+    for from in ["127.0.0.3", "127.0.0.4", "127.0.0.5"] {
+        for _ in 0..100 {
+            if let Ok(s) = connect_from(from, proxy.addr) {
+                held.push(s);
+            }
+        }
+    }
+    assert!(wait_until(Duration::from_secs(5), || proxy
+        .metric("floodgate_connections_open")
+        == 60.0));
+    // A legitimate client still gets in.
+    let mut legit = connect_from("127.0.0.2", proxy.addr).expect("connect");
+    legit
+        .write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .expect("send");
+    assert_eq!(
+        read_response(&mut BufReader::new(legit)).map(|r| r.0),
+        Some(200)
+    );
+    // A fourth address fills the total; beyond it, connections close at once.
+    for _ in 0..100 {
+        if let Ok(s) = connect_from("127.0.0.6", proxy.addr) {
+            held.push(s);
+        }
+    }
+    assert!(wait_until(Duration::from_secs(5), || proxy
+        .metric("floodgate_connections_open")
+        == 68.0));
+    assert!(proxy.metric("floodgate_connections_refused_total{cap=\"total\"}") > 0.0);
+    let log = proxy.log();
+    assert!(!log.contains("Too many open files"), "{log}");
+    drop(held);
+    assert!(wait_until(Duration::from_secs(5), || proxy.get("/").status == 200));
+}
+
+#[test]
+fn pipelined_requests_are_answered_in_order_each_decided_on_its_own() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(&upstream, PER_IP_TEN);
+    let mut s = TcpStream::connect(proxy.addr).expect("connect");
+    let mut all = Vec::new();
+    for i in 0..20 {
+        all.extend_from_slice(format!("GET /item/{i} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes());
+    }
+    s.write_all(&all).expect("send all at once");
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let mut reader = BufReader::new(s.try_clone().expect("clone"));
+    let statuses: Vec<u16> = (0..20)
+        .map_while(|_| read_response(&mut reader).map(|r| r.0))
+        .collect();
+    let mut expected = vec![200; 10];
+    expected.extend([429; 10]);
+    assert_eq!(statuses, expected);
+    let paths: Vec<String> = upstream.seen().into_iter().map(|s| s.path).collect();
+    let in_order: Vec<String> = (0..10).map(|i| format!("/item/{i}")).collect();
+    assert_eq!(paths, in_order);
+}
+
+#[test]
+fn a_request_sent_early_behind_a_slow_post_waits_its_turn() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(&upstream, "");
+    let mut s = TcpStream::connect(proxy.addr).expect("connect");
+    s.write_all(b"POST /slow/400 HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nhi")
+        .expect("post");
+    assert!(wait_until(Duration::from_secs(5), || upstream.count() == 1));
+    // The client does not wait for the answer.
+    s.write_all(b"GET /next HTTP/1.1\r\nHost: t\r\n\r\n")
+        .expect("early get");
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let mut reader = BufReader::new(s.try_clone().expect("clone"));
+    let first = read_response(&mut reader).map(|r| r.0);
+    let second = read_response(&mut reader).map(|r| r.0);
+    assert_eq!((first, second), (Some(200), Some(200)));
+    let seen: Vec<(String, String)> = upstream
+        .seen()
+        .into_iter()
+        .map(|s| (s.method, s.path))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("POST".to_string(), "/slow/400".to_string()),
+            ("GET".to_string(), "/next".to_string())
+        ],
+        "the POST ran once"
+    );
+}
+
+#[test]
+fn ambiguous_framing_is_refused_and_never_forwarded() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(&upstream, "");
+    for (raw, error) in [
+        (
+            &b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 5, 5\r\n\r\nhello"[..],
+            "bad_content_length",
+        ),
+        (
+            b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
+            "bad_content_length",
+        ),
+        (
+            b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            "conflicting_framing",
+        ),
+        (b"GET / HTTP/1.1\r\n\r\n", "missing_host"),
+    ] {
+        let r = raw_request(proxy.addr, raw);
+        assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(raw));
+        assert!(
+            r.body.starts_with(&format!("{{\"error\":\"{error}\"")),
+            "{}",
+            r.body
+        );
+    }
+    assert_eq!(upstream.count(), 0);
+    // HTTP/1.0 needs no Host; the upstream (spoken to in HTTP/1.1) gets one.
+    let r = raw_request(proxy.addr, b"GET /old HTTP/1.0\r\n\r\n");
+    assert_eq!(r.status, 200);
+    let seen = upstream.seen();
+    let host = seen[0]
+        .headers
+        .iter()
+        .find(|(k, _)| k == "host")
+        .map(|(_, v)| v.clone());
+    assert_eq!(host, Some(upstream.addr.to_string()));
+}
+
+#[test]
+fn each_upstream_server_is_tried_at_most_once() {
+    // Nothing listens on these: every connection is refused.
+    let dead: Vec<String> = (0..3)
+        .map(|_| format!("\"127.0.0.1:{}\"", free_port()))
+        .collect();
+    let dir = temp_dir();
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let text = config_text(addr, "127.0.0.1:1".parse().expect("addr"), "").replace(
+        "servers = [\"127.0.0.1:1\"]",
+        &format!("servers = [{}]", dead.join(", ")),
+    );
+    let path = dir.join("proxy.toml");
+    std::fs::write(&path, text).expect("config");
+    let proxy = Proxy::spawn(addr, None, path, &[]);
+    let r = proxy.get("/?token=abc");
+    assert_eq!(r.status, 502);
+    assert!(wait_until(Duration::from_secs(2), || proxy
+        .log()
+        .contains("upstream failed")));
+    let log = proxy.log();
+    assert_eq!(log.matches("upstream failed").count(), 1, "{log}");
+    assert!(log.contains("after 3 attempt(s)"), "{log}");
+    assert!(!log.contains("token=abc"), "{log}");
+
+    // Servers that accept nothing (a full backlog): the 504 comes after
+    // each was given connect_timeout once.
+    let holes: Vec<TcpListener> = (0..2).map(|_| blackhole()).collect();
+    let servers: Vec<String> = holes
+        .iter()
+        .map(|l| format!("\"{}\"", l.local_addr().expect("addr")))
+        .collect();
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let text = config_text(addr, "127.0.0.1:1".parse().expect("addr"), "").replace(
+        "servers = [\"127.0.0.1:1\"]",
+        &format!("servers = [{}]", servers.join(", ")),
+    );
+    let path = temp_dir().join("proxy.toml");
+    std::fs::write(&path, text).expect("config");
+    let proxy = Proxy::spawn(addr, None, path, &[]);
+    let started = Instant::now();
+    let r = proxy.get("/");
+    let took = started.elapsed();
+    assert_eq!(r.status, 504, "{}", r.body);
+    // 2 servers x 500 ms, plus slack; before: 16 attempts.
+    assert!(took < Duration::from_millis(2500), "{took:?}");
+    record(
+        "upstream_retries",
+        &format!("3 refusing servers: 502 after 3 attempts, one log line\n2 blackholed servers, connect_timeout 500ms: 504 after {took:?}\n"),
+    );
+}
+
+/// A listening socket that never accepts, its backlog filled: further
+/// connection attempts hang until the client gives up.
+fn blackhole() -> TcpListener {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+    let local: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    socket.bind(&local.into()).expect("bind");
+    socket.listen(0).expect("listen");
+    let listener: TcpListener = socket.into();
+    let addr = listener.local_addr().expect("addr");
+    // The accept queue takes one or two before it drops SYNs.
+    let fill: Vec<TcpStream> = (0..3)
+        .filter_map(|_| {
+            let s = socket2::Socket::new(Domain::IPV4, Type::STREAM, None).ok()?;
+            s.set_nonblocking(true).ok()?;
+            let _ = s.connect(&addr.into());
+            Some(s.into())
+        })
+        .collect();
+    std::mem::forget(fill);
+    listener
+}
+
+#[test]
+fn logs_never_carry_keys_query_strings_or_header_blocks() {
+    let upstream = Upstream::start();
+    let dead = free_port();
+    let dir = temp_dir();
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let text = config_text(
+        addr,
+        upstream.addr,
+        "[clients.api_keys]\n\"secret-key-4417\" = \"pro\"\n\n[[limits]]\nname = \"per-account\"\nkey = \"api_key\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\n",
+    )
+    .replace(
+        &format!("servers = [\"{}\"]", upstream.addr),
+        &format!("servers = [\"127.0.0.1:{dead}\", \"{}\"]", upstream.addr),
+    );
+    let path = dir.join("proxy.toml");
+    std::fs::write(&path, text).expect("config");
+    let proxy = Proxy::spawn(addr, None, path, &[("RUST_LOG", "trace")]);
+    let key = ("X-API-Key", "secret-key-4417");
+    for _ in 0..3 {
+        proxy.send("GET", "/a?session=query-secret-9931", &[key]);
+    }
+    // A bad head, a refused framing, a header block Pingora rejects.
+    raw_request(
+        proxy.addr,
+        b"GET /b?session=query-secret-9931 HTTP/1.1\r\nHost: t\r\nX-API-Key: secret-key-4417\r\nContent-Length: 1, 2\r\n\r\n",
+    );
+    raw_request(
+        proxy.addr,
+        b"GET /c?session=query-secret-9931 HTTP/1.1\r\nX-API-Key: secret-key-4417\r\nBad Header\r\n\r\n",
+    );
+    let log = proxy.log();
+    assert!(
+        log.contains("rate limited"),
+        "the suite logged something: {log}"
+    );
+    for secret in ["secret-key-4417", "query-secret-9931"] {
+        assert!(!log.contains(secret), "{secret} in the log:\n{log}");
+    }
+}
