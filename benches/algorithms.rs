@@ -103,7 +103,14 @@ fn header_formatting(c: &mut Criterion) {
         ..layers[0]
     };
     group.bench_function("429", |b| {
-        b.iter(|| headers::rejection(HeaderStyle::Both, black_box(&[refused]), &refused))
+        b.iter(|| {
+            headers::rejection(
+                HeaderStyle::Both,
+                black_box(&[refused]),
+                &refused,
+                "5f0e8c2a9d41b7e6000000000000002a",
+            )
+        })
     });
     group.finish();
 }

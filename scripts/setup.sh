@@ -4,7 +4,15 @@
 need=()
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 if [ "${FLOODGATE_NEEDS_REDIS:-0}" = 1 ]; then
+  # The test suite's real servers and clients: Redis, openssl for test CAs,
+  # curl and nghttp for HTTP/2, prlimit for the fd-limit test, pip for the
+  # Python gRPC and WebSocket clients.
   command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+  command -v openssl >/dev/null 2>&1 || need+=(openssl)
+  command -v curl >/dev/null 2>&1 || need+=(curl)
+  command -v nghttp >/dev/null 2>&1 || need+=(nghttp2-client)
+  command -v prlimit >/dev/null 2>&1 || need+=(util-linux)
+  command -v python3 >/dev/null 2>&1 || need+=(python3 python3-pip)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
@@ -14,3 +22,8 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 command -v cargo >/dev/null 2>&1 || { echo "cargo is missing: install Rust from https://rustup.rs" >&2; exit 1; }
+if [ "${FLOODGATE_NEEDS_REDIS:-0}" = 1 ] && ! python3 -c 'import grpc, websockets' >/dev/null 2>&1; then
+  echo "installing: grpcio websockets (PyPI)"
+  python3 -m pip install --quiet grpcio websockets 2>/dev/null \
+    || python3 -m pip install --quiet --break-system-packages grpcio websockets
+fi

@@ -462,6 +462,8 @@ pub struct FrontDoor {
     state: Arc<AppState>,
     caps: Arc<ConnectionCaps>,
     settings: ConnectionSettings,
+    /// HTTP/2 with prior knowledge on plain connections.
+    h2c: bool,
 }
 
 impl FrontDoor {
@@ -470,12 +472,33 @@ impl FrontDoor {
         state: Arc<AppState>,
         caps: Arc<ConnectionCaps>,
         settings: ConnectionSettings,
+        h2c: bool,
     ) -> Self {
         FrontDoor {
             proxy: Arc::new(proxy),
             state,
             caps,
             settings,
+            h2c,
+        }
+    }
+
+    /// Whether the connection speaks HTTP/2: by ALPN on TLS, by the
+    /// connection preface on plain listeners with h2c (waiting for it at
+    /// most `header_timeout`). `None`: the client sent nothing in time.
+    async fn speaks_h2(&self, stream: &mut Stream) -> Option<bool> {
+        if stream.get_ssl_digest().is_some() {
+            return Some(matches!(stream.selected_alpn_proto(), Some(ALPN::H2)));
+        }
+        if !self.h2c {
+            return Some(false);
+        }
+        const PREFACE: &[u8] = b"PRI * HTTP/2.0";
+        let mut buf = [0u8; PREFACE.len()];
+        match tokio::time::timeout(self.settings.header_timeout, stream.try_peek(&mut buf)).await {
+            Ok(Ok(true)) => Some(buf == PREFACE),
+            Ok(Ok(false)) => Some(false),
+            Ok(Err(_)) | Err(_) => None,
         }
     }
 
@@ -516,6 +539,14 @@ impl ServerApp for FrontDoor {
                 return None;
             }
         };
+        let mut stream = stream;
+        match self.speaks_h2(&mut stream).await {
+            None => return None,
+            // Streams are requests of their own: Pingora's HTTP/2 server runs
+            // them (idle connections close after keepalive_timeout).
+            Some(true) => return ServerApp::process_new(&self.proxy, stream, shutdown).await,
+            Some(false) => {}
+        }
         let clock = HeadClock::new(
             self.settings.header_timeout,
             self.settings.keepalive_timeout,

@@ -104,13 +104,20 @@ pub struct Rejection {
     pub body: String,
 }
 
-pub fn rejection(style: HeaderStyle, layers: &[Layer<'_>], refused: &Layer<'_>) -> Rejection {
+/// The 429; `request_id` (plain characters only, see `request_id`) goes in
+/// its body.
+pub fn rejection(
+    style: HeaderStyle,
+    layers: &[Layer<'_>],
+    refused: &Layer<'_>,
+    request_id: &str,
+) -> Rejection {
     let mut headers = json_headers();
     let d = &refused.decision;
     let body = if d.cost_exceeds_limit {
         // Retrying cannot help, so no Retry-After: the body says why.
         format!(
-            "{{\"error\":\"cost_exceeds_limit\",\"limit\":\"{}\",\"cost_limit\":{}}}",
+            "{{\"error\":\"cost_exceeds_limit\",\"limit\":\"{}\",\"cost_limit\":{},\"request_id\":\"{request_id}\"}}",
             refused.name, d.limit
         )
     } else {
@@ -119,7 +126,7 @@ pub fn rejection(style: HeaderStyle, layers: &[Layer<'_>], refused: &Layer<'_>) 
             ceil_secs(d.retry_after_us).max(1).to_string(),
         ));
         format!(
-            "{{\"error\":\"rate_limited\",\"limit\":\"{}\",\"retry_after_ms\":{}}}",
+            "{{\"error\":\"rate_limited\",\"limit\":\"{}\",\"retry_after_ms\":{},\"request_id\":\"{request_id}\"}}",
             refused.name,
             ceil_ms(d.retry_after_us)
         )
@@ -190,16 +197,18 @@ mod tests {
         let mut refused = layer("login", 5, 0, 3_000_000);
         refused.decision.allowed = false;
         refused.decision.retry_after_us = 1_000_001;
-        let r = rejection(HeaderStyle::None, &[refused], &refused);
+        let r = rejection(HeaderStyle::None, &[refused], &refused, "r-1");
         assert_eq!(r.status, 429);
         assert_eq!(
             r.body,
-            "{\"error\":\"rate_limited\",\"limit\":\"login\",\"retry_after_ms\":1001}"
+            "{\"error\":\"rate_limited\",\"limit\":\"login\",\"retry_after_ms\":1001,\"request_id\":\"r-1\"}"
         );
         assert!(r.headers.contains(&("Retry-After", "2".to_string())));
         refused.decision.retry_after_us = 10;
-        let r = rejection(HeaderStyle::None, &[refused], &refused);
+        let r = rejection(HeaderStyle::None, &[refused], &refused, "r-2");
         assert!(r.headers.contains(&("Retry-After", "1".to_string())));
-        assert!(r.body.ends_with("\"retry_after_ms\":1}"));
+        assert!(r
+            .body
+            .ends_with("\"retry_after_ms\":1,\"request_id\":\"r-2\"}"));
     }
 }

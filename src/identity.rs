@@ -181,6 +181,11 @@ impl ApiKey {
 /// The identified client of one request.
 #[derive(Debug, Clone)]
 pub struct Client {
+    /// The client's own address, as resolved (not aggregated).
+    pub address: IpAddr,
+    /// Trusted proxies between the client and the peer, client side first:
+    /// with the peer, the chain the upstream is told of.
+    pub via: SmallVec<[IpAddr; 2]>,
     /// The client address, aggregated (IPv6 to its prefix).
     pub ip: IpAddr,
     pub ip_prefix: u8,
@@ -214,7 +219,7 @@ pub fn normalize(ip: IpAddr) -> IpAddr {
 
 impl ClientRules {
     pub fn identify(&self, peer: IpAddr, headers: &HeaderMap) -> Result<Client, IdentityError> {
-        let client_ip = self.client_ip(normalize(peer), headers)?;
+        let (client_ip, via) = self.client_ip(normalize(peer), headers)?;
         let (ip, ip_prefix) = match client_ip {
             IpAddr::V4(_) => (client_ip, 32),
             IpAddr::V6(_) => {
@@ -245,6 +250,8 @@ impl ClientRules {
                 .map_or_else(|| self.anonymous.clone(), |k| k.tier.clone())
         };
         Ok(Client {
+            address: client_ip,
+            via,
             ip,
             ip_prefix,
             ip_hash: self.ip_hash(ip, ip_prefix),
@@ -309,7 +316,7 @@ impl ClientRules {
         })
     }
 
-    fn is_trusted(&self, ip: &IpAddr) -> bool {
+    pub fn is_trusted(&self, ip: &IpAddr) -> bool {
         self.trusted_proxies.iter().any(|n| n.contains(ip))
     }
 
@@ -319,9 +326,14 @@ impl ClientRules {
     /// proxy never writes an entry that is not an address, so reaching one
     /// means the chain cannot be believed: the request is refused rather than
     /// pinned on the proxy. Entries left of the client are never read.
-    fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> Result<IpAddr, IdentityError> {
+    fn client_ip(
+        &self,
+        peer: IpAddr,
+        headers: &HeaderMap,
+    ) -> Result<(IpAddr, SmallVec<[IpAddr; 2]>), IdentityError> {
+        let mut via = SmallVec::new();
         if !self.is_trusted(&peer) {
-            return Ok(peer);
+            return Ok((peer, via));
         }
         let mut entries: SmallVec<[ChainEntry<'_>; 8]> = SmallVec::new();
         for line in headers.get_all(self.forwarded_header.name()) {
@@ -333,17 +345,20 @@ impl ClientRules {
             }
         }
         let mut client = peer;
-        for entry in entries.iter().rev() {
+        for (walked, entry) in entries.iter().rev().enumerate() {
             let address = entry.and_then(|entry| match self.forwarded_header {
                 ForwardedHeader::XForwardedFor => parse_hop(entry),
                 ForwardedHeader::Forwarded => forwarded_for(entry).and_then(parse_hop),
             });
+            if walked > 0 {
+                via.insert(0, client);
+            }
             client = address.ok_or(IdentityError::UnreadableForwardedEntry)?;
             if !self.is_trusted(&client) {
                 break;
             }
         }
-        Ok(client)
+        Ok((client, via))
     }
 }
 
@@ -489,6 +504,8 @@ mod tests {
         let chain: &[(&str, &[u8])] = &[("x-forwarded-for", b"6.6.6.6, 1.2.3.4, 10.0.0.7")];
         assert_eq!(client_of(&r, "8.8.8.8", chain), Ok(ip("8.8.8.8")));
         assert_eq!(client_of(&r, "10.1.1.1", chain), Ok(ip("1.2.3.4")));
+        let c = r.identify(ip("10.1.1.1"), &headers(chain)).unwrap();
+        assert_eq!(c.via.as_slice(), [ip("10.0.0.7")]);
         let all_trusted: &[(&str, &[u8])] = &[("x-forwarded-for", b"10.0.0.9, 10.0.0.7")];
         assert_eq!(client_of(&r, "10.1.1.1", all_trusted), Ok(ip("10.0.0.9")));
         let split: &[(&str, &[u8])] = &[

@@ -34,9 +34,11 @@ use pingora::{Error, ErrorSource, ErrorType, Result};
 use crate::algorithm::Decision;
 use crate::connection::HeadClock;
 use crate::headers::{self, Layer};
+use crate::identity::Client;
 use crate::limiter::LimiterError;
 use crate::path::{self, EscapedSlashes, PathError};
 use crate::policy::{Check, Plan};
+use crate::request_id;
 use crate::state::{AppState, InFlight, Runtime};
 
 pub struct Gateway {
@@ -47,10 +49,79 @@ impl Gateway {
     pub fn new(state: Arc<AppState>) -> Self {
         Gateway { state }
     }
+
+    /// The request id a trusted proxy sent, if it is a plain one; else a new one.
+    fn request_id_of(&self, session: &Session, ctx: &RequestCtx) -> String {
+        let runtime = &ctx.runtime;
+        let name = &runtime.upstream.settings().request_id_header;
+        match session.req_header().headers.get(name) {
+            Some(value)
+                if request_id::acceptable(value.as_bytes())
+                    && runtime
+                        .policy
+                        .clients
+                        .is_trusted(&crate::identity::normalize(peer_ip(session))) =>
+            {
+                String::from_utf8_lossy(value.as_bytes()).into_owned()
+            }
+            _ => request_id::generate(),
+        }
+    }
+
+    /// X-Forwarded-For is the chain floodgate resolved (client, trusted
+    /// proxies, the peer), never what an untrusted client wrote; -Proto,
+    /// -Host and X-Real-IP are floodgate's word too. A client's own
+    /// `Forwarded` goes upstream only from a trusted proxy.
+    fn tell_the_upstream_who_asked(
+        &self,
+        session: &Session,
+        upstream_request: &mut pingora::http::RequestHeader,
+        ctx: &RequestCtx,
+    ) -> Result<()> {
+        let peer = crate::identity::normalize(peer_ip(session));
+        let (address, via): (IpAddr, &[IpAddr]) = match &ctx.client {
+            Some(c) => (c.address, &c.via),
+            None => (peer, &[]),
+        };
+        let mut chain = address.to_string();
+        for hop in via.iter().chain((address != peer).then_some(&peer)) {
+            chain.push_str(", ");
+            chain.push_str(&hop.to_string());
+        }
+        upstream_request.insert_header("X-Forwarded-For", chain)?;
+        upstream_request.insert_header("X-Real-IP", address.to_string())?;
+        let tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
+        upstream_request.insert_header("X-Forwarded-Proto", if tls { "https" } else { "http" })?;
+        let request = session.req_header();
+        let host = request
+            .headers
+            .get(http::header::HOST)
+            .cloned()
+            .or_else(|| {
+                request
+                    .uri
+                    .authority()
+                    .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok())
+            });
+        match host {
+            Some(host) => upstream_request.insert_header("X-Forwarded-Host", host)?,
+            None => {
+                upstream_request.remove_header("X-Forwarded-Host");
+            }
+        }
+        if !ctx.runtime.policy.clients.is_trusted(&peer) {
+            upstream_request.remove_header("Forwarded");
+        }
+        Ok(())
+    }
 }
 
 pub struct RequestCtx {
     runtime: Arc<Runtime>,
+    /// Kept from a trusted proxy or generated; every answer carries it.
+    request_id: String,
+    /// Who asked, once identified: the upstream is told.
+    client: Option<Client>,
     /// The connection's head deadline (see `connection`).
     head_clock: Option<Arc<HeadClock>>,
     /// Upstream servers tried so far, and where the round started.
@@ -80,16 +151,18 @@ fn request_has_body(session: &Session) -> bool {
 
 async fn respond(
     session: &mut Session,
+    ctx: &RequestCtx,
     status: u16,
     headers: Vec<(&'static str, String)>,
     body: String,
 ) -> Result<()> {
-    let mut header = ResponseHeader::build(status, Some(headers.len() + 1))?;
+    let mut header = ResponseHeader::build(status, Some(headers.len() + 2))?;
     // Owned values become header values without a copy.
     for (name, value) in headers {
         header.insert_header(name, value)?;
     }
     header.insert_header("Content-Length", body.len().to_string())?;
+    add_request_id(&mut header, ctx)?;
     if request_has_body(session) {
         session.set_keepalive(None);
     }
@@ -99,6 +172,77 @@ async fn respond(
     session
         .write_response_body(Some(Bytes::from(body)), true)
         .await
+}
+
+fn add_request_id(header: &mut ResponseHeader, ctx: &RequestCtx) -> Result<()> {
+    if !ctx.request_id.is_empty() {
+        let name = ctx.runtime.upstream.settings().request_id_header.clone();
+        header.insert_header(name, ctx.request_id.as_str())?;
+    }
+    Ok(())
+}
+
+/// A gRPC call (`application/grpc`, `application/grpc+proto`, ...): its
+/// client reads the outcome from `grpc-status`, not from the HTTP status.
+fn is_grpc(session: &Session) -> bool {
+    session
+        .req_header()
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// The gRPC status codes floodgate answers with.
+#[derive(Debug, Clone, Copy)]
+enum GrpcStatus {
+    ResourceExhausted = 8,
+    Unavailable = 14,
+}
+
+/// A gRPC answer with no messages: HTTP 200 and the outcome in the trailers
+/// (`grpc-status`, `grpc-message`), where gRPC clients read it.
+async fn respond_grpc(
+    session: &mut Session,
+    ctx: &RequestCtx,
+    status: GrpcStatus,
+    message: &str,
+    headers: Vec<(&'static str, String)>,
+) -> Result<()> {
+    let mut header = ResponseHeader::build(200, Some(headers.len() + 2))?;
+    header.insert_header("Content-Type", "application/grpc")?;
+    for (name, value) in headers {
+        header.insert_header(name, value)?;
+    }
+    add_request_id(&mut header, ctx)?;
+    if request_has_body(session) {
+        session.set_keepalive(None);
+    }
+    let mut trailers = http::HeaderMap::with_capacity(2);
+    trailers.insert(
+        "grpc-status",
+        http::HeaderValue::from(u16::from(status as u8)),
+    );
+    if let Ok(value) = http::HeaderValue::from_str(&grpc_message(message)) {
+        trailers.insert("grpc-message", value);
+    }
+    session
+        .write_response_header(Box::new(header), false)
+        .await?;
+    session.write_response_trailers(trailers).await
+}
+
+/// `grpc-message` is percent-encoded: every byte outside printable ASCII,
+/// and `%` itself.
+fn grpc_message(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// Rewrites the request target to its canonical path, the query kept as it
@@ -180,11 +324,16 @@ fn is_absolute_form(target: &[u8]) -> bool {
 
 /// 400 with `{"error":"<code>","reason":"<reason>"}`; `reason` is our own
 /// text, never the client's.
-async fn bad_request(session: &mut Session, code: &str, reason: &str) -> Result<bool> {
-    debug!("400 {code}: {reason}");
+async fn bad_request(
+    session: &mut Session,
+    ctx: &RequestCtx,
+    code: &str,
+    reason: &str,
+) -> Result<bool> {
+    debug!("400 {code}: {reason} request_id={}", ctx.request_id);
     session.set_keepalive(None);
     let body = format!("{{\"error\":\"{code}\",\"reason\":\"{reason}\"}}");
-    respond(session, 400, headers::json_headers(), body).await?;
+    respond(session, ctx, 400, headers::json_headers(), body).await?;
     Ok(true)
 }
 
@@ -235,6 +384,8 @@ impl ProxyHttp for Gateway {
     fn new_ctx(&self) -> Self::CTX {
         RequestCtx {
             runtime: self.state.runtime.load_full(),
+            request_id: String::new(),
+            client: None,
             head_clock: None,
             tries: 0,
             first_server: 0,
@@ -247,24 +398,28 @@ impl ProxyHttp for Gateway {
         // Requests that arrive before the previous answer are kept and
         // answered in order, each decided on its own.
         session.set_pipelining_enabled(true);
+        ctx.request_id = self.request_id_of(session, ctx);
         if let Some((code, reason)) = framing_problem(session) {
-            return bad_request(session, code, reason).await;
+            return bad_request(session, ctx, code, reason).await;
         }
         if self.state.draining() {
             // Shutting down: finish this request, then let the client go elsewhere.
             session.set_keepalive(None);
         }
-        let runtime = &ctx.runtime;
+        let runtime = ctx.runtime.clone();
         let policy = &runtime.policy;
         if let Err(e) = canonicalise_target(session.req_header_mut(), policy.paths.escaped_slashes)
         {
-            return bad_request(session, e.code(), &e.to_string()).await;
+            return bad_request(session, ctx, e.code(), &e.to_string()).await;
         }
-        let request = session.req_header();
-        let client = match policy.clients.identify(peer_ip(session), &request.headers) {
+        let client = match policy
+            .clients
+            .identify(peer_ip(session), &session.req_header().headers)
+        {
             Ok(client) => client,
-            Err(e) => return bad_request(session, e.code(), &e.to_string()).await,
+            Err(e) => return bad_request(session, ctx, e.code(), &e.to_string()).await,
         };
+        let request = session.req_header();
         let path = request.uri.path();
         let path = if policy.paths.case_insensitive {
             Cow::Owned(path.to_ascii_lowercase())
@@ -274,15 +429,19 @@ impl ProxyHttp for Gateway {
         let checks = match policy.plan(&request.method, &path, &client, &request.headers) {
             Ok(Plan::Exempt) => {
                 self.state.metrics.exempt.inc();
+                ctx.client = Some(client);
                 return Ok(false);
             }
-            Ok(Plan::Check(checks)) if checks.is_empty() => return Ok(false),
+            Ok(Plan::Check(checks)) if checks.is_empty() => {
+                ctx.client = Some(client);
+                return Ok(false);
+            }
             Ok(Plan::Check(checks)) => checks,
-            Err(e) => return bad_request(session, e.code(), &e.to_string()).await,
+            Err(e) => return bad_request(session, ctx, e.code(), &e.to_string()).await,
         };
         let decisions = match self.state.limiter.decide(&checks).await {
             Ok(d) => d,
-            Err(e) => return limiter_failed(session, e).await,
+            Err(e) => return limiter_failed(session, ctx, e).await,
         };
         let enforced = layers(&checks, &decisions);
         let refused = headers::refusing(&enforced);
@@ -305,24 +464,54 @@ impl ProxyHttp for Gateway {
             }
         }
         if let Some(refused) = refused {
+            let retry_after_ms = headers::ceil_ms(refused.decision.retry_after_us);
             info!(
-                "rate limited: {} limit={} retry_after_ms={}{}",
+                "rate limited: {} limit={} retry_after_ms={retry_after_ms}{} request_id={}",
                 client.log_label(),
                 refused.name,
-                headers::ceil_ms(refused.decision.retry_after_us),
                 if refused.decision.cost_exceeds_limit {
                     " (cost exceeds the limit)"
                 } else {
                     ""
-                }
+                },
+                ctx.request_id
             );
-            let r = headers::rejection(runtime.headers, &enforced, refused);
-            respond(session, r.status, r.headers, r.body).await?;
+            let r = headers::rejection(runtime.headers, &enforced, refused, &ctx.request_id);
+            if is_grpc(session) {
+                let message = if refused.decision.cost_exceeds_limit {
+                    format!(
+                        "rate limited by {}: the cost exceeds the limit",
+                        refused.name
+                    )
+                } else {
+                    format!(
+                        "rate limited by {}; retry after {retry_after_ms} ms",
+                        refused.name
+                    )
+                };
+                let headers = r
+                    .headers
+                    .into_iter()
+                    .filter(|(name, _)| *name != "Content-Type")
+                    .collect();
+                respond_grpc(
+                    session,
+                    ctx,
+                    GrpcStatus::ResourceExhausted,
+                    &message,
+                    headers,
+                )
+                .await?;
+            } else {
+                respond(session, ctx, r.status, r.headers, r.body).await?;
+            }
+            ctx.client = Some(client);
             return Ok(true);
         }
         if let Some(shown) = headers::most_constrained(&enforced) {
             ctx.rate_headers = headers::rate_limit_headers(runtime.headers, &enforced, shown);
         }
+        ctx.client = Some(client);
         let delay_us = decisions.iter().map(|d| d.delay_us).max().unwrap_or(0);
         if delay_us > 0 {
             tokio::time::sleep(Duration::from_micros(delay_us)).await;
@@ -332,14 +521,21 @@ impl ProxyHttp for Gateway {
 
     async fn upstream_peer(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         ctx: &mut Self::CTX,
     ) -> Result<Box<HttpPeer>> {
         let upstreams = &ctx.runtime.upstream;
         if ctx.tries == 0 {
             ctx.first_server = upstreams.next_start();
         }
-        let peer = upstreams.peer(ctx.first_server + ctx.tries);
+        let mut peer = upstreams.peer(ctx.first_server + ctx.tries);
+        if session.is_upgrade_req() {
+            // A WebSocket lives as long as it carries traffic: silence, not
+            // age, ends it, on either side.
+            let idle = upstreams.settings().websocket_idle_timeout;
+            peer.options.read_timeout = Some(idle);
+            session.set_read_timeout(Some(idle));
+        }
         ctx.tries += 1;
         Ok(Box::new(peer))
     }
@@ -350,13 +546,23 @@ impl ProxyHttp for Gateway {
         upstream_request: &mut pingora::http::RequestHeader,
         ctx: &mut Self::CTX,
     ) -> Result<()> {
-        // HTTP/1.0 allows no Host; the upstream gets HTTP/1.1, which needs one.
-        if !upstream_request.headers.contains_key(http::header::HOST)
+        let settings = ctx.runtime.upstream.settings();
+        if settings.forwarded_headers {
+            self.tell_the_upstream_who_asked(session, upstream_request, ctx)?;
+        }
+        if let Some(host) = &settings.host {
+            upstream_request.insert_header(http::header::HOST, host.clone())?;
+        } else if !upstream_request.headers.contains_key(http::header::HOST)
             && session.req_header().version == http::Version::HTTP_10
         {
+            // HTTP/1.0 allows no Host; the upstream (spoken to in HTTP/1.1) gets one.
             let server = ctx.first_server + ctx.tries.saturating_sub(1);
             upstream_request
                 .insert_header(http::header::HOST, ctx.runtime.upstream.host(server))?;
+        }
+        if !ctx.request_id.is_empty() {
+            upstream_request
+                .insert_header(settings.request_id_header.clone(), ctx.request_id.as_str())?;
         }
         Ok(())
     }
@@ -413,6 +619,7 @@ impl ProxyHttp for Gateway {
         for (name, value) in ctx.rate_headers.drain(..) {
             upstream_response.insert_header(name, value)?;
         }
+        add_request_id(upstream_response, ctx)?;
         Ok(())
     }
 
@@ -459,10 +666,15 @@ impl ProxyHttp for Gateway {
             );
         }
         if status > 0 {
-            let body = format!("{{\"error\":\"{error}\"}}");
             session.set_keepalive(None);
-            if let Err(write_error) = respond(session, status, headers::json_headers(), body).await
-            {
+            let written = if is_grpc(session) && status >= 500 {
+                let message = format!("the service behind the gateway is unavailable ({error})");
+                respond_grpc(session, ctx, GrpcStatus::Unavailable, &message, Vec::new()).await
+            } else {
+                let body = format!("{{\"error\":\"{error}\"}}");
+                respond(session, ctx, status, headers::json_headers(), body).await
+            };
+            if let Err(write_error) = written {
                 warn!("could not send the {status} answer: {write_error}");
             }
         }
@@ -475,12 +687,13 @@ impl ProxyHttp for Gateway {
 
 /// A limiter that cannot decide and has no fallback (the Redis store is
 /// always wrapped in one) refuses with 503 rather than guessing.
-async fn limiter_failed(session: &mut Session, e: LimiterError) -> Result<bool> {
-    warn!("limiter failed: {e}");
+async fn limiter_failed(session: &mut Session, ctx: &RequestCtx, e: LimiterError) -> Result<bool> {
+    warn!("limiter failed: {e} request_id={}", ctx.request_id);
     let mut headers = headers::json_headers();
     headers.push(("Retry-After", "1".to_string()));
     respond(
         session,
+        ctx,
         503,
         headers,
         "{\"error\":\"limiter_unavailable\"}".into(),

@@ -4,6 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pingora::apps::http_app::HttpServer;
+use pingora::apps::HttpServerOptions;
+use pingora::listeners::tls::TlsSettings;
 use pingora::server::configuration::{Opt, ServerConf};
 use pingora::server::{RunArgs, Server, ShutdownWatch};
 use pingora::services::background::{background_service, BackgroundService};
@@ -28,6 +30,8 @@ pub enum BuildError {
     },
     #[error("FLOODGATE_CLOCK_OFFSET_MS must be a whole number of milliseconds, got {0:?}")]
     ClockOffset(String),
+    #[error("{file}: server.tls: {reason}")]
+    Tls { file: String, reason: String },
 }
 
 /// Drops idle keys of the memory store now and then, so that memory follows
@@ -192,13 +196,45 @@ pub fn build(config: &Config) -> Result<Floodgate, BuildError> {
         connections.keepalive_timeout
     );
     let caps = ConnectionCaps::new(&connections, state.metrics.connections.clone());
-    let proxy = pingora::proxy::http_proxy(&server.configuration, Gateway::new(state.clone()));
+    let mut proxy = pingora::proxy::http_proxy(&server.configuration, Gateway::new(state.clone()));
+    let mut options = HttpServerOptions::default();
+    options.h2c = config.server.h2c;
+    options.h2_idle_timeout = Some(connections.keepalive_timeout);
+    proxy.server_options = Some(options);
     let mut front = Service::new(
         "floodgate".into(),
-        FrontDoor::new(proxy, state.clone(), caps, connections),
+        FrontDoor::new(proxy, state.clone(), caps, connections, config.server.h2c),
     );
     for addr in &config.server.listen {
         front.add_tcp(&addr.to_string());
+    }
+    if let (Some(tls), Some(resolver)) = (&config.tls, &state.certificates) {
+        for addr in &tls.listen {
+            // The resolver serves the certificates; the paths stay unused.
+            let mut settings = TlsSettings::intermediate("", "").map_err(|e| BuildError::Tls {
+                file: file.clone(),
+                reason: e.to_string(),
+            })?;
+            settings.set_cert_resolver(resolver.clone());
+            if tls.http2 {
+                settings.enable_h2();
+            }
+            front.add_tls_with_settings(&addr.to_string(), None, settings);
+        }
+        log::info!(
+            "TLS on {} ({}), {} certificate(s)",
+            tls.listen
+                .iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            if tls.http2 {
+                "h2, http/1.1"
+            } else {
+                "http/1.1"
+            },
+            tls.sources.len()
+        );
     }
     server.add_service(front);
     if let Some(admin_addr) = config.server.admin_listen {

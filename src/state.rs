@@ -13,6 +13,7 @@ use crate::config::{Config, HeaderStyle};
 use crate::limiter::{FallbackLimiter, Limiter, LocalLimiter};
 use crate::metrics::{LayerCounters, Metrics};
 use crate::policy::Policy;
+use crate::tls::CertResolver;
 use crate::upstream::Upstreams;
 
 /// One configuration generation. A request keeps the generation it started
@@ -50,6 +51,8 @@ pub struct AppState {
     /// Present with `[redis]`: tells whether decisions are degraded.
     pub fallback: Option<Arc<FallbackLimiter>>,
     pub metrics: Arc<Metrics>,
+    /// What the TLS listeners serve; swapped on reload.
+    pub certificates: Option<Arc<CertResolver>>,
     pub config_path: PathBuf,
     /// The running configuration, to tell what a reload can change.
     running: Mutex<Config>,
@@ -81,6 +84,10 @@ impl AppState {
             store,
             fallback,
             metrics,
+            certificates: config
+                .tls
+                .as_ref()
+                .map(|t| CertResolver::new(t.certs.clone())),
             config_path: config.file.clone(),
             running: Mutex::new(config),
             in_flight: Arc::new(AtomicUsize::new(0)),
@@ -130,6 +137,9 @@ impl AppState {
                             "reload: changes to {} take effect only after a restart",
                             restart_only.join(", ")
                         );
+                    }
+                    if let (Some(resolver), Some(tls)) = (&self.certificates, &config.tls) {
+                        resolver.replace(tls.certs.clone());
                     }
                     *running = config;
                 }

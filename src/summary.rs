@@ -14,6 +14,32 @@ pub fn describe(config: &Config) -> String {
     if let Some(admin) = config.server.admin_listen {
         let _ = writeln!(out, "admin     {admin}");
     }
+    if let Some(tls) = &config.tls {
+        let listen: Vec<String> = tls.listen.iter().map(|a| a.to_string()).collect();
+        let _ = writeln!(
+            out,
+            "tls       {} ({})",
+            listen.join(", "),
+            if tls.http2 {
+                "h2, http/1.1"
+            } else {
+                "http/1.1"
+            }
+        );
+        for (source, summary) in tls.sources.iter().zip(&tls.certs.summaries) {
+            let serves = if source.server_names.is_empty() {
+                "default".to_string()
+            } else {
+                format!("for {}", source.server_names.join(", "))
+            };
+            let _ = writeln!(
+                out,
+                "  {} ({serves}) expires {}",
+                summary.names.join(", "),
+                summary.expires
+            );
+        }
+    }
     let _ = writeln!(out, "upstream  {}", config.upstream.servers.join(", "));
     match &config.redis {
         Some(r) => {

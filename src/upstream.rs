@@ -30,6 +30,10 @@ impl Upstreams {
         })
     }
 
+    pub fn settings(&self) -> &UpstreamSettings {
+        &self.settings
+    }
+
     pub fn len(&self) -> usize {
         self.addrs.len()
     }
@@ -50,6 +54,10 @@ impl Upstreams {
         peer.options.connection_timeout = Some(self.settings.connect_timeout);
         peer.options.total_connection_timeout = Some(self.settings.connect_timeout);
         peer.options.read_timeout = Some(self.settings.read_timeout);
+        if self.settings.http2 {
+            // h2 only: by ALPN over TLS, with prior knowledge (h2c) in the clear.
+            peer.options.alpn = pingora::protocols::ALPN::H2;
+        }
         peer
     }
 

@@ -92,10 +92,15 @@ window = "1m"
     assert_eq!(refused.header("RateLimit-Remaining"), Some("0"));
     let prefix = "{\"error\":\"rate_limited\",\"limit\":\"per-ip\",\"retry_after_ms\":";
     assert!(refused.body.starts_with(prefix), "{}", refused.body);
-    let ms: u64 = refused.body[prefix.len()..]
-        .trim_end_matches('}')
-        .parse()
-        .expect("number");
+    let ms = refused.retry_after_ms().expect("number");
+    let request_id = refused.header("X-Request-Id").expect("request id");
+    assert!(
+        refused
+            .body
+            .ends_with(&format!(",\"request_id\":\"{request_id}\"}}")),
+        "{}",
+        refused.body
+    );
     assert!(ms > 1000 && ms <= 2000, "{ms}");
     let retry_after: u64 = refused
         .header("Retry-After")
@@ -459,9 +464,10 @@ fn a_cost_above_the_limit_is_refused_with_its_reason() {
     );
     let r = proxy.get("/bulk");
     assert_eq!(r.status, 429);
+    let request_id = r.header("X-Request-Id").expect("request id");
     assert_eq!(
         r.body,
-        "{\"error\":\"cost_exceeds_limit\",\"limit\":\"per-ip\",\"cost_limit\":20}"
+        format!("{{\"error\":\"cost_exceeds_limit\",\"limit\":\"per-ip\",\"cost_limit\":20,\"request_id\":\"{request_id}\"}}")
     );
     assert!(r.header("Retry-After").is_none());
     assert_eq!(proxy.get("/").status, 200);

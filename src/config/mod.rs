@@ -20,6 +20,7 @@ use crate::algorithm::{Algorithm, MAX_EXACT};
 use crate::identity::{ClientRules, ForwardedHeader, IdentityHasher, Tier, ANONYMOUS, INTERNAL};
 use crate::path::{EscapedSlashes, PathRules};
 use crate::policy::{CostRule, KeySource, Limit, Matcher, OnFailure, PathPattern, Policy};
+use crate::tls::{CertSet, CertSource};
 use source::Segment;
 
 pub use source::render_path;
@@ -68,6 +69,33 @@ struct FileConfig {
     costs: Vec<CostSection>,
     #[serde(default)]
     response: ResponseSection,
+    #[serde(default)]
+    log: LogSection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LogSection {
+    access: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TlsSection {
+    listen: OneOrMany,
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    http2: Option<bool>,
+    #[serde(default)]
+    certs: Vec<CertSection>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CertSection {
+    server_names: Vec<String>,
+    cert_file: PathBuf,
+    key_file: PathBuf,
 }
 
 #[derive(Debug, Deserialize)]
@@ -91,6 +119,9 @@ struct ServerSection {
     keepalive_timeout: Option<String>,
     max_connections: Option<i64>,
     max_connections_per_ip: Option<i64>,
+    #[serde(default)]
+    h2c: bool,
+    tls: Option<TlsSection>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -128,6 +159,12 @@ struct UpstreamSection {
     tls: bool,
     sni: Option<String>,
     ca_file: Option<PathBuf>,
+    forwarded_headers: Option<bool>,
+    request_id_header: Option<String>,
+    host: Option<String>,
+    #[serde(default)]
+    http2: bool,
+    websocket_idle_timeout: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -298,6 +335,8 @@ pub struct ServerSettings {
     /// None: derived from the open-files limit at start.
     pub max_connections: Option<usize>,
     pub max_connections_per_ip: usize,
+    /// HTTP/2 with prior knowledge on the plain listeners.
+    pub h2c: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -310,6 +349,31 @@ pub struct UpstreamSettings {
     /// PEM file of the CA(s) to trust for the upstream's TLS (default: the
     /// system's roots).
     pub ca_file: Option<PathBuf>,
+    /// X-Forwarded-For (the resolved chain), -Proto, -Host and X-Real-IP.
+    pub forwarded_headers: bool,
+    pub request_id_header: HeaderName,
+    /// Host sent upstream instead of the client's.
+    pub host: Option<http::HeaderValue>,
+    /// HTTP/2 to the upstream (h2c on plain connections): gRPC needs it.
+    pub http2: bool,
+    pub websocket_idle_timeout: Duration,
+}
+
+/// `[server.tls]`: the TLS listeners and what they serve.
+#[derive(Debug, Clone)]
+pub struct TlsListeners {
+    pub listen: Vec<SocketAddr>,
+    pub http2: bool,
+    pub sources: Vec<CertSource>,
+    pub certs: Arc<CertSet>,
+}
+
+/// `[log].access`: where the access log goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessLogTarget {
+    Off,
+    Stdout,
+    File(PathBuf),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -360,6 +424,8 @@ pub struct Config {
     pub redis: Option<RedisSettings>,
     pub policy: Arc<Policy>,
     pub headers: HeaderStyle,
+    pub tls: Option<TlsListeners>,
+    pub access_log: AccessLogTarget,
 }
 
 impl Config {
@@ -378,6 +444,10 @@ impl Config {
         }
         if self.upstream.ca_file != newer.upstream.ca_file {
             changed.push("[upstream].ca_file");
+        }
+        let tls_listeners = |c: &Config| c.tls.as_ref().map(|t| (t.listen.clone(), t.http2));
+        if tls_listeners(self) != tls_listeners(newer) {
+            changed.push("[server.tls] listen/http2");
         }
         changed
     }
@@ -598,6 +668,18 @@ fn validate(raw: FileConfig, env: Environment) -> Result<Config, Invalid> {
             default_on_failure,
         }),
         headers: raw.response.headers.unwrap_or(HeaderStyle::Both),
+        tls: raw.server.tls.as_ref().map(validate_tls).transpose()?,
+        access_log: match raw.log.access.as_deref() {
+            None | Some("off") => AccessLogTarget::Off,
+            Some("stdout") => AccessLogTarget::Stdout,
+            Some("") => {
+                return Err(at(
+                    &[&"log", &"access"],
+                    "\"off\", \"stdout\" or a file path",
+                ))
+            }
+            Some(path) => AccessLogTarget::File(PathBuf::from(path)),
+        },
     })
 }
 
@@ -692,6 +774,58 @@ fn validate_server(s: &ServerSection) -> Result<ServerSettings, Invalid> {
         max_connections: count(s.max_connections, "max_connections")?,
         max_connections_per_ip: count(s.max_connections_per_ip, "max_connections_per_ip")?
             .unwrap_or(DEFAULT_MAX_CONNECTIONS_PER_IP),
+        h2c: s.h2c,
+    })
+}
+
+fn validate_tls(t: &TlsSection) -> Result<TlsListeners, Invalid> {
+    let listen = match &t.listen {
+        OneOrMany::One(a) => vec![socket_addr(a, &[&"server", &"tls", &"listen"])?],
+        OneOrMany::Many(list) => list
+            .iter()
+            .enumerate()
+            .map(|(i, a)| socket_addr(a, &[&"server", &"tls", &"listen", &i]))
+            .collect::<Result<_, _>>()?,
+    };
+    let default = CertSource {
+        server_names: Vec::new(),
+        cert_file: t.cert_file.clone(),
+        key_file: t.key_file.clone(),
+    };
+    let mut others = Vec::new();
+    for (i, c) in t.certs.iter().enumerate() {
+        if c.server_names.is_empty() {
+            return Err(at(
+                &[&"server", &"tls", &"certs", &i, &"server_names"],
+                "needs at least one name, e.g. [\"api.example.org\", \"*.example.org\"]",
+            ));
+        }
+        others.push(CertSource {
+            server_names: c.server_names.clone(),
+            cert_file: c.cert_file.clone(),
+            key_file: c.key_file.clone(),
+        });
+    }
+    // Which entry failed, for the error's key.
+    CertSet::load(&default, &[])
+        .map_err(|e| at(&[&"server", &"tls", &"cert_file"], e.to_string()))?;
+    for (i, source) in others.iter().enumerate() {
+        CertSet::load(source, &[]).map_err(|e| {
+            at(
+                &[&"server", &"tls", &"certs", &i, &"cert_file"],
+                e.to_string(),
+            )
+        })?;
+    }
+    let certs = CertSet::load(&default, &others)
+        .map_err(|e| at(&[&"server", &"tls", &"cert_file"], e.to_string()))?;
+    let mut sources = vec![default];
+    sources.extend(others);
+    Ok(TlsListeners {
+        listen,
+        http2: t.http2.unwrap_or(true),
+        sources,
+        certs: Arc::new(certs),
     })
 }
 
@@ -749,6 +883,33 @@ fn validate_upstream(u: &UpstreamSection) -> Result<UpstreamSettings, Invalid> {
             ));
         }
     }
+    let header_name = |text: &str, key: &'static str| {
+        HeaderName::from_bytes(text.as_bytes()).map_err(|_| {
+            at(
+                &[&"upstream", &key],
+                format!("\"{text}\" is not a valid header name"),
+            )
+        })
+    };
+    let request_id_header = header_name(
+        u.request_id_header.as_deref().unwrap_or("X-Request-Id"),
+        "request_id_header",
+    )?;
+    let host = u
+        .host
+        .as_deref()
+        .map(|h| {
+            http::HeaderValue::from_str(h)
+                .ok()
+                .filter(|_| !h.is_empty() && !h.contains(char::is_whitespace))
+                .ok_or_else(|| at(&[&"upstream", &"host"], format!("\"{h}\" is not a host")))
+        })
+        .transpose()?;
+    let websocket_idle_timeout = duration(
+        &u.websocket_idle_timeout,
+        Duration::from_secs(3600),
+        &[&"upstream", &"websocket_idle_timeout"],
+    )?;
     Ok(UpstreamSettings {
         servers: u.servers.clone(),
         connect_timeout,
@@ -756,6 +917,11 @@ fn validate_upstream(u: &UpstreamSection) -> Result<UpstreamSettings, Invalid> {
         tls: u.tls,
         sni,
         ca_file: u.ca_file.clone(),
+        forwarded_headers: u.forwarded_headers.unwrap_or(true),
+        request_id_header,
+        host,
+        http2: u.http2,
+        websocket_idle_timeout,
     })
 }
 

@@ -220,6 +220,63 @@ pub fn make_certificates(dir: &std::path::Path) {
     ]);
 }
 
+/// Another certificate in `dir`, signed by the CA `make_certificates` made
+/// there: `<stem>.crt` and `<stem>.key`, for `subject_alt_name` (e.g.
+/// `"DNS:api.example.org"`) with common name `cn`.
+pub fn make_named_certificate(dir: &std::path::Path, stem: &str, cn: &str, subject_alt_name: &str) {
+    let run = |args: &[&str]| {
+        let ok = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "openssl {args:?}");
+    };
+    let (key, csr, crt, ext) = (
+        format!("{stem}.key"),
+        format!("{stem}.csr"),
+        format!("{stem}.crt"),
+        format!("{stem}.ext"),
+    );
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        &key,
+        "-out",
+        &csr,
+        "-subj",
+        &format!("/CN={cn}"),
+    ]);
+    std::fs::write(
+        dir.join(&ext),
+        format!("subjectAltName={subject_alt_name}\n"),
+    )
+    .expect("ext");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        &csr,
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        &crt,
+        "-days",
+        "2",
+        "-extfile",
+        &ext,
+    ]);
+}
+
 /// An HTTPS upstream: `openssl s_server -www`, which answers every GET with
 /// a 200 status page. Stopped on drop.
 pub struct TlsUpstream {
@@ -476,10 +533,9 @@ impl Response {
 
     /// `retry_after_ms` of a 429's JSON body.
     pub fn retry_after_ms(&self) -> Option<u64> {
-        self.body
-            .split("\"retry_after_ms\":")
-            .nth(1)
-            .and_then(|s| s.trim_end_matches('}').parse().ok())
+        let after = self.body.split("\"retry_after_ms\":").nth(1)?;
+        let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok()
     }
 
     pub fn has_rate_headers(&self) -> bool {

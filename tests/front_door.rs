@@ -1,0 +1,483 @@
+//! The front door: TLS and HTTP/2 for clients (curl and openssl as the
+//! clients), gRPC (grpcio), WebSocket (websockets), and what the upstream is
+//! told about the client. Certificates come from a private CA made per test.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+const TEN_PER_IP: &str = r#"
+[exempt]
+paths = ["/free/*"]
+
+[[limits]]
+name = "per-ip"
+key = "ip"
+algorithm = "fixed_window"
+limit = 10
+window = "1h"
+"#;
+
+struct Edge {
+    proxy: Proxy,
+    tls: SocketAddr,
+    dir: PathBuf,
+}
+
+/// floodgate with a plain listener (h2c as given) and a TLS listener serving
+/// `server.crt` by default and `api.crt` for api.example.org.
+fn edge(upstream: SocketAddr, h2c: bool, body: &str) -> Edge {
+    let dir = temp_dir();
+    make_certificates(&dir);
+    make_named_certificate(&dir, "api", "api.example.org", "DNS:api.example.org");
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let tls: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let path = |f: &str| dir.join(f).display().to_string();
+    let text = config_text(addr, upstream, body).replace(
+        "grace_period = \"1s\"",
+        &format!(
+            "grace_period = \"1s\"\nh2c = {h2c}\n\n[server.tls]\nlisten = \"{tls}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n\n[[server.tls.certs]]\nserver_names = [\"api.example.org\"]\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+            path("server.crt"),
+            path("server.key"),
+            path("api.crt"),
+            path("api.key")
+        ),
+    );
+    let config = dir.join("proxy.toml");
+    std::fs::write(&config, text).expect("config");
+    let proxy = Proxy::spawn(addr, None, config, &[]);
+    assert!(wait_until(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(tls).is_ok()
+    }));
+    Edge { proxy, tls, dir }
+}
+
+/// curl with `args`, one line of `-w` output per transfer.
+fn curl(args: &[&str]) -> Vec<String> {
+    let out = Command::new("curl")
+        .args(["-s", "-o", "/dev/null"])
+        .args(args)
+        .output()
+        .expect("curl");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The common name of the certificate served for `server_name`.
+fn served_cn(addr: SocketAddr, server_name: Option<&str>) -> String {
+    let mut args = vec!["s_client".to_string(), "-connect".into(), addr.to_string()];
+    if let Some(name) = server_name {
+        args.extend(["-servername".into(), name.to_string()]);
+    }
+    let s_client = Command::new("openssl")
+        .args(&args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .expect("openssl s_client");
+    let mut x509 = Command::new("openssl")
+        .args(["x509", "-noout", "-subject"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("openssl x509");
+    if let Some(mut stdin) = x509.stdin.take() {
+        use std::io::Write;
+        let _ = stdin.write_all(&s_client.stdout);
+    }
+    let out = x509.wait_with_output().expect("subject");
+    let subject = String::from_utf8_lossy(&out.stdout).into_owned();
+    subject
+        .split("CN")
+        .nth(1)
+        .map(|s| s.trim_start_matches([' ', '=']).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// (status, connections opened, HTTP version) per transfer of one curl run.
+fn transfers(lines: &[String]) -> Vec<(u16, u32, String)> {
+    lines
+        .iter()
+        .filter_map(|l| {
+            let mut parts = l.split_whitespace();
+            Some((
+                parts.next()?.parse().ok()?,
+                parts.next()?.parse().ok()?,
+                parts.next()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// `n` requests through curl, at most 20 at once, multiplexed.
+fn multiplexed(base: &str, extra: &[&str], n: usize) -> Vec<(u16, u32, String)> {
+    let urls: Vec<String> = (0..n).map(|i| format!("{base}/item/{i}")).collect();
+    let mut args: Vec<&str> = extra.to_vec();
+    args.extend([
+        "--parallel",
+        "--parallel-max",
+        "20",
+        "-w",
+        "%{http_code} %{num_connects} %{http_version}\n",
+    ]);
+    for url in &urls {
+        args.extend(["-o", "/dev/null", url.as_str()]);
+    }
+    transfers(&curl(&args))
+}
+
+/// `n` requests over one HTTP/2 connection with prior knowledge, all at
+/// once, through nghttp (curl 7.88 cannot reuse a prior-knowledge
+/// connection); the status of each.
+fn nghttp_statuses(base: &str, n: usize) -> Vec<u16> {
+    let urls: Vec<String> = (0..n).map(|i| format!("{base}/item/{i}")).collect();
+    let out = Command::new("nghttp")
+        .args(["-n", "--stat"])
+        .args(&urls)
+        .output()
+        .expect("nghttp");
+    // The --stat table: id, responseEnd, requestStart, process, code, size, path.
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("/item/"))
+        .filter_map(|l| l.split_whitespace().nth(4)?.parse().ok())
+        .collect()
+}
+
+#[test]
+fn tls_with_http2_multiplexes_and_refuses_one_stream_at_a_time() {
+    let upstream = Upstream::start();
+    let edge = edge(upstream.addr, false, TEN_PER_IP);
+    let ca = edge.dir.join("ca.crt").display().to_string();
+    let base = format!("https://127.0.0.1:{}", edge.tls.port());
+    // 21 requests, at most 20 at once, over one connection.
+    let got = multiplexed(&base, &["--cacert", &ca], 21);
+    assert_eq!(got.len(), 21, "{got:?}");
+    assert!(got.iter().all(|(_, _, v)| v == "2"), "{got:?}");
+    assert_eq!(
+        got.iter().map(|(_, c, _)| c).sum::<u32>(),
+        1,
+        "one connection: {got:?}"
+    );
+    assert_eq!(got.iter().filter(|(s, _, _)| *s == 200).count(), 10);
+    assert_eq!(got.iter().filter(|(s, _, _)| *s == 429).count(), 11);
+    assert_eq!(upstream.count(), 10);
+    // HTTP/1.1 over TLS still works.
+    let h1 = curl(&[
+        "--cacert",
+        &ca,
+        "--http1.1",
+        "-w",
+        "%{http_code} %{http_version}",
+        &format!("{base}/free/x"),
+    ]);
+    assert_eq!(h1, ["200 1.1"]);
+    // SNI picks the certificate.
+    assert_eq!(
+        served_cn(edge.tls, Some("api.example.org")),
+        "api.example.org"
+    );
+    assert_eq!(served_cn(edge.tls, Some("other.example.org")), "localhost");
+    assert_eq!(served_cn(edge.tls, None), "localhost");
+
+    // A renewed certificate is served to new connections after SIGHUP.
+    make_named_certificate(
+        &edge.dir,
+        "api",
+        "renewed.example.org",
+        "DNS:api.example.org",
+    );
+    edge.proxy.signal("-HUP");
+    assert!(wait_until(Duration::from_secs(5), || edge
+        .proxy
+        .log()
+        .contains("reloaded")));
+    assert_eq!(
+        served_cn(edge.tls, Some("api.example.org")),
+        "renewed.example.org"
+    );
+    // A broken one is refused; the served one stays.
+    std::fs::write(edge.dir.join("api.crt"), "not a certificate").expect("break");
+    edge.proxy.signal("-HUP");
+    assert!(wait_until(Duration::from_secs(5), || edge
+        .proxy
+        .log()
+        .contains("reload refused")));
+    assert!(
+        edge.proxy.log().contains("holds no certificate"),
+        "{}",
+        edge.proxy.log()
+    );
+    assert_eq!(
+        served_cn(edge.tls, Some("api.example.org")),
+        "renewed.example.org"
+    );
+    let h2 = curl(&[
+        "--cacert",
+        &ca,
+        "-w",
+        "%{http_code} %{http_version}",
+        &format!("{base}/free/y"),
+    ]);
+    assert_eq!(h2, ["200 2"]);
+}
+
+#[test]
+fn h2c_with_prior_knowledge_on_the_plain_listener() {
+    let upstream = Upstream::start();
+    let edge = edge(upstream.addr, true, TEN_PER_IP);
+    let base = format!("http://{}", edge.proxy.addr);
+    // nghttp carries every stream on its one connection: the refusals
+    // answer their streams and the connection goes on serving.
+    let got = nghttp_statuses(&base, 21);
+    assert_eq!(got.len(), 21, "{got:?}");
+    assert_eq!(got.iter().filter(|s| **s == 200).count(), 10, "{got:?}");
+    assert_eq!(got.iter().filter(|s| **s == 429).count(), 11, "{got:?}");
+    // HTTP/1.1 on the same listener.
+    assert_eq!(edge.proxy.get("/free/a").status, 200);
+}
+
+#[test]
+fn check_shows_the_certificates_names_and_expiry() {
+    let upstream = Upstream::start();
+    let edge = edge(upstream.addr, false, "");
+    let out = Command::new(binary())
+        .args(["check", &edge.proxy.config_path.display().to_string()])
+        .output()
+        .expect("check");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("tls       "), "{stdout}");
+    assert!(
+        stdout.contains("127.0.0.1, localhost (default) expires"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("api.example.org (for api.example.org)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("expires"), "{stdout}");
+    // A key that belongs to another certificate is refused by name.
+    let text = std::fs::read_to_string(&edge.proxy.config_path).expect("config");
+    let wrong = text.replace("api.key", "server.key");
+    let bad = edge.dir.join("bad.toml");
+    std::fs::write(&bad, wrong).expect("write");
+    let out = Command::new(binary())
+        .args(["check", &bad.display().to_string()])
+        .output()
+        .expect("check");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("server.tls.certs[0].cert_file"), "{stderr}");
+    assert!(
+        stderr.contains("does not belong to the certificate"),
+        "{stderr}"
+    );
+}
+
+fn header<'a>(seen: &'a Seen, name: &str) -> Option<&'a str> {
+    seen.headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+#[test]
+fn the_upstream_learns_who_asked_and_never_what_a_client_made_up() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(&upstream, "");
+    let lies = [
+        ("X-Forwarded-For", "6.6.6.6"),
+        ("X-Real-IP", "6.6.6.7"),
+        ("X-Forwarded-Proto", "https"),
+        ("Forwarded", "for=6.6.6.8"),
+        ("X-Request-Id", "chosen-by-client"),
+    ];
+    let r = proxy.send("GET", "/", &lies);
+    assert_eq!(r.status, 200);
+    let seen = upstream.seen().pop().expect("forwarded");
+    assert_eq!(header(&seen, "x-forwarded-for"), Some("127.0.0.1"));
+    assert_eq!(header(&seen, "x-real-ip"), Some("127.0.0.1"));
+    assert_eq!(header(&seen, "x-forwarded-proto"), Some("http"));
+    assert_eq!(header(&seen, "x-forwarded-host"), Some("test"));
+    assert_eq!(header(&seen, "forwarded"), None);
+    let id = header(&seen, "x-request-id").expect("request id");
+    assert_ne!(id, "chosen-by-client");
+    assert_eq!(id.len(), 32);
+    assert_eq!(
+        r.header("X-Request-Id"),
+        Some(id),
+        "the client gets the same id"
+    );
+
+    // Behind trusted proxies: the chain as resolved, the proxy's id kept,
+    // and the Host rewritten.
+    let trusted = Proxy::start(
+        &upstream,
+        "[clients]\ntrusted_proxies = [\"127.0.0.0/8\", \"10.0.0.0/8\"]\n",
+    );
+    let text = std::fs::read_to_string(&trusted.config_path)
+        .expect("config")
+        .replace("[upstream]\n", "[upstream]\nhost = \"api.internal\"\n");
+    std::fs::write(&trusted.config_path, text).expect("config");
+    trusted.signal("-HUP");
+    assert!(wait_until(Duration::from_secs(5), || trusted
+        .log()
+        .contains("reloaded")));
+    let r = trusted.send(
+        "GET",
+        "/",
+        &[
+            (
+                "X-Forwarded-For",
+                "garbage-left-of-the-client, 198.51.100.7, 10.0.0.1",
+            ),
+            ("X-Request-Id", "lb-0042"),
+            ("Forwarded", "for=10.0.0.1"),
+        ],
+    );
+    assert_eq!(r.status, 200);
+    let seen = upstream.seen().pop().expect("forwarded");
+    assert_eq!(
+        header(&seen, "x-forwarded-for"),
+        Some("198.51.100.7, 10.0.0.1, 127.0.0.1")
+    );
+    assert_eq!(header(&seen, "x-real-ip"), Some("198.51.100.7"));
+    assert_eq!(header(&seen, "x-request-id"), Some("lb-0042"));
+    assert_eq!(header(&seen, "host"), Some("api.internal"));
+    assert_eq!(header(&seen, "x-forwarded-host"), Some("test"));
+    assert_eq!(header(&seen, "forwarded"), Some("for=10.0.0.1"));
+    assert_eq!(r.header("X-Request-Id"), Some("lb-0042"));
+    // The id is in the 429 body and in the log line of the refusal.
+    let limited = Proxy::start(&upstream, "[[limits]]\nname = \"one\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\n");
+    limited.get("/");
+    let r = limited.get("/");
+    let id = r.header("X-Request-Id").expect("id").to_string();
+    assert!(
+        r.body.contains(&format!("\"request_id\":\"{id}\"")),
+        "{}",
+        r.body
+    );
+    assert!(wait_until(Duration::from_secs(2), || limited
+        .log()
+        .contains(&format!("request_id={id}"))));
+}
+
+/// A helper process (python3) stopped on drop.
+struct Helper(Child);
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn script(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/clients")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// Starts `python3 <script> serve <port>` and waits for its "ready".
+fn serve(name: &str) -> (Helper, SocketAddr) {
+    let port = free_port();
+    let mut child = Command::new("python3")
+        .args([script(name), "serve".into(), port.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("python3");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut line = String::new();
+    let _ = BufReader::new(stdout).read_line(&mut line);
+    assert_eq!(line.trim(), "ready", "{name} did not start");
+    (
+        Helper(child),
+        format!("127.0.0.1:{port}").parse().expect("addr"),
+    )
+}
+
+fn run_client(name: &str, args: &[&str]) -> Vec<String> {
+    let out = Command::new("python3")
+        .arg(script(name))
+        .args(args)
+        .output()
+        .expect("python3");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn grpc_calls_are_refused_the_way_grpc_clients_understand() {
+    let (server, server_addr) = serve("grpc_echo.py");
+    let dir = temp_dir();
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let text = config_text(
+        addr,
+        server_addr,
+        "[[limits]]\nname = \"per-ip\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 3\nwindow = \"1h\"\n",
+    )
+    .replace("grace_period = \"1s\"", "grace_period = \"1s\"\nh2c = true")
+    .replace("[upstream]\n", "[upstream]\nhttp2 = true\n");
+    let config = dir.join("proxy.toml");
+    std::fs::write(&config, text).expect("config");
+    let proxy = Proxy::spawn(addr, None, config, &[]);
+    let calls = run_client("grpc_echo.py", &["call", &proxy.addr.to_string(), "5"]);
+    assert_eq!(calls.len(), 5, "{calls:?}");
+    for (i, call) in calls.iter().take(3).enumerate() {
+        assert_eq!(call, &format!("OK hello {i}"));
+    }
+    for call in &calls[3..] {
+        assert!(
+            call.starts_with("RESOURCE_EXHAUSTED rate limited by per-ip; retry after"),
+            "{call}"
+        );
+    }
+    // The service behind is gone: UNAVAILABLE, not an HTTP error.
+    drop(server);
+    let bare_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let text = config_text(bare_addr, server_addr, "")
+        .replace("grace_period = \"1s\"", "grace_period = \"1s\"\nh2c = true")
+        .replace("[upstream]\n", "[upstream]\nhttp2 = true\n");
+    let config = temp_dir().join("proxy.toml");
+    std::fs::write(&config, text).expect("config");
+    let bare = Proxy::spawn(bare_addr, None, config, &[]);
+    let gone = run_client("grpc_echo.py", &["call", &bare.addr.to_string(), "1"]);
+    assert_eq!(gone.len(), 1);
+    assert!(
+        gone[0].starts_with("UNAVAILABLE the service behind the gateway is unavailable"),
+        "{gone:?}"
+    );
+}
+
+#[test]
+fn a_websocket_lives_while_it_talks_and_ends_after_its_idle_timeout() {
+    let (_server, server_addr) = serve("ws_echo.py");
+    let dir = temp_dir();
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let text = config_text(addr, server_addr, "").replace(
+        "read_timeout = \"5s\"",
+        "read_timeout = \"1s\"\nwebsocket_idle_timeout = \"3s\"",
+    );
+    let config = dir.join("proxy.toml");
+    std::fs::write(&config, text).expect("config");
+    let proxy = Proxy::spawn(addr, None, config, &[]);
+    let url = format!("ws://{}/chat", proxy.addr);
+    // Silent for twice read_timeout: still open. Then silent past the idle timeout.
+    let said = run_client("ws_echo.py", &["talk", &url, "0", "2", "4.5"]);
+    assert_eq!(said, ["echo", "echo", "closed"]);
+}
