@@ -14,7 +14,9 @@
 //! HeadClock: from accept, the first head must be complete within header_timeout;
 //!            after a response, the next head's first byte within keepalive_timeout,
 //!            then the whole head within header_timeout. A late head gets 408 and
-//!            the connection is closed; an idle connection is just closed.
+//!            the connection is closed; an idle connection is just closed. A head
+//!            larger than MAX_HEAD_BYTES gets 431. A request body must keep up an
+//!            average of MIN_BODY_RATE after a grace of header_timeout.
 //! ```
 //!
 //! The proxy tells the clock when a head has been parsed (`head_arrived`) and
@@ -69,6 +71,17 @@ const REFUSAL_LOG_MEMORY: usize = 10_000;
 /// What a late head gets before the connection closes.
 const REQUEST_TIMEOUT: &[u8] = b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: 33\r\n\r\n{\"error\":\"request_head_timeout\"}\n";
 
+/// What an oversized head gets before the connection closes.
+const HEAD_TOO_LARGE: &[u8] = b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: 31\r\n\r\n{\"error\":\"request_head_too_large\"}";
+
+/// The largest request head read: Pingora would buffer up to a megabyte per
+/// connection. 64 KiB is 8 times what browsers send with many cookies.
+pub const MAX_HEAD_BYTES: u64 = 64 * 1024;
+
+/// The slowest average a request body may arrive at, after a grace of
+/// `header_timeout`: a phone on a bad link does 10 times better.
+pub const MIN_BODY_RATE: u64 = 1024;
+
 // ---------------------------------------------------------------------------
 // Caps.
 
@@ -86,6 +99,9 @@ struct PerIp {
     open: HashMap<IpAddr, usize>,
     /// When each address was last logged as refused.
     logged: HashMap<IpAddr, Instant>,
+    /// When the last refusal line was written, and how many went unlogged.
+    last_line: Option<Instant>,
+    unlogged: u64,
 }
 
 /// One open connection's place under the caps, given back on drop.
@@ -139,20 +155,22 @@ impl ConnectionCaps {
     /// IPv6 client by its prefix), or which cap it hit. `None` counts
     /// against the total only.
     pub fn admit(self: &Arc<Self>, address: Option<IpAddr>) -> Result<Permit, CapReached> {
-        if self.total.fetch_add(1, Ordering::AcqRel) >= self.max_total {
-            self.total.fetch_sub(1, Ordering::AcqRel);
-            return Err(CapReached::Total);
-        }
+        // Both caps under the one lock, the address's first: a flood that its
+        // own cap refuses never takes places from the total meanwhile.
+        let mut per_ip = self.lock();
         if let Some(ip) = address {
-            let mut per_ip = self.lock();
-            let open = per_ip.open.entry(ip).or_insert(0);
-            if *open >= self.max_per_ip {
-                drop(per_ip);
-                self.total.fetch_sub(1, Ordering::AcqRel);
+            if per_ip.open.get(&ip).is_some_and(|&n| n >= self.max_per_ip) {
                 return Err(CapReached::PerAddress);
             }
-            *open += 1;
         }
+        if self.total.load(Ordering::Acquire) >= self.max_total {
+            return Err(CapReached::Total);
+        }
+        self.total.fetch_add(1, Ordering::AcqRel);
+        if let Some(ip) = address {
+            *per_ip.open.entry(ip).or_insert(0) += 1;
+        }
+        drop(per_ip);
         self.metrics.open.inc();
         Ok(Permit {
             caps: self.clone(),
@@ -162,7 +180,9 @@ impl ConnectionCaps {
 
     /// Counts a refusal; logs it unless this address was logged within the
     /// last minute.
-    fn refused(&self, peer: Option<IpAddr>, reason: CapReached) {
+    /// `group` is the address as the per-address cap counts it (an IPv6
+    /// client by its prefix), so that a /64 cannot write a line per address.
+    fn refused(&self, group: Option<IpAddr>, reason: CapReached) {
         let (label, cap) = match reason {
             CapReached::Total => ("total", self.max_total),
             CapReached::PerAddress => ("per_ip", self.max_per_ip),
@@ -172,21 +192,35 @@ impl ConnectionCaps {
         let due = {
             let mut per_ip = self.lock();
             if per_ip.logged.len() >= REFUSAL_LOG_MEMORY {
-                per_ip.logged.clear();
+                // Forget only what is a minute old; while the memory is full
+                // of fresh addresses, new ones are not logged at all.
+                per_ip
+                    .logged
+                    .retain(|_, at| now.duration_since(*at) < REFUSAL_LOG_INTERVAL);
             }
-            let key = peer.unwrap_or(IpAddr::from([0, 0, 0, 0]));
-            match per_ip.logged.get(&key) {
-                Some(at) if now.duration_since(*at) < REFUSAL_LOG_INTERVAL => false,
-                _ => {
-                    per_ip.logged.insert(key, now);
-                    true
-                }
+            let key = group.unwrap_or(IpAddr::from([0, 0, 0, 0]));
+            let fresh = per_ip
+                .logged
+                .get(&key)
+                .is_none_or(|at| now.duration_since(*at) >= REFUSAL_LOG_INTERVAL);
+            let room = per_ip.logged.len() < REFUSAL_LOG_MEMORY || per_ip.logged.contains_key(&key);
+            // And at most one such line a second over all addresses.
+            let quiet = per_ip
+                .last_line
+                .is_some_and(|at| now.duration_since(at) < Duration::from_secs(1));
+            if fresh && room && !quiet {
+                per_ip.logged.insert(key, now);
+                per_ip.last_line = Some(now);
+                Some(std::mem::take(&mut per_ip.unlogged))
+            } else {
+                per_ip.unlogged += 1;
+                None
             }
         };
-        if due {
-            let who = peer.map_or_else(|| "unknown".to_string(), |ip| ip.to_string());
+        if let Some(unlogged) = due {
+            let who = group.map_or_else(|| "unknown".to_string(), |ip| ip.to_string());
             warn!(
-                "connection from {who} closed at once: {label} connection cap ({cap}) reached (logged once a minute per address)"
+                "connection from {who} closed at once: {label} connection cap ({cap}) reached (logged once a minute per address; {unlogged} refusals since the last line not logged)"
             );
         }
     }
@@ -206,11 +240,22 @@ pub struct HeadClock {
 enum ClockState {
     /// Between requests: the next head's first byte is due by then.
     Idle { until: Instant },
-    /// A head is arriving: it must be complete by then.
-    Head { until: Instant },
-    /// A head was parsed; the request's own timeouts apply until its
+    /// A head is arriving: it must be complete by then, and stay small.
+    Head { until: Instant, bytes: u64 },
+    /// The request body is arriving: at MIN_BODY_RATE on average after a
+    /// grace of header_timeout.
+    Body { since: Instant, bytes: u64 },
+    /// Head and body are in; the upstream's timeouts apply until the
     /// response is over.
     InRequest,
+}
+
+/// What a read in the current state ran into.
+enum Overrun {
+    /// The deadline passed while waiting for a head (408) or a body.
+    Late { head: bool },
+    /// The head grew past MAX_HEAD_BYTES (431).
+    HeadTooLarge,
 }
 
 impl fmt::Debug for HeadClock {
@@ -229,6 +274,7 @@ impl HeadClock {
             keepalive_timeout,
             state: Mutex::new(ClockState::Head {
                 until: Instant::now() + header_timeout,
+                bytes: 0,
             }),
         })
     }
@@ -246,6 +292,22 @@ impl HeadClock {
         *self.lock() = ClockState::InRequest;
     }
 
+    /// The request has a body to come: it must keep up MIN_BODY_RATE.
+    pub fn body_expected(&self) {
+        *self.lock() = ClockState::Body {
+            since: Instant::now(),
+            bytes: 0,
+        };
+    }
+
+    /// The whole body is in.
+    pub fn body_arrived(&self) {
+        let mut state = self.lock();
+        if let ClockState::Body { .. } = *state {
+            *state = ClockState::InRequest;
+        }
+    }
+
     /// A response is over: the connection idles until the next head starts.
     pub fn await_next_head(&self) {
         *self.lock() = ClockState::Idle {
@@ -253,13 +315,36 @@ impl HeadClock {
         };
     }
 
-    /// Bytes arrived: an idle connection starts its next head.
-    fn bytes_arrived(&self) {
+    /// `n` bytes arrived: an idle connection starts its next head; a head
+    /// or a body counts them. Whether the head has grown too large.
+    fn bytes_arrived(&self, n: u64) -> Option<Overrun> {
         let mut state = self.lock();
-        if let ClockState::Idle { .. } = *state {
-            *state = ClockState::Head {
-                until: Instant::now() + self.header_timeout,
-            };
+        match &mut *state {
+            ClockState::Idle { .. } => {
+                *state = ClockState::Head {
+                    until: Instant::now() + self.header_timeout,
+                    bytes: n,
+                };
+            }
+            ClockState::Head { bytes, .. } | ClockState::Body { bytes, .. } => *bytes += n,
+            ClockState::InRequest => {}
+        }
+        match *state {
+            ClockState::Head { bytes, .. } if bytes > MAX_HEAD_BYTES => Some(Overrun::HeadTooLarge),
+            _ => None,
+        }
+    }
+
+    /// When a read that is still waiting must give up, and what that means.
+    fn deadline(&self) -> Option<(Instant, bool)> {
+        match self.state() {
+            ClockState::InRequest => None,
+            ClockState::Idle { until } => Some((until, false)),
+            ClockState::Head { until, .. } => Some((until, true)),
+            ClockState::Body { since, bytes } => Some((
+                since + self.header_timeout + Duration::from_secs(bytes / MIN_BODY_RATE),
+                false,
+            )),
         }
     }
 }
@@ -294,19 +379,30 @@ impl GuardedStream {
         }
     }
 
-    /// The head came too late: tell the client (if it was sending one) and
-    /// end the stream.
-    fn expire(&mut self, cx: &mut Context<'_>, late_head: bool) {
+    /// Ends the stream, telling the client why where a head was due.
+    fn expire(&mut self, cx: &mut Context<'_>, why: Overrun) {
         self.expired = true;
-        if late_head {
-            self.metrics.header_timeouts.inc();
-            debug!("request head not complete in time: 408, closing");
+        let answer = match why {
+            Overrun::Late { head: true } => {
+                self.metrics.header_timeouts.inc();
+                debug!("request head not complete in time: 408, closing");
+                Some(REQUEST_TIMEOUT)
+            }
+            Overrun::HeadTooLarge => {
+                self.metrics.header_timeouts.inc();
+                debug!("request head larger than {MAX_HEAD_BYTES} bytes: 431, closing");
+                Some(HEAD_TOO_LARGE)
+            }
+            Overrun::Late { head: false } => {
+                self.metrics.idle_timeouts.inc();
+                None
+            }
+        };
+        if let Some(answer) = answer {
             // Small enough for any socket buffer; if it does not fit at
             // once, the connection closes without it.
-            let _ = Pin::new(&mut *self.inner).poll_write(cx, REQUEST_TIMEOUT);
+            let _ = Pin::new(&mut *self.inner).poll_write(cx, answer);
             let _ = Pin::new(&mut *self.inner).poll_flush(cx);
-        } else {
-            self.metrics.idle_timeouts.inc();
         }
     }
 }
@@ -325,17 +421,19 @@ impl AsyncRead for GuardedStream {
         let this = &mut *self;
         match Pin::new(&mut *this.inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
-                if buf.filled().len() > before {
-                    this.clock.bytes_arrived();
+                let read = (buf.filled().len() - before) as u64;
+                if read > 0 {
+                    if let Some(overrun) = this.clock.bytes_arrived(read) {
+                        this.expire(cx, overrun);
+                        buf.set_filled(before);
+                    }
                 }
                 Poll::Ready(Ok(()))
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => {
-                let (until, late_head) = match this.clock.state() {
-                    ClockState::InRequest => return Poll::Pending,
-                    ClockState::Idle { until } => (until, false),
-                    ClockState::Head { until } => (until, true),
+                let Some((until, head)) = this.clock.deadline() else {
+                    return Poll::Pending;
                 };
                 if this.timer.deadline() != until {
                     this.timer.as_mut().reset(until);
@@ -343,7 +441,7 @@ impl AsyncRead for GuardedStream {
                 match this.timer.as_mut().poll(cx) {
                     Poll::Pending => Poll::Pending,
                     Poll::Ready(()) => {
-                        this.expire(cx, late_head);
+                        this.expire(cx, Overrun::Late { head });
                         Poll::Ready(Ok(()))
                     }
                 }
@@ -534,7 +632,7 @@ impl ServerApp for FrontDoor {
         let _permit = match self.caps.admit(counted_as) {
             Ok(permit) => permit,
             Err(reason) => {
-                self.caps.refused(peer, reason);
+                self.caps.refused(counted_as.or(peer), reason);
                 // Dropping the stream closes it.
                 return None;
             }
@@ -559,13 +657,14 @@ impl ServerApp for FrontDoor {
         let mut persisted = None;
         loop {
             let mut session = ServerSession::new_http1(stream);
+            if let Some(settings) = persisted {
+                pingora::apps::HttpPersistentSettings::apply_to_session(settings, &mut session);
+            }
+            // After the persisted settings, which say "forever" for HTTP/1.1.
             if *shutdown.borrow() {
                 session.set_keepalive(None);
             } else {
                 session.set_keepalive(Some(self.backstop_secs()));
-            }
-            if let Some(settings) = persisted {
-                pingora::apps::HttpPersistentSettings::apply_to_session(settings, &mut session);
             }
             // After the persisted settings, which carry no context of ours.
             session.set_connection_user_context(Some(Box::new(clock.clone())));
@@ -576,5 +675,59 @@ impl ServerApp for FrontDoor {
 
     async fn cleanup(&self) {
         self.proxy.http_cleanup().await
+    }
+}
+
+/// Serves the admin listener: its own small connection cap, and a lifetime
+/// per connection, so that idle or slow clients there can neither hold the
+/// process's descriptors nor stay for ever (admin answers take milliseconds).
+pub struct AdminDoor<A> {
+    app: Arc<A>,
+    caps: Arc<ConnectionCaps>,
+    lifetime: Duration,
+}
+
+/// Admin connections open at once, out of the descriptors the proxy keeps
+/// back from its own cap.
+pub const ADMIN_CONNECTIONS: usize = 32;
+
+impl<A> AdminDoor<A> {
+    pub fn new(app: A, metrics: ConnectionMetrics, lifetime: Duration) -> Self {
+        let settings = ConnectionSettings {
+            header_timeout: lifetime,
+            keepalive_timeout: lifetime,
+            max_connections: ADMIN_CONNECTIONS,
+            max_connections_per_ip: ADMIN_CONNECTIONS,
+        };
+        AdminDoor {
+            app: Arc::new(app),
+            caps: ConnectionCaps::new(&settings, metrics),
+            lifetime,
+        }
+    }
+}
+
+#[async_trait]
+impl<A: ServerApp + Send + Sync + 'static> ServerApp for AdminDoor<A> {
+    async fn process_new(
+        self: &Arc<Self>,
+        stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        let peer = peer_of(&stream);
+        let _permit = match self.caps.admit(peer) {
+            Ok(permit) => permit,
+            Err(reason) => {
+                self.caps.refused(peer, reason);
+                return None;
+            }
+        };
+        // Dropping the connection's future closes it.
+        let _ = tokio::time::timeout(self.lifetime, self.app.process_new(stream, shutdown)).await;
+        None
+    }
+
+    async fn cleanup(&self) {
+        self.app.cleanup().await
     }
 }

@@ -44,15 +44,7 @@ fn parse_args(args: &[String]) -> Result<Command, String> {
 }
 
 fn main() -> ExitCode {
-    // Pingora's own lines carry what floodgate must never log (query
-    // strings in its request summaries; at debug, raw header blocks with API
-    // keys and cookies), or come once per misbehaving connection. floodgate
-    // logs requests, failures and refusals itself; these caps come after
-    // RUST_LOG, so it cannot lift them.
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
-        .filter_module("pingora_proxy", log::LevelFilter::Off)
-        .filter_module("pingora_core", log::LevelFilter::Info)
-        .init();
+    init_logging();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let command = match parse_args(&args) {
         Ok(c) => c,
@@ -79,6 +71,53 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `RUST_LOG` (default info), with Pingora's lines capped whatever it says:
+/// they carry what floodgate must never log (query strings in its request
+/// summaries; at debug and trace, raw header blocks with API keys and
+/// cookies), or come once per misbehaving connection. floodgate logs
+/// requests, failures and refusals itself.
+fn init_logging() {
+    let inner =
+        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).build();
+    let max = inner.filter();
+    if log::set_boxed_logger(Box::new(CappedLogger(inner))).is_ok() {
+        log::set_max_level(max);
+    }
+}
+
+/// Drops records of Pingora's crates above their cap, checked on the
+/// record's target, so that no RUST_LOG directive (however specific) lifts it.
+struct CappedLogger(env_logger::Logger);
+
+impl CappedLogger {
+    fn allowed(metadata: &log::Metadata<'_>) -> bool {
+        let target = metadata.target();
+        if target.starts_with("pingora_proxy") {
+            false
+        } else if target.starts_with("pingora") {
+            metadata.level() <= log::Level::Info
+        } else {
+            true
+        }
+    }
+}
+
+impl log::Log for CappedLogger {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        Self::allowed(metadata) && self.0.enabled(metadata)
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if Self::allowed(record.metadata()) {
+            self.0.log(record);
+        }
+    }
+
+    fn flush(&self) {
+        self.0.flush()
     }
 }
 

@@ -44,6 +44,7 @@ pub struct Metrics {
     pub local_keys: IntGauge,
     pub local_overflow: IntCounter,
     pub connections: ConnectionMetrics,
+    pub admin_connections: ConnectionMetrics,
     reloads: IntCounterVec,
 }
 
@@ -114,42 +115,8 @@ impl Metrics {
                 "Decisions made against a limit's shared overflow bucket because the memory store was full of live state",
             ),
         );
-        let connections = ConnectionMetrics {
-            open: registered(
-                &registry,
-                IntGauge::new(
-                    "floodgate_connections_open",
-                    "Client connections open now",
-                ),
-            ),
-            refused: registered(
-                &registry,
-                IntCounterVec::new(
-                    Opts::new(
-                        "floodgate_connections_refused_total",
-                        "Connections closed at once, by the cap they hit (total, per_ip)",
-                    ),
-                    &["cap"],
-                ),
-            ),
-            header_timeouts: registered(
-                &registry,
-                IntCounter::new(
-                    "floodgate_header_timeouts_total",
-                    "Connections closed with 408 because a request head was not complete within header_timeout",
-                ),
-            ),
-            idle_timeouts: registered(
-                &registry,
-                IntCounter::new(
-                    "floodgate_idle_timeouts_total",
-                    "Keep-alive connections closed after keepalive_timeout without a new request",
-                ),
-            ),
-        };
-        for cap in ["total", "per_ip"] {
-            connections.refused.with_label_values(&[cap]);
-        }
+        let connections = connection_metrics(&registry, "floodgate", "Client");
+        let admin_connections = connection_metrics(&registry, "floodgate_admin", "Admin listener");
         let reloads = registered(
             &registry,
             IntCounterVec::new(
@@ -177,6 +144,7 @@ impl Metrics {
             local_keys,
             local_overflow,
             connections,
+            admin_connections,
             reloads,
         }
     }
@@ -203,6 +171,47 @@ impl Metrics {
         }
         String::from_utf8_lossy(&out).into_owned()
     }
+}
+
+/// The series of one listener's connections, names under `prefix`.
+fn connection_metrics(registry: &Registry, prefix: &str, what: &str) -> ConnectionMetrics {
+    let metrics = ConnectionMetrics {
+        open: registered(
+            registry,
+            IntGauge::new(
+                format!("{prefix}_connections_open"),
+                format!("{what} connections open now"),
+            ),
+        ),
+        refused: registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    format!("{prefix}_connections_refused_total"),
+                    format!("{what} connections closed at once, by the cap they hit (total, per_ip)"),
+                ),
+                &["cap"],
+            ),
+        ),
+        header_timeouts: registered(
+            registry,
+            IntCounter::new(
+                format!("{prefix}_header_timeouts_total"),
+                format!("{what} connections closed with 408 (head not complete within header_timeout) or 431 (head too large)"),
+            ),
+        ),
+        idle_timeouts: registered(
+            registry,
+            IntCounter::new(
+                format!("{prefix}_idle_timeouts_total"),
+                format!("{what} connections closed for silence: keep-alive idle past keepalive_timeout, or a body too slow"),
+            ),
+        ),
+    };
+    for cap in ["total", "per_ip"] {
+        metrics.refused.with_label_values(&[cap]);
+    }
+    metrics
 }
 
 /// A metric built from constant definitions, registered once: its only

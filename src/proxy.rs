@@ -406,6 +406,14 @@ impl ProxyHttp for Gateway {
             // Shutting down: finish this request, then let the client go elsewhere.
             session.set_keepalive(None);
         }
+        if let Some(clock) = &ctx.head_clock {
+            if request_has_body(session) {
+                clock.body_expected();
+            }
+        }
+        // A client that stops reading its answers (or pipelines without ever
+        // reading) is let go after the idle time.
+        session.set_write_timeout(Some(self.state.connection_idle_timeout));
         let runtime = ctx.runtime.clone();
         let policy = &runtime.policy;
         if let Err(e) = canonicalise_target(session.req_header_mut(), policy.paths.escaped_slashes)
@@ -517,6 +525,21 @@ impl ProxyHttp for Gateway {
             tokio::time::sleep(Duration::from_micros(delay_us)).await;
         }
         Ok(false)
+    }
+
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        _body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut Self::CTX,
+    ) -> Result<()> {
+        if end_of_stream {
+            if let Some(clock) = &ctx.head_clock {
+                clock.body_arrived();
+            }
+        }
+        Ok(())
     }
 
     async fn upstream_peer(
@@ -665,6 +688,13 @@ impl ProxyHttp for Gateway {
                 e.etype().as_str()
             );
         }
+        // After the answer began (an upgraded connection, a response cut
+        // off), nothing more can be said on this connection.
+        let status = if session.response_written().is_some() {
+            0
+        } else {
+            status
+        };
         if status > 0 {
             session.set_keepalive(None);
             let written = if is_grpc(session) && status >= 500 {

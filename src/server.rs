@@ -14,7 +14,7 @@ use pingora::services::listening::Service;
 use crate::admin::Admin;
 use crate::clock::{Clock, OffsetClock, SystemClock};
 use crate::config::{Config, IdentityKeySource, ServerSettings};
-use crate::connection::{ConnectionCaps, ConnectionSettings, FrontDoor};
+use crate::connection::{AdminDoor, ConnectionCaps, ConnectionSettings, FrontDoor};
 use crate::limiter::{FallbackLimiter, Limiter, LocalLimiter, RedisLimiter};
 use crate::metrics::Metrics;
 use crate::proxy::Gateway;
@@ -240,7 +240,11 @@ pub fn build(config: &Config) -> Result<Floodgate, BuildError> {
     if let Some(admin_addr) = config.server.admin_listen {
         let mut admin = Service::new(
             "admin".into(),
-            HttpServer::new_app(Admin::new(state.clone())),
+            AdminDoor::new(
+                HttpServer::new_app(Admin::new(state.clone())),
+                state.metrics.admin_connections.clone(),
+                connections.header_timeout,
+            ),
         );
         admin.add_tcp(&admin_addr.to_string());
         server.add_service(admin);

@@ -51,6 +51,9 @@ pub struct AppState {
     /// Present with `[redis]`: tells whether decisions are degraded.
     pub fallback: Option<Arc<FallbackLimiter>>,
     pub metrics: Arc<Metrics>,
+    /// `[server].keepalive_timeout`: also how long a write to a client may
+    /// wait for it to read.
+    pub connection_idle_timeout: std::time::Duration,
     /// What the TLS listeners serve; swapped on reload.
     pub certificates: Option<Arc<CertResolver>>,
     pub config_path: PathBuf,
@@ -84,6 +87,7 @@ impl AppState {
             store,
             fallback,
             metrics,
+            connection_idle_timeout: config.server.keepalive_timeout,
             certificates: config
                 .tls
                 .as_ref()

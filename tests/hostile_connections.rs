@@ -508,7 +508,16 @@ fn logs_never_carry_keys_query_strings_or_header_blocks() {
     );
     let path = dir.join("proxy.toml");
     std::fs::write(&path, text).expect("config");
-    let proxy = Proxy::spawn(addr, None, path, &[("RUST_LOG", "trace")]);
+    // Plain trace, and the module directives that would lift a per-crate cap.
+    let proxy = Proxy::spawn(
+        addr,
+        None,
+        path,
+        &[(
+            "RUST_LOG",
+            "trace,pingora_proxy::proxy_h1=trace,pingora_core::protocols=trace",
+        )],
+    );
     let key = ("X-API-Key", "secret-key-4417");
     for _ in 0..3 {
         proxy.send("GET", "/a?session=query-secret-9931", &[key]);
@@ -530,4 +539,129 @@ fn logs_never_carry_keys_query_strings_or_header_blocks() {
     for secret in ["secret-key-4417", "query-secret-9931"] {
         assert!(!log.contains(secret), "{secret} in the log:\n{log}");
     }
+}
+
+#[test]
+fn a_body_must_keep_moving() {
+    let upstream = Upstream::start();
+    let proxy = proxy_with(upstream.addr, "header_timeout = \"1s\"", "", &[]);
+    let mut s = TcpStream::connect(proxy.addr).expect("connect");
+    s.write_all(b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 2000\r\n\r\n")
+        .expect("head");
+    let started = Instant::now();
+    // One byte every 300 ms: far below 1 KiB/s.
+    let _ = s.set_read_timeout(Some(Duration::from_millis(300)));
+    let mut closed_after = None;
+    let mut buf = [0u8; 256];
+    while started.elapsed() < Duration::from_secs(10) {
+        if s.write_all(b"x").is_err() {
+            closed_after = Some(started.elapsed());
+            break;
+        }
+        if let Ok(0) = s.read(&mut buf) {
+            closed_after = Some(started.elapsed());
+            break;
+        }
+    }
+    let took = closed_after.expect("closed");
+    // header_timeout of grace, plus what the bytes sent bought (a few ms).
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    assert_eq!(
+        upstream.count(),
+        0,
+        "the body never completed, so nothing was forwarded whole"
+    );
+}
+
+#[test]
+fn a_client_that_never_reads_its_answers_is_let_go() {
+    let upstream = Upstream::start();
+    let proxy = proxy_with(
+        upstream.addr,
+        "keepalive_timeout = \"2s\"",
+        "[[limits]]\nname = \"one\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\n",
+        &[],
+    );
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+    // A small receive buffer fills fast, as a client that never reads.
+    socket.set_recv_buffer_size(4096).expect("rcvbuf");
+    socket.connect(&proxy.addr.into()).expect("connect");
+    let mut s: TcpStream = socket.into();
+    let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
+    let request = b"GET /x HTTP/1.1\r\nHost: t\r\n\r\n".repeat(200);
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(15) {
+        if let Err(e) = s.write_all(&request) {
+            if e.kind() != std::io::ErrorKind::WouldBlock
+                && e.kind() != std::io::ErrorKind::TimedOut
+            {
+                break;
+            }
+        }
+        if proxy.metric("floodgate_connections_open") == 0.0
+            && started.elapsed() > Duration::from_secs(1)
+        {
+            break;
+        }
+    }
+    assert!(
+        wait_until(Duration::from_secs(15), || proxy
+            .metric("floodgate_connections_open")
+            == 0.0),
+        "the connection was closed"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn an_oversized_head_is_refused_with_431() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(&upstream, "");
+    let mut raw = b"GET / HTTP/1.1\r\nHost: t\r\n".to_vec();
+    // 20 lines of 4 KB: few headers, a large head.
+    for i in 0..20 {
+        raw.extend_from_slice(format!("X-Filler-{i}: {}\r\n", "a".repeat(4000)).as_bytes());
+    }
+    raw.extend_from_slice(b"\r\n");
+    let r = raw_request(proxy.addr, &raw);
+    assert_eq!(r.status, 431, "{}", r.body);
+    assert_eq!(upstream.count(), 0);
+    // A head of ordinary size is fine.
+    assert_eq!(proxy.get("/").status, 200);
+}
+
+#[test]
+fn the_admin_listener_has_its_own_cap_and_lifetime() {
+    let upstream = Upstream::start();
+    let proxy = proxy_with(upstream.addr, "header_timeout = \"2s\"", "", &[]);
+    let admin = proxy.admin.expect("admin");
+    let mut held: Vec<TcpStream> = (0..40)
+        .filter_map(|_| TcpStream::connect(admin).ok())
+        .collect();
+    // Beyond the admin cap of 32, connections are closed at once.
+    let closed_now = |held: &mut Vec<TcpStream>| {
+        held.iter_mut()
+            .map(|s| {
+                let _ = s.set_nonblocking(true);
+                matches!(s.read(&mut [0u8; 16]), Ok(0))
+            })
+            .filter(|closed| *closed)
+            .count()
+    };
+    assert!(wait_until(Duration::from_secs(1), || closed_now(&mut held) == 8));
+    // The proxy is unaffected.
+    assert_eq!(proxy.get("/").status, 200);
+    // Idle admin connections end after their lifetime; the admin serves again.
+    let started = Instant::now();
+    assert!(wait_until(Duration::from_secs(6), || proxy
+        .admin_get("/healthz")
+        .status
+        == 200));
+    assert!(started.elapsed() < Duration::from_secs(5));
+    drop(held);
 }
