@@ -1,6 +1,7 @@
 //! floodgate: an edge rate-limiting reverse proxy on Pingora.
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 pub mod admin;
 pub mod algorithm;
 pub mod clock;

@@ -15,6 +15,25 @@ pub struct LayerCounters {
     pub admitted: IntCounter,
     pub refused: IntCounter,
     pub shadow_refused: IntCounter,
+    /// Admitted, leaving less than a tenth of the quota.
+    pub near_limit: IntCounter,
+}
+
+/// What every request reports when it ends.
+#[derive(Clone)]
+pub struct RequestMetrics {
+    /// By status class: 1xx .. 5xx, or `none` when no answer was sent.
+    pub by_class: [IntCounter; 6],
+    pub duration: Histogram,
+    pub upstream_duration: Histogram,
+    pub access_log_dropped: IntCounter,
+}
+
+impl RequestMetrics {
+    pub fn finished(&self, status: u16) -> &IntCounter {
+        let class = usize::from(status / 100);
+        &self.by_class[if (1..=5).contains(&class) { class } else { 0 }]
+    }
 }
 
 /// What the Redis store reports.
@@ -45,6 +64,7 @@ pub struct Metrics {
     pub local_overflow: IntCounter,
     pub connections: ConnectionMetrics,
     pub admin_connections: ConnectionMetrics,
+    pub requests: RequestMetrics,
     reloads: IntCounterVec,
 }
 
@@ -56,7 +76,7 @@ impl Metrics {
             IntCounterVec::new(
                 Opts::new(
                     "floodgate_decisions_total",
-                    "Requests decided, by limit and outcome (admitted, refused, shadow_refused)",
+                    "Requests decided, by limit and outcome (admitted, refused, shadow_refused; near_limit: admitted leaving less than 10% of the quota, also counted as admitted)",
                 ),
                 &["limit", "outcome"],
             ),
@@ -117,6 +137,50 @@ impl Metrics {
         );
         let connections = connection_metrics(&registry, "floodgate", "Client");
         let admin_connections = connection_metrics(&registry, "floodgate_admin", "Admin listener");
+        let requests_total = registered(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "floodgate_requests_total",
+                    "Requests answered, by status class (1xx .. 5xx; none: no answer was sent)",
+                ),
+                &["status_class"],
+            ),
+        );
+        let latency_buckets = vec![
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+        ];
+        let requests = RequestMetrics {
+            by_class: ["none", "1xx", "2xx", "3xx", "4xx", "5xx"]
+                .map(|class| requests_total.with_label_values(&[class])),
+            duration: registered(
+                &registry,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "floodgate_request_duration_seconds",
+                        "From the request head to the end of the answer",
+                    )
+                    .buckets(latency_buckets.clone()),
+                ),
+            ),
+            upstream_duration: registered(
+                &registry,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "floodgate_upstream_duration_seconds",
+                        "From sending a request upstream to its response head",
+                    )
+                    .buckets(latency_buckets),
+                ),
+            ),
+            access_log_dropped: registered(
+                &registry,
+                IntCounter::new(
+                    "floodgate_access_log_dropped_total",
+                    "Access log lines dropped because the writer's queue was full",
+                ),
+            ),
+        };
         let reloads = registered(
             &registry,
             IntCounterVec::new(
@@ -145,6 +209,7 @@ impl Metrics {
             local_overflow,
             connections,
             admin_connections,
+            requests,
             reloads,
         }
     }
@@ -154,6 +219,7 @@ impl Metrics {
             admitted: self.decisions.with_label_values(&[limit, "admitted"]),
             refused: self.decisions.with_label_values(&[limit, "refused"]),
             shadow_refused: self.decisions.with_label_values(&[limit, "shadow_refused"]),
+            near_limit: self.decisions.with_label_values(&[limit, "near_limit"]),
         }
     }
 

@@ -20,7 +20,7 @@
 use std::borrow::Cow;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -127,6 +127,14 @@ pub struct RequestCtx {
     /// Upstream servers tried so far, and where the round started.
     tries: usize,
     first_server: usize,
+    /// For the access log and the duration metrics.
+    started: Instant,
+    upstream_sent: Option<Instant>,
+    upstream_took: Option<Duration>,
+    /// The layer whose headers were shown (or that refused), and what it had
+    /// left; which store decided.
+    decisive: Option<(Arc<str>, u64)>,
+    store: Option<&'static str>,
     /// Rate-limit headers to add to the upstream's response.
     rate_headers: Vec<(&'static str, String)>,
     _in_flight: InFlight,
@@ -373,11 +381,22 @@ impl ProxyHttp for Gateway {
         }
     }
 
-    /// The response is over, on every path: the connection idles until the
-    /// next head.
-    async fn logging(&self, _session: &mut Session, _e: Option<&Error>, ctx: &mut Self::CTX) {
+    /// The response is over, on every path: metrics, the access log line,
+    /// and the connection idles until the next head.
+    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut Self::CTX) {
         if let Some(clock) = &ctx.head_clock {
             clock.await_next_head();
+        }
+        let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        let took = ctx.started.elapsed();
+        let requests = &self.state.metrics.requests;
+        requests.finished(status).inc();
+        requests.duration.observe(took.as_secs_f64());
+        if let Some(upstream) = ctx.upstream_took {
+            requests.upstream_duration.observe(upstream.as_secs_f64());
+        }
+        if let Some(log) = &self.state.access_log {
+            log.write(access_line(session, ctx, status, took));
         }
     }
 
@@ -389,6 +408,11 @@ impl ProxyHttp for Gateway {
             head_clock: None,
             tries: 0,
             first_server: 0,
+            started: Instant::now(),
+            upstream_sent: None,
+            upstream_took: None,
+            decisive: None,
+            store: None,
             rate_headers: Vec::new(),
             _in_flight: self.state.request_started(),
         }
@@ -451,6 +475,7 @@ impl ProxyHttp for Gateway {
             Ok(d) => d,
             Err(e) => return limiter_failed(session, ctx, e).await,
         };
+        ctx.store = Some(self.state.store_label());
         let enforced = layers(&checks, &decisions);
         let refused = headers::refusing(&enforced);
         for (check, decision) in checks.iter().zip(&decisions) {
@@ -458,7 +483,12 @@ impl ProxyHttp for Gateway {
             match (check.shadow, decision.allowed, refused.is_some()) {
                 (true, false, _) => counters.shadow_refused.inc(),
                 (false, false, _) => counters.refused.inc(),
-                (_, true, false) => counters.admitted.inc(),
+                (_, true, false) => {
+                    counters.admitted.inc();
+                    if decision.remaining.saturating_mul(10) < decision.limit {
+                        counters.near_limit.inc();
+                    }
+                }
                 // Admitted by this layer, refused by another: not charged.
                 (_, true, true) => {}
             }
@@ -472,6 +502,7 @@ impl ProxyHttp for Gateway {
             }
         }
         if let Some(refused) = refused {
+            ctx.decisive = Some((Arc::from(refused.name), refused.decision.remaining));
             let retry_after_ms = headers::ceil_ms(refused.decision.retry_after_us);
             info!(
                 "rate limited: {} limit={} retry_after_ms={retry_after_ms}{} request_id={}",
@@ -518,6 +549,7 @@ impl ProxyHttp for Gateway {
         }
         if let Some(shown) = headers::most_constrained(&enforced) {
             ctx.rate_headers = headers::rate_limit_headers(runtime.headers, &enforced, shown);
+            ctx.decisive = Some((Arc::from(shown.name), shown.decision.remaining));
         }
         ctx.client = Some(client);
         let delay_us = decisions.iter().map(|d| d.delay_us).max().unwrap_or(0);
@@ -587,6 +619,7 @@ impl ProxyHttp for Gateway {
             upstream_request
                 .insert_header(settings.request_id_header.clone(), ctx.request_id.as_str())?;
         }
+        ctx.upstream_sent = Some(Instant::now());
         Ok(())
     }
 
@@ -639,6 +672,7 @@ impl ProxyHttp for Gateway {
         upstream_response: &mut ResponseHeader,
         ctx: &mut Self::CTX,
     ) -> Result<()> {
+        ctx.upstream_took = ctx.upstream_sent.map(|sent| sent.elapsed());
         for (name, value) in ctx.rate_headers.drain(..) {
             upstream_response.insert_header(name, value)?;
         }
@@ -713,6 +747,62 @@ impl ProxyHttp for Gateway {
             can_reuse_downstream: false,
         }
     }
+}
+
+/// One access log line: JSON, no query string, no key, no header value;
+/// the client by address and a short keyed hash of its identity.
+fn access_line(session: &Session, ctx: &RequestCtx, status: u16, took: Duration) -> String {
+    use crate::access_log::{json_string, now_rfc3339};
+    use std::fmt::Write;
+    let request = session.req_header();
+    let mut line = String::with_capacity(320);
+    line.push_str("{\"time\":");
+    json_string(&mut line, &now_rfc3339());
+    line.push_str(",\"request_id\":");
+    json_string(&mut line, &ctx.request_id);
+    match &ctx.client {
+        Some(client) => {
+            let _ = write!(
+                line,
+                ",\"client\":\"{}\",\"client_label\":\"c#{:08x}\",\"tier\":",
+                client.address,
+                (client.ip_hash >> 96) as u32
+            );
+            json_string(&mut line, &client.tier);
+        }
+        None => line.push_str(",\"client\":null,\"client_label\":null,\"tier\":null"),
+    }
+    line.push_str(",\"method\":");
+    json_string(&mut line, request.method.as_str());
+    line.push_str(",\"path\":");
+    json_string(&mut line, request.uri.path());
+    let _ = write!(
+        line,
+        ",\"status\":{status},\"bytes\":{},\"duration_ms\":{:.3},\"upstream_ms\":",
+        session.body_bytes_sent(),
+        took.as_secs_f64() * 1000.0
+    );
+    match ctx.upstream_took {
+        Some(t) => {
+            let _ = write!(line, "{:.3}", t.as_secs_f64() * 1000.0);
+        }
+        None => line.push_str("null"),
+    }
+    line.push_str(",\"limit\":");
+    match &ctx.decisive {
+        Some((name, remaining)) => {
+            json_string(&mut line, name);
+            let _ = write!(line, ",\"remaining\":{remaining}");
+        }
+        None => line.push_str("null,\"remaining\":null"),
+    }
+    line.push_str(",\"store\":");
+    match ctx.store {
+        Some(store) => json_string(&mut line, store),
+        None => line.push_str("null"),
+    }
+    line.push('}');
+    line
 }
 
 /// A limiter that cannot decide and has no fallback (the Redis store is

@@ -11,6 +11,7 @@ use pingora::server::{RunArgs, Server, ShutdownWatch};
 use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::listening::Service;
 
+use crate::access_log::AccessLog;
 use crate::admin::Admin;
 use crate::clock::{Clock, OffsetClock, SystemClock};
 use crate::config::{Config, IdentityKeySource, ServerSettings};
@@ -32,6 +33,8 @@ pub enum BuildError {
     ClockOffset(String),
     #[error("{file}: server.tls: {reason}")]
     Tls { file: String, reason: String },
+    #[error("{file}: log.access: {reason}")]
+    AccessLog { file: String, reason: String },
 }
 
 /// Drops idle keys of the memory store now and then, so that memory follows
@@ -162,6 +165,14 @@ pub fn build(config: &Config) -> Result<Floodgate, BuildError> {
         file: file.clone(),
         source,
     })?;
+    let access_log = AccessLog::start(
+        &config.access_log,
+        metrics.requests.access_log_dropped.clone(),
+    )
+    .map_err(|e| BuildError::AccessLog {
+        file: file.clone(),
+        reason: e.to_string(),
+    })?;
     let state = Arc::new(AppState::new(
         config.clone(),
         runtime,
@@ -169,6 +180,7 @@ pub fn build(config: &Config) -> Result<Floodgate, BuildError> {
         store.clone(),
         fallback,
         metrics,
+        access_log,
     ));
 
     // Draining is ours (see `signals`): Pingora stops the listeners once

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use log::{error, info, warn};
 
+use crate::access_log::AccessLog;
 use crate::config::{Config, HeaderStyle};
 use crate::limiter::{FallbackLimiter, Limiter, LocalLimiter};
 use crate::metrics::{LayerCounters, Metrics};
@@ -54,6 +55,8 @@ pub struct AppState {
     /// `[server].keepalive_timeout`: also how long a write to a client may
     /// wait for it to read.
     pub connection_idle_timeout: std::time::Duration,
+    /// `[log].access`, when on.
+    pub access_log: Option<AccessLog>,
     /// What the TLS listeners serve; swapped on reload.
     pub certificates: Option<Arc<CertResolver>>,
     pub config_path: PathBuf,
@@ -80,6 +83,7 @@ impl AppState {
         store: Arc<LocalLimiter>,
         fallback: Option<Arc<FallbackLimiter>>,
         metrics: Arc<Metrics>,
+        access_log: Option<AccessLog>,
     ) -> AppState {
         AppState {
             runtime: ArcSwap::from_pointee(runtime),
@@ -88,6 +92,7 @@ impl AppState {
             fallback,
             metrics,
             connection_idle_timeout: config.server.keepalive_timeout,
+            access_log,
             certificates: config
                 .tls
                 .as_ref()
@@ -120,9 +125,23 @@ impl AppState {
         self.fallback.as_ref().is_some_and(|f| f.degraded())
     }
 
+    /// Which store decides now: "memory", "redis", or "fallback" while Redis
+    /// is away.
+    pub fn store_label(&self) -> &'static str {
+        match &self.fallback {
+            None => "memory",
+            Some(f) if f.degraded() => "fallback",
+            Some(_) => "redis",
+        }
+    }
+
     /// Re-reads the config file and swaps in what it says. An invalid file
-    /// changes nothing: the reason is logged and counted.
+    /// changes nothing: the reason is logged and counted. The access log file
+    /// is reopened either way (log rotation).
     pub fn reload(&self) -> bool {
+        if let Some(log) = &self.access_log {
+            log.reopen();
+        }
         let path = &self.config_path;
         let result = Config::load(path)
             .map_err(|e| e.to_string())

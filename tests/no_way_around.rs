@@ -4,9 +4,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::net::SocketAddr;
 
 use common::redis_server::RedisServer;
 use common::*;
@@ -181,74 +179,6 @@ fn escaped_slashes_can_be_kept() {
     assert_eq!(upstream_paths(&upstream), ["/files/a%2Fb/..%5C"]);
 }
 
-/// Many GETs on a few keep-alive connections (reconnecting when one is
-/// closed); the status of each.
-fn keepalive_gets(addr: SocketAddr, requests: Vec<Vec<(String, String)>>) -> Vec<u16> {
-    let mut statuses = Vec::with_capacity(requests.len());
-    let mut connection: Option<(TcpStream, BufReader<TcpStream>)> = None;
-    for headers in requests {
-        let mut raw = String::from("GET /tenant-data HTTP/1.1\r\nHost: test\r\n");
-        for (k, v) in &headers {
-            raw.push_str(&format!("{k}: {v}\r\n"));
-        }
-        raw.push_str("\r\n");
-        let (writer, reader) = connection.get_or_insert_with(|| {
-            let stream = TcpStream::connect(addr).expect("connect");
-            stream
-                .set_read_timeout(Some(Duration::from_secs(10)))
-                .expect("timeout");
-            let reader = BufReader::new(stream.try_clone().expect("clone"));
-            (stream, reader)
-        });
-        if writer.write_all(raw.as_bytes()).is_err() {
-            connection = None;
-            statuses.push(0);
-            continue;
-        }
-        let mut status_line = String::new();
-        if reader.read_line(&mut status_line).unwrap_or(0) == 0 {
-            connection = None;
-            statuses.push(0);
-            continue;
-        }
-        let status = status_line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        let mut length = 0usize;
-        let mut close = false;
-        loop {
-            let mut line = String::new();
-            if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                close = true;
-                break;
-            }
-            let line = line.trim_end();
-            if line.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = line.split_once(':') {
-                if k.eq_ignore_ascii_case("content-length") {
-                    length = v.trim().parse().unwrap_or(0);
-                }
-                if k.eq_ignore_ascii_case("connection") && v.trim() == "close" {
-                    close = true;
-                }
-            }
-        }
-        let mut body = vec![0u8; length];
-        if reader.read_exact(&mut body).is_err() {
-            close = true;
-        }
-        statuses.push(status);
-        if close {
-            connection = None;
-        }
-    }
-    statuses
-}
-
 #[test]
 fn a_flood_of_made_up_identities_never_frees_an_exhausted_client() {
     let upstream = Upstream::start();
@@ -293,7 +223,7 @@ refill_rate = 0.01
                     let requests = (0..flood / threads)
                         .map(|i| vec![("X-Tenant".to_string(), format!("tenant-{t}-{i}"))])
                         .collect();
-                    keepalive_gets(addr, requests)
+                    keepalive_gets(addr, "/tenant-data", requests)
                 })
             })
             .collect();

@@ -445,6 +445,9 @@ impl Config {
         if self.upstream.ca_file != newer.upstream.ca_file {
             changed.push("[upstream].ca_file");
         }
+        if self.access_log != newer.access_log {
+            changed.push("[log].access");
+        }
         let tls_listeners = |c: &Config| c.tls.as_ref().map(|t| (t.listen.clone(), t.http2));
         if tls_listeners(self) != tls_listeners(newer) {
             changed.push("[server.tls] listen/http2");
