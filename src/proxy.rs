@@ -184,7 +184,12 @@ async fn respond(
 
 fn add_request_id(header: &mut ResponseHeader, ctx: &RequestCtx) -> Result<()> {
     if !ctx.request_id.is_empty() {
-        let name = ctx.runtime.upstream.settings().request_id_header.clone();
+        let name = ctx
+            .runtime
+            .upstream
+            .settings()
+            .request_id_header_spelling
+            .clone();
         header.insert_header(name, ctx.request_id.as_str())?;
     }
     Ok(())
@@ -616,8 +621,10 @@ impl ProxyHttp for Gateway {
                 .insert_header(http::header::HOST, ctx.runtime.upstream.host(server))?;
         }
         if !ctx.request_id.is_empty() {
-            upstream_request
-                .insert_header(settings.request_id_header.clone(), ctx.request_id.as_str())?;
+            upstream_request.insert_header(
+                settings.request_id_header_spelling.clone(),
+                ctx.request_id.as_str(),
+            )?;
         }
         ctx.upstream_sent = Some(Instant::now());
         Ok(())

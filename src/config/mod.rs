@@ -352,6 +352,9 @@ pub struct UpstreamSettings {
     /// X-Forwarded-For (the resolved chain), -Proto, -Host and X-Real-IP.
     pub forwarded_headers: bool,
     pub request_id_header: HeaderName,
+    /// The same name as the config spells it, for the headers floodgate
+    /// writes (HTTP/1.1 clients see `X-Request-Id`, not `x-request-id`).
+    pub request_id_header_spelling: String,
     /// Host sent upstream instead of the client's.
     pub host: Option<http::HeaderValue>,
     /// HTTP/2 to the upstream (h2c on plain connections): gRPC needs it.
@@ -894,10 +897,11 @@ fn validate_upstream(u: &UpstreamSection) -> Result<UpstreamSettings, Invalid> {
             )
         })
     };
-    let request_id_header = header_name(
-        u.request_id_header.as_deref().unwrap_or("X-Request-Id"),
-        "request_id_header",
-    )?;
+    let request_id_header_spelling = u
+        .request_id_header
+        .clone()
+        .unwrap_or_else(|| "X-Request-Id".into());
+    let request_id_header = header_name(&request_id_header_spelling, "request_id_header")?;
     let host = u
         .host
         .as_deref()
@@ -922,6 +926,7 @@ fn validate_upstream(u: &UpstreamSection) -> Result<UpstreamSettings, Invalid> {
         ca_file: u.ca_file.clone(),
         forwarded_headers: u.forwarded_headers.unwrap_or(true),
         request_id_header,
+        request_id_header_spelling,
         host,
         http2: u.http2,
         websocket_idle_timeout,
