@@ -37,6 +37,12 @@ trap cleanup EXIT
 
 UP=18000; NGX_PROXY=18001; NGX_LIMIT=18002; NGX_REFUSE=18003; REDIS=18379
 FG_PLAIN=18010; FG_MEMORY=18011; FG_REDIS=18012; FG_REFUSE=18013; FG_REFUSE_REDIS=18014
+NGX_TLS=18020; FG_TLS=18021; FG_TLS_PLAIN=18022
+
+# One certificate for both TLS terminators (ECDSA P-256, as most edges serve).
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+  -keyout "$WORK/tls.key" -out "$WORK/tls.crt" -days 2 -subj "/CN=localhost" \
+  -addext "subjectAltName=IP:127.0.0.1,DNS:localhost" >/dev/null 2>&1
 
 nginx_conf() { # name port workers body
   cat > "$WORK/$1.conf" <<CONF
@@ -68,6 +74,10 @@ nginx_conf limit $NGX_LIMIT "$WORKERS" "limit_req zone=ip burst=1000000 nodelay;
   'limit_req_zone $binary_remote_addr zone=ip:10m rate=1000000r/s;'
 nginx_conf refuse $NGX_REFUSE "$WORKERS" "limit_req zone=ip; limit_req_status 429; $PROXY" \
   'limit_req_zone $binary_remote_addr zone=ip:10m rate=1r/m;'
+# nginx terminating TLS (h2 and http/1.1 by ALPN) with the same certificate.
+nginx_conf tls $NGX_TLS "$WORKERS" "$PROXY" ''
+# (`listen ... http2`: the spelling Debian 12's nginx 1.22 understands.)
+sed -i "s|listen 127.0.0.1:$NGX_TLS reuseport;|listen 127.0.0.1:$NGX_TLS ssl http2 reuseport; ssl_certificate $WORK/tls.crt; ssl_certificate_key $WORK/tls.key;|" "$WORK/tls.conf"
 
 declare -A PID_OF
 start() { # name command...: starts in the background, records the PID
@@ -109,8 +119,11 @@ $NEVER"
 floodgate_conf refuse $FG_REFUSE "$ABUSE"
 floodgate_conf refuse-redis $FG_REFUSE_REDIS "$REDIS_TABLE
 $ABUSE"
+floodgate_conf tls $FG_TLS_PLAIN "$NEVER"
+sed -i "s|^\[upstream\]|[server.tls]\nlisten = \"127.0.0.1:$FG_TLS\"\ncert_file = \"$WORK/tls.crt\"\nkey_file = \"$WORK/tls.key\"\n\n[upstream]|" "$WORK/tls.toml"
 
-for port in $UP $NGX_PROXY $NGX_LIMIT $NGX_REFUSE $REDIS $FG_PLAIN $FG_MEMORY $FG_REDIS $FG_REFUSE $FG_REFUSE_REDIS; do
+PORTS="$UP $NGX_PROXY $NGX_LIMIT $NGX_REFUSE $REDIS $FG_PLAIN $FG_MEMORY $FG_REDIS $FG_REFUSE $FG_REFUSE_REDIS $NGX_TLS $FG_TLS $FG_TLS_PLAIN"
+for port in $PORTS; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
     echo "port $port is taken: stop what listens there first" >&2; exit 1
   fi
@@ -119,14 +132,15 @@ start upstream "$NGINX" -c "$WORK/upstream.conf" -p "$WORK"
 start proxy "$NGINX" -c "$WORK/proxy.conf" -p "$WORK"
 start limit "$NGINX" -c "$WORK/limit.conf" -p "$WORK"
 start refuse "$NGINX" -c "$WORK/refuse.conf" -p "$WORK"
+start tls "$NGINX" -c "$WORK/tls.conf" -p "$WORK"
 start redis redis-server --port $REDIS --bind 127.0.0.1 --save "" --appendonly no
 # Refusals are logged at info, one line each; the load would mostly measure
 # the terminal. FLOODGATE_LOG=info measures that too.
 export RUST_LOG="${FLOODGATE_LOG:-warn}"
-for name in plain memory redis refuse refuse-redis; do
+for name in plain memory redis refuse refuse-redis tls; do
   start "fg-$name" "$FLOODGATE" --config "$WORK/$name.toml"
 done
-for port in $UP $NGX_PROXY $NGX_LIMIT $NGX_REFUSE $REDIS $FG_PLAIN $FG_MEMORY $FG_REDIS $FG_REFUSE $FG_REFUSE_REDIS; do
+for port in $PORTS; do
   wait_port "$port"
 done
 
@@ -149,10 +163,16 @@ server_ticks() { # pid...: the sum over the server's processes
 }
 measure() { # label port server-pid [more server pids: redis-server]
   local label="$1" port="$2"; shift 2
-  "$OHA" -n 2000 -c "$CONNECTIONS" --no-tui "http://127.0.0.1:$port/" >/dev/null 2>&1 || true
+  measure_url "$label" "http://127.0.0.1:$port/" "" "$@"
+}
+measure_url() { # label url "oha flags" server-pid...
+  local label="$1" url="$2" flags="$3"; shift 3
+  # shellcheck disable=SC2086
+  "$OHA" -n 2000 -c "$CONNECTIONS" --no-tui $flags "$url" >/dev/null 2>&1 || true
   local before after
   before=$(server_ticks "$@")
-  "$OHA" -z "${DURATION}s" -c "$CONNECTIONS" --no-tui --output-format json "http://127.0.0.1:$port/" > "$WORK/oha.json"
+  # shellcheck disable=SC2086
+  "$OHA" -z "${DURATION}s" -c "$CONNECTIONS" --no-tui $flags --output-format json "$url" > "$WORK/oha.json"
   after=$(server_ticks "$@")
   python3 - "$label" "$WORK/oha.json" "$((after - before))" "$(getconf CLK_TCK)" >> "$RESULTS" <<'PY'
 import json, sys
@@ -176,6 +196,12 @@ measure "floodgate redis, admitting" $FG_REDIS "${PID_OF[fg-redis]}" "${PID_OF[r
 measure "nginx limit_req, refusing" $NGX_REFUSE "${PID_OF[refuse]}"
 measure "floodgate memory, refusing" $FG_REFUSE "${PID_OF[fg-refuse]}"
 measure "floodgate redis, refusing" $FG_REFUSE_REDIS "${PID_OF[fg-refuse-redis]}" "${PID_OF[redis]}"
+# TLS at the edge: the same certificate, HTTP/1.1 and HTTP/2 (one connection
+# per oha worker either way), against nginx terminating TLS.
+measure_url "nginx TLS, http/1.1" "https://127.0.0.1:$NGX_TLS/" "--insecure" "${PID_OF[tls]}"
+measure_url "floodgate TLS memory, http/1.1" "https://127.0.0.1:$FG_TLS/" "--insecure" "${PID_OF[fg-tls]}"
+measure_url "nginx TLS, h2" "https://127.0.0.1:$NGX_TLS/" "--insecure --http2" "${PID_OF[tls]}"
+measure_url "floodgate TLS memory, h2" "https://127.0.0.1:$FG_TLS/" "--insecure --http2" "${PID_OF[fg-tls]}"
 
 python3 - "$RESULTS" "$DURATION" "$CONNECTIONS" "$(nproc)" "$WORKERS" <<'PY'
 import sys
@@ -198,4 +224,7 @@ refusing = rps("nginx limit_req, refusing")
 print(f"  refusing, memory / Redis {rps('floodgate memory, refusing') / refusing:.2f}x / {rps('floodgate redis, refusing') / refusing:.2f}x (>= 1.0)")
 added = p99("floodgate redis, admitting") - p99("floodgate, no limits")
 print(f"  p99 added by Redis over no limits {added:.2f} ms (<= 1)")
+print("Against nginx terminating TLS with the same certificate:")
+for proto in ("http/1.1", "h2"):
+    print(f"  TLS {proto:<8} {rps(f'floodgate TLS memory, {proto}') / rps(f'nginx TLS, {proto}'):.2f}x")
 PY

@@ -10,6 +10,9 @@
 //! ```text
 //! accept -> permit (total cap, per-address cap)   none: closed at once
 //!        -> stream wrapped with a HeadClock
+//!        -> TLS listeners: the handshake, under the same clock (a handshake
+//!           that never completes is as slow as a head that never does)
+//!        -> HTTP/2 (ALPN, or the h2c preface): Pingora's HTTP/2 server
 //!        -> loop: one HTTP/1 session after another (Pingora parses and proxies)
 //! HeadClock: from accept, the first head must be complete within header_timeout;
 //!            after a response, the next head's first byte within keepalive_timeout,
@@ -36,6 +39,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use log::{debug, warn};
 use pingora::apps::{HttpServerApp, ServerApp};
+use pingora::listeners::tls::Acceptor;
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::raw_connect::ProxyDigest;
 use pingora::protocols::tls::TlsRef;
@@ -356,6 +360,9 @@ pub struct GuardedStream {
     timer: Pin<Box<Sleep>>,
     /// Set once the deadline passed: reads end the connection from then on.
     expired: bool,
+    /// Whether a 408/431 may be written as bytes: not under TLS, where the
+    /// clock watches the encrypted stream.
+    plaintext: bool,
     metrics: ConnectionMetrics,
 }
 
@@ -369,12 +376,18 @@ impl fmt::Debug for GuardedStream {
 }
 
 impl GuardedStream {
-    pub fn new(inner: Stream, clock: Arc<HeadClock>, metrics: ConnectionMetrics) -> Self {
+    pub fn new(
+        inner: Stream,
+        clock: Arc<HeadClock>,
+        metrics: ConnectionMetrics,
+        plaintext: bool,
+    ) -> Self {
         GuardedStream {
             inner,
             clock,
             timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
             expired: false,
+            plaintext,
             metrics,
         }
     }
@@ -398,7 +411,7 @@ impl GuardedStream {
                 None
             }
         };
-        if let Some(answer) = answer {
+        if let Some(answer) = answer.filter(|_| self.plaintext) {
             // Small enough for any socket buffer; if it does not fit at
             // once, the connection closes without it.
             let _ = Pin::new(&mut *self.inner).poll_write(cx, answer);
@@ -435,14 +448,21 @@ impl AsyncRead for GuardedStream {
                 let Some((until, head)) = this.clock.deadline() else {
                     return Poll::Pending;
                 };
-                if this.timer.deadline() != until {
+                // Re-arming a timer costs a trip to the runtime's timer
+                // wheel; deadlines move later with every request, so the
+                // timer is moved only when the deadline came earlier, and a
+                // timer that fires before the deadline is re-armed then.
+                if until < this.timer.deadline() || this.timer.is_elapsed() {
                     this.timer.as_mut().reset(until);
                 }
-                match this.timer.as_mut().poll(cx) {
-                    Poll::Pending => Poll::Pending,
-                    Poll::Ready(()) => {
-                        this.expire(cx, Overrun::Late { head });
-                        Poll::Ready(Ok(()))
+                loop {
+                    match this.timer.as_mut().poll(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(()) if Instant::now() >= until => {
+                            this.expire(cx, Overrun::Late { head });
+                            return Poll::Ready(Ok(()));
+                        }
+                        Poll::Ready(()) => this.timer.as_mut().reset(until),
                     }
                 }
             }
@@ -562,22 +582,26 @@ pub struct FrontDoor {
     settings: ConnectionSettings,
     /// HTTP/2 with prior knowledge on plain connections.
     h2c: bool,
+    /// The TLS listeners' handshake, done here: after the caps, under the clock.
+    tls: Option<Arc<Acceptor>>,
 }
 
 impl FrontDoor {
     pub fn new(
-        proxy: HttpProxy<Gateway>,
+        proxy: Arc<HttpProxy<Gateway>>,
         state: Arc<AppState>,
         caps: Arc<ConnectionCaps>,
         settings: ConnectionSettings,
         h2c: bool,
+        tls: Option<Arc<Acceptor>>,
     ) -> Self {
         FrontDoor {
-            proxy: Arc::new(proxy),
+            proxy,
             state,
             caps,
             settings,
             h2c,
+            tls,
         }
     }
 
@@ -591,7 +615,7 @@ impl FrontDoor {
         if !self.h2c {
             return Some(false);
         }
-        const PREFACE: &[u8] = b"PRI * HTTP/2.0";
+        const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
         let mut buf = [0u8; PREFACE.len()];
         match tokio::time::timeout(self.settings.header_timeout, stream.try_peek(&mut buf)).await {
             Ok(Ok(true)) => Some(buf == PREFACE),
@@ -637,23 +661,38 @@ impl ServerApp for FrontDoor {
                 return None;
             }
         };
-        let mut stream = stream;
-        match self.speaks_h2(&mut stream).await {
-            None => return None,
-            // Streams are requests of their own: Pingora's HTTP/2 server runs
-            // them (idle connections close after keepalive_timeout).
-            Some(true) => return ServerApp::process_new(&self.proxy, stream, shutdown).await,
-            Some(false) => {}
-        }
+        // The clock runs from the accept: a TLS handshake or an h2c preface
+        // that dawdles spends the same time as a head.
         let clock = HeadClock::new(
             self.settings.header_timeout,
             self.settings.keepalive_timeout,
         );
-        let mut stream: Stream = Box::new(GuardedStream::new(
+        let guarded = GuardedStream::new(
             stream,
             clock.clone(),
             self.caps.metrics.clone(),
-        ));
+            self.tls.is_none(),
+        );
+        let mut stream: Stream = match &self.tls {
+            Some(acceptor) => match acceptor.tls_handshake(guarded).await {
+                Ok(tls) => Box::new(tls),
+                Err(e) => {
+                    debug!("TLS handshake failed: {e}");
+                    return None;
+                }
+            },
+            None => Box::new(guarded),
+        };
+        match self.speaks_h2(&mut stream).await {
+            None => return None,
+            // Streams are requests of their own: Pingora's HTTP/2 server runs
+            // them (idle connections close after keepalive_timeout).
+            Some(true) => {
+                clock.head_arrived();
+                return ServerApp::process_new(&self.proxy, stream, shutdown).await;
+            }
+            Some(false) => {}
+        }
         let mut persisted = None;
         loop {
             let mut session = ServerSession::new_http1(stream);
@@ -729,5 +768,58 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for AdminDoor<A> {
 
     async fn cleanup(&self) {
         self.app.cleanup().await
+    }
+}
+
+/// HTTP/2 requests in flight per client address (grouped as the connection
+/// cap groups them): streams multiply what one connection can hold, so
+/// they count against `max_connections_per_ip` on their own.
+pub struct StreamCaps {
+    max_per_address: usize,
+    in_flight: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// One HTTP/2 request's place, given back when the request ends.
+pub struct StreamPermit {
+    caps: Arc<StreamCaps>,
+    address: IpAddr,
+}
+
+impl Drop for StreamPermit {
+    fn drop(&mut self) {
+        let mut in_flight = self
+            .caps
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = in_flight.get_mut(&self.address) {
+            *n -= 1;
+            if *n == 0 {
+                in_flight.remove(&self.address);
+            }
+        }
+    }
+}
+
+impl StreamCaps {
+    pub fn new(max_per_address: usize) -> Arc<Self> {
+        Arc::new(StreamCaps {
+            max_per_address,
+            in_flight: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A place for one more request from `address`, or none.
+    pub fn admit(self: &Arc<Self>, address: IpAddr) -> Option<StreamPermit> {
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        let n = in_flight.entry(address).or_insert(0);
+        if *n >= self.max_per_address {
+            return None;
+        }
+        *n += 1;
+        Some(StreamPermit {
+            caps: self.clone(),
+            address,
+        })
     }
 }

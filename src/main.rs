@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use anyhow::Context;
 
 // Pingora allocates many small objects on every request. mimalloc serves them
@@ -89,8 +91,14 @@ fn init_logging() {
 }
 
 /// Drops records of Pingora's crates above their cap, checked on the
-/// record's target, so that no RUST_LOG directive (however specific) lifts it.
+/// record's target, so that no RUST_LOG directive (however specific) lifts
+/// it; and lets through at most one of Pingora's lines a second (a client
+/// can make it write one per failed handshake).
 struct CappedLogger(env_logger::Logger);
+
+/// The second of Pingora's last line, and Pingora's lines dropped since.
+static PINGORA_LAST_SECOND: AtomicU64 = AtomicU64::new(0);
+static PINGORA_DROPPED: AtomicU64 = AtomicU64::new(0);
 
 impl CappedLogger {
     fn allowed(metadata: &log::Metadata<'_>) -> bool {
@@ -103,6 +111,18 @@ impl CappedLogger {
             true
         }
     }
+
+    /// Whether one of Pingora's lines may go out now.
+    fn pingora_line_due() -> bool {
+        let second = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let last = PINGORA_LAST_SECOND.load(Ordering::Relaxed);
+        second != last
+            && PINGORA_LAST_SECOND
+                .compare_exchange(last, second, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
 }
 
 impl log::Log for CappedLogger {
@@ -111,9 +131,28 @@ impl log::Log for CappedLogger {
     }
 
     fn log(&self, record: &log::Record<'_>) {
-        if Self::allowed(record.metadata()) {
-            self.0.log(record);
+        if !Self::allowed(record.metadata()) || !self.0.enabled(record.metadata()) {
+            return;
         }
+        if record.target().starts_with("pingora") && record.level() <= log::Level::Warn {
+            if !Self::pingora_line_due() {
+                PINGORA_DROPPED.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            let dropped = PINGORA_DROPPED.swap(0, Ordering::Relaxed);
+            if dropped > 0 {
+                self.0.log(
+                    &log::Record::builder()
+                        .level(log::Level::Warn)
+                        .target("floodgate")
+                        .args(format_args!(
+                            "{dropped} more warnings and errors from Pingora in the last seconds were not logged"
+                        ))
+                        .build(),
+                );
+            }
+        }
+        self.0.log(record);
     }
 
     fn flush(&self) {

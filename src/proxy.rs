@@ -54,7 +54,14 @@ impl Gateway {
     fn request_id_of(&self, session: &Session, ctx: &RequestCtx) -> String {
         let runtime = &ctx.runtime;
         let name = &runtime.upstream.settings().request_id_header;
-        match session.req_header().headers.get(name) {
+        // A proxy that adds its own id appends it: the last one is the proxy's.
+        match session
+            .req_header()
+            .headers
+            .get_all(name)
+            .iter()
+            .next_back()
+        {
             Some(value)
                 if request_id::acceptable(value.as_bytes())
                     && runtime
@@ -83,6 +90,28 @@ impl Gateway {
             Some(c) => (c.address, &c.via),
             None => (peer, &[]),
         };
+        let clients = &ctx.runtime.policy.clients;
+        let trusted = clients.is_trusted(&peer);
+        // What a trusted proxy said of the scheme and host stands (it saw
+        // the client); anyone else's word is replaced.
+        let kept = |name: &str| {
+            trusted
+                .then(|| upstream_request.headers.get(name).cloned())
+                .flatten()
+        };
+        let (proto, host) = (kept("x-forwarded-proto"), kept("x-forwarded-host"));
+        // Every header an application might read as the client's address
+        // or scheme, in any spelling (CGI and WSGI read `_` as `-`), goes;
+        // floodgate writes its own below.
+        let spoofable: Vec<http::HeaderName> = upstream_request
+            .headers
+            .keys()
+            .filter(|name| is_forwarding_header(name.as_str(), trusted, clients.forwarded_header))
+            .cloned()
+            .collect();
+        for name in spoofable {
+            upstream_request.remove_header(&name);
+        }
         let mut chain = address.to_string();
         for hop in via.iter().chain((address != peer).then_some(&peer)) {
             chain.push_str(", ");
@@ -90,27 +119,22 @@ impl Gateway {
         }
         upstream_request.insert_header("X-Forwarded-For", chain)?;
         upstream_request.insert_header("X-Real-IP", address.to_string())?;
-        let tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
-        upstream_request.insert_header("X-Forwarded-Proto", if tls { "https" } else { "http" })?;
+        let proto = proto.unwrap_or_else(|| {
+            let tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
+            http::HeaderValue::from_static(if tls { "https" } else { "http" })
+        });
+        upstream_request.insert_header("X-Forwarded-Proto", proto)?;
         let request = session.req_header();
-        let host = request
-            .headers
-            .get(http::header::HOST)
-            .cloned()
+        let host = host
+            .or_else(|| request.headers.get(http::header::HOST).cloned())
             .or_else(|| {
                 request
                     .uri
                     .authority()
                     .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok())
             });
-        match host {
-            Some(host) => upstream_request.insert_header("X-Forwarded-Host", host)?,
-            None => {
-                upstream_request.remove_header("X-Forwarded-Host");
-            }
-        }
-        if !ctx.runtime.policy.clients.is_trusted(&peer) {
-            upstream_request.remove_header("Forwarded");
+        if let Some(host) = host {
+            upstream_request.insert_header("X-Forwarded-Host", host)?;
         }
         Ok(())
     }
@@ -124,6 +148,8 @@ pub struct RequestCtx {
     client: Option<Client>,
     /// The connection's head deadline (see `connection`).
     head_clock: Option<Arc<HeadClock>>,
+    /// An HTTP/2 request's place under the per-address cap, for its lifetime.
+    _stream_permit: Option<crate::connection::StreamPermit>,
     /// Upstream servers tried so far, and where the round started.
     tries: usize,
     first_server: usize,
@@ -195,14 +221,20 @@ fn add_request_id(header: &mut ResponseHeader, ctx: &RequestCtx) -> Result<()> {
     Ok(())
 }
 
-/// A gRPC call (`application/grpc`, `application/grpc+proto`, ...): its
-/// client reads the outcome from `grpc-status`, not from the HTTP status.
+/// A gRPC call (`application/grpc`, `application/grpc+proto`, ...) over
+/// HTTP/2: its client reads the outcome from `grpc-status` in the trailers,
+/// not from the HTTP status. gRPC-Web and HTTP/1.1 (which has no trailers
+/// here) get the ordinary answers.
 fn is_grpc(session: &Session) -> bool {
-    session
-        .req_header()
-        .headers
-        .get(http::header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+    session.req_header().version == http::Version::HTTP_2
+        && session
+            .req_header()
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| {
+                let v = v.as_bytes();
+                v == b"application/grpc" || v.starts_with(b"application/grpc+")
+            })
 }
 
 /// The gRPC status codes floodgate answers with.
@@ -411,6 +443,7 @@ impl ProxyHttp for Gateway {
             request_id: String::new(),
             client: None,
             head_clock: None,
+            _stream_permit: None,
             tries: 0,
             first_server: 0,
             started: Instant::now(),
@@ -430,6 +463,15 @@ impl ProxyHttp for Gateway {
         ctx.request_id = self.request_id_of(session, ctx);
         if let Some((code, reason)) = framing_problem(session) {
             return bad_request(session, ctx, code, reason).await;
+        }
+        if session.req_header().version == http::Version::HTTP_2 {
+            let peer = peer_ip(session);
+            if let Some(group) = ctx.runtime.policy.clients.connection_group(peer) {
+                match self.state.streams.admit(group) {
+                    Some(permit) => ctx._stream_permit = Some(permit),
+                    None => return too_many_in_flight(session, ctx).await,
+                }
+            }
         }
         if self.state.draining() {
             // Shutting down: finish this request, then let the client go elsewhere.
@@ -712,9 +754,13 @@ impl ProxyHttp for Gateway {
                 (504, "upstream_timeout")
             }
             (ErrorSource::Upstream, _) => (502, "upstream_unavailable"),
+            // The client went away or broke its stream: nobody to answer.
             (
                 ErrorSource::Downstream,
-                ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed,
+                ErrorType::WriteError
+                | ErrorType::ReadError
+                | ErrorType::ConnectionClosed
+                | ErrorType::H2Error,
             ) => (0, ""),
             (ErrorSource::Downstream, _) => (400, "bad_request"),
             _ => (500, "internal_error"),
@@ -746,7 +792,8 @@ impl ProxyHttp for Gateway {
                 respond(session, ctx, status, headers::json_headers(), body).await
             };
             if let Err(write_error) = written {
-                warn!("could not send the {status} answer: {write_error}");
+                // The client is gone: its doing, and one line per request.
+                debug!("could not send the {status} answer: {write_error}");
             }
         }
         FailToProxy {
@@ -754,6 +801,44 @@ impl ProxyHttp for Gateway {
             can_reuse_downstream: false,
         }
     }
+}
+
+/// Headers that claim the client's address, scheme or host: floodgate's to
+/// write. `Forwarded` stays only from a trusted proxy that writes it (the
+/// configured forwarding header). Names compare with `_` read as `-`.
+fn is_forwarding_header(
+    name: &str,
+    trusted: bool,
+    configured: crate::identity::ForwardedHeader,
+) -> bool {
+    const OWNED: [&str; 11] = [
+        "x-forwarded-for",
+        "x-forwarded-proto",
+        "x-forwarded-host",
+        "x-forwarded-port",
+        "x-forwarded-ssl",
+        "x-forwarded-scheme",
+        "x-forwarded-server",
+        "x-real-ip",
+        "true-client-ip",
+        "x-client-ip",
+        "x-cluster-client-ip",
+    ];
+    let same = |a: &str, b: &str| {
+        a.len() == b.len()
+            && a.bytes().zip(b.bytes()).all(|(x, y)| {
+                let x = if x == b'_' {
+                    b'-'
+                } else {
+                    x.to_ascii_lowercase()
+                };
+                x == y
+            })
+    };
+    if same(name, "forwarded") {
+        return !(trusted && configured == crate::identity::ForwardedHeader::Forwarded);
+    }
+    OWNED.iter().any(|owned| same(name, owned))
 }
 
 /// One access log line: JSON, no query string, no key, no header value;
@@ -810,6 +895,26 @@ fn access_line(session: &Session, ctx: &RequestCtx, status: u16, took: Duration)
     }
     line.push('}');
     line
+}
+
+/// An address with as many HTTP/2 requests in flight as it may hold
+/// connections: this one waits its turn.
+async fn too_many_in_flight(session: &mut Session, ctx: &RequestCtx) -> Result<bool> {
+    debug!(
+        "429 too many requests in flight request_id={}",
+        ctx.request_id
+    );
+    let mut headers = headers::json_headers();
+    headers.push(("Retry-After", "1".to_string()));
+    respond(
+        session,
+        ctx,
+        429,
+        headers,
+        "{\"error\":\"too_many_requests_in_flight\"}".into(),
+    )
+    .await?;
+    Ok(true)
 }
 
 /// A limiter that cannot decide and has no fallback (the Redis store is

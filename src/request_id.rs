@@ -7,21 +7,25 @@ use std::sync::OnceLock;
 /// The longest id accepted from a trusted proxy.
 const MAX_LEN: usize = 128;
 
-/// A new id: 32 hex digits, a per-process random half and a counter, so
-/// ids never repeat within a process and rarely across processes.
+/// A new id: 32 hex digits, a keyed hash (SipHash, a key drawn at start) of
+/// a counter: never repeated within a process, and not guessable from
+/// another id (nor does it tell how many requests were served).
 pub fn generate() -> String {
-    static PREFIX: OnceLock<u64> = OnceLock::new();
+    use siphasher::sip128::{Hasher128, SipHasher13};
+    use std::hash::Hasher;
+    static KEY: OnceLock<[u8; 16]> = OnceLock::new();
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let prefix = *PREFIX.get_or_init(|| {
-        let mut bytes = [0u8; 8];
-        // Without entropy, the process id still tells processes apart.
-        if getrandom::fill(&mut bytes).is_err() {
-            return u64::from(std::process::id()) << 32;
+    let key = KEY.get_or_init(|| {
+        let mut key = [0u8; 16];
+        // Without entropy, ids are still unique, only guessable.
+        if getrandom::fill(&mut key).is_err() {
+            key[..4].copy_from_slice(&std::process::id().to_le_bytes());
         }
-        u64::from_le_bytes(bytes)
+        key
     });
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("{prefix:016x}{n:016x}")
+    let mut h = SipHasher13::new_with_key(key);
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    format!("{:032x}", h.finish128().as_u128())
 }
 
 /// Whether a received id may be passed on: short, and only characters that

@@ -117,6 +117,20 @@ fn connection_settings(server: &ServerSettings) -> ConnectionSettings {
     }
 }
 
+/// HTTP/2 from clients: at most 32 streams at once per connection (each may
+/// hold an upstream connection, and the caps count connections), and the
+/// h2 crate's guards against streams reset as fast as they are opened.
+fn h2_options() -> pingora::protocols::http::v2::server::H2Options {
+    let mut options = pingora::protocols::http::v2::server::default_h2_options();
+    options.max_concurrent_streams(MAX_H2_STREAMS);
+    options.max_concurrent_reset_streams(MAX_H2_STREAMS as usize);
+    options.max_pending_accept_reset_streams(MAX_H2_STREAMS as usize);
+    options
+}
+
+/// Streams one HTTP/2 connection may have open at once.
+const MAX_H2_STREAMS: u32 = 32;
+
 /// A server ready to run.
 pub struct Floodgate {
     server: Server,
@@ -213,26 +227,49 @@ pub fn build(config: &Config) -> Result<Floodgate, BuildError> {
     options.h2c = config.server.h2c;
     options.h2_idle_timeout = Some(connections.keepalive_timeout);
     proxy.server_options = Some(options);
+    proxy.h2_options = Some(h2_options());
+    let proxy = Arc::new(proxy);
     let mut front = Service::new(
         "floodgate".into(),
-        FrontDoor::new(proxy, state.clone(), caps, connections, config.server.h2c),
+        FrontDoor::new(
+            proxy.clone(),
+            state.clone(),
+            caps.clone(),
+            connections,
+            config.server.h2c,
+            None,
+        ),
     );
     for addr in &config.server.listen {
         front.add_tcp(&addr.to_string());
     }
     if let (Some(tls), Some(resolver)) = (&config.tls, &state.certificates) {
-        for addr in &tls.listen {
-            // The resolver serves the certificates; the paths stay unused.
-            let mut settings = TlsSettings::intermediate("", "").map_err(|e| BuildError::Tls {
-                file: file.clone(),
-                reason: e.to_string(),
-            })?;
-            settings.set_cert_resolver(resolver.clone());
-            if tls.http2 {
-                settings.enable_h2();
-            }
-            front.add_tls_with_settings(&addr.to_string(), None, settings);
+        // The listeners accept TCP; the handshake happens in the front door,
+        // after the connection caps and under the head deadline.
+        let mut settings = TlsSettings::intermediate("", "").map_err(|e| BuildError::Tls {
+            file: file.clone(),
+            reason: e.to_string(),
+        })?;
+        settings.set_cert_resolver(resolver.clone());
+        if tls.http2 {
+            settings.enable_h2();
         }
+        let acceptor = Arc::new(settings.build());
+        let mut tls_front = Service::new(
+            "floodgate tls".into(),
+            FrontDoor::new(
+                proxy.clone(),
+                state.clone(),
+                caps.clone(),
+                connections,
+                false,
+                Some(acceptor),
+            ),
+        );
+        for addr in &tls.listen {
+            tls_front.add_tcp(&addr.to_string());
+        }
+        server.add_service(tls_front);
         log::info!(
             "TLS on {} ({}), {} certificate(s)",
             tls.listen

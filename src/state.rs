@@ -57,6 +57,8 @@ pub struct AppState {
     pub connection_idle_timeout: std::time::Duration,
     /// `[log].access`, when on.
     pub access_log: Option<AccessLog>,
+    /// HTTP/2 requests in flight per client address.
+    pub streams: Arc<crate::connection::StreamCaps>,
     /// What the TLS listeners serve; swapped on reload.
     pub certificates: Option<Arc<CertResolver>>,
     pub config_path: PathBuf,
@@ -93,6 +95,7 @@ impl AppState {
             metrics,
             connection_idle_timeout: config.server.keepalive_timeout,
             access_log,
+            streams: crate::connection::StreamCaps::new(config.server.max_connections_per_ip),
             certificates: config
                 .tls
                 .as_ref()

@@ -355,7 +355,8 @@ fn the_upstream_learns_who_asked_and_never_what_a_client_made_up() {
     assert_eq!(header(&seen, "x-request-id"), Some("lb-0042"));
     assert_eq!(header(&seen, "host"), Some("api.internal"));
     assert_eq!(header(&seen, "x-forwarded-host"), Some("test"));
-    assert_eq!(header(&seen, "forwarded"), Some("for=10.0.0.1"));
+    // Forwarded is floodgate's to write unless it is the configured header.
+    assert_eq!(header(&seen, "forwarded"), None);
     assert_eq!(r.header("X-Request-Id"), Some("lb-0042"));
     // The id is in the 429 body and in the log line of the refusal.
     let limited = Proxy::start(&upstream, "[[limits]]\nname = \"one\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\n");
@@ -480,4 +481,161 @@ fn a_websocket_lives_while_it_talks_and_ends_after_its_idle_timeout() {
     // Silent for twice read_timeout: still open. Then silent past the idle timeout.
     let said = run_client("ws_echo.py", &["talk", &url, "0", "2", "4.5"]);
     assert_eq!(said, ["echo", "echo", "closed"]);
+}
+
+#[test]
+fn tls_handshakes_count_against_the_caps_and_the_head_deadline() {
+    let upstream = Upstream::start();
+    let edge = edge(upstream.addr, false, "");
+    let text = std::fs::read_to_string(&edge.proxy.config_path)
+        .expect("config")
+        .replace(
+            "grace_period = \"1s\"",
+            "grace_period = \"1s\"\nheader_timeout = \"1s\"\nmax_connections_per_ip = 8",
+        );
+    let config = edge.dir.join("capped.toml");
+    std::fs::write(&config, text).expect("config");
+    let tls_port = edge.tls.port();
+    drop(edge);
+    assert!(wait_until(Duration::from_secs(5), || {
+        std::net::TcpStream::connect(("127.0.0.1", tls_port)).is_err()
+    }));
+    let addr: SocketAddr = std::fs::read_to_string(&config)
+        .expect("config")
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("listen = \"")?
+                .strip_suffix('"')?
+                .parse()
+                .ok()
+        })
+        .expect("listen");
+    let proxy = Proxy::spawn(addr, None, config, &[]);
+    let tls: SocketAddr = format!("127.0.0.1:{tls_port}").parse().expect("addr");
+    assert!(wait_until(Duration::from_secs(5), || {
+        std::net::TcpStream::connect(tls).is_ok()
+    }));
+    // 20 connections that never start their handshake: 8 are held, the
+    // others are closed at once; the 8 go after header_timeout.
+    use std::io::Read;
+    let started = std::time::Instant::now();
+    let mut silent: Vec<std::net::TcpStream> = (0..20)
+        .filter_map(|_| std::net::TcpStream::connect(tls).ok())
+        .collect();
+    let closed = |all: &mut Vec<std::net::TcpStream>| {
+        all.iter_mut()
+            .map(|s| {
+                let _ = s.set_nonblocking(true);
+                match s.read(&mut [0u8; 8]) {
+                    Ok(n) => n == 0,
+                    Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+                }
+            })
+            .filter(|c| *c)
+            .count()
+    };
+    assert!(wait_until(Duration::from_millis(800), || closed(
+        &mut silent
+    ) == 12));
+    assert!(wait_until(Duration::from_secs(3), || closed(&mut silent) == 20));
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(
+        proxy.log().matches("closed at once").count() <= 2,
+        "{}",
+        proxy.log()
+    );
+}
+
+#[test]
+fn http2_streams_count_against_the_address_cap() {
+    let upstream = Upstream::start();
+    let edge = edge(upstream.addr, true, "");
+    let text = std::fs::read_to_string(&edge.proxy.config_path)
+        .expect("config")
+        .replace(
+            "grace_period = \"1s\"",
+            "grace_period = \"1s\"\nmax_connections_per_ip = 5",
+        );
+    let config = edge.dir.join("capped.toml");
+    std::fs::write(&config, text).expect("config");
+    let addr = edge.proxy.addr;
+    drop(edge);
+    assert!(wait_until(Duration::from_secs(5), || {
+        std::net::TcpStream::connect(addr).is_err()
+    }));
+    let proxy = Proxy::spawn(addr, None, config, &[]);
+    // 20 slow requests on one HTTP/2 connection: 5 in flight, the rest refused.
+    let urls: Vec<String> = (0..20)
+        .map(|i| format!("http://{addr}/slow/600?i={i}"))
+        .collect();
+    let out = Command::new("nghttp")
+        .args(["-n", "--stat"])
+        .args(&urls)
+        .output()
+        .expect("nghttp");
+    let codes: Vec<u16> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("/slow/"))
+        .filter_map(|l| l.split_whitespace().nth(4)?.parse().ok())
+        .collect();
+    assert_eq!(codes.len(), 20, "{codes:?}");
+    assert_eq!(codes.iter().filter(|c| **c == 200).count(), 5, "{codes:?}");
+    assert_eq!(codes.iter().filter(|c| **c == 429).count(), 15, "{codes:?}");
+    assert_eq!(upstream.count(), 5);
+    drop(proxy);
+}
+
+#[test]
+fn no_spelling_of_a_forwarding_header_reaches_the_upstream() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start(&upstream, "");
+    let r = proxy.send(
+        "GET",
+        "/",
+        &[
+            ("X_Forwarded_For", "8.8.8.8"),
+            ("True-Client-IP", "8.8.8.9"),
+            ("X-Client-IP", "8.8.8.10"),
+            ("X-Forwarded-Port", "443"),
+            ("X-Forwarded-Ssl", "on"),
+        ],
+    );
+    assert_eq!(r.status, 200);
+    let seen = upstream.seen().pop().expect("forwarded");
+    for name in [
+        "x_forwarded_for",
+        "true-client-ip",
+        "x-client-ip",
+        "x-forwarded-port",
+        "x-forwarded-ssl",
+    ] {
+        assert_eq!(header(&seen, name), None, "{name} reached the upstream");
+    }
+    assert_eq!(header(&seen, "x-forwarded-for"), Some("127.0.0.1"));
+    // A trusted load balancer's word on scheme and host stands.
+    let trusted = Proxy::start(
+        &upstream,
+        "[clients]\ntrusted_proxies = [\"127.0.0.0/8\"]\n",
+    );
+    trusted.send(
+        "GET",
+        "/",
+        &[
+            ("X-Forwarded-Proto", "https"),
+            ("X-Forwarded-Host", "api.example.org"),
+        ],
+    );
+    let seen = upstream.seen().pop().expect("forwarded");
+    assert_eq!(header(&seen, "x-forwarded-proto"), Some("https"));
+    assert_eq!(header(&seen, "x-forwarded-host"), Some("api.example.org"));
+    // gRPC over HTTP/1.1 (gRPC-Web proxies, curl) gets the ordinary 429.
+    let limited = Proxy::start(&upstream, "[[limits]]\nname = \"one\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\n");
+    limited.get("/");
+    let r = limited.send("POST", "/svc/Call", &[("Content-Type", "application/grpc")]);
+    assert_eq!(r.status, 429);
+    assert!(
+        r.body.starts_with("{\"error\":\"rate_limited\""),
+        "{}",
+        r.body
+    );
 }

@@ -902,6 +902,24 @@ fn validate_upstream(u: &UpstreamSection) -> Result<UpstreamSettings, Invalid> {
         .clone()
         .unwrap_or_else(|| "X-Request-Id".into());
     let request_id_header = header_name(&request_id_header_spelling, "request_id_header")?;
+    // Headers that frame the request or say who the client is cannot carry an id.
+    const RESERVED: [&str; 9] = [
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "upgrade",
+        "te",
+        "x-forwarded-for",
+        "x-real-ip",
+        "forwarded",
+    ];
+    if RESERVED.contains(&request_id_header.as_str()) {
+        return Err(at(
+            &[&"upstream", &"request_id_header"],
+            format!("\"{request_id_header_spelling}\" already means something else; name a header of its own, e.g. \"X-Request-Id\""),
+        ));
+    }
     let host = u
         .host
         .as_deref()
