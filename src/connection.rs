@@ -363,6 +363,10 @@ pub struct GuardedStream {
     /// Whether a 408/431 may be written as bytes: not under TLS, where the
     /// clock watches the encrypted stream.
     plaintext: bool,
+    /// Armed while a write waits for the client to read: it may wait
+    /// `keepalive_timeout`, then the connection goes. Made only when a write
+    /// first blocks (most connections never need it).
+    write_timer: Option<Pin<Box<Sleep>>>,
     metrics: ConnectionMetrics,
 }
 
@@ -388,6 +392,7 @@ impl GuardedStream {
             timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
             expired: false,
             plaintext,
+            write_timer: None,
             metrics,
         }
     }
@@ -416,6 +421,28 @@ impl GuardedStream {
             // once, the connection closes without it.
             let _ = Pin::new(&mut *self.inner).poll_write(cx, answer);
             let _ = Pin::new(&mut *self.inner).poll_flush(cx);
+        }
+    }
+}
+
+impl GuardedStream {
+    /// A write is waiting for the client to read: fine for a while; a client
+    /// that stops reading (or pipelines without ever reading) is let go
+    /// after `keepalive_timeout`.
+    fn write_blocked(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        let limit = self.clock.keepalive_timeout;
+        let timer = self
+            .write_timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match timer.as_mut().poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(()) => {
+                self.metrics.idle_timeouts.inc();
+                Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the client read nothing for keepalive_timeout",
+                )))
+            }
         }
     }
 }
@@ -476,11 +503,25 @@ impl AsyncWrite for GuardedStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut *self.inner).poll_write(cx, buf)
+        let this = &mut *self;
+        match Pin::new(&mut *this.inner).poll_write(cx, buf) {
+            Poll::Pending => this.write_blocked(cx),
+            ready => {
+                this.write_timer = None;
+                ready
+            }
+        }
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut *self.inner).poll_flush(cx)
+        let this = &mut *self;
+        match Pin::new(&mut *this.inner).poll_flush(cx) {
+            Poll::Pending => this.write_blocked(cx).map_ok(drop),
+            ready => {
+                this.write_timer = None;
+                ready
+            }
+        }
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -492,7 +533,14 @@ impl AsyncWrite for GuardedStream {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut *self.inner).poll_write_vectored(cx, bufs)
+        let this = &mut *self;
+        match Pin::new(&mut *this.inner).poll_write_vectored(cx, bufs) {
+            Poll::Pending => this.write_blocked(cx),
+            ready => {
+                this.write_timer = None;
+                ready
+            }
+        }
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -482,9 +482,6 @@ impl ProxyHttp for Gateway {
                 clock.body_expected();
             }
         }
-        // A client that stops reading its answers (or pipelines without ever
-        // reading) is let go after the idle time.
-        session.set_write_timeout(Some(self.state.connection_idle_timeout));
         let runtime = ctx.runtime.clone();
         let policy = &runtime.policy;
         if let Err(e) = canonicalise_target(session.req_header_mut(), policy.paths.escaped_slashes)

@@ -52,9 +52,6 @@ pub struct AppState {
     /// Present with `[redis]`: tells whether decisions are degraded.
     pub fallback: Option<Arc<FallbackLimiter>>,
     pub metrics: Arc<Metrics>,
-    /// `[server].keepalive_timeout`: also how long a write to a client may
-    /// wait for it to read.
-    pub connection_idle_timeout: std::time::Duration,
     /// `[log].access`, when on.
     pub access_log: Option<AccessLog>,
     /// HTTP/2 requests in flight per client address.
@@ -93,7 +90,6 @@ impl AppState {
             store,
             fallback,
             metrics,
-            connection_idle_timeout: config.server.keepalive_timeout,
             access_log,
             streams: crate::connection::StreamCaps::new(config.server.max_connections_per_ip),
             certificates: config

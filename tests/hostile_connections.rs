@@ -286,12 +286,28 @@ fn the_total_cap_keeps_the_proxy_within_a_low_fd_limit() {
     );
     assert!(proxy.log().contains("at most 68 open"), "{}", proxy.log());
     let mut held = Vec::new();
-    // Three addresses take 20 each; each of them tries 100.
-    for from in ["127.0.0.3", "127.0.0.4", "127.0.0.5"] {
-        for _ in 0..100 {
+    // Connections come in waves of 10, each wave handled before the next:
+    // a burst of refused connections would hold descriptors until each is
+    // refused (see the README's note on bursts).
+    let handled = |proxy: &Proxy| {
+        proxy.metric("floodgate_connections_open")
+            + proxy.metric("floodgate_connections_refused_total{cap=\"total\"}")
+            + proxy.metric("floodgate_connections_refused_total{cap=\"per_ip\"}")
+    };
+    let mut attempts = 0.0;
+    let mut wave = |from: &str, held: &mut Vec<TcpStream>| {
+        for _ in 0..10 {
             if let Ok(s) = connect_from(from, proxy.addr) {
                 held.push(s);
+                attempts += 1.0;
             }
+        }
+        assert!(wait_until(Duration::from_secs(5), || handled(&proxy) == attempts));
+    };
+    // Three addresses take 20 each; each of them tries 100.
+    for from in ["127.0.0.3", "127.0.0.4", "127.0.0.5"] {
+        for _ in 0..10 {
+            wave(from, &mut held);
         }
     }
     assert!(wait_until(Duration::from_secs(5), || proxy
@@ -307,10 +323,8 @@ fn the_total_cap_keeps_the_proxy_within_a_low_fd_limit() {
         Some(200)
     );
     // A fourth address fills the total; beyond it, connections close at once.
-    for _ in 0..100 {
-        if let Ok(s) = connect_from("127.0.0.6", proxy.addr) {
-            held.push(s);
-        }
+    for _ in 0..10 {
+        wave("127.0.0.6", &mut held);
     }
     assert!(wait_until(Duration::from_secs(5), || proxy
         .metric("floodgate_connections_open")
