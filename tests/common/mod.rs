@@ -155,126 +155,93 @@ pub fn temp_dir() -> PathBuf {
     dir
 }
 
+/// Runs `openssl` in `dir`; the test fails if it does.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let ok = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "openssl {args:?}");
+}
+
 /// A fresh CA (`ca.crt`) and a server certificate it signed (`server.crt`,
 /// `server.key`) for localhost and 127.0.0.1, made in `dir` by `openssl`.
 pub fn make_certificates(dir: &std::path::Path) {
-    let run = |args: &[&str]| {
-        let ok = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        assert!(ok, "openssl {args:?}");
-    };
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=floodgate test CA",
-    ]);
-    run(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-        "-subj",
-        "/CN=localhost",
-    ]);
-    std::fs::write(
-        dir.join("san.ext"),
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .expect("san");
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.crt",
-        "-days",
-        "2",
-        "-extfile",
-        "san.ext",
-    ]);
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=floodgate test CA",
+        ],
+    );
+    make_named_certificate(dir, "server", "localhost", "IP:127.0.0.1,DNS:localhost");
 }
 
 /// Another certificate in `dir`, signed by the CA `make_certificates` made
 /// there: `<stem>.crt` and `<stem>.key`, for `subject_alt_name` (e.g.
 /// `"DNS:api.example.org"`) with common name `cn`.
 pub fn make_named_certificate(dir: &std::path::Path, stem: &str, cn: &str, subject_alt_name: &str) {
-    let run = |args: &[&str]| {
-        let ok = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        assert!(ok, "openssl {args:?}");
-    };
     let (key, csr, crt, ext) = (
         format!("{stem}.key"),
         format!("{stem}.csr"),
         format!("{stem}.crt"),
         format!("{stem}.ext"),
     );
-    run(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        &key,
-        "-out",
-        &csr,
-        "-subj",
-        &format!("/CN={cn}"),
-    ]);
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            &format!("/CN={cn}"),
+        ],
+    );
     std::fs::write(
         dir.join(&ext),
         format!("subjectAltName={subject_alt_name}\n"),
     )
     .expect("ext");
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        &csr,
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        &crt,
-        "-days",
-        "2",
-        "-extfile",
-        &ext,
-    ]);
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+        ],
+    );
 }
 
 /// An HTTPS upstream: `openssl s_server -www`, which answers every GET with
