@@ -155,6 +155,8 @@ pub struct RequestCtx {
     first_server: usize,
     /// For the access log and the duration metrics.
     started: Instant,
+    /// Body bytes received so far (HTTP/2: its pace is checked here).
+    body_bytes: u64,
     upstream_sent: Option<Instant>,
     upstream_took: Option<Duration>,
     /// The layer whose headers were shown (or that refused), and what it had
@@ -447,6 +449,7 @@ impl ProxyHttp for Gateway {
             tries: 0,
             first_server: 0,
             started: Instant::now(),
+            body_bytes: 0,
             upstream_sent: None,
             upstream_took: None,
             decisive: None,
@@ -605,14 +608,28 @@ impl ProxyHttp for Gateway {
 
     async fn request_body_filter(
         &self,
-        _session: &mut Session,
-        _body: &mut Option<Bytes>,
+        session: &mut Session,
+        body: &mut Option<Bytes>,
         end_of_stream: bool,
         ctx: &mut Self::CTX,
     ) -> Result<()> {
         if end_of_stream {
             if let Some(clock) = &ctx.head_clock {
                 clock.body_arrived();
+            }
+        }
+        // HTTP/1 bodies are paced by the connection's clock; an HTTP/2
+        // stream's body is held to the same floor here, as its data comes.
+        if session.req_header().version == http::Version::HTTP_2 && !end_of_stream {
+            ctx.body_bytes += body.as_ref().map_or(0, |b| b.len() as u64);
+            let allowed = self.state.header_timeout
+                + Duration::from_secs(ctx.body_bytes / crate::connection::MIN_BODY_RATE);
+            if ctx.started.elapsed() > allowed {
+                self.state.metrics.connections.idle_timeouts.inc();
+                return Error::e_explain(
+                    ErrorType::ReadTimedout,
+                    "the request body came slower than 1 KiB/s",
+                );
             }
         }
         Ok(())

@@ -56,6 +56,8 @@ pub struct AppState {
     pub access_log: Option<AccessLog>,
     /// HTTP/2 requests in flight per client address.
     pub streams: Arc<crate::connection::StreamCaps>,
+    /// `[server].header_timeout`: also the grace before a body's pace counts.
+    pub header_timeout: std::time::Duration,
     /// What the TLS listeners serve; swapped on reload.
     pub certificates: Option<Arc<CertResolver>>,
     pub config_path: PathBuf,
@@ -92,6 +94,7 @@ impl AppState {
             metrics,
             access_log,
             streams: crate::connection::StreamCaps::new(config.server.max_connections_per_ip),
+            header_timeout: config.server.header_timeout,
             certificates: config
                 .tls
                 .as_ref()

@@ -639,3 +639,59 @@ fn no_spelling_of_a_forwarding_header_reaches_the_upstream() {
         r.body
     );
 }
+
+#[test]
+fn an_http2_body_must_keep_moving_too() {
+    use std::io::Write;
+    let upstream = Upstream::start();
+    let edge = edge(upstream.addr, true, "");
+    let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let text = std::fs::read_to_string(&edge.proxy.config_path)
+        .expect("config")
+        .replace(
+            "grace_period = \"1s\"",
+            &format!("grace_period = \"1s\"\nheader_timeout = \"1s\"\nadmin_listen = \"{admin}\""),
+        );
+    let config = edge.dir.join("paced.toml");
+    std::fs::write(&config, text).expect("config");
+    let addr = edge.proxy.addr;
+    drop(edge);
+    assert!(wait_until(Duration::from_secs(5), || {
+        std::net::TcpStream::connect(addr).is_err()
+    }));
+    let proxy = Proxy::spawn(addr, Some(admin), config, &[]);
+    // curl uploads what its stdin gives it, as it comes: one byte every 300 ms.
+    let mut curl = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "--http2-prior-knowledge",
+            "-T",
+            "-",
+            &format!("http://{addr}/upload"),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("curl");
+    let mut stdin = curl.stdin.take().expect("stdin");
+    let started = std::time::Instant::now();
+    let cut = loop {
+        if proxy.metric("floodgate_idle_timeouts_total") >= 1.0 {
+            break Some(started.elapsed());
+        }
+        if started.elapsed() > Duration::from_secs(8)
+            || stdin.write_all(b"x").and_then(|()| stdin.flush()).is_err()
+        {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    drop(stdin);
+    let _ = curl.kill();
+    let _ = curl.wait();
+    // header_timeout of grace, then the pace counts: cut within a few seconds.
+    let cut = cut.expect("the stream was cut");
+    assert!(cut < Duration::from_secs(4), "{cut:?}");
+}
