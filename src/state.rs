@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use log::{error, info, warn};
@@ -61,8 +61,10 @@ pub struct AppState {
     /// What the TLS listeners serve; swapped on reload.
     pub certificates: Option<Arc<CertResolver>>,
     pub config_path: PathBuf,
-    /// The running configuration, to tell what a reload can change.
-    running: Mutex<Config>,
+    /// The configuration the process started with: what the sections a
+    /// reload cannot change (listeners, stores) still run as, however many
+    /// reloads came since.
+    started_with: Config,
     in_flight: Arc<AtomicUsize>,
     draining: AtomicBool,
 }
@@ -100,7 +102,7 @@ impl AppState {
                 .as_ref()
                 .map(|t| CertResolver::new(t.certs.clone())),
             config_path: config.file.clone(),
-            running: Mutex::new(config),
+            started_with: config,
             in_flight: Arc::new(AtomicUsize::new(0)),
             draining: AtomicBool::new(false),
         }
@@ -155,18 +157,15 @@ impl AppState {
             });
         match result {
             Ok((config, runtime)) => {
-                if let Ok(mut running) = self.running.lock() {
-                    let restart_only = running.restart_only_changes(&config);
-                    if !restart_only.is_empty() {
-                        warn!(
-                            "reload: changes to {} take effect only after a restart",
-                            restart_only.join(", ")
-                        );
-                    }
-                    if let (Some(resolver), Some(tls)) = (&self.certificates, &config.tls) {
-                        resolver.replace(tls.certs.clone());
-                    }
-                    *running = config;
+                let restart_only = self.started_with.restart_only_changes(&config);
+                if !restart_only.is_empty() {
+                    warn!(
+                        "reload: changes to {} take effect only after a restart",
+                        restart_only.join(", ")
+                    );
+                }
+                if let (Some(resolver), Some(tls)) = (&self.certificates, &config.tls) {
+                    resolver.replace(tls.certs.clone());
                 }
                 self.runtime.store(Arc::new(runtime));
                 self.metrics.reload(true);

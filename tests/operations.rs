@@ -186,3 +186,27 @@ fn sigterm_gives_up_on_a_request_slower_than_the_grace_period() {
         .contains("grace period over with 1 request(s) still in flight"));
     assert_ne!(slow.join().unwrap_or(0), 200);
 }
+
+#[test]
+fn every_reload_says_a_restart_is_due_while_one_is() {
+    let upstream = Upstream::start();
+    let proxy = Proxy::start_admin(&upstream, "1s", &limit_body(3));
+    let text = std::fs::read_to_string(&proxy.config_path).expect("config");
+    // A listener setting: only a restart applies it.
+    let changed = text.replace("threads = 2", "threads = 1");
+    assert_ne!(text, changed);
+    std::fs::write(&proxy.config_path, changed).expect("write");
+    let warning = "changes to [server] take effect only after a restart";
+    for reloads in 1..=2 {
+        proxy.signal("-HUP");
+        assert!(
+            wait_until(Duration::from_secs(5), || proxy
+                .log()
+                .matches(warning)
+                .count()
+                == reloads),
+            "reload {reloads}: {}",
+            proxy.log()
+        );
+    }
+}
