@@ -171,13 +171,9 @@ match = { methods = ["POST"], paths = ["/login"] }
     let first = proxy.get("/");
     assert_eq!(first.header("RateLimit-Remaining"), Some("7"));
     let rest: Vec<u16> = (0..8).map(|_| proxy.get("/").status).collect();
-    assert_eq!(count_status_codes(&rest, 200), 7);
-    assert_eq!(count_status_codes(&rest, 429), 1);
+    assert_eq!(count_code(&rest, 200), 7);
+    assert_eq!(count_code(&rest, 429), 1);
     assert_eq!(upstream.count(), 2 + 8);
-}
-
-fn count_status_codes(codes: &[u16], code: u16) -> usize {
-    codes.iter().filter(|&&c| c == code).count()
 }
 
 const TIERS: &str = r#"
@@ -225,7 +221,7 @@ fn tiers_costs_and_exemptions() {
     assert_eq!(admitted("made-up-key"), 10);
     // per-ip has 100 - 19 left: /search costs 10 -> 8 fit.
     let searches: Vec<u16> = (0..10).map(|_| proxy.get("/search?q=x").status).collect();
-    assert_eq!(count_status_codes(&searches, 200), 8, "{searches:?}");
+    assert_eq!(count_code(&searches, 200), 8, "{searches:?}");
     // Exempt: always forwarded, no rate headers.
     for _ in 0..5 {
         let r = proxy.get("/healthz");

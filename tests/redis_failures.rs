@@ -129,10 +129,6 @@ fn statuses(proxy: &Proxy, method: &str, path: &str, client: &str, n: usize) -> 
         .collect()
 }
 
-fn count(codes: &[u16], code: u16) -> usize {
-    codes.iter().filter(|&&c| c == code).count()
-}
-
 enum Outage {
     Kill,
     Freeze,
@@ -143,7 +139,10 @@ fn outage_under_load(kind: Outage, name: &str) {
     let upstream = Upstream::start();
     let proxy = Proxy::start(&upstream, &config(&redis, "local"));
     // The budget of a client already known to Redis.
-    assert_eq!(count(&statuses(&proxy, "GET", "/", "known", 5), 200), 5);
+    assert_eq!(
+        count_code(&statuses(&proxy, "GET", "/", "known", 5), 200),
+        5
+    );
     let load = Load::start(&proxy, 4);
     thread::sleep(Duration::from_millis(800));
 
@@ -176,8 +175,8 @@ fn outage_under_load(kind: Outage, name: &str) {
     );
     // The fallback enforces limit / instances: 30 / 3 for a new client.
     let during = statuses(&proxy, "GET", "/", "outage-client", 20);
-    assert_eq!(count(&during, 200), 10, "{during:?}");
-    assert_eq!(count(&during, 429), 10, "{during:?}");
+    assert_eq!(count_code(&during, 200), 10, "{during:?}");
+    assert_eq!(count_code(&during, 429), 10, "{during:?}");
     // A limit with its own on_failure = "deny" fails closed meanwhile.
     let login = statuses(&proxy, "POST", "/login", "outage-client", 3);
     assert_eq!(login, vec![429, 429, 429]);
@@ -280,7 +279,7 @@ fn on_failure_allow_fails_open_and_deny_fails_closed() {
     redis.kill();
     // Fail open: even past the limit of 30 everything goes through.
     let through_open = statuses(&open, "GET", "/", "c", 40);
-    assert_eq!(count(&through_open, 200), 40);
+    assert_eq!(count_code(&through_open, 200), 40);
     // But a limit with its own on_failure = "deny" still refuses.
     assert_eq!(statuses(&open, "POST", "/login", "c", 2), vec![429, 429]);
     // Fail closed: limited requests are refused, with a retry hint.

@@ -136,12 +136,8 @@ fn proxies_with_disagreeing_clocks_share_one_budget_on_redis_time() {
             }
         })
         .collect();
-    assert_eq!(count_status_codes(&statuses, 200), 10, "{statuses:?}");
+    assert_eq!(count_code(&statuses, 200), 10, "{statuses:?}");
     assert_eq!(upstream.count(), 10);
-}
-
-fn count_status_codes(codes: &[u16], code: u16) -> usize {
-    codes.iter().filter(|&&c| c == code).count()
 }
 
 #[test]
@@ -300,7 +296,7 @@ fn a_client_redis_refused_is_refused_locally_until_its_retry_time() {
     assert_eq!(proxy.get("/").status, 200);
     let _: String = redis.cmd(&["CONFIG", "RESETSTAT"]);
     let statuses: Vec<u16> = (0..22).map(|_| proxy.get("/").status).collect();
-    assert_eq!(count_status_codes(&statuses, 200), 2, "{statuses:?}");
+    assert_eq!(count_code(&statuses, 200), 2, "{statuses:?}");
     // Two admitted, one refused by Redis; the other 19 never reached it.
     assert_eq!(redis.calls("evalsha"), 3);
     // And the local answer is Redis's: a retry at the advertised time passes.

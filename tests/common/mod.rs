@@ -627,6 +627,11 @@ pub fn count_status(responses: &[Response], status: u16) -> usize {
     responses.iter().filter(|r| r.status == status).count()
 }
 
+/// How many of `codes` are `code`.
+pub fn count_code(codes: &[u16], code: u16) -> usize {
+    codes.iter().filter(|&&c| c == code).count()
+}
+
 /// Polls `condition` until it holds or `timeout` passes.
 pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
