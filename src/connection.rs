@@ -367,6 +367,12 @@ pub struct GuardedStream {
     /// `keepalive_timeout`, then the connection goes. Made only when a write
     /// first blocks (most connections never need it).
     write_timer: Option<Pin<Box<Sleep>>>,
+    /// Bytes already read from `inner` that reads give back first (the
+    /// HTTP/2 preface read off a TLS stream).
+    replay: Vec<u8>,
+    /// Whether a blocked write counts against `keepalive_timeout` here (not
+    /// above TLS, where the stream below already counts it).
+    guards_writes: bool,
     metrics: ConnectionMetrics,
 }
 
@@ -393,8 +399,21 @@ impl GuardedStream {
             expired: false,
             plaintext,
             write_timer: None,
+            replay: Vec::new(),
+            guards_writes: true,
             metrics,
         }
+    }
+
+    /// `inner` with `replay` read back first, under no head deadline (the
+    /// stream below keeps its own clock).
+    pub fn replaying(inner: Stream, replay: Vec<u8>, metrics: ConnectionMetrics) -> Self {
+        let clock = HeadClock::new(Duration::ZERO, Duration::ZERO);
+        clock.head_arrived();
+        let mut stream = GuardedStream::new(inner, clock, metrics, false);
+        stream.replay = replay;
+        stream.guards_writes = false;
+        stream
     }
 
     /// Ends the stream, telling the client why where a head was due.
@@ -430,6 +449,9 @@ impl GuardedStream {
     /// that stops reading (or pipelines without ever reading) is let go
     /// after `keepalive_timeout`.
     fn write_blocked(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        if !self.guards_writes {
+            return Poll::Pending;
+        }
         let limit = self.clock.keepalive_timeout;
         let timer = self
             .write_timer
@@ -455,6 +477,12 @@ impl AsyncRead for GuardedStream {
     ) -> Poll<std::io::Result<()>> {
         if self.expired {
             // End of stream: Pingora closes the connection.
+            return Poll::Ready(Ok(()));
+        }
+        if !self.replay.is_empty() {
+            let n = self.replay.len().min(buf.remaining());
+            buf.put_slice(&self.replay[..n]);
+            self.replay.drain(..n);
             return Poll::Ready(Ok(()));
         }
         let before = buf.filled().len();
@@ -621,6 +649,12 @@ impl Peek for GuardedStream {
 // ---------------------------------------------------------------------------
 // The front door.
 
+/// What a connection speaks, found out by `FrontDoor::protocol`.
+enum Protocol {
+    Http1(Stream),
+    Http2(Stream),
+}
+
 /// Serves each accepted connection: caps, then HTTP/1 sessions one after the
 /// other under the connection's `HeadClock`.
 pub struct FrontDoor {
@@ -653,22 +687,52 @@ impl FrontDoor {
         }
     }
 
-    /// Whether the connection speaks HTTP/2: by ALPN on TLS, by the
-    /// connection preface on plain listeners with h2c (waiting for it at
-    /// most `header_timeout`). `None`: the client sent nothing in time.
-    async fn speaks_h2(&self, stream: &mut Stream) -> Option<bool> {
+    /// Which protocol the connection speaks, the HTTP/2 preface read (or
+    /// peeked) in full by the clock's deadline: a client that says h2 and
+    /// then nothing is as slow as a head that never comes. `None`: it sent
+    /// nothing usable in time. An HTTP/2 stream comes back ready to be read
+    /// from its start.
+    async fn protocol(&self, mut stream: Stream, clock: &Arc<HeadClock>) -> Option<Protocol> {
+        const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+        let until = clock
+            .deadline()
+            .map_or_else(|| Instant::now() + self.settings.header_timeout, |(u, _)| u);
         if stream.get_ssl_digest().is_some() {
-            return Some(matches!(stream.selected_alpn_proto(), Some(ALPN::H2)));
+            if !matches!(stream.selected_alpn_proto(), Some(ALPN::H2)) {
+                return Some(Protocol::Http1(stream));
+            }
+            // TLS cannot be peeked: read the preface, then hand it back
+            // first. The clock below TLS sees only encrypted bytes.
+            let mut preface = vec![0u8; PREFACE.len()];
+            let read = tokio::time::timeout_at(
+                until,
+                tokio::io::AsyncReadExt::read_exact(&mut stream, &mut preface),
+            )
+            .await;
+            if !matches!(read, Ok(Ok(_))) || preface != PREFACE {
+                return None;
+            }
+            let replayed = GuardedStream::replaying(stream, preface, self.caps.metrics.clone());
+            return Some(Protocol::Http2(Box::new(replayed)));
         }
         if !self.h2c {
-            return Some(false);
+            return Some(Protocol::Http1(stream));
         }
-        const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-        let mut buf = [0u8; PREFACE.len()];
-        match tokio::time::timeout(self.settings.header_timeout, stream.try_peek(&mut buf)).await {
-            Ok(Ok(true)) => Some(buf == PREFACE),
-            Ok(Ok(false)) => Some(false),
-            Ok(Err(_)) | Err(_) => None,
+        // The first 14 bytes tell an HTTP/1 request (18 bytes at the least)
+        // from the preface; only a preface is then peeked whole.
+        let mut start = [0u8; 14];
+        match tokio::time::timeout_at(until, stream.try_peek(&mut start)).await {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => return Some(Protocol::Http1(stream)),
+            Ok(Err(_)) | Err(_) => return None,
+        }
+        if start[..] != PREFACE[..14] {
+            return Some(Protocol::Http1(stream));
+        }
+        let mut whole = [0u8; PREFACE.len()];
+        match tokio::time::timeout_at(until, stream.try_peek(&mut whole)).await {
+            Ok(Ok(true)) if whole == PREFACE => Some(Protocol::Http2(stream)),
+            _ => None,
         }
     }
 
@@ -721,7 +785,7 @@ impl ServerApp for FrontDoor {
             self.caps.metrics.clone(),
             self.tls.is_none(),
         );
-        let mut stream: Stream = match &self.tls {
+        let stream: Stream = match &self.tls {
             Some(acceptor) => match acceptor.tls_handshake(guarded).await {
                 Ok(tls) => Box::new(tls),
                 Err(e) => {
@@ -731,16 +795,15 @@ impl ServerApp for FrontDoor {
             },
             None => Box::new(guarded),
         };
-        match self.speaks_h2(&mut stream).await {
-            None => return None,
+        let mut stream = match self.protocol(stream, &clock).await? {
             // Streams are requests of their own: Pingora's HTTP/2 server runs
             // them (idle connections close after keepalive_timeout).
-            Some(true) => {
+            Protocol::Http2(stream) => {
                 clock.head_arrived();
                 return ServerApp::process_new(&self.proxy, stream, shutdown).await;
             }
-            Some(false) => {}
-        }
+            Protocol::Http1(stream) => stream,
+        };
         let mut persisted = None;
         loop {
             let mut session = ServerSession::new_http1(stream);

@@ -620,7 +620,12 @@ impl ProxyHttp for Gateway {
         }
         // HTTP/1 bodies are paced by the connection's clock; an HTTP/2
         // stream's body is held to the same floor here, as its data comes.
-        if session.req_header().version == http::Version::HTTP_2 && !end_of_stream {
+        // Not a gRPC stream's: a client-streaming call may rightly send a
+        // message a minute for an hour.
+        if session.req_header().version == http::Version::HTTP_2
+            && !end_of_stream
+            && !is_grpc(session)
+        {
             ctx.body_bytes += body.as_ref().map_or(0, |b| b.len() as u64);
             let allowed = self.state.header_timeout
                 + Duration::from_secs(ctx.body_bytes / crate::connection::MIN_BODY_RATE);

@@ -695,3 +695,57 @@ fn an_http2_body_must_keep_moving_too() {
     let cut = cut.expect("the stream was cut");
     assert!(cut < Duration::from_secs(4), "{cut:?}");
 }
+
+#[test]
+fn a_client_that_chooses_h2_and_says_nothing_is_closed_in_time() {
+    let upstream = Upstream::start();
+    let edge = edge(upstream.addr, true, "");
+    let text = std::fs::read_to_string(&edge.proxy.config_path)
+        .expect("config")
+        .replace(
+            "grace_period = \"1s\"",
+            "grace_period = \"1s\"\nheader_timeout = \"1s\"",
+        );
+    let config = edge.dir.join("quick.toml");
+    std::fs::write(&config, text).expect("config");
+    let (addr, tls) = (edge.proxy.addr, edge.tls);
+    drop(edge);
+    assert!(wait_until(Duration::from_secs(5), || {
+        std::net::TcpStream::connect(addr).is_err()
+    }));
+    let proxy = Proxy::spawn(addr, None, config, &[]);
+    assert!(wait_until(Duration::from_secs(5), || {
+        std::net::TcpStream::connect(tls).is_ok()
+    }));
+    // Python's ssl module as the client: ALPN h2, then silence (or half a
+    // preface); the seconds until the server closes.
+    let silent = |send: &str| -> f64 {
+        let script = format!(
+            "import socket, ssl, time\n\
+             ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE\n\
+             ctx.set_alpn_protocols(['h2'])\n\
+             s = ctx.wrap_socket(socket.create_connection(('127.0.0.1', {port})))\n\
+             assert s.selected_alpn_protocol() == 'h2'\n\
+             s.sendall({send})\n\
+             t = time.time(); s.settimeout(10)\n\
+             try:\n    s.recv(100)\nexcept Exception:\n    pass\n\
+             print(time.time() - t)\n",
+            port = tls.port()
+        );
+        let out = Command::new("python3")
+            .args(["-c", &script])
+            .output()
+            .expect("python3");
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .unwrap_or(99.0)
+    };
+    for send in ["b''", "b'PRI * HTTP/2.0\\\\r\\\\n'"] {
+        let took = silent(send);
+        assert!(took < 2.0, "{send}: closed after {took} s");
+    }
+    // An HTTP/1.0 request shorter than the h2 preface, on the h2c listener.
+    let r = raw_request(proxy.addr, b"GET / HTTP/1.0\r\n\r\n");
+    assert_eq!(r.status, 200);
+}
