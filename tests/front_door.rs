@@ -33,16 +33,22 @@ struct Edge {
 /// floodgate with a plain listener (h2c as given) and a TLS listener serving
 /// `server.crt` by default and `api.crt` for api.example.org.
 fn edge(upstream: SocketAddr, h2c: bool, body: &str) -> Edge {
+    edge_with(upstream, h2c, "", body)
+}
+
+/// Like `edge`, with `server_lines` added to `[server]` and an admin listener.
+fn edge_with(upstream: SocketAddr, h2c: bool, server_lines: &str, body: &str) -> Edge {
     let dir = temp_dir();
     make_certificates(&dir);
     make_named_certificate(&dir, "api", "api.example.org", "DNS:api.example.org");
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
     let tls: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
     let path = |f: &str| dir.join(f).display().to_string();
     let text = config_text(addr, upstream, body).replace(
         "grace_period = \"1s\"",
         &format!(
-            "grace_period = \"1s\"\nh2c = {h2c}\n\n[server.tls]\nlisten = \"{tls}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n\n[[server.tls.certs]]\nserver_names = [\"api.example.org\"]\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+            "grace_period = \"1s\"\nadmin_listen = \"{admin}\"\nh2c = {h2c}\n{server_lines}\n\n[server.tls]\nlisten = \"{tls}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n\n[[server.tls.certs]]\nserver_names = [\"api.example.org\"]\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
             path("server.crt"),
             path("server.key"),
             path("api.crt"),
@@ -51,7 +57,7 @@ fn edge(upstream: SocketAddr, h2c: bool, body: &str) -> Edge {
     );
     let config = dir.join("proxy.toml");
     std::fs::write(&config, text).expect("config");
-    let proxy = Proxy::spawn(addr, None, config, &[]);
+    let proxy = Proxy::spawn(addr, Some(admin), config, &[]);
     assert!(wait_until(Duration::from_secs(10), || {
         std::net::TcpStream::connect(tls).is_ok()
     }));
@@ -486,35 +492,13 @@ fn a_websocket_lives_while_it_talks_and_ends_after_its_idle_timeout() {
 #[test]
 fn tls_handshakes_count_against_the_caps_and_the_head_deadline() {
     let upstream = Upstream::start();
-    let edge = edge(upstream.addr, false, "");
-    let text = std::fs::read_to_string(&edge.proxy.config_path)
-        .expect("config")
-        .replace(
-            "grace_period = \"1s\"",
-            "grace_period = \"1s\"\nheader_timeout = \"1s\"\nmax_connections_per_ip = 8",
-        );
-    let config = edge.dir.join("capped.toml");
-    std::fs::write(&config, text).expect("config");
-    let tls_port = edge.tls.port();
-    drop(edge);
-    assert!(wait_until(Duration::from_secs(5), || {
-        std::net::TcpStream::connect(("127.0.0.1", tls_port)).is_err()
-    }));
-    let addr: SocketAddr = std::fs::read_to_string(&config)
-        .expect("config")
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("listen = \"")?
-                .strip_suffix('"')?
-                .parse()
-                .ok()
-        })
-        .expect("listen");
-    let proxy = Proxy::spawn(addr, None, config, &[]);
-    let tls: SocketAddr = format!("127.0.0.1:{tls_port}").parse().expect("addr");
-    assert!(wait_until(Duration::from_secs(5), || {
-        std::net::TcpStream::connect(tls).is_ok()
-    }));
+    let edge = edge_with(
+        upstream.addr,
+        false,
+        "header_timeout = \"1s\"\nmax_connections_per_ip = 8",
+        "",
+    );
+    let (proxy, tls) = (&edge.proxy, edge.tls);
     // 20 connections that never start their handshake: 8 are held, the
     // others are closed at once; the 8 go after header_timeout.
     use std::io::Read;
@@ -549,21 +533,8 @@ fn tls_handshakes_count_against_the_caps_and_the_head_deadline() {
 #[test]
 fn http2_streams_count_against_the_address_cap() {
     let upstream = Upstream::start();
-    let edge = edge(upstream.addr, true, "");
-    let text = std::fs::read_to_string(&edge.proxy.config_path)
-        .expect("config")
-        .replace(
-            "grace_period = \"1s\"",
-            "grace_period = \"1s\"\nmax_connections_per_ip = 5",
-        );
-    let config = edge.dir.join("capped.toml");
-    std::fs::write(&config, text).expect("config");
+    let edge = edge_with(upstream.addr, true, "max_connections_per_ip = 5", "");
     let addr = edge.proxy.addr;
-    drop(edge);
-    assert!(wait_until(Duration::from_secs(5), || {
-        std::net::TcpStream::connect(addr).is_err()
-    }));
-    let proxy = Proxy::spawn(addr, None, config, &[]);
     // 20 slow requests on one HTTP/2 connection: 5 in flight, the rest refused.
     let urls: Vec<String> = (0..20)
         .map(|i| format!("http://{addr}/slow/600?i={i}"))
@@ -582,7 +553,6 @@ fn http2_streams_count_against_the_address_cap() {
     assert_eq!(codes.iter().filter(|c| **c == 200).count(), 5, "{codes:?}");
     assert_eq!(codes.iter().filter(|c| **c == 429).count(), 15, "{codes:?}");
     assert_eq!(upstream.count(), 5);
-    drop(proxy);
 }
 
 #[test]
@@ -644,22 +614,8 @@ fn no_spelling_of_a_forwarding_header_reaches_the_upstream() {
 fn an_http2_body_must_keep_moving_too() {
     use std::io::Write;
     let upstream = Upstream::start();
-    let edge = edge(upstream.addr, true, "");
-    let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let text = std::fs::read_to_string(&edge.proxy.config_path)
-        .expect("config")
-        .replace(
-            "grace_period = \"1s\"",
-            &format!("grace_period = \"1s\"\nheader_timeout = \"1s\"\nadmin_listen = \"{admin}\""),
-        );
-    let config = edge.dir.join("paced.toml");
-    std::fs::write(&config, text).expect("config");
-    let addr = edge.proxy.addr;
-    drop(edge);
-    assert!(wait_until(Duration::from_secs(5), || {
-        std::net::TcpStream::connect(addr).is_err()
-    }));
-    let proxy = Proxy::spawn(addr, Some(admin), config, &[]);
+    let edge = edge_with(upstream.addr, true, "header_timeout = \"1s\"", "");
+    let (proxy, addr) = (&edge.proxy, edge.proxy.addr);
     // curl uploads what its stdin gives it, as it comes: one byte every 300 ms.
     let mut curl = Command::new("curl")
         .args([
@@ -699,24 +655,8 @@ fn an_http2_body_must_keep_moving_too() {
 #[test]
 fn a_client_that_chooses_h2_and_says_nothing_is_closed_in_time() {
     let upstream = Upstream::start();
-    let edge = edge(upstream.addr, true, "");
-    let text = std::fs::read_to_string(&edge.proxy.config_path)
-        .expect("config")
-        .replace(
-            "grace_period = \"1s\"",
-            "grace_period = \"1s\"\nheader_timeout = \"1s\"",
-        );
-    let config = edge.dir.join("quick.toml");
-    std::fs::write(&config, text).expect("config");
-    let (addr, tls) = (edge.proxy.addr, edge.tls);
-    drop(edge);
-    assert!(wait_until(Duration::from_secs(5), || {
-        std::net::TcpStream::connect(addr).is_err()
-    }));
-    let proxy = Proxy::spawn(addr, None, config, &[]);
-    assert!(wait_until(Duration::from_secs(5), || {
-        std::net::TcpStream::connect(tls).is_ok()
-    }));
+    let edge = edge_with(upstream.addr, true, "header_timeout = \"1s\"", "");
+    let (proxy, tls) = (&edge.proxy, edge.tls);
     // Python's ssl module as the client: ALPN h2, then silence (or half a
     // preface); the seconds until the server closes.
     let silent = |send: &str| -> f64 {
