@@ -445,27 +445,43 @@ impl GuardedStream {
 }
 
 impl GuardedStream {
+    /// What a write (or flush) came to: a blocked one counts towards the
+    /// write deadline, any other outcome clears it.
+    fn after_write<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        match poll {
+            Poll::Pending => match self.write_deadline_passed(cx) {
+                Some(e) => Poll::Ready(Err(e)),
+                None => Poll::Pending,
+            },
+            ready => {
+                self.write_timer = None;
+                ready
+            }
+        }
+    }
+
     /// A write is waiting for the client to read: fine for a while; a client
     /// that stops reading (or pipelines without ever reading) is let go
-    /// after `keepalive_timeout`.
-    fn write_blocked(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+    /// after `keepalive_timeout`. The error, once that time has passed.
+    fn write_deadline_passed(&mut self, cx: &mut Context<'_>) -> Option<std::io::Error> {
         if !self.guards_writes {
-            return Poll::Pending;
+            return None;
         }
         let limit = self.clock.keepalive_timeout;
         let timer = self
             .write_timer
             .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
-        match timer.as_mut().poll(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(()) => {
-                self.metrics.idle_timeouts.inc();
-                Poll::Ready(Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "the client read nothing for keepalive_timeout",
-                )))
-            }
-        }
+        timer.as_mut().poll(cx).is_ready().then(|| {
+            self.metrics.idle_timeouts.inc();
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client read nothing for keepalive_timeout",
+            )
+        })
     }
 }
 
@@ -532,24 +548,14 @@ impl AsyncWrite for GuardedStream {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let this = &mut *self;
-        match Pin::new(&mut *this.inner).poll_write(cx, buf) {
-            Poll::Pending => this.write_blocked(cx),
-            ready => {
-                this.write_timer = None;
-                ready
-            }
-        }
+        let poll = Pin::new(&mut *this.inner).poll_write(cx, buf);
+        this.after_write(cx, poll)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         let this = &mut *self;
-        match Pin::new(&mut *this.inner).poll_flush(cx) {
-            Poll::Pending => this.write_blocked(cx).map_ok(drop),
-            ready => {
-                this.write_timer = None;
-                ready
-            }
-        }
+        let poll = Pin::new(&mut *this.inner).poll_flush(cx);
+        this.after_write(cx, poll)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -562,13 +568,8 @@ impl AsyncWrite for GuardedStream {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let this = &mut *self;
-        match Pin::new(&mut *this.inner).poll_write_vectored(cx, bufs) {
-            Poll::Pending => this.write_blocked(cx),
-            ready => {
-                this.write_timer = None;
-                ready
-            }
-        }
+        let poll = Pin::new(&mut *this.inner).poll_write_vectored(cx, bufs);
+        this.after_write(cx, poll)
     }
 
     fn is_write_vectored(&self) -> bool {
