@@ -518,11 +518,16 @@ fn tls_handshakes_count_against_the_caps_and_the_head_deadline() {
             .filter(|c| *c)
             .count()
     };
-    // 12 go at once (well inside the 2 s the other 8 may wait), the 8 at
-    // header_timeout.
+    // At least 12 go at once (well inside the 2 s the others may wait; the
+    // readiness probes' own connections may still hold a place or two), the
+    // rest at header_timeout.
     assert!(wait_until(Duration::from_millis(1500), || closed(
         &mut silent
-    ) == 12));
+    ) >= 12));
+    assert!(
+        closed(&mut silent) < 20,
+        "some were held until the deadline"
+    );
     assert!(wait_until(Duration::from_secs(4), || closed(&mut silent) == 20));
     assert!(started.elapsed() < Duration::from_secs(4));
     assert!(
