@@ -4,33 +4,18 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use floodgate::algorithm::{Algorithm, Decision};
-use floodgate::config::HeaderStyle;
+use floodgate::headers::HeaderStyle;
 use floodgate::headers::{self, Layer};
 
 const SEC: u64 = 1_000_000;
 
 fn algorithms() -> [Algorithm; 5] {
     [
-        Algorithm::TokenBucket {
-            capacity: 100,
-            interval_us: SEC / 10,
-        },
-        Algorithm::LeakyBucket {
-            capacity: 20,
-            interval_us: SEC / 5,
-        },
-        Algorithm::FixedWindow {
-            limit: 1000,
-            window_us: 3600 * SEC,
-        },
-        Algorithm::SlidingWindow {
-            limit: 600,
-            window_us: 60 * SEC,
-        },
-        Algorithm::SlidingLog {
-            limit: 100,
-            window_us: 60 * SEC,
-        },
+        Algorithm::token_bucket(100, SEC / 10).expect("valid numbers"),
+        Algorithm::leaky_bucket(20, SEC / 5).expect("valid numbers"),
+        Algorithm::fixed_window(1000, 3600 * SEC).expect("valid numbers"),
+        Algorithm::sliding_window(600, 60 * SEC).expect("valid numbers"),
+        Algorithm::sliding_log(100, 60 * SEC).expect("valid numbers"),
     ]
 }
 
@@ -45,7 +30,7 @@ fn decide(c: &mut Criterion) {
                 // both paths are measured, and a sliding log stays full.
                 now += algorithm.window_us() / algorithm.quota() / 2;
                 let e = algorithm.evaluate(&state, black_box(now), 1);
-                if e.decision.allowed {
+                if e.decision.allowed() {
                     state.apply(&e.update);
                 }
                 e.decision
@@ -56,28 +41,19 @@ fn decide(c: &mut Criterion) {
 }
 
 fn header_formatting(c: &mut Criterion) {
-    let decision = Decision {
-        allowed: true,
-        cost_exceeds_limit: false,
-        limit: 200,
-        remaining: 42,
-        reset_after_us: 6_500_000,
-        retry_after_us: 0,
-        delay_us: 0,
-    };
+    let decision = Decision::admitted(200, 42, 6_500_000);
     let layers = [
         Layer {
+            layer: 0,
             name: "per-ip",
             algorithm: algorithms()[0],
             decision,
         },
         Layer {
+            layer: 1,
             name: "per-account",
             algorithm: algorithms()[3],
-            decision: Decision {
-                remaining: 90,
-                ..decision
-            },
+            decision: Decision::admitted(200, 90, 6_500_000),
         },
     ];
     let mut group = c.benchmark_group("headers");
@@ -94,12 +70,7 @@ fn header_formatting(c: &mut Criterion) {
         });
     }
     let refused = Layer {
-        decision: Decision {
-            allowed: false,
-            remaining: 0,
-            retry_after_us: 1_234_567,
-            ..decision
-        },
+        decision: Decision::refused(200, 0, 6_500_000, 1_234_567),
         ..layers[0]
     };
     group.bench_function("429", |b| {

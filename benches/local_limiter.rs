@@ -7,13 +7,13 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion};
 use floodgate::algorithm::Algorithm;
 use floodgate::clock::SystemClock;
-use floodgate::limiter::LocalLimiter;
-use floodgate::policy::{Check, OnFailure, StateKey};
+use floodgate::identity::StateKey;
+use floodgate::limiter::{Check, LimitName, MemoryStore, OnFailure};
 
 const SEC: u64 = 1_000_000;
 
 fn checks(identity: u128) -> [Check; 2] {
-    let name: Arc<str> = Arc::from("per-ip");
+    let name = LimitName::new("per-ip");
     // Generous limits: the admitted path, which writes state, is the one measured.
     let check = |limit: u64, algorithm| Check {
         layer: limit as usize,
@@ -27,17 +27,11 @@ fn checks(identity: u128) -> [Check; 2] {
     [
         check(
             0,
-            Algorithm::TokenBucket {
-                capacity: 1 << 30,
-                interval_us: 1,
-            },
+            Algorithm::token_bucket(1 << 30, 1).expect("valid numbers"),
         ),
         check(
             1,
-            Algorithm::SlidingWindow {
-                limit: 1 << 30,
-                window_us: 60 * SEC,
-            },
+            Algorithm::sliding_window(1 << 30, 60 * SEC).expect("valid numbers"),
         ),
     ]
 }
@@ -50,7 +44,7 @@ fn identities(n: u128) -> Vec<[Check; 2]> {
 
 /// Runs `iters` decisions split over `threads` threads; the wall time of all.
 fn contended(
-    store: &Arc<LocalLimiter>,
+    store: &Arc<MemoryStore>,
     keys: &Arc<Vec<[Check; 2]>>,
     threads: usize,
     iters: u64,
@@ -72,7 +66,7 @@ fn contended(
 
 fn local_limiter(c: &mut Criterion) {
     for (label, n) in [("1 key", 1u128), ("100k keys", 100_000)] {
-        let store = Arc::new(LocalLimiter::new(1_000_000, Arc::new(SystemClock)));
+        let store = Arc::new(MemoryStore::new(1_000_000, Arc::new(SystemClock)));
         let keys = Arc::new(identities(n));
         let mut group = c.benchmark_group(format!("local limiter, {label}"));
         group.bench_function("1 thread", |b| {

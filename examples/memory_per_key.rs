@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use floodgate::algorithm::Algorithm;
 use floodgate::clock::ManualClock;
-use floodgate::limiter::LocalLimiter;
-use floodgate::policy::{Check, OnFailure, StateKey};
+use floodgate::identity::StateKey;
+use floodgate::limiter::{Check, LimitName, MemoryStore, OnFailure};
 
 const KEYS: usize = 1_000_000;
 
@@ -45,33 +45,18 @@ fn main() {
 
 fn measure(which: usize) {
     let algorithms = [
-        Algorithm::TokenBucket {
-            capacity: 100,
-            interval_us: 100_000,
-        },
-        Algorithm::LeakyBucket {
-            capacity: 20,
-            interval_us: 200_000,
-        },
-        Algorithm::FixedWindow {
-            limit: 1000,
-            window_us: 3_600_000_000,
-        },
-        Algorithm::SlidingWindow {
-            limit: 600,
-            window_us: 60_000_000,
-        },
-        Algorithm::SlidingLog {
-            limit: 5,
-            window_us: 60_000_000,
-        },
+        Algorithm::token_bucket(100, 100_000).expect("valid numbers"),
+        Algorithm::leaky_bucket(20, 200_000).expect("valid numbers"),
+        Algorithm::fixed_window(1000, 3_600_000_000).expect("valid numbers"),
+        Algorithm::sliding_window(600, 60_000_000).expect("valid numbers"),
+        Algorithm::sliding_log(5, 60_000_000).expect("valid numbers"),
     ];
     {
         let algorithm = algorithms[which];
         let clock = Arc::new(ManualClock::new(1_800_000_000_000_000));
         let before = resident_bytes();
-        let store = LocalLimiter::new(KEYS, clock);
-        let name: Arc<str> = Arc::from("per-ip");
+        let store = MemoryStore::new(KEYS, clock);
+        let name = LimitName::new("per-ip");
         for identity in 0..KEYS as u128 {
             let check = Check {
                 layer: 0,

@@ -1,5 +1,7 @@
 -- floodgate: helpers shared by the algorithm scripts. The scripts are joined
--- in this order into one script: common.lua, the five algorithms, decide.lua.
+-- in this order into one script: the CODE table (each algorithm's number,
+-- from the proxy's algorithm table), common.lua, the five algorithms,
+-- decide.lua.
 --
 -- Every quantity is an integer below 2^53 (microseconds, counts), so Lua's
 -- doubles hold it exactly; config validation keeps every product in range.

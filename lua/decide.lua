@@ -7,10 +7,10 @@
 -- ARGV[1]  now in µs, or -1 to read Redis TIME (clock = "redis"; the time
 --          is frozen for the script's run)
 -- ARGV[2]  r, the number of requests; then for each request: n, its number
---          of layers, then 5 values per layer: algorithm (1 token_bucket,
---          2 leaky_bucket, 3 fixed_window, 4 sliding_window, 5 sliding_log),
---          its two numbers (capacity and interval_us, or limit and
---          window_us), cost, shadow (1 or 0)
+--          of layers, then 5 values per layer: algorithm (its code in
+--          CODE, which the proxy prepends from its algorithm table), its two
+--          numbers (capacity and interval_us, or limit and window_us), cost,
+--          mode (0 enforce, 1 shadow, 2 peek)
 -- Reply    one string: 7 integers per layer, request after request,
 --          separated by spaces: allowed, cost_exceeds_limit, limit,
 --          remaining, reset_after_us, retry_after_us, delay_us. (One string
@@ -19,6 +19,7 @@
 --
 -- For each request, nothing is written unless every enforcing (non-shadow)
 -- layer admits; then every admitting layer, shadow ones included, is charged.
+-- A peek layer is decided like an enforcing one and never written.
 
 local now = tonumber(ARGV[1])
 if now < 0 then
@@ -39,14 +40,15 @@ local function decide_request(first_key, first_arg, n)
     local cost = tonumber(ARGV[base + 3])
     local key = KEYS[first_key + i - 1]
     local d = algorithm.evaluate(a, b, algorithm.load(key), now, cost)
-    layers[i] = { algorithm = algorithm, decision = d, key = key }
-    if ARGV[base + 4] ~= '1' and d.allowed == 0 then
+    local mode = ARGV[base + 4]
+    layers[i] = { algorithm = algorithm, decision = d, key = key, peek = mode == '2' }
+    if mode ~= '1' and d.allowed == 0 then
       blocked = true
     end
   end
   for i = 1, n do
     local d = layers[i].decision
-    if not blocked and d.allowed == 1 and d.update ~= nil then
+    if not blocked and d.allowed == 1 and d.update ~= nil and not layers[i].peek then
       layers[i].algorithm.store(layers[i].key, d.update, d.idle_at, now)
     end
     written = written + 1

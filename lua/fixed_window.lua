@@ -33,4 +33,4 @@ local function fixed_window_store(key, u, idle_at, now)
   redis.call('PEXPIRE', key, ttl_ms(idle_at, now))
 end
 
-ALGORITHMS[3] = { load = fixed_window_load, evaluate = fixed_window_evaluate, store = fixed_window_store }
+ALGORITHMS[CODE.fixed_window] = { load = fixed_window_load, evaluate = fixed_window_evaluate, store = fixed_window_store }

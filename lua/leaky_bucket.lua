@@ -30,4 +30,4 @@ local function leaky_bucket_evaluate(capacity, interval, next_slot, now, cost)
   return refused(capacity, 0, wait, wait - queue, slot)
 end
 
-ALGORITHMS[2] = { load = gcra_load, evaluate = leaky_bucket_evaluate, store = gcra_store }
+ALGORITHMS[CODE.leaky_bucket] = { load = gcra_load, evaluate = leaky_bucket_evaluate, store = gcra_store }

@@ -75,4 +75,4 @@ local function sliding_log_store(key, u, idle_at, now)
   redis.call('PEXPIRE', key, ttl_ms(idle_at, now))
 end
 
-ALGORITHMS[5] = { load = sliding_log_load, evaluate = sliding_log_evaluate, store = sliding_log_store }
+ALGORITHMS[CODE.sliding_log] = { load = sliding_log_load, evaluate = sliding_log_evaluate, store = sliding_log_store }

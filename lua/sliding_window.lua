@@ -66,4 +66,4 @@ local function sliding_window_store(key, u, idle_at, now)
   redis.call('PEXPIRE', key, ttl_ms(idle_at, now))
 end
 
-ALGORITHMS[4] = { load = sliding_window_load, evaluate = sliding_window_evaluate, store = sliding_window_store }
+ALGORITHMS[CODE.sliding_window] = { load = sliding_window_load, evaluate = sliding_window_evaluate, store = sliding_window_store }

@@ -31,4 +31,4 @@ local function gcra_store(key, tat, idle_at, now)
   redis.call('SET', key, int(tat), 'PX', ttl_ms(idle_at, now))
 end
 
-ALGORITHMS[1] = { load = gcra_load, evaluate = token_bucket_evaluate, store = gcra_store }
+ALGORITHMS[CODE.token_bucket] = { load = gcra_load, evaluate = token_bucket_evaluate, store = gcra_store }

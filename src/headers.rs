@@ -1,12 +1,25 @@
 //! Decisions turned into what the client sees: rate-limit headers and the
 //! 429. Pure functions; the proxy only copies the result onto the wire.
 
+use serde::Deserialize;
+
 use crate::algorithm::{Algorithm, Decision};
-use crate::config::HeaderStyle;
+
+/// `[response].headers`: which rate-limit headers responses carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HeaderStyle {
+    Legacy,
+    Draft,
+    Both,
+    None,
+}
 
 /// One enforcing layer's outcome, as the headers describe it.
 #[derive(Debug, Clone, Copy)]
 pub struct Layer<'a> {
+    /// Which of the request's checks this is.
+    pub layer: usize,
     pub name: &'a str,
     pub algorithm: Algorithm,
     pub decision: Decision,
@@ -25,10 +38,11 @@ pub fn ceil_ms(us: u64) -> u64 {
 /// longest wait until it resets.
 pub fn most_constrained<'a, 'b>(layers: &'b [Layer<'a>]) -> Option<&'b Layer<'a>> {
     layers.iter().min_by(|a, b| {
-        a.decision
-            .remaining
-            .cmp(&b.decision.remaining)
-            .then(b.decision.reset_after_us.cmp(&a.decision.reset_after_us))
+        a.decision.remaining().cmp(&b.decision.remaining()).then(
+            b.decision
+                .reset_after_us()
+                .cmp(&a.decision.reset_after_us()),
+        )
     })
 }
 
@@ -37,8 +51,8 @@ pub fn most_constrained<'a, 'b>(layers: &'b [Layer<'a>]) -> Option<&'b Layer<'a>
 pub fn refusing<'a, 'b>(layers: &'b [Layer<'a>]) -> Option<&'b Layer<'a>> {
     layers
         .iter()
-        .filter(|l| !l.decision.allowed)
-        .max_by_key(|l| (l.decision.cost_exceeds_limit, l.decision.retry_after_us))
+        .filter(|l| !l.decision.allowed())
+        .max_by_key(|l| (l.decision.cost_exceeds_limit(), l.decision.retry_after_us()))
 }
 
 /// The rate-limit headers for a response to which `layers` applied.
@@ -55,11 +69,11 @@ pub fn rate_limit_headers(
     let d = &shown.decision;
     let mut n = itoa::Buffer::new();
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
-        out.push(("RateLimit-Limit", n.format(d.limit).to_string()));
-        out.push(("RateLimit-Remaining", n.format(d.remaining).to_string()));
+        out.push(("RateLimit-Limit", n.format(d.limit()).to_string()));
+        out.push(("RateLimit-Remaining", n.format(d.remaining()).to_string()));
         out.push((
             "RateLimit-Reset",
-            n.format(ceil_secs(d.reset_after_us)).to_string(),
+            n.format(ceil_secs(d.reset_after_us())).to_string(),
         ));
     }
     if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
@@ -80,9 +94,9 @@ pub fn rate_limit_headers(
         current.push('"');
         current.push_str(shown.name);
         current.push_str("\";r=");
-        current.push_str(n.format(d.remaining));
+        current.push_str(n.format(d.remaining()));
         current.push_str(";t=");
-        current.push_str(n.format(ceil_secs(d.reset_after_us)));
+        current.push_str(n.format(ceil_secs(d.reset_after_us())));
         out.push(("RateLimit", current));
     }
     out
@@ -114,21 +128,21 @@ pub fn rejection(
 ) -> Rejection {
     let mut headers = json_headers();
     let d = &refused.decision;
-    let body = if d.cost_exceeds_limit {
+    let body = if d.cost_exceeds_limit() {
         // Retrying cannot help, so no Retry-After: the body says why.
         format!(
             "{{\"error\":\"cost_exceeds_limit\",\"limit\":\"{}\",\"cost_limit\":{},\"request_id\":\"{request_id}\"}}",
-            refused.name, d.limit
+            refused.name, d.limit()
         )
     } else {
         headers.push((
             "Retry-After",
-            ceil_secs(d.retry_after_us).max(1).to_string(),
+            ceil_secs(d.retry_after_us()).max(1).to_string(),
         ));
         format!(
             "{{\"error\":\"rate_limited\",\"limit\":\"{}\",\"retry_after_ms\":{},\"request_id\":\"{request_id}\"}}",
             refused.name,
-            ceil_ms(d.retry_after_us)
+            ceil_ms(d.retry_after_us())
         )
     };
     headers.extend(rate_limit_headers(style, layers, refused));
@@ -145,20 +159,10 @@ mod tests {
 
     fn layer(name: &str, capacity: u64, remaining: u64, reset_after_us: u64) -> Layer<'_> {
         Layer {
+            layer: 0,
             name,
-            algorithm: Algorithm::TokenBucket {
-                capacity,
-                interval_us: 20_000,
-            },
-            decision: Decision {
-                allowed: true,
-                cost_exceeds_limit: false,
-                limit: capacity,
-                remaining,
-                reset_after_us,
-                retry_after_us: 0,
-                delay_us: 0,
-            },
+            algorithm: Algorithm::token_bucket(capacity, 20_000).expect("valid numbers"),
+            decision: Decision::admitted(capacity, remaining, reset_after_us),
         }
     }
 
@@ -195,8 +199,7 @@ mod tests {
     #[test]
     fn rejection_rounds_retry_after_up() {
         let mut refused = layer("login", 5, 0, 3_000_000);
-        refused.decision.allowed = false;
-        refused.decision.retry_after_us = 1_000_001;
+        refused.decision = Decision::refused(5, 0, 3_000_000, 1_000_001);
         let r = rejection(HeaderStyle::None, &[refused], &refused, "r-1");
         assert_eq!(r.status, 429);
         assert_eq!(
@@ -204,7 +207,7 @@ mod tests {
             "{\"error\":\"rate_limited\",\"limit\":\"login\",\"retry_after_ms\":1001,\"request_id\":\"r-1\"}"
         );
         assert!(r.headers.contains(&("Retry-After", "2".to_string())));
-        refused.decision.retry_after_us = 10;
+        refused.decision = Decision::refused(5, 0, 3_000_000, 10);
         let r = rejection(HeaderStyle::None, &[refused], &refused, "r-2");
         assert!(r.headers.contains(&("Retry-After", "1".to_string())));
         assert!(r

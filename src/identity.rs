@@ -18,6 +18,22 @@ pub type Tier = Arc<str>;
 pub const ANONYMOUS: &str = "anonymous";
 pub const INTERNAL: &str = "internal";
 
+/// Where one layer's state lives: the limit and a fixed-size hash of the
+/// client's identity (never the raw value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StateKey {
+    pub limit: u64,
+    pub identity: u128,
+}
+
+impl StateKey {
+    /// Which of `shards` maps holds this key (the identity is already a keyed
+    /// hash, so no client can aim at a shard).
+    pub fn shard(&self, shards: usize) -> usize {
+        (self.identity as usize ^ self.limit as usize) % shards
+    }
+}
+
 /// What identifies the client for one limit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeySource {

@@ -1,26 +1,14 @@
 //! The compiled limits: which layers apply to a request, with which numbers
 //! (tier overrides applied) and which cost.
 
-use std::sync::Arc;
-
 use http::{HeaderMap, Method};
 
 use crate::algorithm::Algorithm;
-use crate::identity::{Client, ClientRules, IdentityError, Tier};
+use crate::identity::{Client, ClientRules, IdentityError, StateKey, Tier};
+use crate::limiter::{Check, LimitName, OnFailure};
 use crate::path::PathRules;
 
 pub use crate::identity::KeySource;
-
-/// What to do with a decision when the shared store cannot be reached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnFailure {
-    /// Decide in process, each limit divided by the number of instances.
-    Local,
-    /// Fail open.
-    Allow,
-    /// Fail closed.
-    Deny,
-}
 
 /// A path glob: `*` stands for any run of characters, `/` included. It
 /// matches its path with or without one trailing slash, as common routers
@@ -135,7 +123,7 @@ impl Matcher {
 /// One `[[limits]]` entry, validated.
 #[derive(Debug, Clone)]
 pub struct Limit {
-    pub name: Arc<str>,
+    pub name: LimitName,
     /// Identifies this limit's state; derived from the name so that state
     /// survives a reload that keeps the limit.
     pub id: u64,
@@ -163,34 +151,14 @@ pub struct CostRule {
     pub cost: u64,
 }
 
-/// Where one layer's state lives: the limit and a fixed-size hash of the
-/// client's identity (never the raw value).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StateKey {
-    pub limit: u64,
-    pub identity: u128,
-}
-
-impl StateKey {
-    /// Which of `shards` maps holds this key (the identity is already a keyed
-    /// hash, so no client can aim at a shard).
-    pub fn shard(&self, shards: usize) -> usize {
-        (self.identity as usize ^ self.limit as usize) % shards
-    }
-}
-
-/// One layer to decide for one request.
-#[derive(Debug, Clone)]
-pub struct Check {
-    /// Index into `Policy::limits`.
-    pub layer: usize,
-    pub name: Arc<str>,
-    pub algorithm: Algorithm,
-    pub key: StateKey,
-    pub cost: u64,
-    pub shadow: bool,
-    /// What decides this layer when the shared store cannot.
-    pub on_failure: OnFailure,
+/// What the limits look at in a request.
+#[derive(Clone, Copy)]
+pub struct RequestView<'a> {
+    pub method: &'a Method,
+    /// Normalised (`path`), and lower-cased when `paths.case_insensitive`.
+    pub path: &'a str,
+    pub headers: &'a HeaderMap,
+    pub client: &'a Client,
 }
 
 #[derive(Debug)]
@@ -224,15 +192,14 @@ impl Policy {
             .map_or(1, |c| c.cost)
     }
 
-    /// The layers that apply to a request whose normalised path is `path`
-    /// (lower-cased by the caller when `paths.case_insensitive`).
-    pub fn plan(
-        &self,
-        method: &Method,
-        path: &str,
-        client: &Client,
-        headers: &HeaderMap,
-    ) -> Result<Plan, IdentityError> {
+    /// The layers that apply to a request.
+    pub fn plan(&self, request: &RequestView<'_>) -> Result<Plan, IdentityError> {
+        let RequestView {
+            method,
+            path,
+            headers,
+            client,
+        } = *request;
         if self.exempt_paths.iter().any(|p| p.matches(path))
             || self.exempt_tiers.contains(&client.tier)
         {

@@ -35,9 +35,9 @@ use crate::algorithm::Decision;
 use crate::connection::HeadClock;
 use crate::headers::{self, Layer};
 use crate::identity::Client;
-use crate::limiter::LimiterError;
+use crate::limiter::{Check, Deciding, LimiterError};
 use crate::path::{self, EscapedSlashes, PathError};
-use crate::policy::{Check, Plan};
+use crate::policy::{Plan, RequestView};
 use crate::request_id;
 use crate::state::{AppState, InFlight, Runtime};
 
@@ -159,10 +159,8 @@ pub struct RequestCtx {
     body_bytes: u64,
     upstream_sent: Option<Instant>,
     upstream_took: Option<Duration>,
-    /// The layer whose headers were shown (or that refused), and what it had
-    /// left; which store decided.
-    decisive: Option<(Arc<str>, u64)>,
-    store: Option<&'static str>,
+    /// What the limits said, once decided.
+    verdict: Option<Verdict>,
     /// Rate-limit headers to add to the upstream's response.
     rate_headers: Vec<(&'static str, String)>,
     _in_flight: InFlight,
@@ -384,18 +382,107 @@ async fn bad_request(
     Ok(true)
 }
 
-/// The enforcing layers (shadow ones never show) with their decisions.
-fn layers<'a>(checks: &'a [Check], decisions: &[Decision]) -> Vec<Layer<'a>> {
-    checks
-        .iter()
-        .zip(decisions)
-        .filter(|(c, _)| !c.shadow)
-        .map(|(c, d)| Layer {
-            name: &c.name,
-            algorithm: c.algorithm,
-            decision: *d,
-        })
-        .collect()
+/// What the limits said of one request: kept until the logging phase,
+/// which counts it and logs refusals once the answer is out.
+struct Verdict {
+    checks: Vec<Check>,
+    decisions: Vec<Decision>,
+    deciding: Deciding,
+    /// The check whose state the answer reported (the refusing one on a
+    /// refusal), and whether the request was refused.
+    decisive: Option<usize>,
+    refused: bool,
+}
+
+impl Verdict {
+    fn new(checks: Vec<Check>, decisions: Vec<Decision>, deciding: Deciding) -> Verdict {
+        Verdict {
+            checks,
+            decisions,
+            deciding,
+            decisive: None,
+            refused: false,
+        }
+    }
+
+    /// The enforcing layers (shadow ones never show) with their decisions.
+    fn enforced(&self) -> Vec<Layer<'_>> {
+        self.checks
+            .iter()
+            .zip(&self.decisions)
+            .enumerate()
+            .filter(|(_, (c, _))| !c.shadow)
+            .map(|(layer, (c, d))| Layer {
+                layer,
+                name: c.name.as_str(),
+                algorithm: c.algorithm,
+                decision: *d,
+            })
+            .collect()
+    }
+
+    /// The decisive limit's name and what it had left, for the access log.
+    fn decisive(&self) -> Option<(&str, u64)> {
+        let i = self.decisive?;
+        Some((self.checks[i].name.as_str(), self.decisions[i].remaining()))
+    }
+
+    /// Counts each layer's outcome; logs a refusal, and what a shadow limit
+    /// would have refused, one line each.
+    fn account(&self, runtime: &Runtime, client: Option<&Client>, request_id: &str) {
+        let label = client.map_or_else(String::new, Client::log_label);
+        for (check, decision) in self.checks.iter().zip(&self.decisions) {
+            let counters = &runtime.counters[check.layer];
+            match (check.shadow, decision.allowed(), self.refused) {
+                (true, false, _) => counters.shadow_refused.inc(),
+                (false, false, _) => counters.refused.inc(),
+                (_, true, false) => {
+                    counters.admitted.inc();
+                    if decision.remaining().saturating_mul(10) < decision.limit() {
+                        counters.near_limit.inc();
+                    }
+                }
+                // Admitted by this layer, refused by another: not charged.
+                (_, true, true) => {}
+            }
+            if check.shadow && !decision.allowed() {
+                info!(
+                    "shadow limit would refuse: {label} limit={} retry_after_ms={}",
+                    check.name,
+                    headers::ceil_ms(decision.retry_after_us())
+                );
+            }
+        }
+        if let Some(i) = self.decisive.filter(|_| self.refused) {
+            let decision = &self.decisions[i];
+            info!(
+                "rate limited: {label} limit={} retry_after_ms={}{} request_id={request_id}",
+                self.checks[i].name,
+                headers::ceil_ms(decision.retry_after_us()),
+                if decision.cost_exceeds_limit() {
+                    " (cost exceeds the limit)"
+                } else {
+                    ""
+                },
+            );
+        }
+    }
+}
+
+/// What a gRPC client is told when a limit refuses it.
+fn grpc_refusal(refused: &Layer<'_>) -> String {
+    if refused.decision.cost_exceeds_limit() {
+        format!(
+            "rate limited by {}: the cost exceeds the limit",
+            refused.name
+        )
+    } else {
+        format!(
+            "rate limited by {}; retry after {} ms",
+            refused.name,
+            headers::ceil_ms(refused.decision.retry_after_us())
+        )
+    }
 }
 
 #[async_trait]
@@ -434,6 +521,9 @@ impl ProxyHttp for Gateway {
         if let Some(upstream) = ctx.upstream_took {
             requests.upstream_duration.observe(upstream.as_secs_f64());
         }
+        if let Some(verdict) = &ctx.verdict {
+            verdict.account(&ctx.runtime, ctx.client.as_ref(), &ctx.request_id);
+        }
         if let Some(log) = &self.state.access_log {
             log.write(access_line(session, ctx, status, took));
         }
@@ -452,8 +542,7 @@ impl ProxyHttp for Gateway {
             body_bytes: 0,
             upstream_sent: None,
             upstream_took: None,
-            decisive: None,
-            store: None,
+            verdict: None,
             rate_headers: Vec::new(),
             _in_flight: self.state.request_started(),
         }
@@ -491,90 +580,60 @@ impl ProxyHttp for Gateway {
         {
             return bad_request(session, ctx, e.code(), &e.to_string()).await;
         }
-        let client = match policy
-            .clients
-            .identify(peer_ip(session), &session.req_header().headers)
-        {
-            Ok(client) => client,
+        let request = session.req_header();
+        let client = match policy.clients.identify(peer_ip(session), &request.headers) {
+            Ok(client) => ctx.client.insert(client),
             Err(e) => return bad_request(session, ctx, e.code(), &e.to_string()).await,
         };
-        let request = session.req_header();
         let path = request.uri.path();
         let path = if policy.paths.case_insensitive {
             Cow::Owned(path.to_ascii_lowercase())
         } else {
             Cow::Borrowed(path)
         };
-        let checks = match policy.plan(&request.method, &path, &client, &request.headers) {
+        let view = RequestView {
+            method: &request.method,
+            path: &path,
+            headers: &request.headers,
+            client,
+        };
+        let checks = match policy.plan(&view) {
             Ok(Plan::Exempt) => {
                 self.state.metrics.exempt.inc();
-                ctx.client = Some(client);
                 return Ok(false);
             }
-            Ok(Plan::Check(checks)) if checks.is_empty() => {
-                ctx.client = Some(client);
-                return Ok(false);
-            }
+            Ok(Plan::Check(checks)) if checks.is_empty() => return Ok(false),
             Ok(Plan::Check(checks)) => checks,
             Err(e) => return bad_request(session, ctx, e.code(), &e.to_string()).await,
         };
-        let decisions = match self.state.limiter.decide(&checks).await {
+        let decisions = match self.state.store.decide(&checks).await {
             Ok(d) => d,
             Err(e) => return limiter_failed(session, ctx, e).await,
         };
-        ctx.store = Some(self.state.store_label());
-        let enforced = layers(&checks, &decisions);
-        let refused = headers::refusing(&enforced);
-        for (check, decision) in checks.iter().zip(&decisions) {
-            let counters = &runtime.counters[check.layer];
-            match (check.shadow, decision.allowed, refused.is_some()) {
-                (true, false, _) => counters.shadow_refused.inc(),
-                (false, false, _) => counters.refused.inc(),
-                (_, true, false) => {
-                    counters.admitted.inc();
-                    if decision.remaining.saturating_mul(10) < decision.limit {
-                        counters.near_limit.inc();
-                    }
+        let verdict =
+            ctx.verdict
+                .insert(Verdict::new(checks, decisions, self.state.store.deciding()));
+        let enforced = verdict.enforced();
+        let (decisive, refusal) = match headers::refusing(&enforced) {
+            Some(refused) => {
+                let r = headers::rejection(runtime.headers, &enforced, refused, &ctx.request_id);
+                let grpc_message = is_grpc(session).then(|| grpc_refusal(refused));
+                (Some(refused.layer), Some((r, grpc_message)))
+            }
+            None => {
+                let shown = headers::most_constrained(&enforced);
+                if let Some(shown) = shown {
+                    ctx.rate_headers =
+                        headers::rate_limit_headers(runtime.headers, &enforced, shown);
                 }
-                // Admitted by this layer, refused by another: not charged.
-                (_, true, true) => {}
+                (shown.map(|l| l.layer), None)
             }
-            if check.shadow && !decision.allowed {
-                info!(
-                    "shadow limit would refuse: {} limit={} retry_after_ms={}",
-                    client.log_label(),
-                    check.name,
-                    headers::ceil_ms(decision.retry_after_us)
-                );
-            }
-        }
-        if let Some(refused) = refused {
-            ctx.decisive = Some((Arc::from(refused.name), refused.decision.remaining));
-            let retry_after_ms = headers::ceil_ms(refused.decision.retry_after_us);
-            info!(
-                "rate limited: {} limit={} retry_after_ms={retry_after_ms}{} request_id={}",
-                client.log_label(),
-                refused.name,
-                if refused.decision.cost_exceeds_limit {
-                    " (cost exceeds the limit)"
-                } else {
-                    ""
-                },
-                ctx.request_id
-            );
-            let r = headers::rejection(runtime.headers, &enforced, refused, &ctx.request_id);
-            if is_grpc(session) {
-                let message = if refused.decision.cost_exceeds_limit {
-                    format!(
-                        "rate limited by {}: the cost exceeds the limit",
-                        refused.name
-                    )
-                } else {
-                    format!(
-                        "rate limited by {}; retry after {retry_after_ms} ms",
-                        refused.name
-                    )
-                };
+        };
+        verdict.decisive = decisive;
+        verdict.refused = refusal.is_some();
+        let delay_us = verdict.decisions.iter().map(Decision::delay_us).max();
+        match refusal {
+            Some((r, Some(grpc_message))) => {
                 let headers = r
                     .headers
                     .into_iter()
@@ -584,26 +643,23 @@ impl ProxyHttp for Gateway {
                     session,
                     ctx,
                     GrpcStatus::ResourceExhausted,
-                    &message,
+                    &grpc_message,
                     headers,
                 )
                 .await?;
-            } else {
-                respond(session, ctx, r.status, r.headers, r.body).await?;
+                Ok(true)
             }
-            ctx.client = Some(client);
-            return Ok(true);
+            Some((r, None)) => {
+                respond(session, ctx, r.status, r.headers, r.body).await?;
+                Ok(true)
+            }
+            None => {
+                if let Some(delay_us) = delay_us.filter(|d| *d > 0) {
+                    tokio::time::sleep(Duration::from_micros(delay_us)).await;
+                }
+                Ok(false)
+            }
         }
-        if let Some(shown) = headers::most_constrained(&enforced) {
-            ctx.rate_headers = headers::rate_limit_headers(runtime.headers, &enforced, shown);
-            ctx.decisive = Some((Arc::from(shown.name), shown.decision.remaining));
-        }
-        ctx.client = Some(client);
-        let delay_us = decisions.iter().map(|d| d.delay_us).max().unwrap_or(0);
-        if delay_us > 0 {
-            tokio::time::sleep(Duration::from_micros(delay_us)).await;
-        }
-        Ok(false)
     }
 
     async fn request_body_filter(
@@ -900,7 +956,7 @@ fn access_line(session: &Session, ctx: &RequestCtx, status: u16, took: Duration)
         None => line.push_str("null"),
     }
     line.push_str(",\"limit\":");
-    match &ctx.decisive {
+    match ctx.verdict.as_ref().and_then(Verdict::decisive) {
         Some((name, remaining)) => {
             json_string(&mut line, name);
             let _ = write!(line, ",\"remaining\":{remaining}");
@@ -908,8 +964,8 @@ fn access_line(session: &Session, ctx: &RequestCtx, status: u16, took: Duration)
         None => line.push_str("null,\"remaining\":null"),
     }
     line.push_str(",\"store\":");
-    match ctx.store {
-        Some(store) => json_string(&mut line, store),
+    match &ctx.verdict {
+        Some(verdict) => json_string(&mut line, verdict.deciding.as_str()),
         None => line.push_str("null"),
     }
     line.push('}');

@@ -16,7 +16,10 @@ use crate::admin::Admin;
 use crate::clock::{Clock, OffsetClock, SystemClock};
 use crate::config::{Config, IdentityKeySource, ServerSettings};
 use crate::connection::{AdminDoor, ConnectionCaps, ConnectionSettings, FrontDoor};
-use crate::limiter::{FallbackLimiter, Limiter, LocalLimiter, RedisLimiter};
+use crate::limiter::redis::Topology;
+use crate::limiter::{
+    Fallback, KnownRefusals, MemoryStore, RedisCluster, RedisSettings, RedisStandalone, Store,
+};
 use crate::metrics::Metrics;
 use crate::proxy::Gateway;
 use crate::signals::Signals;
@@ -40,7 +43,7 @@ pub enum BuildError {
 /// Drops idle keys of the memory store now and then, so that memory follows
 /// the number of active clients rather than every client ever seen.
 struct Sweeper {
-    store: Arc<LocalLimiter>,
+    store: Arc<dyn Store>,
 }
 
 #[async_trait::async_trait]
@@ -71,6 +74,52 @@ fn clock_from_env() -> Result<Arc<dyn Clock>, BuildError> {
                 ms.saturating_mul(1000),
             )))
         }
+    }
+}
+
+/// Keys whose refusal by Redis is remembered, so that a refused client's
+/// retries cost no Redis call until its retry time.
+const KNOWN_REFUSALS: usize = 100_000;
+
+/// The shared store, with the refusals it gave remembered and `on_failure`
+/// (deciding in `memory` for "local") when it cannot answer.
+fn redis_store(
+    settings: &RedisSettings,
+    memory: Arc<MemoryStore>,
+    metrics: &Metrics,
+    clock: Arc<dyn Clock>,
+) -> Arc<dyn Store> {
+    fn wrap<S: Store + 'static>(
+        shared: S,
+        settings: &RedisSettings,
+        memory: Arc<MemoryStore>,
+        metrics: &Metrics,
+        clock: Arc<dyn Clock>,
+    ) -> Arc<dyn Store> {
+        Arc::new(Fallback::new(
+            KnownRefusals::new(shared, KNOWN_REFUSALS, clock.clone()),
+            memory,
+            settings.instances,
+            metrics.redis.clone(),
+            clock,
+        ))
+    }
+    let timer = metrics.redis.call_seconds.clone();
+    match &settings.topology {
+        Topology::Standalone(_) => wrap(
+            RedisStandalone::new(settings.clone(), clock.clone()).with_call_timer(timer),
+            settings,
+            memory,
+            metrics,
+            clock,
+        ),
+        Topology::Cluster(_) => wrap(
+            RedisCluster::new(settings.clone(), clock.clone()).with_call_timer(timer),
+            settings,
+            memory,
+            metrics,
+            clock,
+        ),
     }
 }
 
@@ -158,22 +207,13 @@ pub fn build(config: &Config) -> Result<Floodgate, BuildError> {
     }
     let clock = clock_from_env()?;
     let metrics = Arc::new(Metrics::new());
-    let store = Arc::new(
-        LocalLimiter::new(config.max_keys, clock.clone())
+    let memory = Arc::new(
+        MemoryStore::new(config.max_keys, clock.clone())
             .with_overflow_metric(metrics.local_overflow.clone()),
     );
-    let fallback = config.redis.as_ref().map(|settings| {
-        Arc::new(FallbackLimiter::new(
-            RedisLimiter::new(settings.clone(), clock.clone()),
-            store.clone(),
-            settings.instances,
-            metrics.redis.clone(),
-            clock.clone(),
-        ))
-    });
-    let limiter: Arc<dyn Limiter> = match &fallback {
-        Some(f) => f.clone(),
-        None => store.clone(),
+    let store = match &config.redis {
+        None => memory as Arc<dyn Store>,
+        Some(settings) => redis_store(settings, memory, &metrics, clock),
     };
     let runtime = Runtime::new(config, &metrics).map_err(|source| BuildError::Upstream {
         file: file.clone(),
@@ -190,9 +230,7 @@ pub fn build(config: &Config) -> Result<Floodgate, BuildError> {
     let state = Arc::new(AppState::new(
         config.clone(),
         runtime,
-        limiter,
         store.clone(),
-        fallback,
         metrics,
         access_log,
     ));

@@ -10,8 +10,9 @@ use arc_swap::ArcSwap;
 use log::{error, info, warn};
 
 use crate::access_log::AccessLog;
-use crate::config::{Config, HeaderStyle};
-use crate::limiter::{FallbackLimiter, Limiter, LocalLimiter};
+use crate::config::Config;
+use crate::headers::HeaderStyle;
+use crate::limiter::{Deciding, Store};
 use crate::metrics::{LayerCounters, Metrics};
 use crate::policy::Policy;
 use crate::tls::CertResolver;
@@ -37,7 +38,7 @@ impl Runtime {
                 .policy
                 .limits
                 .iter()
-                .map(|l| metrics.layer(&l.name))
+                .map(|l| metrics.layer(l.name.as_str()))
                 .collect(),
         })
     }
@@ -47,10 +48,8 @@ impl Runtime {
 /// signal handling.
 pub struct AppState {
     pub runtime: ArcSwap<Runtime>,
-    pub limiter: Arc<dyn Limiter>,
-    pub store: Arc<LocalLimiter>,
-    /// Present with `[redis]`: tells whether decisions are degraded.
-    pub fallback: Option<Arc<FallbackLimiter>>,
+    /// Where limit state lives and decisions are made (see `limiter`).
+    pub store: Arc<dyn Store>,
     pub metrics: Arc<Metrics>,
     /// `[log].access`, when on.
     pub access_log: Option<AccessLog>,
@@ -82,17 +81,13 @@ impl AppState {
     pub fn new(
         config: Config,
         runtime: Runtime,
-        limiter: Arc<dyn Limiter>,
-        store: Arc<LocalLimiter>,
-        fallback: Option<Arc<FallbackLimiter>>,
+        store: Arc<dyn Store>,
         metrics: Arc<Metrics>,
         access_log: Option<AccessLog>,
     ) -> AppState {
         AppState {
             runtime: ArcSwap::from_pointee(runtime),
-            limiter,
             store,
-            fallback,
             metrics,
             access_log,
             streams: crate::connection::StreamCaps::new(config.server.max_connections_per_ip),
@@ -126,17 +121,7 @@ impl AppState {
     }
 
     pub fn degraded(&self) -> bool {
-        self.fallback.as_ref().is_some_and(|f| f.degraded())
-    }
-
-    /// Which store decides now: "memory", "redis", or "fallback" while Redis
-    /// is away.
-    pub fn store_label(&self) -> &'static str {
-        match &self.fallback {
-            None => "memory",
-            Some(f) if f.degraded() => "fallback",
-            Some(_) => "redis",
-        }
+        self.store.deciding() == Deciding::Fallback
     }
 
     /// Re-reads the config file and swaps in what it says. An invalid file
@@ -196,6 +181,6 @@ impl AppState {
         self.metrics.fallback_active.set(i64::from(self.degraded()));
         self.metrics
             .local_keys
-            .set(i64::try_from(self.store.len()).unwrap_or(i64::MAX));
+            .set(i64::try_from(self.store.keys_held()).unwrap_or(i64::MAX));
     }
 }

@@ -3,8 +3,8 @@
 use std::fmt::Write;
 
 use crate::config::{Config, IdentityKeySource};
+use crate::limiter::OnFailure;
 use crate::path::EscapedSlashes;
-use crate::policy::OnFailure;
 
 pub fn describe(config: &Config) -> String {
     let mut out = String::new();
@@ -43,7 +43,7 @@ pub fn describe(config: &Config) -> String {
     let _ = writeln!(out, "upstream  {}", config.upstream.servers.join(", "));
     match &config.redis {
         Some(r) => {
-            let target = r.url.clone().unwrap_or_else(|| r.cluster.join(", "));
+            let target = r.target();
             let _ = writeln!(
                 out,
                 "store     redis {} (timeout {:?}, on_failure {}, {} instance(s))",

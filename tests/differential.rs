@@ -10,9 +10,11 @@ use std::time::Duration;
 use common::redis_server::RedisServer;
 use floodgate::algorithm::{Algorithm, Decision};
 use floodgate::clock::ManualClock;
-use floodgate::config::{ClockSource, RedisSettings};
-use floodgate::limiter::{Limiter, LocalLimiter, RedisLimiter};
-use floodgate::policy::{Check, OnFailure, StateKey};
+use floodgate::identity::StateKey;
+use floodgate::limiter::redis::Topology;
+use floodgate::limiter::{
+    Check, ClockSource, LimitName, MemoryStore, OnFailure, RedisSettings, RedisStandalone, Store,
+};
 
 /// splitmix64: a reproducible sequence without a dependency.
 struct Rng(u64);
@@ -33,8 +35,7 @@ impl Rng {
 
 fn settings(url: String) -> RedisSettings {
     RedisSettings {
-        url: Some(url),
-        cluster: Vec::new(),
+        topology: Topology::Standalone(url),
         timeout: Duration::from_secs(5),
         clock: ClockSource::Local,
         key_prefix: "diff".into(),
@@ -49,26 +50,11 @@ fn random_algorithm(rng: &mut Rng, which: u64) -> Algorithm {
     let interval_us = 1 + rng.below(2_000_000);
     let window_us = 1_000 + rng.below(5_000_000);
     match which {
-        0 => Algorithm::TokenBucket {
-            capacity: n,
-            interval_us,
-        },
-        1 => Algorithm::LeakyBucket {
-            capacity: n,
-            interval_us,
-        },
-        2 => Algorithm::FixedWindow {
-            limit: n,
-            window_us,
-        },
-        3 => Algorithm::SlidingWindow {
-            limit: n,
-            window_us,
-        },
-        _ => Algorithm::SlidingLog {
-            limit: n,
-            window_us,
-        },
+        0 => Algorithm::token_bucket(n, interval_us).expect("valid numbers"),
+        1 => Algorithm::leaky_bucket(n, interval_us).expect("valid numbers"),
+        2 => Algorithm::fixed_window(n, window_us).expect("valid numbers"),
+        3 => Algorithm::sliding_window(n, window_us).expect("valid numbers"),
+        _ => Algorithm::sliding_log(n, window_us).expect("valid numbers"),
     }
 }
 
@@ -84,8 +70,8 @@ fn step_us(rng: &mut Rng, algorithm: &Algorithm, last: Option<&Decision>) -> u64
     match (rng.below(10), last) {
         (0, _) => 0,
         (1, _) => rng.below(algorithm.window_us().saturating_mul(3).max(1)),
-        (2 | 3, Some(d)) if d.retry_after_us > 0 => nudge(d.retry_after_us, rng),
-        (4, Some(d)) => nudge(d.reset_after_us, rng),
+        (2 | 3, Some(d)) if d.retry_after_us() > 0 => nudge(d.retry_after_us(), rng),
+        (4, Some(d)) => nudge(d.reset_after_us(), rng),
         (5, _) => nudge(scale * (1 + rng.below(3)), rng),
         _ => rng.below(scale.saturating_mul(2).max(2)),
     }
@@ -99,7 +85,7 @@ fn request(rng: &mut Rng, name: &str, layers: &[Algorithm], client: u128, cost: 
         .enumerate()
         .map(|(layer, algorithm)| Check {
             layer,
-            name: Arc::from(format!("{name}-{layer}")),
+            name: LimitName::new(&format!("{name}-{layer}")),
             algorithm: *algorithm,
             key: StateKey {
                 limit: layer as u64,
@@ -129,8 +115,8 @@ fn lua_scripts_match_their_rust_twins() {
     for (which, name) in names.iter().enumerate() {
         let mut rng = Rng(0xF100D + which as u64);
         let clock = Arc::new(ManualClock::new(1_750_000_000_000_000 + rng.below(1 << 40)));
-        let remote = RedisLimiter::new(settings(redis.url()), clock.clone());
-        let local = LocalLimiter::new(100_000, clock.clone());
+        let remote = RedisStandalone::new(settings(redis.url()), clock.clone());
+        let local = MemoryStore::new(100_000, clock.clone());
         // Two layers of the same kind with different numbers, on a few clients,
         // so that all-or-nothing and separate keys are compared too.
         let layers = [
@@ -173,9 +159,13 @@ fn lua_scripts_match_their_rust_twins() {
                 checks[0].cost,
                 clock_now(&clock)
             );
-            let all_allowed = expected.iter().all(|d| d.allowed);
+            let all_allowed = expected.iter().all(|d| d.allowed());
             admitted += usize::from(all_allowed);
-            let retry_us = expected.iter().map(|d| d.retry_after_us).max().unwrap_or(0);
+            let retry_us = expected
+                .iter()
+                .map(|d| d.retry_after_us())
+                .max()
+                .unwrap_or(0);
             if !all_allowed && retry_us > 0 {
                 replay = Some((checks, retry_us));
             }
@@ -209,8 +199,8 @@ fn requests_sharing_a_script_run_decide_as_if_one_after_another() {
     for which in 0..5u64 {
         let mut rng = Rng(0xBA7C4 + which);
         let clock = Arc::new(ManualClock::new(1_750_000_000_000_000 + rng.below(1 << 40)));
-        let remote = RedisLimiter::new(settings(redis.url()), clock.clone());
-        let local = LocalLimiter::new(100_000, clock.clone());
+        let remote = RedisStandalone::new(settings(redis.url()), clock.clone());
+        let local = MemoryStore::new(100_000, clock.clone());
         let layers = [
             random_algorithm(&mut rng, which),
             random_algorithm(&mut rng, which),
@@ -246,7 +236,7 @@ fn requests_sharing_a_script_run_decide_as_if_one_after_another() {
                 "algorithm {which} run {run}: layers {layers:?}"
             );
             for decisions in &expected {
-                if decisions[0].allowed {
+                if decisions[0].allowed() {
                     admitted += 1;
                 } else {
                     refused += 1;

@@ -353,15 +353,16 @@ fn concurrent_decisions_share_one_script_run() {
 
     use floodgate::algorithm::Algorithm;
     use floodgate::clock::SystemClock;
-    use floodgate::config::{ClockSource, RedisSettings};
-    use floodgate::limiter::{Limiter, RedisLimiter};
-    use floodgate::policy::{Check, OnFailure, StateKey};
+    use floodgate::identity::StateKey;
+    use floodgate::limiter::redis::Topology;
+    use floodgate::limiter::{
+        Check, ClockSource, LimitName, OnFailure, RedisSettings, RedisStandalone, Store,
+    };
 
     let redis = RedisServer::start();
-    let limiter = RedisLimiter::new(
+    let limiter = RedisStandalone::new(
         RedisSettings {
-            url: Some(redis.url()),
-            cluster: Vec::new(),
+            topology: Topology::Standalone(redis.url()),
             timeout: Duration::from_secs(5),
             clock: ClockSource::Redis,
             key_prefix: "together".into(),
@@ -373,11 +374,8 @@ fn concurrent_decisions_share_one_script_run() {
     );
     let check = Check {
         layer: 0,
-        name: Arc::from("per-client"),
-        algorithm: Algorithm::FixedWindow {
-            limit: 20,
-            window_us: 3_600_000_000,
-        },
+        name: LimitName::new("per-client"),
+        algorithm: Algorithm::fixed_window(20, 3_600_000_000).expect("valid numbers"),
         key: StateKey {
             limit: 0,
             identity: 7,
@@ -398,13 +396,13 @@ fn concurrent_decisions_share_one_script_run() {
     ));
     let admitted = decided
         .iter()
-        .filter(|d| d.as_ref().expect("decided")[0].allowed)
+        .filter(|d| d.as_ref().expect("decided")[0].allowed())
         .count();
     assert_eq!(admitted, 20);
     let remaining: Vec<u64> = decided
         .iter()
         .take(20)
-        .map(|d| d.as_ref().expect("decided")[0].remaining)
+        .map(|d| d.as_ref().expect("decided")[0].remaining())
         .collect();
     assert_eq!(remaining, (0..20).rev().collect::<Vec<u64>>());
     assert!(redis.calls("evalsha") <= 2, "{}", redis.calls("evalsha"));

@@ -32,15 +32,14 @@ pub fn evaluate(
         }
         let after_us = slot_us + cost * interval_us;
         let backlog_us = after_us - now_us;
-        let mut e = Evaluation::admitted(
+        Evaluation::scheduled(
             capacity,
             slots_left(backlog_us),
             backlog_us,
+            wait_us,
             Update::Gcra { tat_us: after_us },
             after_us,
-        );
-        e.decision.delay_us = wait_us;
-        e
+        )
     } else {
         Evaluation::refused(capacity, 0, wait_us, wait_us - queue_us, slot_us)
     }

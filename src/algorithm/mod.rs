@@ -7,127 +7,168 @@
 //!
 //! Time is integer microseconds and every quantity an integer, so that the Lua
 //! scripts (whose numbers are doubles, exact below 2^53) reproduce each decision
-//! bit for bit; `config` bounds the parameters to keep products under 2^53.
+//! bit for bit; an `Algorithm` cannot be built with numbers that break this.
+//!
+//! This module depends on nothing else in the crate.
 
+mod decision;
 pub mod fixed_window;
+mod kind;
 pub mod leaky_bucket;
 pub mod sliding_log;
 pub mod sliding_window;
 pub mod token_bucket;
 
+pub use decision::{Decision, Evaluation};
+pub use kind::{Kind, Parameter, Spec, ALGORITHMS, ALGORITHM_NAMES};
 pub use sliding_log::LogState;
 
 /// The largest product of two quantities any algorithm forms; Lua doubles stay
 /// exact below it.
 pub const MAX_EXACT: u64 = 1 << 53;
 
-/// Which algorithm a limit uses, with its validated parameters.
+/// The most units a sliding log may hold: it keeps one stamp per request.
+pub const MAX_SLIDING_LOG: u64 = 100_000;
+
+/// Why numbers do not make an algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AlgorithmError {
+    #[error("must be a whole number of at least 1")]
+    ZeroQuota,
+    #[error("the interval or window must be at least 1µs")]
+    ZeroPeriod,
+    #[error("too large: the quota times its window in microseconds must stay below 2^51")]
+    TooLarge,
+    #[error("sliding_log keeps one stamp per request; use at most {MAX_SLIDING_LOG} (or sliding_window)")]
+    LogTooLong,
+}
+
+/// One limit's algorithm with its numbers, valid by construction: a quota of
+/// at least 1, a period of at least 1µs, and every product the arithmetic
+/// forms exact in a double.
+///
+/// `quota` is the bucket's capacity or the window's limit; `period_us` the
+/// interval between two tokens (buckets) or the window's length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Algorithm {
-    /// Bursts up to `capacity`, refilled one token every `interval_us`.
-    TokenBucket { capacity: u64, interval_us: u64 },
-    /// Requests leave one every `interval_us`; up to `capacity` may wait.
-    LeakyBucket { capacity: u64, interval_us: u64 },
-    /// At most `limit` per aligned window.
-    FixedWindow { limit: u64, window_us: u64 },
-    /// Weighted estimate over the current and previous window.
-    SlidingWindow { limit: u64, window_us: u64 },
-    /// Exactly at most `limit` in any window of `window_us`.
-    SlidingLog { limit: u64, window_us: u64 },
+pub struct Algorithm {
+    kind: Kind,
+    quota: u64,
+    period_us: u64,
 }
 
 impl Algorithm {
-    pub fn name(&self) -> &'static str {
-        match self {
-            Algorithm::TokenBucket { .. } => "token_bucket",
-            Algorithm::LeakyBucket { .. } => "leaky_bucket",
-            Algorithm::FixedWindow { .. } => "fixed_window",
-            Algorithm::SlidingWindow { .. } => "sliding_window",
-            Algorithm::SlidingLog { .. } => "sliding_log",
+    pub fn new(kind: Kind, quota: u64, period_us: u64) -> Result<Algorithm, AlgorithmError> {
+        if quota == 0 {
+            return Err(AlgorithmError::ZeroQuota);
         }
+        if period_us == 0 {
+            return Err(AlgorithmError::ZeroPeriod);
+        }
+        // The scripts compute in doubles: every product, added to a
+        // timestamp, must stay exact.
+        if quota
+            .checked_mul(period_us)
+            .is_none_or(|p| p > MAX_EXACT / 4)
+        {
+            return Err(AlgorithmError::TooLarge);
+        }
+        if kind == Kind::SlidingLog && quota > MAX_SLIDING_LOG {
+            return Err(AlgorithmError::LogTooLong);
+        }
+        Ok(Algorithm {
+            kind,
+            quota,
+            period_us,
+        })
     }
 
-    /// The number a client sees as its quota (`RateLimit-Limit`, `q=`).
+    /// Bursts up to `capacity`, one token back every `interval_us`.
+    pub fn token_bucket(capacity: u64, interval_us: u64) -> Result<Algorithm, AlgorithmError> {
+        Algorithm::new(Kind::TokenBucket, capacity, interval_us)
+    }
+
+    /// Requests leave one every `interval_us`; up to `capacity` may wait.
+    pub fn leaky_bucket(capacity: u64, interval_us: u64) -> Result<Algorithm, AlgorithmError> {
+        Algorithm::new(Kind::LeakyBucket, capacity, interval_us)
+    }
+
+    /// At most `limit` per aligned window.
+    pub fn fixed_window(limit: u64, window_us: u64) -> Result<Algorithm, AlgorithmError> {
+        Algorithm::new(Kind::FixedWindow, limit, window_us)
+    }
+
+    /// Weighted estimate over the current and previous window.
+    pub fn sliding_window(limit: u64, window_us: u64) -> Result<Algorithm, AlgorithmError> {
+        Algorithm::new(Kind::SlidingWindow, limit, window_us)
+    }
+
+    /// Exactly at most `limit` in any window of `window_us`.
+    pub fn sliding_log(limit: u64, window_us: u64) -> Result<Algorithm, AlgorithmError> {
+        Algorithm::new(Kind::SlidingLog, limit, window_us)
+    }
+
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    /// The number a client sees as its quota (`RateLimit-Limit`, `q=`): the
+    /// capacity of a bucket, the limit of a window.
     pub fn quota(&self) -> u64 {
-        match *self {
-            Algorithm::TokenBucket { capacity, .. } | Algorithm::LeakyBucket { capacity, .. } => {
-                capacity
-            }
-            Algorithm::FixedWindow { limit, .. }
-            | Algorithm::SlidingWindow { limit, .. }
-            | Algorithm::SlidingLog { limit, .. } => limit,
-        }
+        self.quota
+    }
+
+    /// A bucket's interval between two tokens, or a window's length.
+    pub fn period_us(&self) -> u64 {
+        self.period_us
     }
 
     /// The quota's time window in microseconds (`w=`): for the buckets, the time
     /// to refill from empty.
     pub fn window_us(&self) -> u64 {
-        match *self {
-            Algorithm::TokenBucket {
-                capacity,
-                interval_us,
-            }
-            | Algorithm::LeakyBucket {
-                capacity,
-                interval_us,
-            } => capacity.saturating_mul(interval_us),
-            Algorithm::FixedWindow { window_us, .. }
-            | Algorithm::SlidingWindow { window_us, .. }
-            | Algorithm::SlidingLog { window_us, .. } => window_us,
+        if self.kind.is_bucket() {
+            self.quota * self.period_us
+        } else {
+            self.period_us
         }
     }
 
     /// This limit shared evenly by `instances` processes deciding alone: each
-    /// gets its share of the quota (at least 1) and of the rate.
+    /// gets its share of the quota (at least 1) and of the rate. The result
+    /// is never larger than the original, so it stays valid.
     pub fn divided(&self, instances: u64) -> Algorithm {
         let n = instances.max(1);
-        let share = |q: u64| (q / n).max(1);
-        match *self {
-            Algorithm::TokenBucket {
-                capacity,
-                interval_us,
-            } => Algorithm::TokenBucket {
-                capacity: share(capacity),
-                interval_us: interval_us.saturating_mul(n),
-            },
-            Algorithm::LeakyBucket {
-                capacity,
-                interval_us,
-            } => Algorithm::LeakyBucket {
-                capacity: share(capacity),
-                interval_us: interval_us.saturating_mul(n),
-            },
-            Algorithm::FixedWindow { limit, window_us } => Algorithm::FixedWindow {
-                limit: share(limit),
-                window_us,
-            },
-            Algorithm::SlidingWindow { limit, window_us } => Algorithm::SlidingWindow {
-                limit: share(limit),
-                window_us,
-            },
-            Algorithm::SlidingLog { limit, window_us } => Algorithm::SlidingLog {
-                limit: share(limit),
-                window_us,
-            },
+        let quota = (self.quota / n).max(1);
+        let period_us = if self.kind.is_bucket() {
+            // Capacity and rate shrink together: the product never grows.
+            self.period_us.saturating_mul(n).min(MAX_EXACT / 4 / quota)
+        } else {
+            self.period_us
+        };
+        Algorithm {
+            kind: self.kind,
+            quota,
+            period_us,
         }
     }
 
     /// A fresh state for this algorithm (what a key that was never seen holds).
     pub fn fresh_state(&self) -> State {
-        match self {
-            Algorithm::TokenBucket { .. } | Algorithm::LeakyBucket { .. } => {
-                State::Gcra { tat_us: 0 }
-            }
-            Algorithm::FixedWindow { .. } => State::Window {
+        match self.kind {
+            Kind::TokenBucket | Kind::LeakyBucket => State::Gcra { tat_us: 0 },
+            Kind::FixedWindow => State::Window {
                 start_us: 0,
                 count: 0,
             },
-            Algorithm::SlidingWindow { .. } => State::TwoWindows {
+            Kind::SlidingWindow => State::TwoWindows {
                 start_us: 0,
                 current: 0,
                 previous: 0,
             },
-            Algorithm::SlidingLog { .. } => State::Log(LogState::default()),
+            Kind::SlidingLog => State::Log(LogState::default()),
         }
     }
 
@@ -136,36 +177,29 @@ impl Algorithm {
     /// A state of the wrong shape (a limit whose algorithm changed on reload) is
     /// treated as fresh.
     pub fn evaluate(&self, state: &State, now_us: u64, cost: u64) -> Evaluation {
-        match (*self, state) {
-            (
-                Algorithm::TokenBucket {
-                    capacity,
-                    interval_us,
-                },
-                State::Gcra { tat_us },
-            ) => token_bucket::evaluate(capacity, interval_us, *tat_us, now_us, cost),
-            (
-                Algorithm::LeakyBucket {
-                    capacity,
-                    interval_us,
-                },
-                State::Gcra { tat_us },
-            ) => leaky_bucket::evaluate(capacity, interval_us, *tat_us, now_us, cost),
-            (Algorithm::FixedWindow { limit, window_us }, State::Window { start_us, count }) => {
-                fixed_window::evaluate(limit, window_us, *start_us, *count, now_us, cost)
+        let (quota, period) = (self.quota, self.period_us);
+        match (self.kind, state) {
+            (Kind::TokenBucket, State::Gcra { tat_us }) => {
+                token_bucket::evaluate(quota, period, *tat_us, now_us, cost)
+            }
+            (Kind::LeakyBucket, State::Gcra { tat_us }) => {
+                leaky_bucket::evaluate(quota, period, *tat_us, now_us, cost)
+            }
+            (Kind::FixedWindow, State::Window { start_us, count }) => {
+                fixed_window::evaluate(quota, period, *start_us, *count, now_us, cost)
             }
             (
-                Algorithm::SlidingWindow { limit, window_us },
+                Kind::SlidingWindow,
                 State::TwoWindows {
                     start_us,
                     current,
                     previous,
                 },
             ) => sliding_window::evaluate(
-                limit, window_us, *start_us, *current, *previous, now_us, cost,
+                quota, period, *start_us, *current, *previous, now_us, cost,
             ),
-            (Algorithm::SlidingLog { limit, window_us }, State::Log(log)) => {
-                sliding_log::evaluate(limit, window_us, log, now_us, cost)
+            (Kind::SlidingLog, State::Log(log)) => {
+                sliding_log::evaluate(quota, period, log, now_us, cost)
             }
             _ => self.evaluate(&self.fresh_state(), now_us, cost),
         }
@@ -174,34 +208,33 @@ impl Algorithm {
 
 impl std::fmt::Display for Algorithm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let per_second = |interval_us: u64| 1_000_000.0 / interval_us as f64;
-        match *self {
-            Algorithm::TokenBucket {
-                capacity,
-                interval_us,
-            } => write!(
+        let spec = self.kind.spec();
+        if self.kind.is_bucket() {
+            write!(
                 f,
-                "token_bucket capacity={capacity} refill_rate={:.3}/s",
-                per_second(interval_us)
-            ),
-            Algorithm::LeakyBucket {
-                capacity,
-                interval_us,
-            } => write!(
+                "{} {}={} {}={:.3}/s",
+                spec.name,
+                spec.quota.name(),
+                self.quota,
+                spec.period.name(),
+                1_000_000.0 / self.period_us as f64
+            )
+        } else {
+            let ms = self.period_us / 1000;
+            let window = match ms {
+                ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+                ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+                ms if ms % 1_000 == 0 => format!("{}s", ms / 1_000),
+                ms => format!("{ms}ms"),
+            };
+            write!(
                 f,
-                "leaky_bucket capacity={capacity} rate={:.3}/s",
-                per_second(interval_us)
-            ),
-            _ => {
-                let ms = self.window_us() / 1000;
-                let window = match ms {
-                    ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
-                    ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
-                    ms if ms % 1_000 == 0 => format!("{}s", ms / 1_000),
-                    ms => format!("{ms}ms"),
-                };
-                write!(f, "{} limit={} window={window}", self.name(), self.quota())
-            }
+                "{} {}={} {}={window}",
+                spec.name,
+                spec.quota.name(),
+                self.quota,
+                spec.period.name()
+            )
         }
     }
 }
@@ -294,85 +327,6 @@ pub enum Update {
         cost: u64,
         window_us: u64,
     },
-}
-
-/// What one limit says about one request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Decision {
-    pub allowed: bool,
-    /// The request can never be admitted: its cost exceeds the limit itself.
-    pub cost_exceeds_limit: bool,
-    pub limit: u64,
-    /// Units left after this request (before it, when refused).
-    pub remaining: u64,
-    /// Until the quota is whole again.
-    pub reset_after_us: u64,
-    /// Until the same request would be admitted; 0 when allowed.
-    pub retry_after_us: u64,
-    /// Leaky bucket only: how long the admitted request waits for its slot.
-    pub delay_us: u64,
-}
-
-/// A decision plus the state change it implies and when the state goes stale.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Evaluation {
-    pub decision: Decision,
-    pub update: Update,
-    /// From this instant on, the (updated) state is indistinguishable from a
-    /// fresh one and may be dropped.
-    pub idle_at_us: u64,
-}
-
-impl Evaluation {
-    fn refused(
-        limit: u64,
-        remaining: u64,
-        reset_after_us: u64,
-        retry_after_us: u64,
-        idle_at_us: u64,
-    ) -> Self {
-        Evaluation {
-            decision: Decision {
-                allowed: false,
-                cost_exceeds_limit: false,
-                limit,
-                remaining,
-                reset_after_us,
-                retry_after_us,
-                delay_us: 0,
-            },
-            update: Update::Unchanged,
-            idle_at_us,
-        }
-    }
-
-    fn oversized(limit: u64, remaining: u64, reset_after_us: u64, idle_at_us: u64) -> Self {
-        let mut e = Self::refused(limit, remaining, reset_after_us, 0, idle_at_us);
-        e.decision.cost_exceeds_limit = true;
-        e
-    }
-
-    fn admitted(
-        limit: u64,
-        remaining: u64,
-        reset_after_us: u64,
-        update: Update,
-        idle_at_us: u64,
-    ) -> Self {
-        Evaluation {
-            decision: Decision {
-                allowed: true,
-                cost_exceeds_limit: false,
-                limit,
-                remaining,
-                reset_after_us,
-                retry_after_us: 0,
-                delay_us: 0,
-            },
-            update,
-            idle_at_us,
-        }
-    }
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ impl Key {
 
     fn request(&mut self, now_us: u64, cost: u64) -> Decision {
         let e = self.algorithm.evaluate(&self.state, now_us, cost);
-        if e.decision.allowed {
+        if e.decision.allowed() {
             self.state.apply(&e.update);
         }
         e.decision
@@ -34,10 +34,7 @@ impl Key {
 }
 
 fn token_bucket(capacity: u64, per_second: u64) -> Algorithm {
-    Algorithm::TokenBucket {
-        capacity,
-        interval_us: SEC / per_second,
-    }
+    Algorithm::token_bucket(capacity, SEC / per_second).expect("valid numbers")
 }
 
 /// (offset from T0 in µs, cost, expected allowed, expected remaining, expected retry µs)
@@ -48,7 +45,7 @@ fn run_table(algorithm: Algorithm, steps: &[Step]) {
     for (i, &(at, cost, allowed, remaining, retry)) in steps.iter().enumerate() {
         let d = key.request(T0 + at, cost);
         assert_eq!(
-            (d.allowed, d.remaining, d.retry_after_us),
+            (d.allowed(), d.remaining(), d.retry_after_us()),
             (allowed, remaining, retry),
             "{} step {i} at +{at}µs cost {cost}: {d:?}",
             algorithm.name()
@@ -79,14 +76,11 @@ fn token_bucket_boundaries() {
 #[test]
 fn leaky_bucket_schedules_slots() {
     // 2 per second, 2 may wait: the first goes at once, two wait, the fourth is refused.
-    let mut key = Key::new(Algorithm::LeakyBucket {
-        capacity: 2,
-        interval_us: SEC / 2,
-    });
+    let mut key = Key::new(Algorithm::leaky_bucket(2, SEC / 2).expect("valid numbers"));
     let delays: Vec<(bool, u64)> = (0..4)
         .map(|_| {
             let d = key.request(T0, 1);
-            (d.allowed, d.delay_us)
+            (d.allowed(), d.delay_us())
         })
         .collect();
     assert_eq!(
@@ -94,19 +88,16 @@ fn leaky_bucket_schedules_slots() {
         vec![(true, 0), (true, SEC / 2), (true, SEC), (false, 0)]
     );
     let refused = key.peek(T0, 1);
-    assert_eq!(refused.retry_after_us, SEC / 2);
-    assert!(!key.peek(T0 + SEC / 2 - 1, 1).allowed);
+    assert_eq!(refused.retry_after_us(), SEC / 2);
+    assert!(!key.peek(T0 + SEC / 2 - 1, 1).allowed());
     let d = key.request(T0 + SEC / 2, 1);
-    assert_eq!((d.allowed, d.delay_us), (true, SEC));
+    assert_eq!((d.allowed(), d.delay_us()), (true, SEC));
 }
 
 #[test]
 fn fixed_window_boundaries_and_edge_burst() {
     let w = 60 * SEC;
-    let alg = Algorithm::FixedWindow {
-        limit: 2,
-        window_us: w,
-    };
+    let alg = Algorithm::fixed_window(2, w).expect("valid numbers");
     run_table(
         alg,
         &[
@@ -124,30 +115,24 @@ fn fixed_window_boundaries_and_edge_burst() {
 #[test]
 fn sliding_window_refuses_the_edge_burst_and_decays() {
     let w = 60 * SEC;
-    let alg = Algorithm::SlidingWindow {
-        limit: 10,
-        window_us: w,
-    };
+    let alg = Algorithm::sliding_window(10, w).expect("valid numbers");
     let mut key = Key::new(alg);
     for _ in 0..10 {
-        assert!(key.request(T0 + w - 1, 1).allowed);
+        assert!(key.request(T0 + w - 1, 1).allowed());
     }
     // Just after the edge the previous window still weighs almost fully.
     let d = key.request(T0 + w, 1);
-    assert!(!d.allowed);
+    assert!(!d.allowed());
     // previous=10 must fall to 9: 10 * (w - e) <= 9 * w  =>  e >= w / 10
-    assert_eq!(d.retry_after_us, w / 10);
-    assert!(!key.peek(T0 + w + w / 10 - 1, 1).allowed);
-    assert!(key.peek(T0 + w + w / 10, 1).allowed);
+    assert_eq!(d.retry_after_us(), w / 10);
+    assert!(!key.peek(T0 + w + w / 10 - 1, 1).allowed());
+    assert!(key.peek(T0 + w + w / 10, 1).allowed());
 }
 
 #[test]
 fn sliding_log_is_exact() {
     let w = 10 * SEC;
-    let alg = Algorithm::SlidingLog {
-        limit: 3,
-        window_us: w,
-    };
+    let alg = Algorithm::sliding_log(3, w).expect("valid numbers");
     run_table(
         alg,
         &[
@@ -168,10 +153,14 @@ fn cost_above_limit_is_refused_for_good() {
     for alg in all_algorithms(5, SEC) {
         let mut key = Key::new(alg);
         let d = key.request(T0, 6);
-        assert!(!d.allowed && d.cost_exceeds_limit, "{}: {d:?}", alg.name());
+        assert!(
+            !d.allowed() && d.cost_exceeds_limit(),
+            "{}: {d:?}",
+            alg.name()
+        );
         let later = key.request(T0 + 1_000 * SEC, 6);
-        assert!(!later.allowed && later.cost_exceeds_limit);
-        assert!(key.request(T0, 5).allowed, "{}", alg.name());
+        assert!(!later.allowed() && later.cost_exceeds_limit());
+        assert!(key.request(T0, 5).allowed(), "{}", alg.name());
     }
 }
 
@@ -181,37 +170,27 @@ fn cost_zero_peeks_without_consuming() {
         let mut key = Key::new(alg);
         for _ in 0..5 {
             let d = key.request(T0, 0);
-            assert!(d.allowed, "{}", alg.name());
-            assert_eq!(d.remaining, alg.quota(), "{}", alg.name());
+            assert!(d.allowed(), "{}", alg.name());
+            assert_eq!(d.remaining(), alg.quota(), "{}", alg.name());
         }
         assert_eq!(key.state, alg.fresh_state(), "{}", alg.name());
     }
 }
 
 fn all_algorithms(n: u64, interval_us: u64) -> [Algorithm; 5] {
+    [0, 1, 2, 3, 4].map(|which| one_algorithm(which, n, interval_us).expect("valid numbers"))
+}
+
+/// The `which`th algorithm with `n` units, one every `interval_us`.
+fn one_algorithm(which: usize, n: u64, interval_us: u64) -> Result<Algorithm, AlgorithmError> {
     let window_us = n * interval_us;
-    [
-        Algorithm::TokenBucket {
-            capacity: n,
-            interval_us,
-        },
-        Algorithm::LeakyBucket {
-            capacity: n,
-            interval_us,
-        },
-        Algorithm::FixedWindow {
-            limit: n,
-            window_us,
-        },
-        Algorithm::SlidingWindow {
-            limit: n,
-            window_us,
-        },
-        Algorithm::SlidingLog {
-            limit: n,
-            window_us,
-        },
-    ]
+    match which {
+        0 => Algorithm::token_bucket(n, interval_us),
+        1 => Algorithm::leaky_bucket(n, interval_us),
+        2 => Algorithm::fixed_window(n, window_us),
+        3 => Algorithm::sliding_window(n, window_us),
+        _ => Algorithm::sliding_log(n, window_us),
+    }
 }
 
 fn any_algorithm() -> impl Strategy<Value = Algorithm> {
@@ -254,14 +233,14 @@ proptest! {
         for (step, cost) in steps {
             now = now.saturating_add_signed(step);
             let d = key.request(now, cost);
-            if !d.allowed && !d.cost_exceeds_limit {
-                prop_assert!(d.retry_after_us > 0);
-                prop_assert!(key.peek(now + d.retry_after_us, cost).allowed,
+            if !d.allowed() && !d.cost_exceeds_limit() {
+                prop_assert!(d.retry_after_us() > 0);
+                prop_assert!(key.peek(now + d.retry_after_us(), cost).allowed(),
                     "{} not admitted at retry time: {:?}", alg.name(), d);
-                prop_assert!(!key.peek(now + d.retry_after_us - 1, cost).allowed,
+                prop_assert!(!key.peek(now + d.retry_after_us() - 1, cost).allowed(),
                     "{} admitted before retry time: {:?}", alg.name(), d);
             }
-            prop_assert!(d.remaining <= alg.quota());
+            prop_assert!(d.remaining() <= alg.quota());
         }
     }
 
@@ -273,13 +252,15 @@ proptest! {
         let mut admitted = Vec::new();
         for (step, cost) in steps {
             now += step;
-            if key.request(now, cost).allowed {
+            if key.request(now, cost).allowed() {
                 admitted.push((now, cost));
             }
         }
         for &(from, _) in &admitted {
-            match alg {
-                Algorithm::TokenBucket { capacity, interval_us } => {
+            let (quota, period_us) = (alg.quota(), alg.period_us());
+            match alg.kind() {
+                Kind::TokenBucket => {
+                    let (capacity, interval_us) = (quota, period_us);
                     for &(to, _) in &admitted {
                         if to >= from {
                             let refill = (to - from) / interval_us;
@@ -287,7 +268,8 @@ proptest! {
                         }
                     }
                 }
-                Algorithm::LeakyBucket { capacity, interval_us } => {
+                Kind::LeakyBucket => {
+                    let (capacity, interval_us) = (quota, period_us);
                     for &(to, _) in &admitted {
                         if to >= from {
                             let drained = (to - from) / interval_us;
@@ -296,10 +278,12 @@ proptest! {
                         }
                     }
                 }
-                Algorithm::SlidingLog { limit, window_us } => {
+                Kind::SlidingLog => {
+                    let (limit, window_us) = (quota, period_us);
                     prop_assert!(admitted_between(&admitted, from, from + window_us - 1) <= limit);
                 }
-                Algorithm::FixedWindow { limit, window_us } | Algorithm::SlidingWindow { limit, window_us } => {
+                Kind::FixedWindow | Kind::SlidingWindow => {
+                    let (limit, window_us) = (quota, period_us);
                     let start = from - from % window_us;
                     prop_assert!(admitted_between(&admitted, start, start + window_us - 1) <= limit);
                 }
@@ -312,17 +296,17 @@ proptest! {
     /// cannot use.
     #[test]
     fn survives_extremes(n in 1u64..1_000_000, interval_us in 1u64..1_000_000_000, which in 0usize..5, steps in any_steps(), start in 0u64..(1u64 << 52)) {
-        let alg = all_algorithms(n, interval_us)[which];
-        let alg = match alg {
-            a if a.window_us() > MAX_EXACT / n.max(1) => all_algorithms(n, 1)[which],
-            a => a,
-        };
+        // The largest numbers an algorithm can be built with.
+        let n = if which == 4 { n.min(MAX_SLIDING_LOG) } else { n };
+        let alg = one_algorithm(which, n, interval_us)
+            .or_else(|_| one_algorithm(which, n, 1))
+            .expect("valid numbers");
         let mut key = Key::new(alg);
         let mut now = start;
         for (step, cost) in steps {
             now = now.saturating_add_signed(step).min(1u64 << 52);
             let d = key.request(now, cost.min(n));
-            prop_assert!(d.remaining <= alg.quota());
+            prop_assert!(d.remaining() <= alg.quota());
         }
     }
 }
@@ -330,15 +314,12 @@ proptest! {
 #[test]
 fn leaky_bucket_departures_are_spaced() {
     let interval_us = SEC / 5;
-    let mut key = Key::new(Algorithm::LeakyBucket {
-        capacity: 20,
-        interval_us,
-    });
+    let mut key = Key::new(Algorithm::leaky_bucket(20, interval_us).expect("valid numbers"));
     let mut departures: Vec<u64> = (0..30)
         .filter_map(|i| {
             let now = T0 + i * 1_000;
             let d = key.request(now, 1);
-            d.allowed.then_some(now + d.delay_us)
+            d.allowed().then_some(now + d.delay_us())
         })
         .collect();
     assert_eq!(departures.len(), 21);
@@ -355,7 +336,7 @@ fn idle_state_is_indistinguishable_from_fresh() {
         let mut idle_at = T0;
         for i in 0..4 {
             let e = alg.evaluate(&key.state, T0 + i, 1);
-            if e.decision.allowed {
+            if e.decision.allowed() {
                 key.state.apply(&e.update);
             }
             idle_at = idle_at.max(e.idle_at_us);
@@ -370,4 +351,28 @@ fn idle_state_is_indistinguishable_from_fresh() {
             );
         }
     }
+}
+
+#[test]
+fn numbers_that_would_break_the_arithmetic_build_no_algorithm() {
+    assert_eq!(
+        Algorithm::token_bucket(10, 0),
+        Err(AlgorithmError::ZeroPeriod)
+    );
+    assert_eq!(
+        Algorithm::fixed_window(0, SEC),
+        Err(AlgorithmError::ZeroQuota)
+    );
+    assert_eq!(
+        Algorithm::sliding_window(1 << 30, 1 << 30),
+        Err(AlgorithmError::TooLarge)
+    );
+    assert_eq!(
+        Algorithm::sliding_log(MAX_SLIDING_LOG + 1, SEC),
+        Err(AlgorithmError::LogTooLong)
+    );
+    let shared = Algorithm::token_bucket(1, MAX_EXACT / 4)
+        .expect("valid numbers")
+        .divided(8);
+    assert!(shared.quota() * shared.period_us() <= MAX_EXACT / 4);
 }

@@ -16,10 +16,13 @@ use http::{HeaderName, Method};
 use ipnet::IpNet;
 use serde::Deserialize;
 
-use crate::algorithm::{Algorithm, MAX_EXACT};
+use crate::algorithm::{Algorithm, Kind, Parameter, ALGORITHM_NAMES, MAX_EXACT};
+use crate::headers::HeaderStyle;
 use crate::identity::{ClientRules, ForwardedHeader, IdentityHasher, Tier, ANONYMOUS, INTERNAL};
+use crate::limiter::redis::Topology;
+use crate::limiter::{ClockSource, LimitName, OnFailure, RedisSettings};
 use crate::path::{EscapedSlashes, PathRules};
-use crate::policy::{CostRule, KeySource, Limit, Matcher, OnFailure, PathPattern, Policy};
+use crate::policy::{CostRule, KeySource, Limit, Matcher, PathPattern, Policy};
 use crate::tls::{CertSet, CertSource};
 use source::Segment;
 
@@ -186,13 +189,6 @@ struct RedisSection {
     tls_ca_file: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ClockSource {
-    Redis,
-    Local,
-}
-
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(rename_all = "snake_case")]
 enum FailureMode {
@@ -235,14 +231,17 @@ struct ExemptSection {
     tiers: Vec<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum AlgorithmName {
-    TokenBucket,
-    SlidingWindow,
-    FixedWindow,
-    SlidingLog,
-    LeakyBucket,
+/// `algorithm = "..."`, looked up in the algorithm table.
+#[derive(Debug, Clone, Copy)]
+struct AlgorithmName(Kind);
+
+impl<'de> Deserialize<'de> for AlgorithmName {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        Kind::from_name(&name)
+            .map(AlgorithmName)
+            .ok_or_else(|| serde::de::Error::unknown_variant(&name, &ALGORITHM_NAMES))
+    }
 }
 
 /// The numbers of a limit; shared by the limit and its tier overrides.
@@ -274,6 +273,25 @@ struct LimitSection {
     matcher: Option<MatchSection>,
     #[serde(default)]
     tiers: BTreeMap<String, Numbers>,
+}
+
+impl Numbers {
+    fn number(&self, parameter: Parameter) -> Option<f64> {
+        match parameter {
+            Parameter::Capacity => self.capacity,
+            Parameter::Limit => self.limit,
+            Parameter::RefillRate => self.refill_rate,
+            Parameter::Rate => self.rate,
+            Parameter::Window => None,
+        }
+    }
+
+    fn has(&self, parameter: Parameter) -> bool {
+        match parameter {
+            Parameter::Window => self.window.is_some(),
+            number => self.number(number).is_some(),
+        }
+    }
 }
 
 impl LimitSection {
@@ -313,16 +331,6 @@ struct ResponseSection {
 
 // ---------------------------------------------------------------------------
 // Runtime settings.
-
-/// Which rate-limit headers responses carry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HeaderStyle {
-    Legacy,
-    Draft,
-    Both,
-    None,
-}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerSettings {
@@ -377,20 +385,6 @@ pub enum AccessLogTarget {
     Off,
     Stdout,
     File(PathBuf),
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct RedisSettings {
-    /// Standalone server URL (REDIS_URL overrides the file); empty in cluster mode.
-    pub url: Option<String>,
-    pub cluster: Vec<String>,
-    pub timeout: Duration,
-    pub clock: ClockSource,
-    pub key_prefix: String,
-    pub on_failure: OnFailure,
-    pub instances: u64,
-    /// PEM certificates to trust for rediss:// instead of the system's roots.
-    pub tls_ca: Option<Vec<u8>>,
 }
 
 /// Where identities' hashing key comes from.
@@ -572,7 +566,6 @@ const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(60);
 /// fits; one address cannot take the fd table.
 const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 256;
 const DEFAULT_MAX_KEYS: u64 = 1_000_000;
-const MAX_SLIDING_LOG: u64 = 100_000;
 
 fn validate(raw: FileConfig, env: Environment) -> Result<Config, Invalid> {
     let server = validate_server(&raw.server)?;
@@ -1004,9 +997,12 @@ fn validate_redis(r: &RedisSection, env_url: Option<String>) -> Result<RedisSett
             })
         })
         .transpose()?;
+    let topology = match url {
+        Some(url) if cluster.is_empty() => Topology::Standalone(url),
+        _ => Topology::Cluster(cluster),
+    };
     Ok(RedisSettings {
-        url: if cluster.is_empty() { url } else { None },
-        cluster,
+        topology,
         timeout,
         clock: r.clock.unwrap_or(ClockSource::Redis),
         key_prefix,
@@ -1243,7 +1239,7 @@ fn validate_limit(
     };
     Ok(Limit {
         id: xxhash_rust::xxh3::xxh3_64(s.name.as_bytes()),
-        name: Arc::from(s.name.as_str()),
+        name: LimitName::new(&s.name),
         key,
         algorithm,
         tiers,
@@ -1254,140 +1250,71 @@ fn validate_limit(
 }
 
 /// Turns a limit's numbers (with a tier's overrides on top) into an algorithm.
+/// A limit's numbers as its algorithm's row of the table names them: the
+/// quota a whole number, the period a rate per second or a window.
 fn numbers(
     algorithm: AlgorithmName,
     own: &Numbers,
     base: Option<&Numbers>,
     path: &[&dyn AsSegment],
 ) -> Result<Algorithm, Invalid> {
-    let field = |name: &'static str| -> Vec<Segment> {
+    let spec = algorithm.0.spec();
+    let field = |parameter: Parameter| -> Vec<Segment> {
         let mut p: Vec<Segment> = path.iter().map(|s| s.segment()).collect();
-        p.push(Segment::Key(name.into()));
+        p.push(Segment::Key(parameter.name().into()));
         p
     };
-    let pick = |own: Option<f64>, base: Option<f64>| own.or(base);
-    let b = base.cloned().unwrap_or_default();
-    let capacity = pick(own.capacity, b.capacity);
-    let refill_rate = pick(own.refill_rate, b.refill_rate);
-    let limit = pick(own.limit, b.limit);
-    let rate = pick(own.rate, b.rate);
-    let window = own.window.clone().or(b.window.clone());
-
-    let whole = |value: Option<f64>, name: &'static str, needed_by: &str| -> Result<u64, Invalid> {
-        let v = value.ok_or_else(|| (field(name), format!("{needed_by} needs `{name}`")))?;
-        if v.fract() != 0.0 || v < 1.0 || v > MAX_EXACT as f64 {
-            return Err((
-                field(name),
-                format!("must be a whole number of at least 1 (got {v})"),
-            ));
-        }
-        Ok(v as u64)
-    };
-    let interval =
-        |value: Option<f64>, name: &'static str, needed_by: &str| -> Result<u64, Invalid> {
-            let v = value.ok_or_else(|| (field(name), format!("{needed_by} needs `{name}`")))?;
-            if v.is_nan() || v <= 0.0 || v > 1_000_000.0 {
-                return Err((
-                    field(name),
-                    format!("must be more than 0 and at most 1000000 per second (got {v})"),
-                ));
-            }
-            // Rounded up so the configured rate is never exceeded.
-            Ok((1_000_000.0 / v).ceil() as u64)
-        };
-    let window_us = |needed_by: &str| -> Result<u64, Invalid> {
-        let text = window
-            .as_ref()
-            .ok_or_else(|| (field("window"), format!("{needed_by} needs `window`")))?;
-        let d = duration::parse(text).map_err(|m| (field("window"), m))?;
-        if d < Duration::from_millis(1) {
-            return Err((field("window"), "must be at least 1ms".into()));
-        }
-        Ok(d.as_micros() as u64)
-    };
-    let unexpected = |present: &[(&'static str, bool)], by: &str| -> Result<(), Invalid> {
-        match present.iter().find(|(_, p)| *p) {
-            Some((name, _)) => Err((field(name), format!("`{name}` does not apply to {by}"))),
-            None => Ok(()),
-        }
-    };
-    let by = match algorithm {
-        AlgorithmName::TokenBucket => "token_bucket",
-        AlgorithmName::LeakyBucket => "leaky_bucket",
-        AlgorithmName::FixedWindow => "fixed_window",
-        AlgorithmName::SlidingWindow => "sliding_window",
-        AlgorithmName::SlidingLog => "sliding_log",
-    };
-    let result = match algorithm {
-        AlgorithmName::TokenBucket => {
-            unexpected(
-                &[
-                    ("limit", own.limit.is_some()),
-                    ("window", own.window.is_some()),
-                    ("rate", own.rate.is_some()),
-                ],
-                by,
-            )?;
-            Algorithm::TokenBucket {
-                capacity: whole(capacity, "capacity", by)?,
-                interval_us: interval(refill_rate, "refill_rate", by)?,
-            }
-        }
-        AlgorithmName::LeakyBucket => {
-            unexpected(
-                &[
-                    ("limit", own.limit.is_some()),
-                    ("window", own.window.is_some()),
-                    ("refill_rate", own.refill_rate.is_some()),
-                ],
-                by,
-            )?;
-            Algorithm::LeakyBucket {
-                capacity: whole(capacity, "capacity", by)?,
-                interval_us: interval(rate, "rate", by)?,
-            }
-        }
-        AlgorithmName::FixedWindow | AlgorithmName::SlidingWindow | AlgorithmName::SlidingLog => {
-            unexpected(
-                &[
-                    ("capacity", own.capacity.is_some()),
-                    ("refill_rate", own.refill_rate.is_some()),
-                    ("rate", own.rate.is_some()),
-                ],
-                by,
-            )?;
-            let limit = whole(limit, "limit", by)?;
-            let window_us = window_us(by)?;
-            match algorithm {
-                AlgorithmName::FixedWindow => Algorithm::FixedWindow { limit, window_us },
-                AlgorithmName::SlidingWindow => Algorithm::SlidingWindow { limit, window_us },
-                _ => {
-                    if limit > MAX_SLIDING_LOG {
-                        return Err((
-                            field("limit"),
-                            format!("sliding_log keeps one stamp per request; use at most {MAX_SLIDING_LOG} (or sliding_window)"),
-                        ));
-                    }
-                    Algorithm::SlidingLog { limit, window_us }
-                }
-            }
-        }
-    };
-    // The scripts compute in doubles: every product, added to a timestamp,
-    // must stay exact.
-    let (product, name) = match result {
-        Algorithm::TokenBucket { .. } | Algorithm::LeakyBucket { .. } => {
-            (Some(result.window_us()), "capacity")
-        }
-        _ => (result.quota().checked_mul(result.window_us()), "limit"),
-    };
-    if product.is_none_or(|p| p > MAX_EXACT / 4) {
+    if let Some(&foreign) = Parameter::ALL
+        .iter()
+        .find(|&&p| p != spec.quota && p != spec.period && own.has(p))
+    {
         return Err((
-            field(name),
-            "too large: the quota times its window in microseconds must stay below 2^51".into(),
+            field(foreign),
+            format!("`{}` does not apply to {}", foreign.name(), spec.name),
         ));
     }
-    Ok(result)
+    let needed = |parameter: Parameter| {
+        (
+            field(parameter),
+            format!("{} needs `{}`", spec.name, parameter.name()),
+        )
+    };
+    let number = |parameter: Parameter| {
+        own.number(parameter)
+            .or_else(|| base.and_then(|b| b.number(parameter)))
+            .ok_or_else(|| needed(parameter))
+    };
+    let quota = number(spec.quota)?;
+    if quota.fract() != 0.0 || quota < 1.0 || quota > MAX_EXACT as f64 {
+        return Err((
+            field(spec.quota),
+            format!("must be a whole number of at least 1 (got {quota})"),
+        ));
+    }
+    let period_us = if spec.period == Parameter::Window {
+        let text = own
+            .window
+            .as_ref()
+            .or_else(|| base.and_then(|b| b.window.as_ref()))
+            .ok_or_else(|| needed(Parameter::Window))?;
+        let window = duration::parse(text).map_err(|m| (field(Parameter::Window), m))?;
+        if window < Duration::from_millis(1) {
+            return Err((field(Parameter::Window), "must be at least 1ms".into()));
+        }
+        window.as_micros() as u64
+    } else {
+        let per_second = number(spec.period)?;
+        if per_second.is_nan() || per_second <= 0.0 || per_second > 1_000_000.0 {
+            return Err((
+                field(spec.period),
+                format!("must be more than 0 and at most 1000000 per second (got {per_second})"),
+            ));
+        }
+        // Rounded up so the configured rate is never exceeded.
+        (1_000_000.0 / per_second).ceil() as u64
+    };
+    Algorithm::new(algorithm.0, quota as u64, period_us)
+        .map_err(|e| (field(spec.quota), e.to_string()))
 }
 
 #[cfg(test)]

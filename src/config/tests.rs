@@ -38,17 +38,11 @@ fn full_example_resolves_every_key() {
     let per_account = &c.policy.limits[1];
     assert_eq!(
         per_account.algorithm_for("pro"),
-        Algorithm::TokenBucket {
-            capacity: 500,
-            interval_us: 20_000
-        }
+        Algorithm::token_bucket(500, 20_000).expect("valid numbers")
     );
     assert_eq!(
         per_account.algorithm_for("free"),
-        Algorithm::TokenBucket {
-            capacity: 100,
-            interval_us: 100_000
-        }
+        Algorithm::token_bucket(100, 100_000).expect("valid numbers")
     );
     let login = &c.policy.limits[2];
     assert_eq!(login.on_failure, Some(OnFailure::Deny));

@@ -1,17 +1,21 @@
-//! Remembers, per layer key, that Redis refused a request until some instant,
-//! so that the client's further requests are refused locally until then,
-//! without a Redis call.
+//! A store that remembers, per layer key, that the store under it refused a
+//! request until some instant, so that the client's further requests are
+//! refused at once until then, without asking the store.
 //!
-//! This gives the answer Redis would give: a refusal changes no state, other
-//! clients' traffic can only push the instant later, and a request costing at
-//! least as much cannot pass earlier. An entry applies only to the same
-//! algorithm and numbers, so a reload that changes a limit bypasses it.
+//! This gives the answer the store would give: a refusal changes no state,
+//! other clients' traffic can only push the instant later, and a request
+//! costing at least as much cannot pass earlier. An entry applies only to the
+//! same algorithm and numbers, so a reload that changes a limit bypasses it.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
+use async_trait::async_trait;
+
+use super::{Check, Deciding, LimiterError, Store};
 use crate::algorithm::{Algorithm, Decision};
-use crate::policy::{Check, StateKey};
+use crate::clock::Clock;
+use crate::identity::StateKey;
 
 const SHARDS: usize = 16;
 
@@ -22,17 +26,21 @@ struct Refusal {
     algorithm: Algorithm,
 }
 
-pub struct DenyCache {
+pub struct KnownRefusals<S> {
+    inner: S,
     shards: Vec<Mutex<HashMap<StateKey, Refusal>>>,
     per_shard: usize,
+    clock: Arc<dyn Clock>,
 }
 
-impl DenyCache {
+impl<S: Store> KnownRefusals<S> {
     /// Holds at most about `capacity` keys.
-    pub fn new(capacity: usize) -> Self {
-        DenyCache {
+    pub fn new(inner: S, capacity: usize, clock: Arc<dyn Clock>) -> Self {
+        KnownRefusals {
+            inner,
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             per_shard: (capacity / SHARDS).max(1),
+            clock,
         }
     }
 
@@ -40,8 +48,8 @@ impl DenyCache {
         &self.shards[key.shard(SHARDS)]
     }
 
-    /// The refusal Redis would give `check` at `now_us`, if one is known.
-    pub fn refusal(&self, check: &Check, now_us: u64) -> Option<Decision> {
+    /// The refusal the store would give `check` at `now_us`, if one is known.
+    fn refusal(&self, check: &Check, now_us: u64) -> Option<Decision> {
         if check.shadow {
             return None;
         }
@@ -52,22 +60,38 @@ impl DenyCache {
             && known.algorithm == check.algorithm;
         applies.then(|| {
             let wait_us = known.until_us - now_us;
-            Decision {
-                allowed: false,
-                cost_exceeds_limit: false,
-                limit: check.algorithm.quota(),
-                remaining: 0,
-                reset_after_us: wait_us,
-                retry_after_us: wait_us,
-                delay_us: 0,
-            }
+            Decision::refused(check.algorithm.quota(), 0, wait_us, wait_us)
         })
     }
 
-    /// Records Redis's refusals among `decisions`.
-    pub fn remember(&self, checks: &[Check], decisions: &[Decision], now_us: u64) {
+    /// Decisions for a request one of whose layers the store is known to
+    /// refuse still: that layer refuses, the others are reported as open
+    /// (nothing is charged, as the store would charge nothing).
+    fn known_refusal(&self, checks: &[Check], now_us: u64) -> Option<Vec<Decision>> {
+        // Most requests have no known refusal: look before building anything.
+        let (at, refusal) = checks
+            .iter()
+            .enumerate()
+            .find_map(|(i, c)| Some((i, self.refusal(c, now_us)?)))?;
+        Some(
+            checks
+                .iter()
+                .enumerate()
+                .map(|(i, c)| match i.cmp(&at) {
+                    std::cmp::Ordering::Less => open_decision(c),
+                    std::cmp::Ordering::Equal => refusal,
+                    std::cmp::Ordering::Greater => {
+                        self.refusal(c, now_us).unwrap_or_else(|| open_decision(c))
+                    }
+                })
+                .collect(),
+        )
+    }
+
+    /// Records the store's refusals among `decisions`.
+    fn remember(&self, checks: &[Check], decisions: &[Decision], now_us: u64) {
         for (check, d) in checks.iter().zip(decisions) {
-            if check.shadow || d.allowed || d.cost_exceeds_limit || d.retry_after_us == 0 {
+            if check.shadow || d.retry_after_us() == 0 {
                 continue;
             }
             let Ok(mut shard) = self.shard(&check.key).lock() else {
@@ -77,18 +101,168 @@ impl DenyCache {
                 shard.retain(|_, r| r.until_us > now_us);
                 if shard.len() >= self.per_shard {
                     // Still full of live refusals: forgetting them only costs
-                    // Redis calls, never a wrong answer.
+                    // store calls, never a wrong answer.
                     shard.clear();
                 }
             }
             shard.insert(
                 check.key,
                 Refusal {
-                    until_us: now_us + d.retry_after_us,
+                    until_us: now_us + d.retry_after_us(),
                     cost: check.cost,
                     algorithm: check.algorithm,
                 },
             );
         }
+    }
+
+    fn forget(&self, checks: &[Check]) {
+        for check in checks {
+            if let Ok(mut shard) = self.shard(&check.key).lock() {
+                shard.remove(&check.key);
+            }
+        }
+    }
+}
+
+/// Admitted, nothing known about the quota's use.
+pub(super) fn open_decision(check: &Check) -> Decision {
+    let quota = check.algorithm.quota();
+    Decision::admitted(quota, quota.saturating_sub(check.cost), 0)
+}
+
+#[async_trait]
+impl<S: Store> Store for KnownRefusals<S> {
+    async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
+        let now_us = self.clock.now_us();
+        if let Some(known) = self.known_refusal(checks, now_us) {
+            return Ok(known);
+        }
+        let decisions = self.inner.decide(checks).await?;
+        self.remember(checks, &decisions, now_us);
+        Ok(decisions)
+    }
+
+    async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
+        self.inner.peek(checks).await
+    }
+
+    async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
+        self.forget(checks);
+        self.inner.reset(checks).await
+    }
+
+    async fn probe(&self) -> Result<(), LimiterError> {
+        self.inner.probe().await
+    }
+
+    fn deciding(&self) -> Deciding {
+        self.inner.deciding()
+    }
+
+    fn keys_held(&self) -> usize {
+        self.inner.keys_held()
+    }
+
+    fn sweep(&self) -> usize {
+        self.inner.sweep()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::limiter::fake::{check, FakeStore, SEC, T0};
+
+    fn cached(
+        capacity: usize,
+    ) -> (
+        Arc<ManualClock>,
+        Arc<FakeStore>,
+        KnownRefusals<Arc<FakeStore>>,
+    ) {
+        let clock = Arc::new(ManualClock::new(T0));
+        let store = Arc::new(FakeStore::new(clock.clone()));
+        let cache = KnownRefusals::new(store.clone(), capacity, clock.clone());
+        (clock, store, cache)
+    }
+
+    #[tokio::test]
+    async fn a_refused_client_is_refused_without_the_store_until_its_retry_time() {
+        let (clock, store, cache) = cached(1000);
+        let login = [check(0, 2, 7, 1)];
+        for _ in 0..2 {
+            assert!(cache.decide(&login).await.expect("decided")[0].allowed());
+        }
+        let refused = cache.decide(&login).await.expect("decided")[0];
+        assert!(!refused.allowed());
+        let calls = store.decisions();
+        // Half way to the retry time: refused, with the wait shrunk, by the cache.
+        clock.advance(refused.retry_after_us() / 2);
+        let again = cache.decide(&login).await.expect("decided")[0];
+        assert!(!again.allowed());
+        assert_eq!(
+            again.retry_after_us(),
+            refused.retry_after_us() - refused.retry_after_us() / 2
+        );
+        assert_eq!(store.decisions(), calls, "the store was not asked");
+        // At the retry time the entry has expired: the store decides, and admits.
+        clock.set(T0 + refused.retry_after_us());
+        assert!(cache.decide(&login).await.expect("decided")[0].allowed());
+        assert_eq!(store.decisions(), calls + 1);
+    }
+
+    #[tokio::test]
+    async fn a_cheaper_request_or_a_changed_limit_asks_the_store() {
+        let (_, store, cache) = cached(1000);
+        let costly = [check(0, 4, 7, 3)];
+        cache.decide(&costly).await.expect("decided");
+        assert!(!cache.decide(&costly).await.expect("decided")[0].allowed());
+        let calls = store.decisions();
+        // Cost 1 may still pass: the store is asked.
+        assert!(cache.decide(&[check(0, 4, 7, 1)]).await.expect("decided")[0].allowed());
+        assert_eq!(store.decisions(), calls + 1);
+        // The same key under other numbers (a reload): asked too.
+        cache.decide(&[check(0, 5, 7, 3)]).await.expect("decided");
+        assert_eq!(store.decisions(), calls + 2);
+    }
+
+    #[tokio::test]
+    async fn a_reset_forgets_the_refusal() {
+        let (_, _, cache) = cached(1000);
+        let login = [check(0, 1, 7, 1)];
+        cache.decide(&login).await.expect("decided");
+        assert!(!cache.decide(&login).await.expect("decided")[0].allowed());
+        cache.reset(&login).await.expect("reset");
+        assert!(cache.decide(&login).await.expect("decided")[0].allowed());
+    }
+
+    #[tokio::test]
+    async fn a_full_cache_forgets_rather_than_answers_wrongly() {
+        let (clock, store, cache) = cached(SHARDS);
+        // One refusal per identity, far more identities than room.
+        for identity in 0..200u128 {
+            let one = [check(0, 1, identity, 1)];
+            cache.decide(&one).await.expect("decided");
+            assert!(!cache.decide(&one).await.expect("decided")[0].allowed());
+        }
+        let held: usize = cache
+            .shards
+            .iter()
+            .map(|s| s.lock().expect("shard").len())
+            .sum();
+        assert!(held <= SHARDS, "{held} entries");
+        // After the window every identity is admitted again, cached or not.
+        clock.advance(SEC);
+        let calls = store.decisions();
+        for identity in 0..200u128 {
+            assert!(cache
+                .decide(&[check(0, 1, identity, 1)])
+                .await
+                .expect("decided")[0]
+                .allowed());
+        }
+        assert_eq!(store.decisions(), calls + 200);
     }
 }

@@ -1,105 +1,102 @@
-//! Redis with a way out: a deadline on every call, a circuit breaker, and the
-//! per-limit `on_failure` when Redis cannot decide.
+//! A shared store with a way out: a circuit breaker, and the per-limit
+//! `on_failure` when the store cannot decide.
 //!
-//! Closed (Redis answers): every request is decided by Redis. The first
-//! failure (timeout, refused or reset connection, error reply) opens the
-//! breaker: from then on requests are decided at once without touching Redis,
-//! and one background task probes Redis until it answers, then closes the
-//! breaker. The probe runs the decision script with a write, so a Redis that
-//! answers but refuses writes keeps the breaker open. Each transition is
-//! logged once, and at most one open/close pair per `LOG_PAIR_EVERY`: the
-//! flaps in between are counted and reported with the next pair. A request
-//! never waits on a reconnect: the only Redis wait on the request path is the
-//! call that fails, bounded by `[redis].timeout`.
+//! Closed (the store answers): every request is decided by the store. The
+//! first failure (timeout, refused or reset connection, error reply) opens
+//! the breaker: from then on requests are decided at once without touching
+//! the store, and one background task probes the store until it answers,
+//! then closes the breaker. The probe writes, so a store that answers but
+//! refuses writes keeps the breaker open. Each transition is logged once, and
+//! at most one open/close pair per `LOG_PAIR_EVERY`: the flaps in between
+//! are counted and reported with the next pair. A request never waits on a
+//! reconnect: the only wait on the request path is the call that fails,
+//! bounded by the store's own deadline.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use log::{info, warn};
 
-use super::deny_cache::DenyCache;
-use super::{Limiter, LimiterError, LocalLimiter, RedisLimiter};
+use super::deny_cache::open_decision;
+use super::{Check, Deciding, LimiterError, MemoryStore, OnFailure, Store};
 use crate::algorithm::Decision;
 use crate::clock::Clock;
 use crate::metrics::RedisMetrics;
-use crate::policy::{Check, OnFailure};
 
-/// How often an open breaker asks Redis whether it is back.
+/// How often an open breaker asks the store whether it is back.
 const PROBE_EVERY: Duration = Duration::from_millis(250);
 
 /// At most one logged open/close pair per this long.
-const LOG_PAIR_EVERY: Duration = Duration::from_secs(10);
+const LOG_PAIR_EVERY_US: u64 = 10_000_000;
 
 /// What a fail-closed layer tells the client to wait: about one probe.
 const DENY_RETRY_US: u64 = 1_000_000;
 
-struct Inner {
-    redis: RedisLimiter,
-    local: Arc<LocalLimiter>,
+struct Inner<S> {
+    shared: S,
+    local: Arc<MemoryStore>,
     instances: u64,
     open: AtomicBool,
     probing: AtomicBool,
-    opened_at: Mutex<Option<Instant>>,
+    opened_at_us: AtomicU64,
     /// When the last logged opening was, and whether the current opening
     /// was logged (its closing is logged only if so).
-    last_logged_open: Mutex<Option<Instant>>,
+    last_logged_open_us: Mutex<Option<u64>>,
     open_logged: AtomicBool,
     suppressed_flaps: AtomicU64,
     metrics: RedisMetrics,
-    deny_cache: DenyCache,
     clock: Arc<dyn Clock>,
 }
 
-pub struct FallbackLimiter {
-    inner: Arc<Inner>,
+pub struct Fallback<S> {
+    inner: Arc<Inner<S>>,
 }
 
-impl FallbackLimiter {
+impl<S: Store + 'static> Fallback<S> {
+    /// `shared` decides while it answers; `local` holds the in-process state
+    /// of `on_failure = "local"` layers, each limit divided by `instances`.
     pub fn new(
-        redis: RedisLimiter,
-        local: Arc<LocalLimiter>,
+        shared: S,
+        local: Arc<MemoryStore>,
         instances: u64,
         metrics: RedisMetrics,
         clock: Arc<dyn Clock>,
     ) -> Self {
-        FallbackLimiter {
+        Fallback {
             inner: Arc::new(Inner {
-                redis,
+                shared,
                 local,
                 instances,
                 open: AtomicBool::new(false),
                 probing: AtomicBool::new(false),
-                opened_at: Mutex::new(None),
-                last_logged_open: Mutex::new(None),
+                opened_at_us: AtomicU64::new(0),
+                last_logged_open_us: Mutex::new(None),
                 open_logged: AtomicBool::new(false),
                 suppressed_flaps: AtomicU64::new(0),
                 metrics,
-                deny_cache: DenyCache::new(100_000),
                 clock,
             }),
         }
     }
 
-    /// True while decisions are made without Redis.
+    /// True while decisions are made without the shared store.
     pub fn degraded(&self) -> bool {
         self.inner.open.load(Ordering::Acquire)
     }
 }
 
-impl Inner {
+impl<S: Store + 'static> Inner<S> {
     fn trip(self: &Arc<Self>, error: &LimiterError) {
         self.metrics.failures.inc();
         if !self.open.swap(true, Ordering::AcqRel) {
-            let now = Instant::now();
-            if let Ok(mut at) = self.opened_at.lock() {
-                *at = Some(now);
-            }
-            let log = self.last_logged_open.lock().is_ok_and(|mut last| {
-                let due = last.is_none_or(|t| now.duration_since(t) >= LOG_PAIR_EVERY);
+            let now_us = self.clock.now_us();
+            self.opened_at_us.store(now_us, Ordering::Release);
+            let log = self.last_logged_open_us.lock().is_ok_and(|mut last| {
+                let due = last.is_none_or(|t| now_us.saturating_sub(t) >= LOG_PAIR_EVERY_US);
                 if due {
-                    *last = Some(now);
+                    *last = Some(now_us);
                 }
                 due
             });
@@ -130,45 +127,48 @@ impl Inner {
             tokio::time::sleep(PROBE_EVERY).await;
             // Loads the script too, so the first request after a restart
             // finds it there.
-            match self.redis.probe().await {
+            match self.shared.probe().await {
                 Ok(()) => break,
-                Err(_) => {
-                    self.metrics.failures.inc();
-                }
+                Err(_) => self.metrics.failures.inc(),
             }
         }
-        let down_for = self
-            .opened_at
-            .lock()
-            .ok()
-            .and_then(|mut at| at.take())
-            .map_or(Duration::ZERO, |t| t.elapsed());
+        let down_us = self
+            .clock
+            .now_us()
+            .saturating_sub(self.opened_at_us.load(Ordering::Acquire));
         self.open.store(false, Ordering::Release);
         self.probing.store(false, Ordering::Release);
         if self.open_logged.load(Ordering::Acquire) {
             info!(
                 "Redis answers again after {:.1}s: decisions are back on Redis",
-                down_for.as_secs_f64()
+                down_us as f64 / 1e6
             );
         }
     }
 
-    /// Decides without Redis, layer by layer as `on_failure` says, still
-    /// all-or-nothing: a layer that fails closed charges nothing locally.
-    fn decide_without_redis(&self, checks: &[Check]) -> Vec<Decision> {
-        self.metrics.fallback_decisions.inc();
-        let closed = checks
-            .iter()
-            .any(|c| !c.shadow && c.on_failure == OnFailure::Deny);
-        let local_checks: Vec<Check> = checks
+    /// The `on_failure = "local"` layers, each with this instance's share of
+    /// its limit.
+    fn local_share(&self, checks: &[Check]) -> Vec<Check> {
+        checks
             .iter()
             .filter(|c| c.on_failure == OnFailure::Local)
             .map(|c| Check {
                 algorithm: c.algorithm.divided(self.instances),
                 ..c.clone()
             })
-            .collect();
-        let mut local_decisions = if closed {
+            .collect()
+    }
+
+    /// Decides without the shared store, layer by layer as `on_failure`
+    /// says, still all-or-nothing: a layer that fails closed charges nothing
+    /// locally.
+    fn decide_without_shared(&self, checks: &[Check]) -> Vec<Decision> {
+        self.metrics.fallback_decisions.inc();
+        let closed = checks
+            .iter()
+            .any(|c| !c.shadow && c.on_failure == OnFailure::Deny);
+        let local_checks = self.local_share(checks);
+        let local_decisions = if closed {
             // Nothing is charged when the request is refused anyway.
             local_checks
                 .iter()
@@ -180,93 +180,223 @@ impl Inner {
                 .collect()
         } else {
             self.local.decide_now(&local_checks)
-        }
-        .into_iter();
-        checks
-            .iter()
-            .map(|c| match c.on_failure {
-                OnFailure::Local => local_decisions.next().unwrap_or_else(|| open_decision(c)),
-                OnFailure::Allow => open_decision(c),
-                OnFailure::Deny => Decision {
-                    allowed: false,
-                    cost_exceeds_limit: false,
-                    limit: c.algorithm.quota(),
-                    remaining: 0,
-                    reset_after_us: DENY_RETRY_US,
-                    retry_after_us: DENY_RETRY_US,
-                    delay_us: 0,
-                },
-            })
-            .collect()
+        };
+        by_on_failure(checks, local_decisions)
     }
 }
 
-impl Inner {
-    /// Decisions for a request one of whose layers Redis is known to refuse
-    /// still: that layer refuses, the others are reported unchanged (nothing
-    /// is charged, as Redis would charge nothing).
-    fn known_refusal(&self, checks: &[Check], now_us: u64) -> Option<Vec<Decision>> {
-        // Most requests have no known refusal: look before building anything.
-        let (at, refusal) = checks
-            .iter()
-            .enumerate()
-            .find_map(|(i, c)| Some((i, self.deny_cache.refusal(c, now_us)?)))?;
-        Some(
-            checks
-                .iter()
-                .enumerate()
-                .map(|(i, c)| match i.cmp(&at) {
-                    std::cmp::Ordering::Less => open_decision(c),
-                    std::cmp::Ordering::Equal => refusal,
-                    std::cmp::Ordering::Greater => self
-                        .deny_cache
-                        .refusal(c, now_us)
-                        .unwrap_or_else(|| open_decision(c)),
-                })
-                .collect(),
-        )
-    }
-}
-
-/// Fail open: admitted, nothing known about the quota's use.
-fn open_decision(check: &Check) -> Decision {
-    Decision {
-        allowed: true,
-        cost_exceeds_limit: false,
-        limit: check.algorithm.quota(),
-        remaining: check.algorithm.quota().saturating_sub(check.cost),
-        reset_after_us: 0,
-        retry_after_us: 0,
-        delay_us: 0,
-    }
+/// Each layer's answer as its `on_failure` says, given the local decisions
+/// of the `local` layers, in order.
+fn by_on_failure(checks: &[Check], local: Vec<Decision>) -> Vec<Decision> {
+    let mut local = local.into_iter();
+    checks
+        .iter()
+        .map(|c| match c.on_failure {
+            OnFailure::Local => local.next().unwrap_or_else(|| open_decision(c)),
+            OnFailure::Allow => open_decision(c),
+            OnFailure::Deny => {
+                Decision::refused(c.algorithm.quota(), 0, DENY_RETRY_US, DENY_RETRY_US)
+            }
+        })
+        .collect()
 }
 
 #[async_trait]
-impl Limiter for FallbackLimiter {
+impl<S: Store + 'static> Store for Fallback<S> {
     async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
         if self.degraded() {
-            return Ok(self.inner.decide_without_redis(checks));
+            return Ok(self.inner.decide_without_shared(checks));
         }
-        let now_us = self.inner.clock.now_us();
-        if let Some(known) = self.inner.known_refusal(checks, now_us) {
-            return Ok(known);
-        }
-        let timer = self.inner.metrics.call_seconds.start_timer();
-        let result = self.inner.redis.decide(checks).await;
-        timer.observe_duration();
-        match result {
-            Ok(decisions) => {
-                self.inner.deny_cache.remember(checks, &decisions, now_us);
-                Ok(decisions)
-            }
+        match self.inner.shared.decide(checks).await {
+            Ok(decisions) => Ok(decisions),
             Err(e) => {
                 self.inner.trip(&e);
-                Ok(self.inner.decide_without_redis(checks))
+                Ok(self.inner.decide_without_shared(checks))
             }
+        }
+    }
+
+    async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
+        if self.degraded() {
+            let local = self.inner.local_share(checks);
+            let now_us = self.inner.clock.now_us();
+            let local = self.inner.local.peek_at(&local, now_us);
+            return Ok(by_on_failure(checks, local));
+        }
+        self.inner.shared.peek(checks).await
+    }
+
+    /// Resets both: the shared state, and what was decided locally while
+    /// the shared store was away.
+    async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
+        self.inner.local.forget(checks);
+        self.inner.shared.reset(checks).await
+    }
+
+    async fn probe(&self) -> Result<(), LimiterError> {
+        self.inner.shared.probe().await
+    }
+
+    fn deciding(&self) -> Deciding {
+        if self.degraded() {
+            Deciding::Fallback
+        } else {
+            self.inner.shared.deciding()
         }
     }
 
     fn keys_held(&self) -> usize {
         self.inner.local.len()
+    }
+
+    fn sweep(&self) -> usize {
+        self.inner.local.sweep()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::limiter::fake::{check, FakeStore, T0};
+    use crate::metrics::Metrics;
+
+    struct Rig {
+        clock: Arc<ManualClock>,
+        shared: Arc<FakeStore>,
+        fallback: Fallback<Arc<FakeStore>>,
+        metrics: Metrics,
+    }
+
+    fn rig(instances: u64) -> Rig {
+        let clock = Arc::new(ManualClock::new(T0));
+        let shared = Arc::new(FakeStore::new(clock.clone()));
+        let metrics = Metrics::new();
+        let local = Arc::new(MemoryStore::new(1000, clock.clone()));
+        let fallback = Fallback::new(
+            shared.clone(),
+            local,
+            instances,
+            metrics.redis.clone(),
+            clock.clone(),
+        );
+        Rig {
+            clock,
+            shared,
+            fallback,
+            metrics,
+        }
+    }
+
+    fn with(mut c: Check, on_failure: OnFailure) -> Check {
+        c.on_failure = on_failure;
+        c
+    }
+
+    /// Lets the probe task run until the breaker closes, on paused time.
+    async fn until_closed(fallback: &Fallback<Arc<FakeStore>>) {
+        while fallback.degraded() {
+            tokio::time::sleep(PROBE_EVERY).await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_timeout_opens_the_breaker_and_the_store_is_not_asked_while_open() {
+        let rig = rig(1);
+        let layer = [check(0, 10, 1, 1)];
+        assert!(rig.fallback.decide(&layer).await.expect("decided")[0].allowed());
+        assert_eq!(rig.fallback.deciding(), Deciding::Redis);
+        rig.shared
+            .fail_with(LimiterError::Timeout(Duration::from_millis(50)));
+        let decided = rig
+            .fallback
+            .decide(&layer)
+            .await
+            .expect("decided by on_failure");
+        assert!(decided[0].allowed(), "on_failure = local admits");
+        assert_eq!(rig.fallback.deciding(), Deciding::Fallback);
+        let asked = rig.shared.decisions();
+        for _ in 0..5 {
+            rig.fallback.decide(&layer).await.expect("decided");
+        }
+        assert_eq!(rig.shared.decisions(), asked, "an open breaker asks nobody");
+        assert_eq!(rig.metrics.redis.fallback_decisions.get(), 6);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_error_reply_opens_it_too() {
+        let rig = rig(1);
+        let reply = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+            "READONLY",
+        ));
+        rig.shared
+            .fail_with(LimiterError::Rejected(Arc::new(reply)));
+        rig.fallback
+            .decide(&[check(0, 10, 1, 1)])
+            .await
+            .expect("decided");
+        assert!(rig.fallback.degraded());
+        assert_eq!(rig.metrics.redis.failures.get(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_probe_closes_the_breaker_once_the_store_answers() {
+        let rig = rig(1);
+        rig.shared.fail_with(LimiterError::Timeout(Duration::ZERO));
+        rig.fallback
+            .decide(&[check(0, 10, 1, 1)])
+            .await
+            .expect("decided");
+        // Failing probes keep it open.
+        tokio::time::sleep(PROBE_EVERY * 4).await;
+        assert!(rig.fallback.degraded());
+        assert!(rig.shared.probes() >= 3, "{} probes", rig.shared.probes());
+        rig.clock.advance(5_000_000);
+        rig.shared.recover();
+        until_closed(&rig.fallback).await;
+        assert_eq!(rig.fallback.deciding(), Deciding::Redis);
+        let asked = rig.shared.decisions();
+        rig.fallback
+            .decide(&[check(0, 10, 1, 1)])
+            .await
+            .expect("decided");
+        assert_eq!(
+            rig.shared.decisions(),
+            asked + 1,
+            "back on the shared store"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_layer_fails_as_its_on_failure_says() {
+        let rig = rig(2);
+        rig.shared.fail_with(LimiterError::Timeout(Duration::ZERO));
+        // local: the limit divided by the instances (4 of 8 here).
+        let local = [with(check(0, 8, 1, 1), OnFailure::Local)];
+        let mut admitted = 0;
+        for _ in 0..10 {
+            if rig.fallback.decide(&local).await.expect("decided")[0].allowed() {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 4);
+        // allow: admitted whatever; deny: refused, retry about one probe.
+        let open = [with(check(1, 1, 1, 5), OnFailure::Allow)];
+        assert!(rig.fallback.decide(&open).await.expect("decided")[0].allowed());
+        let closed = [
+            with(check(2, 8, 1, 1), OnFailure::Local),
+            with(check(3, 8, 1, 1), OnFailure::Deny),
+        ];
+        let d = rig.fallback.decide(&closed).await.expect("decided");
+        assert!(d[0].allowed() && !d[1].allowed());
+        assert_eq!(d[1].retry_after_us(), DENY_RETRY_US);
+        // The refused request charged nothing locally.
+        let peeked = rig.fallback.peek(&closed[..1]).await.expect("peeked");
+        assert_eq!(
+            peeked[0].remaining(),
+            3,
+            "4 per instance, this request's 1 not charged"
+        );
     }
 }

@@ -1,54 +1,130 @@
-//! The `Limiter` interface: decide all layers of one request at once.
+//! Limit state and the decisions made on it, behind one interface.
+//!
+//! `Store` is what every store implements: the memory store, Redis
+//! standalone and Redis Cluster. The known-refusals cache and the fallback
+//! (circuit breaker plus `on_failure`) are stores too, each wrapping another,
+//! so the proxy holds one `Arc<dyn Store>` whatever the configuration:
+//!
+//! ```text
+//! memory:  MemoryStore
+//! redis:   Fallback<KnownRefusals<RedisStandalone | RedisCluster>> (+ a MemoryStore for on_failure = "local")
+//! ```
 
-mod batch;
+mod check;
 mod deny_cache;
-pub mod fallback;
-pub mod local;
+mod fallback;
+mod memory;
 pub mod redis;
 
+#[cfg(test)]
+mod fake;
+
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
 use crate::algorithm::Decision;
-use crate::policy::Check;
 
-pub use self::redis::RedisLimiter;
-pub use fallback::FallbackLimiter;
-pub use local::LocalLimiter;
+pub use check::{admitted, Check, LimitName, OnFailure};
+pub use deny_cache::KnownRefusals;
+pub use fallback::Fallback;
+pub use memory::MemoryStore;
+pub use redis::{ClockSource, RedisCluster, RedisSettings, RedisStandalone};
 
-/// Why a limiter could not decide. The request is then decided by the
+/// Why a store could not answer. A request is then decided by the
 /// configured `on_failure`, never left waiting.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum LimiterError {
-    #[error("store did not answer within {0:?}")]
+    #[error("no answer within {0:?}")]
     Timeout(Duration),
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
-    #[error("store answered with an error: {0}")]
-    Store(String),
+    #[error("cannot reach Redis: {0}")]
+    Connection(#[source] Arc<::redis::RedisError>),
+    #[error("Redis answered with an error: {0}")]
+    Rejected(#[source] Arc<::redis::RedisError>),
+    #[error("the script's reply does not parse: {0:?}")]
+    UnparsableReply(Box<str>),
+    #[error("the script answered {values} values for {layers} layers")]
+    WrongReplyLength { values: usize, layers: usize },
+    #[error("the Redis batch task has stopped")]
+    Stopped,
 }
 
-/// Decides the layers of one request.
+/// Which store makes the decisions right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deciding {
+    Memory,
+    Redis,
+    /// Redis is configured but away: `on_failure` decides.
+    Fallback,
+}
+
+impl Deciding {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Deciding::Memory => "memory",
+            Deciding::Redis => "redis",
+            Deciding::Fallback => "fallback",
+        }
+    }
+}
+
+/// Limit state, wherever it lives.
 ///
-/// Contract: returns one decision per check, in order, and applies them
+/// Contract for `decide`: one decision per check, in order, applied
 /// all-or-nothing: if any enforcing (non-shadow) check refuses, no layer is
 /// charged. Shadow checks never refuse the request; one that would have
 /// refused is not charged, one that admits is charged with the rest.
 #[async_trait]
-pub trait Limiter: Send + Sync {
+pub trait Store: Send + Sync {
+    /// Decides and charges a request's layers.
     async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError>;
+
+    /// What `decide` would answer now, charging nothing: a request checked
+    /// before its cost is known, or one identity's state read (cost 0).
+    async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError>;
+
+    /// Forgets these layers' state: the identity starts afresh.
+    async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError>;
+
+    /// Whether the store can decide: a write, so that a store that answers
+    /// but cannot write fails it.
+    async fn probe(&self) -> Result<(), LimiterError>;
+
+    fn deciding(&self) -> Deciding;
 
     /// Keys whose state this process holds (0 for a remote store).
     fn keys_held(&self) -> usize {
         0
     }
+
+    /// Drops in-process state that has gone idle; returns how many keys went.
+    fn sweep(&self) -> usize {
+        0
+    }
 }
 
-/// True when no enforcing layer refused.
-pub fn admitted(checks: &[Check], decisions: &[Decision]) -> bool {
-    checks
-        .iter()
-        .zip(decisions)
-        .all(|(c, d)| c.shadow || d.allowed)
+#[async_trait]
+impl<S: Store + ?Sized> Store for Arc<S> {
+    async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
+        (**self).decide(checks).await
+    }
+    async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
+        (**self).peek(checks).await
+    }
+    async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
+        (**self).reset(checks).await
+    }
+    async fn probe(&self) -> Result<(), LimiterError> {
+        (**self).probe().await
+    }
+    fn deciding(&self) -> Deciding {
+        (**self).deciding()
+    }
+    fn keys_held(&self) -> usize {
+        (**self).keys_held()
+    }
+    fn sweep(&self) -> usize {
+        (**self).sweep()
+    }
 }

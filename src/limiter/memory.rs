@@ -22,10 +22,10 @@ use lru::LruCache;
 use prometheus::IntCounter;
 use smallvec::SmallVec;
 
-use super::{admitted, Limiter, LimiterError};
+use super::{admitted, Check, Deciding, LimiterError, Store};
 use crate::algorithm::{Decision, Evaluation, State, Update};
 use crate::clock::Clock;
-use crate::policy::{Check, StateKey};
+use crate::identity::StateKey;
 
 const SHARDS: usize = 64;
 
@@ -44,7 +44,7 @@ struct Entry {
 
 type Shard = LruCache<StateKey, Entry>;
 
-pub struct LocalLimiter {
+pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     /// One entry per limit id, for identities that found no room. Locked
     /// after the shards, never before.
@@ -65,7 +65,7 @@ enum Home {
     Overflow,
 }
 
-impl LocalLimiter {
+impl MemoryStore {
     /// Holds at most `max_keys` keys (rounded down to a multiple of the shard
     /// count, at least one per shard).
     pub fn new(max_keys: usize, clock: Arc<dyn Clock>) -> Self {
@@ -75,7 +75,7 @@ impl LocalLimiter {
         let shards = (0..shard_count)
             .map(|_| Mutex::new(LruCache::new(per_shard)))
             .collect();
-        LocalLimiter {
+        MemoryStore {
             shards,
             overflow: Mutex::new(HashMap::new()),
             overflow_decisions: AtomicU64::new(0),
@@ -174,7 +174,7 @@ impl LocalLimiter {
         let decisions: Vec<Decision> = evaluations.iter().map(|e| e.decision).collect();
         if admitted(checks, &decisions) {
             for ((check, home), evaluation) in checks.iter().zip(&homes).zip(&evaluations) {
-                if !evaluation.decision.allowed || evaluation.update == Update::Unchanged {
+                if !evaluation.decision.allowed() || evaluation.update == Update::Unchanged {
                     continue;
                 }
                 match home {
@@ -199,6 +199,42 @@ impl LocalLimiter {
         decisions
     }
 
+    /// What `decide_at` would answer, changing nothing: a key without room
+    /// is read from its limit's overflow bucket, as it would be decided.
+    pub fn peek_at(&self, checks: &[Check], now_us: u64) -> Vec<Decision> {
+        checks
+            .iter()
+            .map(|check| {
+                let evaluate = |entry: Option<&Entry>| {
+                    let fresh;
+                    let state = match entry {
+                        Some(entry) if entry.idle_at_us > now_us => &entry.state,
+                        _ => {
+                            fresh = check.algorithm.fresh_state();
+                            &fresh
+                        }
+                    };
+                    check.algorithm.evaluate(state, now_us, check.cost).decision
+                };
+                let shard = self.lock(check.key.shard(self.shards.len()));
+                if shard.contains(&check.key) || could_make_room(&shard, now_us, checks) {
+                    evaluate(shard.peek(&check.key))
+                } else {
+                    drop(shard);
+                    evaluate(self.lock_overflow().get(&check.key.limit))
+                }
+            })
+            .collect()
+    }
+
+    /// Forgets the state of these checks' keys.
+    pub fn forget(&self, checks: &[Check]) {
+        for check in checks {
+            self.lock(check.key.shard(self.shards.len()))
+                .pop(&check.key);
+        }
+    }
+
     /// Counts overflow decisions and says so in the log at most once a minute.
     fn note_overflow(&self, checks: &[Check], homes: &[Home], count: u64, now_us: u64) {
         let total = self.overflow_decisions.fetch_add(count, Ordering::Relaxed) + count;
@@ -216,7 +252,7 @@ impl LocalLimiter {
                 .iter()
                 .zip(homes)
                 .filter(|(_, h)| **h == Home::Overflow)
-                .map(|(c, _)| &*c.name)
+                .map(|(c, _)| c.name.as_str())
                 .collect();
             warn!(
                 "memory store full of live state ([memory].max_keys): new clients share the overflow bucket of {} ({total} overflow decisions so far)",
@@ -276,6 +312,17 @@ fn make_room(shard: &mut Shard, needed: usize, now_us: u64, request: &[Check]) -
     shard.len() + needed <= cap
 }
 
+/// Whether `make_room` would find room for one more key, without dropping
+/// anything.
+fn could_make_room(shard: &Shard, now_us: u64, request: &[Check]) -> bool {
+    shard.len() < shard.cap().get()
+        || shard
+            .iter()
+            .rev()
+            .take(IDLE_SCAN)
+            .any(|(k, e)| e.idle_at_us <= now_us && !request.iter().any(|c| c.key == *k))
+}
+
 fn update(entry: &mut Entry, check: &Check, evaluation: &Evaluation, now_us: u64) {
     if entry.idle_at_us <= now_us {
         entry.state = check.algorithm.fresh_state();
@@ -309,16 +356,37 @@ fn store(shard: &mut Shard, check: &Check, evaluation: &Evaluation, now_us: u64)
 }
 
 #[async_trait]
-impl Limiter for LocalLimiter {
+impl Store for MemoryStore {
     async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
         Ok(self.decide_now(checks))
+    }
+
+    async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
+        Ok(self.peek_at(checks, self.clock.now_us()))
+    }
+
+    async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
+        self.forget(checks);
+        Ok(())
+    }
+
+    async fn probe(&self) -> Result<(), LimiterError> {
+        Ok(())
+    }
+
+    fn deciding(&self) -> Deciding {
+        Deciding::Memory
     }
 
     fn keys_held(&self) -> usize {
         self.len()
     }
+
+    fn sweep(&self) -> usize {
+        MemoryStore::sweep(self)
+    }
 }
 
 #[cfg(test)]
-#[path = "tests.rs"]
+#[path = "memory_tests.rs"]
 mod tests;

@@ -3,7 +3,7 @@ use std::sync::Arc;
 use super::*;
 use crate::algorithm::Algorithm;
 use crate::clock::ManualClock;
-use crate::policy::OnFailure;
+use crate::limiter::{LimitName, OnFailure};
 
 const SEC: u64 = 1_000_000;
 const T0: u64 = 1_800_000_000 * SEC;
@@ -11,7 +11,7 @@ const T0: u64 = 1_800_000_000 * SEC;
 fn check(layer: usize, algorithm: Algorithm, identity: u128, cost: u64) -> Check {
     Check {
         layer,
-        name: Arc::from(format!("layer-{layer}")),
+        name: LimitName::new(&format!("layer-{layer}")),
         algorithm,
         key: StateKey {
             limit: layer as u64 + 100,
@@ -24,15 +24,12 @@ fn check(layer: usize, algorithm: Algorithm, identity: u128, cost: u64) -> Check
 }
 
 fn bucket(capacity: u64) -> Algorithm {
-    Algorithm::TokenBucket {
-        capacity,
-        interval_us: SEC,
-    }
+    Algorithm::token_bucket(capacity, SEC).expect("valid numbers")
 }
 
-fn limiter(max_keys: usize) -> (Arc<ManualClock>, LocalLimiter) {
+fn limiter(max_keys: usize) -> (Arc<ManualClock>, MemoryStore) {
     let clock = Arc::new(ManualClock::new(T0));
-    (clock.clone(), LocalLimiter::new(max_keys, clock))
+    (clock.clone(), MemoryStore::new(max_keys, clock))
 }
 
 #[test]
@@ -47,10 +44,10 @@ fn a_refusal_by_one_layer_charges_no_layer() {
     for _ in 0..5 {
         let d = l.decide_now(&both);
         assert!(!admitted(&both, &d));
-        assert!(d[0].allowed && !d[1].allowed);
+        assert!(d[0].allowed() && !d[1].allowed());
     }
     // The wide layer was charged for the two admitted requests only.
-    assert_eq!(l.decide_now(&[wide])[0].remaining, 7);
+    assert_eq!(l.decide_now(&[wide])[0].remaining(), 7);
 }
 
 #[test]
@@ -63,7 +60,7 @@ fn shadow_layers_never_refuse_and_are_charged_only_when_they_admit() {
     for i in 0..4 {
         let d = l.decide_now(&both);
         assert!(admitted(&both, &d));
-        assert_eq!(d[0].allowed, i == 0);
+        assert_eq!(d[0].allowed(), i == 0);
     }
 }
 
@@ -121,41 +118,35 @@ fn concurrent_callers_never_exceed_the_bucket() {
     });
     assert_eq!(admitted_total, 100);
     let d = l.decide_now(&[check(1, bucket(1000), 7, 0)]);
-    assert_eq!(d[0].remaining, 900);
+    assert_eq!(d[0].remaining(), 900);
 }
 
 #[test]
 fn a_flood_of_new_identities_never_resets_a_live_limit() {
     let (clock, l) = limiter(128);
-    let login = Algorithm::SlidingLog {
-        limit: 5,
-        window_us: 60 * SEC,
-    };
+    let login = Algorithm::sliding_log(5, 60 * SEC).expect("valid numbers");
     let victim = [check(0, login, 7, 1)];
     for _ in 0..5 {
-        assert!(l.decide_now(&victim)[0].allowed);
+        assert!(l.decide_now(&victim)[0].allowed());
     }
-    assert!(!l.decide_now(&victim)[0].allowed);
+    assert!(!l.decide_now(&victim)[0].allowed());
     // Tenants whose buckets stay live for a long time fill every shard.
-    let slow = Algorithm::TokenBucket {
-        capacity: 50,
-        interval_us: 1000 * SEC,
-    };
+    let slow = Algorithm::token_bucket(50, 1000 * SEC).expect("valid numbers");
     let mut flood_admitted = 0;
     for id in 0..20_000u128 {
         let tenant = [check(1, slow, 1_000_000 + id, 1)];
-        flood_admitted += usize::from(l.decide_now(&tenant)[0].allowed);
+        flood_admitted += usize::from(l.decide_now(&tenant)[0].allowed());
         clock.advance(1_000);
     }
     assert!(l.len() <= 128, "held {}", l.len());
-    assert!(!l.decide_now(&victim)[0].allowed, "still refused");
+    assert!(!l.decide_now(&victim)[0].allowed(), "still refused");
     // The flood had its own keys (one request each) and one shared bucket.
     assert!(flood_admitted <= 127 + 50, "{flood_admitted}");
     assert!(l.overflow_decisions() >= 20_000 - 128);
     // Once the victim's window has passed, its state is idle and its room
     // goes to whoever needs it; the victim starts afresh.
     clock.advance(60 * SEC);
-    assert!(l.decide_now(&victim)[0].allowed);
+    assert!(l.decide_now(&victim)[0].allowed());
 }
 
 #[test]
@@ -171,7 +162,7 @@ fn room_held_by_idle_state_is_reused_before_overflowing() {
     let before = l.overflow_decisions();
     for id in 1000..1064u128 {
         let next = [check(0, bucket(1), id, 1)];
-        assert!(l.decide_now(&next)[0].allowed);
+        assert!(l.decide_now(&next)[0].allowed());
         empty.decide_now(&next);
     }
     assert_eq!(l.overflow_decisions() - before, empty.overflow_decisions());
@@ -183,24 +174,18 @@ fn room_for_one_layer_is_never_taken_from_another_layer_of_the_same_request() {
     // Two keys per shard; identities chosen so that all keys share shard 0.
     let (clock, l) = limiter(128);
     let in_shard_0 = |layer: usize, algorithm| check(layer, algorithm, layer as u128 + 100, 1);
-    let short = Algorithm::FixedWindow {
-        limit: 100,
-        window_us: SEC,
-    };
-    let long = Algorithm::FixedWindow {
-        limit: 2,
-        window_us: 3600 * SEC,
-    };
+    let short = Algorithm::fixed_window(100, SEC).expect("valid numbers");
+    let long = Algorithm::fixed_window(2, 3600 * SEC).expect("valid numbers");
     let (a, victim, b) = (
         in_shard_0(0, short),
         in_shard_0(1, long),
         in_shard_0(2, long),
     );
     assert!([&a, &victim, &b].iter().all(|c| c.key.shard(64) == 0));
-    assert!(l.decide_now(std::slice::from_ref(&a))[0].allowed);
+    assert!(l.decide_now(std::slice::from_ref(&a))[0].allowed());
     for allowed in [true, true, false] {
         assert_eq!(
-            l.decide_now(std::slice::from_ref(&victim))[0].allowed,
+            l.decide_now(std::slice::from_ref(&victim))[0].allowed(),
             allowed
         );
     }
@@ -208,6 +193,6 @@ fn room_for_one_layer_is_never_taken_from_another_layer_of_the_same_request() {
     // with a and b: b may not take a's place and so push the victim out.
     clock.advance(2 * SEC);
     assert!(admitted(&[a.clone(), b.clone()], &l.decide_now(&[a, b])));
-    assert!(!l.decide_now(std::slice::from_ref(&victim))[0].allowed);
+    assert!(!l.decide_now(std::slice::from_ref(&victim))[0].allowed());
     assert!(l.len() <= 128);
 }

@@ -1,0 +1,160 @@
+//! The one table of algorithms: config reads names and parameters from it,
+//! `floodgate check` and the docs its summaries, the Redis script its codes.
+
+/// Which algorithm a limit uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    TokenBucket,
+    SlidingWindow,
+    FixedWindow,
+    SlidingLog,
+    LeakyBucket,
+}
+
+/// A number a limit's config gives its algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parameter {
+    /// Whole units a bucket holds.
+    Capacity,
+    /// Whole units per window.
+    Limit,
+    /// Tokens back per second (a token bucket's period, inverted).
+    RefillRate,
+    /// Departures per second (a leaky bucket's period, inverted).
+    Rate,
+    /// A duration ("1m").
+    Window,
+}
+
+impl Parameter {
+    pub const ALL: [Parameter; 5] = [
+        Parameter::Capacity,
+        Parameter::RefillRate,
+        Parameter::Limit,
+        Parameter::Window,
+        Parameter::Rate,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Parameter::Capacity => "capacity",
+            Parameter::Limit => "limit",
+            Parameter::RefillRate => "refill_rate",
+            Parameter::Rate => "rate",
+            Parameter::Window => "window",
+        }
+    }
+}
+
+/// One row of the table.
+#[derive(Debug)]
+pub struct Spec {
+    pub kind: Kind,
+    /// As the config spells it.
+    pub name: &'static str,
+    /// As the Redis script knows it (prepended to the script from here).
+    pub code: u8,
+    /// The parameter that gives the quota.
+    pub quota: Parameter,
+    /// The parameter that gives the period (a rate per second or a window).
+    pub period: Parameter,
+    /// One line for `floodgate check` and the docs.
+    pub summary: &'static str,
+}
+
+/// Every algorithm, in the order config's error messages list them.
+pub const ALGORITHMS: [Spec; 5] = [
+    Spec {
+        kind: Kind::TokenBucket,
+        name: "token_bucket",
+        code: 1,
+        quota: Parameter::Capacity,
+        period: Parameter::RefillRate,
+        summary: "bursts up to capacity, refilled at refill_rate per second",
+    },
+    Spec {
+        kind: Kind::SlidingWindow,
+        name: "sliding_window",
+        code: 4,
+        quota: Parameter::Limit,
+        period: Parameter::Window,
+        summary: "about limit per window, weighted over the current and previous window",
+    },
+    Spec {
+        kind: Kind::FixedWindow,
+        name: "fixed_window",
+        code: 3,
+        quota: Parameter::Limit,
+        period: Parameter::Window,
+        summary: "at most limit per aligned window; up to twice that across an edge",
+    },
+    Spec {
+        kind: Kind::SlidingLog,
+        name: "sliding_log",
+        code: 5,
+        quota: Parameter::Limit,
+        period: Parameter::Window,
+        summary: "exactly at most limit in any window; one stamp per request",
+    },
+    Spec {
+        kind: Kind::LeakyBucket,
+        name: "leaky_bucket",
+        code: 2,
+        quota: Parameter::Capacity,
+        period: Parameter::Rate,
+        summary: "sends at rate per second, holding up to capacity waiting",
+    },
+];
+
+/// The algorithms' names, in the table's order.
+pub const ALGORITHM_NAMES: [&str; ALGORITHMS.len()] = {
+    let mut names = [""; ALGORITHMS.len()];
+    let mut i = 0;
+    while i < ALGORITHMS.len() {
+        names[i] = ALGORITHMS[i].name;
+        i += 1;
+    }
+    names
+};
+
+impl Kind {
+    pub fn spec(self) -> &'static Spec {
+        // The table is in the enum's order (checked by a test).
+        &ALGORITHMS[self as usize]
+    }
+
+    pub fn name(self) -> &'static str {
+        self.spec().name
+    }
+
+    pub fn code(self) -> u8 {
+        self.spec().code
+    }
+
+    pub fn from_name(name: &str) -> Option<Kind> {
+        ALGORITHMS.iter().find(|s| s.name == name).map(|s| s.kind)
+    }
+
+    /// Whether the period is an interval between units (a bucket) rather
+    /// than a window.
+    pub fn is_bucket(self) -> bool {
+        self.spec().period != Parameter::Window
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_is_in_the_enums_order_with_distinct_names_and_codes() {
+        for (i, spec) in ALGORITHMS.iter().enumerate() {
+            assert_eq!(spec.kind as usize, i, "{}", spec.name);
+            assert_eq!(Kind::from_name(spec.name), Some(spec.kind));
+            for other in &ALGORITHMS[i + 1..] {
+                assert_ne!(spec.code, other.code);
+                assert_ne!(spec.name, other.name);
+            }
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! A store for unit tests of the wrappers: decides in memory on the manual
+//! clock, and fails on demand the way Redis fails.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+
+use super::{Check, Deciding, LimitName, LimiterError, MemoryStore, OnFailure, Store};
+use crate::algorithm::{Algorithm, Decision};
+use crate::clock::Clock;
+use crate::identity::StateKey;
+
+pub const SEC: u64 = 1_000_000;
+pub const T0: u64 = 1_800_000_000 * SEC;
+
+/// A token bucket of `capacity`, one token back per second.
+pub fn check(layer: usize, capacity: u64, identity: u128, cost: u64) -> Check {
+    Check {
+        layer,
+        name: LimitName::new(&format!("layer-{layer}")),
+        algorithm: Algorithm::token_bucket(capacity, SEC).expect("valid numbers"),
+        key: StateKey {
+            limit: layer as u64 + 100,
+            identity,
+        },
+        cost,
+        shadow: false,
+        on_failure: OnFailure::Local,
+    }
+}
+
+pub struct FakeStore {
+    memory: MemoryStore,
+    failure: Mutex<Option<LimiterError>>,
+    decisions: AtomicUsize,
+    probes: AtomicUsize,
+}
+
+impl FakeStore {
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        FakeStore {
+            memory: MemoryStore::new(10_000, clock),
+            failure: Mutex::new(None),
+            decisions: AtomicUsize::new(0),
+            probes: AtomicUsize::new(0),
+        }
+    }
+
+    /// Every call fails with `error` until `recover`.
+    pub fn fail_with(&self, error: LimiterError) {
+        *self.failure.lock().expect("failure") = Some(error);
+    }
+
+    pub fn recover(&self) {
+        *self.failure.lock().expect("failure") = None;
+    }
+
+    /// Calls to `decide`, failed ones included.
+    pub fn decisions(&self) -> usize {
+        self.decisions.load(Ordering::SeqCst)
+    }
+
+    pub fn probes(&self) -> usize {
+        self.probes.load(Ordering::SeqCst)
+    }
+
+    fn failure(&self) -> Result<(), LimiterError> {
+        match self.failure.lock().expect("failure").clone() {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+}
+
+#[async_trait]
+impl Store for FakeStore {
+    async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
+        self.decisions.fetch_add(1, Ordering::SeqCst);
+        self.failure()?;
+        self.memory.decide(checks).await
+    }
+
+    async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
+        self.failure()?;
+        self.memory.peek(checks).await
+    }
+
+    async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
+        self.failure()?;
+        self.memory.reset(checks).await
+    }
+
+    async fn probe(&self) -> Result<(), LimiterError> {
+        self.probes.fetch_add(1, Ordering::SeqCst);
+        self.failure()
+    }
+
+    fn deciding(&self) -> Deciding {
+        Deciding::Redis
+    }
+}

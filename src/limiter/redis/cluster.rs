@@ -1,0 +1,123 @@
+//! Redis Cluster. Keys carry the identity hash as their hash tag, so the
+//! layers keyed by one identity share a slot: layers are grouped by identity
+//! and each group is one EVALSHA, the groups run concurrently.
+//! All-or-nothing then holds within a group only: when layers keyed by
+//! different identities (say per-ip and per-account) disagree, the
+//! admitting group has been charged although the request is refused.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use prometheus::Histogram;
+use redis::cluster_async::ClusterConnection;
+
+use super::{connection_error, install_tls_provider, Connect, RedisSettings, Scripted, Topology};
+use crate::algorithm::Decision;
+use crate::clock::Clock;
+use crate::limiter::{Check, Deciding, LimiterError, Store};
+
+impl Connect for ClusterConnection {
+    async fn connect(settings: &RedisSettings) -> Result<Self, LimiterError> {
+        install_tls_provider();
+        let nodes = match &settings.topology {
+            Topology::Cluster(nodes) => nodes.clone(),
+            Topology::Standalone(url) => vec![url.clone()],
+        };
+        let mut builder =
+            redis::cluster::ClusterClient::builder(nodes).connection_timeout(settings.timeout);
+        if let Some(certificates) = settings.tls_certificates() {
+            builder = builder.certs(certificates);
+        }
+        let client = builder.build().map_err(connection_error)?;
+        client
+            .get_async_connection()
+            .await
+            .map_err(connection_error)
+    }
+}
+
+pub struct RedisCluster {
+    scripted: Scripted<ClusterConnection>,
+}
+
+impl RedisCluster {
+    pub fn new(settings: RedisSettings, clock: Arc<dyn Clock>) -> Self {
+        RedisCluster {
+            scripted: Scripted::new(settings, clock),
+        }
+    }
+
+    /// Also times every call in `histogram`.
+    pub fn with_call_timer(mut self, histogram: Histogram) -> Self {
+        self.scripted.call_seconds = Some(histogram);
+        self
+    }
+
+    /// One script run per identity's group of layers, the groups
+    /// concurrently, all within one deadline.
+    async fn run_grouped(
+        &self,
+        checks: &[Check],
+        peek: bool,
+    ) -> Result<Vec<Decision>, LimiterError> {
+        let mut groups: HashMap<u128, Vec<usize>> = HashMap::new();
+        for (i, check) in checks.iter().enumerate() {
+            groups.entry(check.key.identity).or_default().push(i);
+        }
+        let scripted = &self.scripted;
+        let groups = &groups;
+        let _timer = scripted.call_timer();
+        scripted
+            .within_deadline(|connection| async move {
+                let calls = groups.values().map(|indices| {
+                    let mut connection = connection.clone();
+                    let layers = scripted.layers(indices.iter().map(|&i| &checks[i]), peek);
+                    async move {
+                        let mut decided = scripted.run(&mut connection, &[&layers]).await?;
+                        Ok::<_, LimiterError>(decided.pop().unwrap_or_default())
+                    }
+                });
+                let results = futures_util::future::join_all(calls).await;
+                let mut decisions = vec![None; checks.len()];
+                for (indices, result) in groups.values().zip(results) {
+                    for (&i, d) in indices.iter().zip(result?) {
+                        decisions[i] = Some(d);
+                    }
+                }
+                decisions
+                    .into_iter()
+                    .map(|d| {
+                        d.ok_or(LimiterError::WrongReplyLength {
+                            values: 0,
+                            layers: 1,
+                        })
+                    })
+                    .collect()
+            })
+            .await
+    }
+}
+
+#[async_trait]
+impl Store for RedisCluster {
+    async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
+        self.run_grouped(checks, false).await
+    }
+
+    async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
+        self.run_grouped(checks, true).await
+    }
+
+    async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
+        self.scripted.delete(checks).await
+    }
+
+    async fn probe(&self) -> Result<(), LimiterError> {
+        self.scripted.probe().await
+    }
+
+    fn deciding(&self) -> Deciding {
+        Deciding::Redis
+    }
+}

@@ -1,0 +1,137 @@
+//! One Redis node. All layers of a request go in one EVALSHA,
+//! all-or-nothing, and requests that arrive while a run is in flight share
+//! the next one (`batch`): Redis pays one script call for many decisions.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora::prelude::fast_timeout::fast_timeout;
+use prometheus::Histogram;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use super::batch::{BatchQueue, RunBatch};
+use super::{
+    connection_error, install_tls_provider, Connect, RedisSettings, ScriptLayer, Scripted, Topology,
+};
+use crate::algorithm::Decision;
+use crate::clock::Clock;
+use crate::limiter::{Check, Deciding, LimiterError, Store};
+
+impl Connect for ConnectionManager {
+    async fn connect(settings: &RedisSettings) -> Result<Self, LimiterError> {
+        install_tls_provider();
+        let url = match &settings.topology {
+            Topology::Standalone(url) => url.as_str(),
+            Topology::Cluster(nodes) => nodes.first().map_or("", String::as_str),
+        };
+        let client = match settings.tls_certificates() {
+            Some(certificates) => redis::Client::build_with_tls(url, certificates),
+            None => redis::Client::open(url),
+        }
+        .map_err(connection_error)?;
+        // Reconnection happens in the background; a request never waits on
+        // more than one quick attempt.
+        let config = ConnectionManagerConfig::new()
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(10))
+            .set_max_delay(Duration::from_millis(100))
+            .set_connection_timeout(Some(settings.timeout))
+            // The deadline is ours (see `within_deadline`); a second timer
+            // per call would only cost.
+            .set_response_timeout(None);
+        ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(connection_error)
+    }
+}
+
+/// One script run per batch of requests, within the deadline.
+#[async_trait]
+impl RunBatch for Scripted<ConnectionManager> {
+    type Layer = ScriptLayer;
+
+    async fn run_batch(
+        &self,
+        requests: &[&[ScriptLayer]],
+    ) -> Result<Vec<Vec<Decision>>, LimiterError> {
+        self.within_deadline(
+            |mut connection| async move { self.run(&mut connection, requests).await },
+        )
+        .await
+    }
+}
+
+pub struct RedisStandalone {
+    scripted: Arc<Scripted<ConnectionManager>>,
+    /// Started on first use, on the proxy's runtime.
+    queue: OnceLock<BatchQueue<ScriptLayer>>,
+}
+
+impl RedisStandalone {
+    pub fn new(settings: RedisSettings, clock: Arc<dyn Clock>) -> Self {
+        RedisStandalone {
+            scripted: Arc::new(Scripted::new(settings, clock)),
+            queue: OnceLock::new(),
+        }
+    }
+
+    /// Also times every call in `histogram`.
+    pub fn with_call_timer(mut self, histogram: Histogram) -> Self {
+        // Before the first call nothing else holds the script state.
+        if let Some(scripted) = Arc::get_mut(&mut self.scripted) {
+            scripted.call_seconds = Some(histogram);
+        }
+        self
+    }
+
+    /// Decides several requests in one script run, in the order given, as if
+    /// each had been decided alone one after the other.
+    pub async fn decide_together(
+        &self,
+        requests: &[&[Check]],
+    ) -> Result<Vec<Vec<Decision>>, LimiterError> {
+        let layers: Vec<Vec<ScriptLayer>> = requests
+            .iter()
+            .map(|checks| self.scripted.layers(*checks, false))
+            .collect();
+        let borrowed: Vec<&[ScriptLayer]> = layers.iter().map(Vec::as_slice).collect();
+        self.scripted.run_batch(&borrowed).await
+    }
+
+    async fn queued(&self, layers: Vec<ScriptLayer>) -> Result<Vec<Decision>, LimiterError> {
+        let _timer = self.scripted.call_timer();
+        let queue = self
+            .queue
+            .get_or_init(|| BatchQueue::start(self.scripted.clone()));
+        // The request's own deadline covers the wait for a place in a run
+        // as well as the run.
+        let deadline = self.scripted.settings.timeout;
+        fast_timeout(deadline, queue.decide(layers))
+            .await
+            .map_err(|_| LimiterError::Timeout(deadline))?
+    }
+}
+
+#[async_trait]
+impl Store for RedisStandalone {
+    async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
+        self.queued(self.scripted.layers(checks, false)).await
+    }
+
+    async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
+        self.queued(self.scripted.layers(checks, true)).await
+    }
+
+    async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
+        self.scripted.delete(checks).await
+    }
+
+    async fn probe(&self) -> Result<(), LimiterError> {
+        self.scripted.probe().await
+    }
+
+    fn deciding(&self) -> Deciding {
+        Deciding::Redis
+    }
+}
