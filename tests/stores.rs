@@ -61,7 +61,7 @@ async fn holds_the_contract(store: &dyn Store) {
 
     // A peek, even repeated, charges nothing.
     for _ in 0..3 {
-        let peeked = store.peek(&[mine.clone()]).await.expect("peek");
+        let peeked = store.peek(std::slice::from_ref(&mine)).await.expect("peek");
         assert_eq!(remaining(&peeked), vec![4], "{:?}", store.deciding());
     }
     // Two layers, all-or-nothing: the account layer refuses the third
@@ -75,7 +75,7 @@ async fn holds_the_contract(store: &dyn Store) {
     let refused = store.decide(&both).await.expect("decide");
     assert!(refused[0].allowed() && !refused[1].allowed());
     assert!(refused[1].retry_after_us() > 0);
-    let peeked = store.peek(&[mine.clone()]).await.expect("peek");
+    let peeked = store.peek(std::slice::from_ref(&mine)).await.expect("peek");
     assert_eq!(remaining(&peeked), vec![2], "per-ip was charged twice only");
     // A peek of cost 0 reads the state.
     let read = store
@@ -85,7 +85,10 @@ async fn holds_the_contract(store: &dyn Store) {
     assert_eq!(remaining(&read), vec![0]);
 
     // Another identity is untouched by all of this, and by the reset below.
-    store.decide(&[other.clone()]).await.expect("decide");
+    store
+        .decide(std::slice::from_ref(&other))
+        .await
+        .expect("decide");
     store.reset(&both).await.expect("reset");
     let fresh = store.peek(&both).await.expect("peek");
     assert_eq!(remaining(&fresh), vec![4, 1], "the whole budget is back");
