@@ -12,11 +12,83 @@ use ipnet::IpNet;
 use siphasher::sip128::{Hasher128, SipHasher13};
 use smallvec::SmallVec;
 
-/// A tier name ("anonymous", "internal", or one named in `[clients.api_keys]`).
-pub type Tier = Arc<str>;
-
 pub const ANONYMOUS: &str = "anonymous";
 pub const INTERNAL: &str = "internal";
+
+/// A tier ("anonymous", "internal", or one named in `[clients.api_keys]`),
+/// interned when the config is built: requests compare its small id, logs
+/// print its name. Ids mean something within one configuration only.
+#[derive(Debug, Clone)]
+pub struct Tier {
+    id: u16,
+    name: Arc<str>,
+}
+
+impl Tier {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl PartialEq for Tier {
+    fn eq(&self, other: &Tier) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for Tier {}
+
+impl std::fmt::Display for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(&self.name)
+    }
+}
+
+/// The tiers of one configuration, each under one id.
+#[derive(Debug, Clone)]
+pub struct Tiers {
+    known: Vec<Tier>,
+}
+
+impl Default for Tiers {
+    fn default() -> Self {
+        let mut tiers = Tiers { known: Vec::new() };
+        tiers.intern(ANONYMOUS);
+        tiers.intern(INTERNAL);
+        tiers
+    }
+}
+
+impl Tiers {
+    /// The tier of this name, added if new.
+    pub fn intern(&mut self, name: &str) -> Tier {
+        if let Some(tier) = self.get(name) {
+            return tier;
+        }
+        let tier = Tier {
+            id: u16::try_from(self.known.len()).unwrap_or(u16::MAX),
+            name: Arc::from(name),
+        };
+        self.known.push(tier.clone());
+        tier
+    }
+
+    pub fn get(&self, name: &str) -> Option<Tier> {
+        self.known.iter().find(|t| t.name() == name).cloned()
+    }
+
+    pub fn anonymous(&self) -> Tier {
+        self.known[0].clone()
+    }
+
+    pub fn internal(&self) -> Tier {
+        self.known[1].clone()
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.known.iter().map(Tier::name)
+    }
+}
 
 /// Where one layer's state lives: the limit and a fixed-size hash of the
 /// client's identity (never the raw value).
@@ -152,8 +224,8 @@ pub struct ClientRules {
     pub ipv6_prefix: u8,
     pub internal: Vec<IpNet>,
     pub api_keys: HashMap<Box<[u8]>, Tier>,
-    pub anonymous: Tier,
-    pub internal_tier: Tier,
+    /// Every tier the configuration names, anonymous and internal included.
+    pub tiers: Tiers,
     pub hasher: IdentityHasher,
 }
 
@@ -259,11 +331,11 @@ impl ClientRules {
             })
         });
         let tier = if self.internal.iter().any(|n| n.contains(&client_ip)) {
-            self.internal_tier.clone()
+            self.tiers.internal()
         } else {
             api_key
                 .as_ref()
-                .map_or_else(|| self.anonymous.clone(), |k| k.tier.clone())
+                .map_or_else(|| self.tiers.anonymous(), |k| k.tier.clone())
         };
         Ok(Client {
             address: client_ip,
@@ -473,7 +545,8 @@ mod tests {
 
     fn rules_with(forwarded_header: ForwardedHeader) -> ClientRules {
         let mut api_keys = HashMap::new();
-        api_keys.insert(b"k-pro".to_vec().into_boxed_slice(), Tier::from("pro"));
+        let mut tiers = Tiers::default();
+        api_keys.insert(b"k-pro".to_vec().into_boxed_slice(), tiers.intern("pro"));
         ClientRules {
             api_key_header: HeaderName::from_static("x-api-key"),
             trusted_proxies: vec!["10.0.0.0/8".parse().unwrap()],
@@ -481,8 +554,7 @@ mod tests {
             ipv6_prefix: 64,
             internal: vec!["192.168.0.0/16".parse().unwrap()],
             api_keys,
-            anonymous: Tier::from(ANONYMOUS),
-            internal_tier: Tier::from(INTERNAL),
+            tiers,
             hasher: IdentityHasher::from_secret(b"test secret of sixteen bytes"),
         }
     }
@@ -635,17 +707,17 @@ mod tests {
         let pro = r
             .identify(ip("1.1.1.1"), &headers(&[("x-api-key", b"k-pro")]))
             .unwrap();
-        assert_eq!(&*pro.tier, "pro");
+        assert_eq!(pro.tier.name(), "pro");
         assert!(pro.api_key.is_some());
         let made_up = r
             .identify(ip("1.1.1.1"), &headers(&[("x-api-key", b"k-made-up")]))
             .unwrap();
-        assert_eq!(&*made_up.tier, ANONYMOUS);
+        assert_eq!(made_up.tier.name(), ANONYMOUS);
         assert!(made_up.api_key.is_none());
         let internal = r
             .identify(ip("192.168.3.3"), &headers(&[("x-api-key", b"k-pro")]))
             .unwrap();
-        assert_eq!(&*internal.tier, INTERNAL);
+        assert_eq!(internal.tier.name(), INTERNAL);
         let label = pro.log_label();
         assert!(
             !label.contains("k-pro") && label.contains("key#"),

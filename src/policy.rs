@@ -136,10 +136,10 @@ pub struct Limit {
 }
 
 impl Limit {
-    pub fn algorithm_for(&self, tier: &str) -> Algorithm {
+    pub fn algorithm_for(&self, tier: &Tier) -> Algorithm {
         self.tiers
             .iter()
-            .find(|(t, _)| &**t == tier)
+            .find(|(t, _)| t == tier)
             .map_or(self.algorithm, |&(_, a)| a)
     }
 }

@@ -935,7 +935,7 @@ fn access_line(session: &Session, ctx: &RequestCtx, status: u16, took: Duration)
                 client.address,
                 (client.ip_hash >> 96) as u32
             );
-            json_string(&mut line, &client.tier);
+            json_string(&mut line, client.tier.name());
         }
         None => line.push_str(",\"client\":null,\"client_label\":null,\"tier\":null"),
     }

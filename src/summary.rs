@@ -137,7 +137,7 @@ pub fn describe(config: &Config) -> String {
     }
     if !policy.exempt_paths.is_empty() || !policy.exempt_tiers.is_empty() {
         let paths: Vec<&str> = policy.exempt_paths.iter().map(|p| p.as_str()).collect();
-        let tiers: Vec<&str> = policy.exempt_tiers.iter().map(|t| &**t).collect();
+        let tiers: Vec<&str> = policy.exempt_tiers.iter().map(|t| t.name()).collect();
         let _ = writeln!(
             out,
             "exempt    paths [{}] tiers [{}]",

@@ -18,7 +18,7 @@ use serde::Deserialize;
 
 use crate::algorithm::{Algorithm, Kind, Parameter, ALGORITHM_NAMES, MAX_EXACT};
 use crate::headers::HeaderStyle;
-use crate::identity::{ClientRules, ForwardedHeader, IdentityHasher, Tier, ANONYMOUS, INTERNAL};
+use crate::identity::{ClientRules, ForwardedHeader, IdentityHasher, Tiers, ANONYMOUS, INTERNAL};
 use crate::limiter::redis::Topology;
 use crate::limiter::{ClockSource, LimitName, OnFailure, RedisSettings};
 use crate::path::{EscapedSlashes, PathRules};
@@ -598,22 +598,17 @@ fn validate(raw: FileConfig, env: Environment) -> Result<Config, Invalid> {
             path_pattern(p)
         }
     };
-    let known_tiers: HashSet<&str> = clients
-        .api_keys
-        .values()
-        .map(|t| &**t)
-        .chain([ANONYMOUS, INTERNAL])
-        .collect();
+    let known_tiers = &clients.tiers;
 
     let mut exempt_tiers = Vec::new();
     for (i, tier) in raw.exempt.tiers.iter().enumerate() {
-        if !known_tiers.contains(tier.as_str()) {
+        let Some(tier) = known_tiers.get(tier) else {
             return Err(at(
                 &[&"exempt", &"tiers", &i],
-                format!("unknown tier \"{tier}\" (known: {})", sorted(&known_tiers)),
+                format!("unknown tier \"{tier}\" (known: {})", sorted(known_tiers)),
             ));
-        }
-        exempt_tiers.push(Tier::from(tier.as_str()));
+        };
+        exempt_tiers.push(tier);
     }
     let exempt_paths = raw
         .exempt
@@ -626,7 +621,7 @@ fn validate(raw: FileConfig, env: Environment) -> Result<Config, Invalid> {
     let mut limits = Vec::new();
     let mut names = HashSet::new();
     for (i, section) in raw.limits.iter().enumerate() {
-        let limit = validate_limit(i, section, &known_tiers, &compile_pattern)?;
+        let limit = validate_limit(i, section, known_tiers, &compile_pattern)?;
         if !names.insert(limit.name.clone()) {
             return Err(at(
                 &[&"limits", &i, &"name"],
@@ -682,8 +677,8 @@ fn validate(raw: FileConfig, env: Environment) -> Result<Config, Invalid> {
     })
 }
 
-fn sorted(set: &HashSet<&str>) -> String {
-    let mut v: Vec<&str> = set.iter().copied().collect();
+fn sorted(tiers: &Tiers) -> String {
+    let mut v: Vec<&str> = tiers.names().collect();
     v.sort_unstable();
     v.join(", ")
 }
@@ -1091,7 +1086,7 @@ fn validate_clients(c: &ClientsSection, hasher: IdentityHasher) -> Result<Client
     if !(1..=128).contains(&ipv6_prefix) {
         return Err(at(&[&"clients", &"ipv6_prefix"], "must be from 1 to 128"));
     }
-    let mut tiers: HashMap<String, Tier> = HashMap::new();
+    let mut tiers = Tiers::default();
     let mut api_keys = HashMap::new();
     for (key, tier) in &c.api_keys {
         if key.is_empty() {
@@ -1108,11 +1103,10 @@ fn validate_clients(c: &ClientsSection, hasher: IdentityHasher) -> Result<Client
                 ),
             ));
         }
-        let shared = tiers
-            .entry(tier.clone())
-            .or_insert_with(|| Tier::from(tier.as_str()))
-            .clone();
-        api_keys.insert(key.as_bytes().to_vec().into_boxed_slice(), shared);
+        api_keys.insert(
+            key.as_bytes().to_vec().into_boxed_slice(),
+            tiers.intern(tier),
+        );
     }
     Ok(ClientRules {
         api_key_header,
@@ -1125,8 +1119,7 @@ fn validate_clients(c: &ClientsSection, hasher: IdentityHasher) -> Result<Client
         ipv6_prefix: ipv6_prefix as u8,
         internal: nets(&c.internal, "internal")?,
         api_keys,
-        anonymous: Tier::from(ANONYMOUS),
-        internal_tier: Tier::from(INTERNAL),
+        tiers,
     })
 }
 
@@ -1199,7 +1192,7 @@ fn validate_key(key: &str) -> Result<KeySource, String> {
 fn validate_limit(
     i: usize,
     s: &LimitSection,
-    known_tiers: &HashSet<&str>,
+    known_tiers: &Tiers,
     compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,
 ) -> Result<Limit, Invalid> {
     let name_ok = !s.name.is_empty()
@@ -1222,16 +1215,13 @@ fn validate_limit(
     let mut tiers = Vec::new();
     for (tier, overrides) in &s.tiers {
         let path: [&dyn AsSegment; 4] = [&"limits", &i, &"tiers", tier];
-        if !known_tiers.contains(tier.as_str()) {
+        let Some(known) = known_tiers.get(tier) else {
             return Err(at(
                 &path,
                 format!("unknown tier \"{tier}\" (known: {})", sorted(known_tiers)),
             ));
-        }
-        tiers.push((
-            Tier::from(tier.as_str()),
-            numbers(s.algorithm, overrides, Some(&own), &path)?,
-        ));
+        };
+        tiers.push((known, numbers(s.algorithm, overrides, Some(&own), &path)?));
     }
     let matcher = match &s.matcher {
         Some(m) => validate_match(m, &[&"limits", &i, &"match"], compile_pattern)?,

@@ -36,12 +36,13 @@ fn full_example_resolves_every_key() {
     assert_eq!(redis.on_failure, OnFailure::Local);
     assert_eq!(redis.clock, ClockSource::Redis);
     let per_account = &c.policy.limits[1];
+    let tier = |name: &str| c.policy.clients.tiers.get(name).expect("a known tier");
     assert_eq!(
-        per_account.algorithm_for("pro"),
+        per_account.algorithm_for(&tier("pro")),
         Algorithm::token_bucket(500, 20_000).expect("valid numbers")
     );
     assert_eq!(
-        per_account.algorithm_for("free"),
+        per_account.algorithm_for(&tier("free")),
         Algorithm::token_bucket(100, 100_000).expect("valid numbers")
     );
     let login = &c.policy.limits[2];

@@ -115,7 +115,12 @@ fn serve_upstream(stream: TcpStream, seen: Arc<Mutex<Vec<Seen>>>) {
                 headers,
             });
         }
-        if let Some(ms) = path.strip_prefix("/slow/").and_then(|m| m.parse().ok()) {
+        if let Some(ms) = path
+            .split('?')
+            .next()
+            .and_then(|p| p.strip_prefix("/slow/"))
+            .and_then(|m| m.parse().ok())
+        {
             thread::sleep(Duration::from_millis(ms));
         }
         let reply = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok";
