@@ -1,0 +1,192 @@
+//! Answers floodgate writes itself: 400s, 429s, 503s and their gRPC forms,
+//! each with the request id.
+
+use bytes::Bytes;
+use log::{debug, warn};
+use pingora::http::ResponseHeader;
+use pingora::proxy::Session;
+use pingora::Result;
+
+use super::framing::request_has_body;
+use super::RequestCtx;
+use crate::headers::{self, Layer};
+use crate::limiter::LimiterError;
+
+pub(super) async fn respond(
+    session: &mut Session,
+    ctx: &RequestCtx,
+    status: u16,
+    headers: Vec<(&'static str, String)>,
+    body: String,
+) -> Result<()> {
+    let mut header = ResponseHeader::build(status, Some(headers.len() + 2))?;
+    // Owned values become header values without a copy.
+    for (name, value) in headers {
+        header.insert_header(name, value)?;
+    }
+    header.insert_header("Content-Length", body.len().to_string())?;
+    add_request_id(&mut header, ctx)?;
+    if request_has_body(session) {
+        session.set_keepalive(None);
+    }
+    session
+        .write_response_header(Box::new(header), false)
+        .await?;
+    session
+        .write_response_body(Some(Bytes::from(body)), true)
+        .await
+}
+
+pub(super) fn add_request_id(header: &mut ResponseHeader, ctx: &RequestCtx) -> Result<()> {
+    if !ctx.request_id.is_empty() {
+        let name = ctx
+            .runtime
+            .upstream
+            .settings()
+            .request_id_header_spelling
+            .clone();
+        header.insert_header(name, ctx.request_id.as_str())?;
+    }
+    Ok(())
+}
+
+/// A gRPC call (`application/grpc`, `application/grpc+proto`, ...) over
+/// HTTP/2: its client reads the outcome from `grpc-status` in the trailers,
+/// not from the HTTP status. gRPC-Web and HTTP/1.1 (which has no trailers
+/// here) get the ordinary answers.
+pub(super) fn is_grpc(session: &Session) -> bool {
+    session.req_header().version == http::Version::HTTP_2
+        && session
+            .req_header()
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| {
+                let v = v.as_bytes();
+                v == b"application/grpc" || v.starts_with(b"application/grpc+")
+            })
+}
+
+/// The gRPC status codes floodgate answers with.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum GrpcStatus {
+    ResourceExhausted = 8,
+    Unavailable = 14,
+}
+
+/// A gRPC answer with no messages: HTTP 200 and the outcome in the trailers
+/// (`grpc-status`, `grpc-message`), where gRPC clients read it.
+pub(super) async fn respond_grpc(
+    session: &mut Session,
+    ctx: &RequestCtx,
+    status: GrpcStatus,
+    message: &str,
+    headers: Vec<(&'static str, String)>,
+) -> Result<()> {
+    let mut header = ResponseHeader::build(200, Some(headers.len() + 2))?;
+    header.insert_header("Content-Type", "application/grpc")?;
+    for (name, value) in headers {
+        header.insert_header(name, value)?;
+    }
+    add_request_id(&mut header, ctx)?;
+    if request_has_body(session) {
+        session.set_keepalive(None);
+    }
+    let mut trailers = http::HeaderMap::with_capacity(2);
+    trailers.insert(
+        "grpc-status",
+        http::HeaderValue::from(u16::from(status as u8)),
+    );
+    if let Ok(value) = http::HeaderValue::from_str(&grpc_message(message)) {
+        trailers.insert("grpc-message", value);
+    }
+    session
+        .write_response_header(Box::new(header), false)
+        .await?;
+    session.write_response_trailers(trailers).await
+}
+
+/// `grpc-message` is percent-encoded: every byte outside printable ASCII,
+/// and `%` itself.
+pub(super) fn grpc_message(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// 400 with `{"error":"<code>","reason":"<reason>"}`; `reason` is our own
+/// text, never the client's.
+pub(super) async fn bad_request(
+    session: &mut Session,
+    ctx: &RequestCtx,
+    code: &str,
+    reason: &str,
+) -> Result<bool> {
+    debug!("400 {code}: {reason} request_id={}", ctx.request_id);
+    session.set_keepalive(None);
+    let body = format!("{{\"error\":\"{code}\",\"reason\":\"{reason}\"}}");
+    respond(session, ctx, 400, headers::json_headers(), body).await?;
+    Ok(true)
+}
+
+/// What a gRPC client is told when a limit refuses it.
+pub(super) fn grpc_refusal(refused: &Layer<'_>) -> String {
+    if refused.decision.cost_exceeds_limit() {
+        format!(
+            "rate limited by {}: the cost exceeds the limit",
+            refused.name
+        )
+    } else {
+        format!(
+            "rate limited by {}; retry after {} ms",
+            refused.name,
+            headers::ceil_ms(refused.decision.retry_after_us())
+        )
+    }
+}
+
+/// An address with as many HTTP/2 requests in flight as it may hold
+/// connections: this one waits its turn.
+pub(super) async fn too_many_in_flight(session: &mut Session, ctx: &RequestCtx) -> Result<bool> {
+    debug!(
+        "429 too many requests in flight request_id={}",
+        ctx.request_id
+    );
+    let mut headers = headers::json_headers();
+    headers.push(("Retry-After", "1".to_string()));
+    respond(
+        session,
+        ctx,
+        429,
+        headers,
+        "{\"error\":\"too_many_requests_in_flight\"}".into(),
+    )
+    .await?;
+    Ok(true)
+}
+
+/// A limiter that cannot decide and has no fallback (the Redis store is
+/// always wrapped in one) refuses with 503 rather than guessing.
+pub(super) async fn limiter_failed(
+    session: &mut Session,
+    ctx: &RequestCtx,
+    e: LimiterError,
+) -> Result<bool> {
+    warn!("limiter failed: {e} request_id={}", ctx.request_id);
+    let mut headers = headers::json_headers();
+    headers.push(("Retry-After", "1".to_string()));
+    respond(
+        session,
+        ctx,
+        503,
+        headers,
+        "{\"error\":\"limiter_unavailable\"}".into(),
+    )
+    .await?;
+    Ok(true)
+}
