@@ -1,4 +1,5 @@
-//! The five rate-limiting algorithms as pure arithmetic over an injected time.
+//! The five rate-limiting algorithms as pure arithmetic over an injected time,
+//! and the slots of concurrency limits.
 //!
 //! Each algorithm is split into `evaluate` (read the state, decide, describe the
 //! change) and `apply` (write the change). The split is what lets a request's
@@ -11,6 +12,7 @@
 //!
 //! This module depends on nothing else in the crate.
 
+pub mod concurrency;
 mod decision;
 pub mod fixed_window;
 mod kind;
@@ -19,6 +21,7 @@ pub mod sliding_log;
 pub mod sliding_window;
 pub mod token_bucket;
 
+pub use concurrency::Slots;
 pub use decision::{Decision, Evaluation};
 pub use kind::{Kind, Parameter, Spec, ALGORITHMS, ALGORITHM_NAMES};
 pub use sliding_log::LogState;

@@ -60,3 +60,18 @@ pub fn admitted(checks: &[Check], decisions: &[Decision]) -> bool {
         .zip(decisions)
         .all(|(c, d)| c.shadow || d.allowed())
 }
+
+/// One slot of a concurrency limit, held under lease `lease_id`.
+#[derive(Debug, Clone)]
+pub struct Slot {
+    pub name: LimitName,
+    pub key: StateKey,
+    /// Slots per key; at least 1.
+    pub max: u64,
+    /// How long the slot is held unless renewed or released.
+    pub lease_us: u64,
+    /// Tells this holder's lease from the others' (random per request).
+    pub lease_id: u64,
+    /// What decides when the shared store cannot.
+    pub on_failure: OnFailure,
+}

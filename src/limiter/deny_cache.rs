@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use super::{Check, Deciding, LimiterError, Store};
+use super::{Check, Deciding, LimiterError, Slot, Store};
 use crate::algorithm::{Algorithm, Decision};
 use crate::clock::Clock;
 use crate::identity::StateKey;
@@ -150,6 +150,18 @@ impl<S: Store> Store for KnownRefusals<S> {
     async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
         self.forget(checks);
         self.inner.reset(checks).await
+    }
+
+    async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
+        self.inner.acquire(slot).await
+    }
+
+    async fn renew(&self, slot: &Slot) -> Result<bool, LimiterError> {
+        self.inner.renew(slot).await
+    }
+
+    async fn release(&self, slot: &Slot) -> Result<bool, LimiterError> {
+        self.inner.release(slot).await
     }
 
     async fn probe(&self) -> Result<(), LimiterError> {

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use super::{Check, Deciding, LimitName, LimiterError, MemoryStore, OnFailure, Store};
+use super::{Check, Deciding, LimitName, LimiterError, MemoryStore, OnFailure, Slot, Store};
 use crate::algorithm::{Algorithm, Decision};
 use crate::clock::Clock;
 use crate::identity::StateKey;
@@ -89,6 +89,21 @@ impl Store for FakeStore {
     async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
         self.failure()?;
         self.memory.reset(checks).await
+    }
+
+    async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
+        self.failure()?;
+        self.memory.acquire(slot).await
+    }
+
+    async fn renew(&self, slot: &Slot) -> Result<bool, LimiterError> {
+        self.failure()?;
+        self.memory.renew(slot).await
+    }
+
+    async fn release(&self, slot: &Slot) -> Result<bool, LimiterError> {
+        self.failure()?;
+        self.memory.release(slot).await
     }
 
     async fn probe(&self) -> Result<(), LimiterError> {

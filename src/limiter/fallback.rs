@@ -20,7 +20,7 @@ use async_trait::async_trait;
 use log::{info, warn};
 
 use super::deny_cache::open_decision;
-use super::{Check, Deciding, LimiterError, MemoryStore, OnFailure, Store};
+use super::{Check, Deciding, LimiterError, MemoryStore, OnFailure, Slot, Store};
 use crate::algorithm::Decision;
 use crate::clock::Clock;
 use crate::metrics::RedisMetrics;
@@ -146,6 +146,14 @@ impl<S: Store + 'static> Inner<S> {
         }
     }
 
+    /// A slot of this instance's share of the limit's slots (at least one).
+    fn local_slot(&self, slot: &Slot) -> Slot {
+        Slot {
+            max: (slot.max / self.instances.max(1)).max(1),
+            ..slot.clone()
+        }
+    }
+
     /// The `on_failure = "local"` layers, each with this instance's share of
     /// its limit.
     fn local_share(&self, checks: &[Check]) -> Vec<Check> {
@@ -231,6 +239,52 @@ impl<S: Store + 'static> Store for Fallback<S> {
     async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
         self.inner.local.forget(checks);
         self.inner.shared.reset(checks).await
+    }
+
+    /// Without the shared store, a slot is taken as its `on_failure` says:
+    /// locally from this instance's share of the slots, or admitted, or
+    /// refused.
+    async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
+        if !self.degraded() {
+            match self.inner.shared.acquire(slot).await {
+                Ok(decision) => return Ok(decision),
+                Err(e) => self.inner.trip(&e),
+            }
+        }
+        self.inner.metrics.fallback_decisions.inc();
+        Ok(match slot.on_failure {
+            OnFailure::Local => self.inner.local.acquire_now(&self.inner.local_slot(slot)),
+            OnFailure::Allow => Decision::admitted(slot.max, slot.max - 1, 0),
+            OnFailure::Deny => Decision::refused(slot.max, 0, DENY_RETRY_US, DENY_RETRY_US),
+        })
+    }
+
+    /// A lease taken on the shared store before it went away is not known
+    /// locally: renewing it says false, and it ends at its expiry there.
+    async fn renew(&self, slot: &Slot) -> Result<bool, LimiterError> {
+        if !self.degraded() {
+            match self.inner.shared.renew(slot).await {
+                Ok(held) => return Ok(held),
+                Err(e) => self.inner.trip(&e),
+            }
+        }
+        Ok(self.inner.local.renew_now(&self.inner.local_slot(slot)))
+    }
+
+    /// Released wherever it was taken; a shared lease the store cannot be
+    /// told about ends at its expiry.
+    async fn release(&self, slot: &Slot) -> Result<bool, LimiterError> {
+        let local = self.inner.local.release_now(&self.inner.local_slot(slot));
+        if local || self.degraded() {
+            return Ok(local);
+        }
+        match self.inner.shared.release(slot).await {
+            Ok(held) => Ok(held),
+            Err(e) => {
+                self.inner.trip(&e);
+                Ok(false)
+            }
+        }
     }
 
     async fn probe(&self) -> Result<(), LimiterError> {
@@ -398,5 +452,58 @@ mod tests {
             3,
             "4 per instance, this request's 1 not charged"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn slots_without_the_shared_store_follow_on_failure() {
+        let rig = rig(2);
+        let slot = |id, on_failure| Slot {
+            name: crate::limiter::LimitName::new("in-flight"),
+            key: crate::identity::StateKey {
+                limit: 1,
+                identity: 1,
+            },
+            max: 4,
+            lease_us: 60_000_000,
+            lease_id: id,
+            on_failure,
+        };
+        assert!(rig
+            .fallback
+            .acquire(&slot(1, OnFailure::Local))
+            .await
+            .expect("acquired")
+            .allowed());
+        rig.shared.fail_with(LimiterError::Timeout(Duration::ZERO));
+        // This instance's share of 4 slots over 2 instances: 2, taken locally.
+        let mut local = Vec::new();
+        for id in 2..5 {
+            let decided = rig.fallback.acquire(&slot(id, OnFailure::Local)).await;
+            local.push(decided.expect("decided").allowed());
+        }
+        assert_eq!(local, vec![true, true, false]);
+        assert!(rig
+            .fallback
+            .release(&slot(2, OnFailure::Local))
+            .await
+            .expect("released"));
+        assert!(!rig
+            .fallback
+            .acquire(&slot(9, OnFailure::Deny))
+            .await
+            .expect("decided")
+            .allowed());
+        assert!(rig
+            .fallback
+            .acquire(&slot(9, OnFailure::Allow))
+            .await
+            .expect("decided")
+            .allowed());
+        // The lease taken on the shared store is not known locally.
+        assert!(!rig
+            .fallback
+            .renew(&slot(1, OnFailure::Local))
+            .await
+            .expect("renewed"));
     }
 }

@@ -22,8 +22,8 @@ use lru::LruCache;
 use prometheus::IntCounter;
 use smallvec::SmallVec;
 
-use super::{admitted, Check, Deciding, LimiterError, Store};
-use crate::algorithm::{Decision, Evaluation, State, Update};
+use super::{admitted, Check, Deciding, LimiterError, Slot, Store};
+use crate::algorithm::{Decision, Evaluation, Slots, State, Update};
 use crate::clock::Clock;
 use crate::identity::StateKey;
 
@@ -53,6 +53,10 @@ pub struct MemoryStore {
     overflow_logged_at_us: AtomicU64,
     /// Exported as `floodgate_local_overflow_decisions_total`.
     overflow_metric: Option<IntCounter>,
+    /// Concurrency limits' leases. A key is here only while a lease on it
+    /// is held (or until its expiry is noticed), so this follows the
+    /// requests in flight, not the clients ever seen.
+    slots: Box<[Mutex<HashMap<StateKey, Slots>>]>,
     clock: Arc<dyn Clock>,
 }
 
@@ -81,6 +85,7 @@ impl MemoryStore {
             overflow_decisions: AtomicU64::new(0),
             overflow_logged_at_us: AtomicU64::new(0),
             overflow_metric: None,
+            slots: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             clock,
         }
     }
@@ -261,9 +266,46 @@ impl MemoryStore {
         }
     }
 
+    /// Runs `change` on `slot`'s leases at the clock's time, dropping the
+    /// key once no lease is left.
+    fn with_slots<T>(&self, slot: &Slot, change: impl FnOnce(&mut Slots, u64) -> T) -> T {
+        let now_us = self.clock.now_us();
+        let mut shard = self.slots[slot.key.shard(SHARDS)]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let slots = shard.entry(slot.key).or_default();
+        let result = change(slots, now_us);
+        if slots.held(now_us) == 0 {
+            shard.remove(&slot.key);
+        }
+        result
+    }
+
+    pub fn acquire_now(&self, slot: &Slot) -> Decision {
+        self.with_slots(slot, |slots, now_us| {
+            slots.acquire(slot.lease_id, slot.max, slot.lease_us, now_us)
+        })
+    }
+
+    pub fn renew_now(&self, slot: &Slot) -> bool {
+        self.with_slots(slot, |slots, now_us| {
+            slots.renew(slot.lease_id, slot.lease_us, now_us)
+        })
+    }
+
+    pub fn release_now(&self, slot: &Slot) -> bool {
+        self.with_slots(slot, |slots, now_us| slots.release(slot.lease_id, now_us))
+    }
+
     /// Drops every idle key; returns how many went.
     pub fn sweep(&self) -> usize {
         let now_us = self.clock.now_us();
+        for shard in self.slots.iter() {
+            shard
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .retain(|_, slots| slots.held(now_us) > 0);
+        }
         (0..self.shards.len())
             .map(|i| {
                 let mut shard = self.lock(i);
@@ -368,6 +410,18 @@ impl Store for MemoryStore {
     async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
         self.forget(checks);
         Ok(())
+    }
+
+    async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
+        Ok(self.acquire_now(slot))
+    }
+
+    async fn renew(&self, slot: &Slot) -> Result<bool, LimiterError> {
+        Ok(self.renew_now(slot))
+    }
+
+    async fn release(&self, slot: &Slot) -> Result<bool, LimiterError> {
+        Ok(self.release_now(slot))
     }
 
     async fn probe(&self) -> Result<(), LimiterError> {

@@ -26,7 +26,7 @@ use async_trait::async_trait;
 
 use crate::algorithm::Decision;
 
-pub use check::{admitted, Check, LimitName, OnFailure};
+pub use check::{admitted, Check, LimitName, OnFailure, Slot};
 pub use deny_cache::KnownRefusals;
 pub use fallback::Fallback;
 pub use memory::MemoryStore;
@@ -87,6 +87,17 @@ pub trait Store: Send + Sync {
     /// Forgets these layers' state: the identity starts afresh.
     async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError>;
 
+    /// Takes one of the key's `max` slots under the slot's lease; refused
+    /// with the time until a held lease ends when all are taken.
+    async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError>;
+
+    /// Extends a held lease by its length from now; false when it has
+    /// expired (its slot may be another's).
+    async fn renew(&self, slot: &Slot) -> Result<bool, LimiterError>;
+
+    /// Gives the slot back; false when the lease was no longer held.
+    async fn release(&self, slot: &Slot) -> Result<bool, LimiterError>;
+
     /// Whether the store can decide: a write, so that a store that answers
     /// but cannot write fails it.
     async fn probe(&self) -> Result<(), LimiterError>;
@@ -114,6 +125,15 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     }
     async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
         (**self).reset(checks).await
+    }
+    async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
+        (**self).acquire(slot).await
+    }
+    async fn renew(&self, slot: &Slot) -> Result<bool, LimiterError> {
+        (**self).renew(slot).await
+    }
+    async fn release(&self, slot: &Slot) -> Result<bool, LimiterError> {
+        (**self).release(slot).await
     }
     async fn probe(&self) -> Result<(), LimiterError> {
         (**self).probe().await

@@ -12,10 +12,12 @@ use async_trait::async_trait;
 use prometheus::Histogram;
 use redis::cluster_async::ClusterConnection;
 
-use super::{connection_error, install_tls_provider, Connect, RedisSettings, Scripted, Topology};
+use super::{
+    connection_error, install_tls_provider, Connect, RedisSettings, Scripted, SlotOp, Topology,
+};
 use crate::algorithm::Decision;
 use crate::clock::Clock;
-use crate::limiter::{Check, Deciding, LimiterError, Store};
+use crate::limiter::{Check, Deciding, LimiterError, Slot, Store};
 
 impl Connect for ClusterConnection {
     async fn connect(settings: &RedisSettings) -> Result<Self, LimiterError> {
@@ -111,6 +113,18 @@ impl Store for RedisCluster {
 
     async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
         self.scripted.delete(checks).await
+    }
+
+    async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
+        Ok(self.scripted.slots(SlotOp::Acquire, slot).await?.1)
+    }
+
+    async fn renew(&self, slot: &Slot) -> Result<bool, LimiterError> {
+        Ok(self.scripted.slots(SlotOp::Renew, slot).await?.0)
+    }
+
+    async fn release(&self, slot: &Slot) -> Result<bool, LimiterError> {
+        Ok(self.scripted.slots(SlotOp::Release, slot).await?.0)
     }
 
     async fn probe(&self) -> Result<(), LimiterError> {

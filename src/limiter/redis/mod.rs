@@ -18,9 +18,10 @@ use redis::aio::ConnectionLike;
 use redis::Script;
 use tokio::sync::OnceCell;
 
-use super::{Check, LimiterError, OnFailure};
+use super::{Check, LimitName, LimiterError, OnFailure, Slot};
 use crate::algorithm::{Algorithm, Decision, ALGORITHMS};
 use crate::clock::Clock;
+use crate::identity::StateKey;
 
 pub use cluster::RedisCluster;
 pub use standalone::RedisStandalone;
@@ -96,6 +97,9 @@ pub fn script_source() -> String {
     source
 }
 
+/// The concurrency limits' leases.
+const SLOTS_SCRIPT: &str = include_str!("../../../lua/slots.lua");
+
 /// Integers per layer in the script's reply.
 const REPLY_FIELDS: usize = 7;
 
@@ -133,6 +137,7 @@ struct Scripted<C> {
     settings: RedisSettings,
     clock: Arc<dyn Clock>,
     script: Script,
+    slots_script: Script,
     connection: OnceCell<C>,
     call_seconds: Option<Histogram>,
 }
@@ -150,6 +155,7 @@ impl<C: Connect> Scripted<C> {
             settings,
             clock,
             script: Script::new(&script_source()),
+            slots_script: Script::new(SLOTS_SCRIPT),
             connection: OnceCell::new(),
             call_seconds: None,
         }
@@ -158,17 +164,21 @@ impl<C: Connect> Scripted<C> {
     /// `{prefix}:{limit}:{identity}`, the identity hash in braces: the hash
     /// tag, so that one identity's layers share a cluster slot.
     fn key(&self, check: &Check) -> String {
+        self.key_of(&check.name, &check.key)
+    }
+
+    fn key_of(&self, name: &LimitName, state: &StateKey) -> String {
         // By hand: `format!` with `{:032x}` cost more than the rest of the
         // request's Redis client work.
         const HEX: &[u8; 16] = b"0123456789abcdef";
         let prefix = &self.settings.key_prefix;
-        let name = check.name.as_str();
+        let name = name.as_str();
         let mut key = String::with_capacity(prefix.len() + name.len() + 36);
         key.push_str(prefix);
         key.push(':');
         key.push_str(name);
         key.push_str(":{");
-        let identity = check.key.identity;
+        let identity = state.identity;
         for shift in (0..32).rev() {
             key.push(char::from(HEX[((identity >> (shift * 4)) & 0xf) as usize]));
         }
@@ -291,6 +301,28 @@ impl<C: Connect> Scripted<C> {
         .await
     }
 
+    /// One call of the slots script on `slot`'s key: whether it took (or
+    /// held) the slot, and the decision for an acquisition.
+    async fn slots(&self, op: SlotOp, slot: &Slot) -> Result<(bool, Decision), LimiterError> {
+        let key = self.key_of(&slot.name, &slot.key);
+        let now = self.now_arg();
+        self.within_deadline(|mut connection| async move {
+            let reply: Vec<u8> = self
+                .slots_script
+                .key(&key)
+                .arg(op.as_str())
+                .arg(now)
+                .arg(slot.max)
+                .arg(slot.lease_us)
+                .arg(slot.lease_id)
+                .invoke_async(&mut connection)
+                .await
+                .map_err(classify)?;
+            parse_slots_reply(&reply, slot.max)
+        })
+        .await
+    }
+
     /// Deletes these layers' keys, one command per key (a cluster routes
     /// each by its slot).
     async fn delete(&self, checks: &[Check]) -> Result<(), LimiterError> {
@@ -340,6 +372,45 @@ fn parse_reply(reply: &[u8], layers: usize) -> Result<Vec<Decision>, LimiterErro
         .collect())
 }
 
+#[derive(Debug, Clone, Copy)]
+enum SlotOp {
+    Acquire,
+    Renew,
+    Release,
+}
+
+impl SlotOp {
+    fn as_str(self) -> &'static str {
+        match self {
+            SlotOp::Acquire => "acquire",
+            SlotOp::Renew => "renew",
+            SlotOp::Release => "release",
+        }
+    }
+}
+
+/// The slots script's reply: allowed, remaining, reset_after_us,
+/// retry_after_us.
+fn parse_slots_reply(reply: &[u8], max: u64) -> Result<(bool, Decision), LimiterError> {
+    let unparsable = || LimiterError::UnparsableReply(String::from_utf8_lossy(reply).into());
+    let values: Vec<u64> = reply
+        .split(|&b| b == b' ')
+        .map(|field| parse_u64(field).ok_or_else(unparsable))
+        .collect::<Result<_, _>>()?;
+    let [allowed, remaining, reset_after_us, retry_after_us] = values[..] else {
+        return Err(LimiterError::WrongReplyLength {
+            values: values.len(),
+            layers: 1,
+        });
+    };
+    let decision = if allowed == 1 {
+        Decision::admitted(max, remaining, reset_after_us)
+    } else {
+        Decision::refused(max, remaining, reset_after_us, retry_after_us)
+    };
+    Ok((allowed == 1, decision))
+}
+
 /// A decimal integer, digits only, that fits in a u64.
 fn parse_u64(digits: &[u8]) -> Option<u64> {
     if digits.is_empty() {
@@ -375,8 +446,6 @@ fn install_tls_provider() {
 mod tests {
     use super::*;
     use crate::clock::SystemClock;
-    use crate::identity::StateKey;
-    use crate::limiter::LimitName;
     use redis::aio::ConnectionManager;
 
     #[test]
