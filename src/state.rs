@@ -54,7 +54,7 @@ pub struct AppState {
     /// `[log].access`, when on.
     pub access_log: Option<AccessLog>,
     /// HTTP/2 requests in flight per client address.
-    pub streams: Arc<crate::connection::StreamCaps>,
+    pub streams: Arc<crate::connection::caps::StreamCaps>,
     /// `[server].header_timeout`: also the grace before a body's pace counts.
     pub header_timeout: std::time::Duration,
     /// What the TLS listeners serve; swapped on reload.
@@ -90,7 +90,7 @@ impl AppState {
             store,
             metrics,
             access_log,
-            streams: crate::connection::StreamCaps::new(config.server.max_connections_per_ip),
+            streams: crate::connection::caps::StreamCaps::new(config.server.max_connections_per_ip),
             header_timeout: config.server.header_timeout,
             certificates: config
                 .tls

@@ -6,7 +6,7 @@
 //! The Redis twin is lua/slots.lua: a sorted set of lease ids scored by
 //! their expiry. A lease expires at its expiry instant (`expires_us <= now`).
 
-use super::Decision;
+use super::decision::Decision;
 
 /// The leases of one key: (lease id, expiry), in no particular order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

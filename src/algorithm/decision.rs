@@ -1,7 +1,5 @@
 //! What one limit says about one request, and the state change behind it.
 
-use super::Update;
-
 /// What one limit says about one request. Built only through the
 /// constructors below, so a refusal always carries the wait and an
 /// admission never does.
@@ -199,4 +197,27 @@ impl Evaluation {
             idle_at_us,
         }
     }
+}
+
+/// The change an admitted request makes to its state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Update {
+    Unchanged,
+    Gcra {
+        tat_us: u64,
+    },
+    Window {
+        start_us: u64,
+        count: u64,
+    },
+    TwoWindows {
+        start_us: u64,
+        current: u64,
+        previous: u64,
+    },
+    LogAppend {
+        now_us: u64,
+        cost: u64,
+        window_us: u64,
+    },
 }

@@ -2,7 +2,7 @@
 //! Cheap and easy to explain, at the price of admitting up to twice the limit
 //! across a window edge (the end of one window and the start of the next).
 
-use super::{Evaluation, Update};
+use super::decision::{Evaluation, Update};
 
 pub fn evaluate(
     limit: u64,

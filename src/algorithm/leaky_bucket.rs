@@ -4,7 +4,7 @@
 //! than that arriving at an empty bucket is sent at once. The state is the next
 //! free slot (GCRA's theoretical arrival time).
 
-use super::{Evaluation, Update};
+use super::decision::{Evaluation, Update};
 
 pub fn evaluate(
     capacity: u64,

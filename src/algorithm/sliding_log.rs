@@ -6,7 +6,7 @@
 
 use std::collections::VecDeque;
 
-use super::{Evaluation, Update};
+use super::decision::{Evaluation, Update};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LogState {

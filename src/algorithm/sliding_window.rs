@@ -8,7 +8,7 @@
 //! comparison stays in integers: `current * window + previous * (window -
 //! elapsed) + cost * window <= limit * window`.
 
-use super::{Evaluation, Update};
+use super::decision::{Evaluation, Update};
 
 pub fn evaluate(
     limit: u64,

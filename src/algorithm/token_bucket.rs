@@ -3,7 +3,7 @@
 //! again. Tokens available at `now` are `capacity - (tat - now) / interval`.
 //! One integer of state, lazy refill, and an exact retry time.
 
-use super::{Evaluation, Update};
+use super::decision::{Evaluation, Update};
 
 /// `capacity` tokens, one token back every `interval_us`.
 pub fn evaluate(

@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use super::{Check, Deciding, LimiterError, Slot, Store};
+use super::check::{Check, Slot};
+use super::error::LimiterError;
+use super::store::{Deciding, Store};
 use crate::algorithm::{Algorithm, Decision};
 use crate::clock::Clock;
 use crate::identity::StateKey;

@@ -6,7 +6,10 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use super::{Check, Deciding, LimitName, LimiterError, MemoryStore, OnFailure, Slot, Store};
+use super::check::{Check, LimitName, OnFailure, Slot};
+use super::error::LimiterError;
+use super::memory::MemoryStore;
+use super::store::{Deciding, Store};
 use crate::algorithm::{Algorithm, Decision};
 use crate::clock::Clock;
 use crate::identity::StateKey;

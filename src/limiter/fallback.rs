@@ -19,8 +19,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use log::{info, warn};
 
+use super::check::{Check, OnFailure, Slot};
 use super::deny_cache::open_decision;
-use super::{Check, Deciding, LimiterError, MemoryStore, OnFailure, Slot, Store};
+use super::error::LimiterError;
+use super::memory::MemoryStore;
+use super::store::{Deciding, Store};
 use crate::algorithm::Decision;
 use crate::clock::Clock;
 use crate::metrics::RedisMetrics;

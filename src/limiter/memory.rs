@@ -22,7 +22,9 @@ use lru::LruCache;
 use prometheus::IntCounter;
 use smallvec::SmallVec;
 
-use super::{admitted, Check, Deciding, LimiterError, Slot, Store};
+use super::check::{admitted, Check, Slot};
+use super::error::LimiterError;
+use super::store::{Deciding, Store};
 use crate::algorithm::{Decision, Evaluation, Slots, State, Update};
 use crate::clock::Clock;
 use crate::identity::StateKey;

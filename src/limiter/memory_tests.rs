@@ -3,7 +3,7 @@ use std::sync::Arc;
 use super::*;
 use crate::algorithm::Algorithm;
 use crate::clock::ManualClock;
-use crate::limiter::{LimitName, OnFailure};
+use crate::limiter::check::{LimitName, OnFailure};
 
 const SEC: u64 = 1_000_000;
 const T0: u64 = 1_800_000_000 * SEC;

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use pingora::proxy::Session;
 
+use super::ctx::RequestCtx;
 use super::verdict::Verdict;
-use super::RequestCtx;
 
 /// One access log line: JSON, no query string, no key, no header value;
 /// the client by address and a short keyed hash of its identity.

@@ -7,8 +7,8 @@ use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 use pingora::Result;
 
+use super::ctx::RequestCtx;
 use super::framing::request_has_body;
-use super::RequestCtx;
 use crate::headers::{self, Layer};
 use crate::limiter::LimiterError;
 

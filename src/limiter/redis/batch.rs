@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::algorithm::Decision;
-use crate::limiter::LimiterError;
+use crate::limiter::error::LimiterError;
 
 /// Requests per script run at most: Redis runs nothing else while a script
 /// runs, so a run is kept to well under a millisecond.

@@ -12,12 +12,13 @@ use async_trait::async_trait;
 use prometheus::Histogram;
 use redis::cluster_async::ClusterConnection;
 
-use super::{
-    connection_error, install_tls_provider, Connect, RedisSettings, Scripted, SlotOp, Topology,
-};
+use super::scripted::{connection_error, install_tls_provider, Connect, Scripted, SlotOp};
+use super::settings::{RedisSettings, Topology};
 use crate::algorithm::Decision;
 use crate::clock::Clock;
-use crate::limiter::{Check, Deciding, LimiterError, Slot, Store};
+use crate::limiter::check::{Check, Slot};
+use crate::limiter::error::LimiterError;
+use crate::limiter::store::{Deciding, Store};
 
 impl Connect for ClusterConnection {
     async fn connect(settings: &RedisSettings) -> Result<Self, LimiterError> {

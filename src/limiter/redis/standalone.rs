@@ -11,13 +11,15 @@ use prometheus::Histogram;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::batch::{BatchQueue, RunBatch};
-use super::{
-    connection_error, install_tls_provider, Connect, RedisSettings, ScriptLayer, Scripted, SlotOp,
-    Topology,
+use super::scripted::{
+    connection_error, install_tls_provider, Connect, ScriptLayer, Scripted, SlotOp,
 };
+use super::settings::{RedisSettings, Topology};
 use crate::algorithm::Decision;
 use crate::clock::Clock;
-use crate::limiter::{Check, Deciding, LimiterError, Slot, Store};
+use crate::limiter::check::{Check, Slot};
+use crate::limiter::error::LimiterError;
+use crate::limiter::store::{Deciding, Store};
 
 impl Connect for ConnectionManager {
     async fn connect(settings: &RedisSettings) -> Result<Self, LimiterError> {

@@ -1,0 +1,71 @@
+//! Per-key state, and how an admitted change is written to it.
+
+use super::decision::Update;
+use super::sliding_log::LogState;
+
+/// Per-key state of one limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// Token and leaky bucket: the theoretical arrival time (GCRA).
+    Gcra { tat_us: u64 },
+    /// Fixed window: the window's start and its count.
+    Window { start_us: u64, count: u64 },
+    /// Sliding window counter.
+    TwoWindows {
+        start_us: u64,
+        current: u64,
+        previous: u64,
+    },
+    /// Sliding log: admitted stamps inside the window.
+    Log(LogState),
+}
+
+impl State {
+    /// Writes what `evaluate` decided; a no-op for a refusal or a peek.
+    pub fn apply(&mut self, update: &Update) {
+        match (self, update) {
+            (_, Update::Unchanged) => {}
+            (state, Update::Gcra { tat_us }) => *state = State::Gcra { tat_us: *tat_us },
+            (state, Update::Window { start_us, count }) => {
+                *state = State::Window {
+                    start_us: *start_us,
+                    count: *count,
+                }
+            }
+            (
+                state,
+                Update::TwoWindows {
+                    start_us,
+                    current,
+                    previous,
+                },
+            ) => {
+                *state = State::TwoWindows {
+                    start_us: *start_us,
+                    current: *current,
+                    previous: *previous,
+                }
+            }
+            (
+                State::Log(log),
+                Update::LogAppend {
+                    now_us,
+                    cost,
+                    window_us,
+                },
+            ) => log.append(*now_us, *cost, *window_us),
+            (
+                state,
+                Update::LogAppend {
+                    now_us,
+                    cost,
+                    window_us,
+                },
+            ) => {
+                let mut log = LogState::default();
+                log.append(*now_us, *cost, *window_us);
+                *state = State::Log(log);
+            }
+        }
+    }
+}

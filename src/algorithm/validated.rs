@@ -1,0 +1,224 @@
+//! An algorithm with its numbers, checked once so that the arithmetic never
+//! meets a zero divisor or an inexact product.
+
+use super::decision::Evaluation;
+use super::kind::Kind;
+use super::sliding_log::LogState;
+use super::state::State;
+use super::{fixed_window, leaky_bucket, sliding_log, sliding_window, token_bucket};
+
+/// The largest product of two quantities any algorithm forms; Lua doubles stay
+/// exact below it.
+pub const MAX_EXACT: u64 = 1 << 53;
+
+/// The most units a sliding log may hold: it keeps one stamp per request.
+pub const MAX_SLIDING_LOG: u64 = 100_000;
+
+/// Why numbers do not make an algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AlgorithmError {
+    #[error("must be a whole number of at least 1")]
+    ZeroQuota,
+    #[error("the interval or window must be at least 1µs")]
+    ZeroPeriod,
+    #[error("too large: the quota times its window in microseconds must stay below 2^51")]
+    TooLarge,
+    #[error("sliding_log keeps one stamp per request; use at most {MAX_SLIDING_LOG} (or sliding_window)")]
+    LogTooLong,
+}
+
+/// One limit's algorithm with its numbers, valid by construction: a quota of
+/// at least 1, a period of at least 1µs, and every product the arithmetic
+/// forms exact in a double.
+///
+/// `quota` is the bucket's capacity or the window's limit; `period_us` the
+/// interval between two tokens (buckets) or the window's length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Algorithm {
+    kind: Kind,
+    quota: u64,
+    period_us: u64,
+}
+
+impl Algorithm {
+    pub fn new(kind: Kind, quota: u64, period_us: u64) -> Result<Algorithm, AlgorithmError> {
+        if quota == 0 {
+            return Err(AlgorithmError::ZeroQuota);
+        }
+        if period_us == 0 {
+            return Err(AlgorithmError::ZeroPeriod);
+        }
+        // The scripts compute in doubles: every product, added to a
+        // timestamp, must stay exact.
+        if quota
+            .checked_mul(period_us)
+            .is_none_or(|p| p > MAX_EXACT / 4)
+        {
+            return Err(AlgorithmError::TooLarge);
+        }
+        if kind == Kind::SlidingLog && quota > MAX_SLIDING_LOG {
+            return Err(AlgorithmError::LogTooLong);
+        }
+        Ok(Algorithm {
+            kind,
+            quota,
+            period_us,
+        })
+    }
+
+    /// Bursts up to `capacity`, one token back every `interval_us`.
+    pub fn token_bucket(capacity: u64, interval_us: u64) -> Result<Algorithm, AlgorithmError> {
+        Algorithm::new(Kind::TokenBucket, capacity, interval_us)
+    }
+
+    /// Requests leave one every `interval_us`; up to `capacity` may wait.
+    pub fn leaky_bucket(capacity: u64, interval_us: u64) -> Result<Algorithm, AlgorithmError> {
+        Algorithm::new(Kind::LeakyBucket, capacity, interval_us)
+    }
+
+    /// At most `limit` per aligned window.
+    pub fn fixed_window(limit: u64, window_us: u64) -> Result<Algorithm, AlgorithmError> {
+        Algorithm::new(Kind::FixedWindow, limit, window_us)
+    }
+
+    /// Weighted estimate over the current and previous window.
+    pub fn sliding_window(limit: u64, window_us: u64) -> Result<Algorithm, AlgorithmError> {
+        Algorithm::new(Kind::SlidingWindow, limit, window_us)
+    }
+
+    /// Exactly at most `limit` in any window of `window_us`.
+    pub fn sliding_log(limit: u64, window_us: u64) -> Result<Algorithm, AlgorithmError> {
+        Algorithm::new(Kind::SlidingLog, limit, window_us)
+    }
+
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    /// The number a client sees as its quota (`RateLimit-Limit`, `q=`): the
+    /// capacity of a bucket, the limit of a window.
+    pub fn quota(&self) -> u64 {
+        self.quota
+    }
+
+    /// A bucket's interval between two tokens, or a window's length.
+    pub fn period_us(&self) -> u64 {
+        self.period_us
+    }
+
+    /// The quota's time window in microseconds (`w=`): for the buckets, the time
+    /// to refill from empty.
+    pub fn window_us(&self) -> u64 {
+        if self.kind.is_bucket() {
+            self.quota * self.period_us
+        } else {
+            self.period_us
+        }
+    }
+
+    /// This limit shared evenly by `instances` processes deciding alone: each
+    /// gets its share of the quota (at least 1) and of the rate. The result
+    /// is never larger than the original, so it stays valid.
+    pub fn divided(&self, instances: u64) -> Algorithm {
+        let n = instances.max(1);
+        let quota = (self.quota / n).max(1);
+        let period_us = if self.kind.is_bucket() {
+            // Capacity and rate shrink together: the product never grows.
+            self.period_us.saturating_mul(n).min(MAX_EXACT / 4 / quota)
+        } else {
+            self.period_us
+        };
+        Algorithm {
+            kind: self.kind,
+            quota,
+            period_us,
+        }
+    }
+
+    /// A fresh state for this algorithm (what a key that was never seen holds).
+    pub fn fresh_state(&self) -> State {
+        match self.kind {
+            Kind::TokenBucket | Kind::LeakyBucket => State::Gcra { tat_us: 0 },
+            Kind::FixedWindow => State::Window {
+                start_us: 0,
+                count: 0,
+            },
+            Kind::SlidingWindow => State::TwoWindows {
+                start_us: 0,
+                current: 0,
+                previous: 0,
+            },
+            Kind::SlidingLog => State::Log(LogState::default()),
+        }
+    }
+
+    /// Decides a request of `cost` at `now_us` against `state` without changing it.
+    ///
+    /// A state of the wrong shape (a limit whose algorithm changed on reload) is
+    /// treated as fresh.
+    pub fn evaluate(&self, state: &State, now_us: u64, cost: u64) -> Evaluation {
+        let (quota, period) = (self.quota, self.period_us);
+        match (self.kind, state) {
+            (Kind::TokenBucket, State::Gcra { tat_us }) => {
+                token_bucket::evaluate(quota, period, *tat_us, now_us, cost)
+            }
+            (Kind::LeakyBucket, State::Gcra { tat_us }) => {
+                leaky_bucket::evaluate(quota, period, *tat_us, now_us, cost)
+            }
+            (Kind::FixedWindow, State::Window { start_us, count }) => {
+                fixed_window::evaluate(quota, period, *start_us, *count, now_us, cost)
+            }
+            (
+                Kind::SlidingWindow,
+                State::TwoWindows {
+                    start_us,
+                    current,
+                    previous,
+                },
+            ) => sliding_window::evaluate(
+                quota, period, *start_us, *current, *previous, now_us, cost,
+            ),
+            (Kind::SlidingLog, State::Log(log)) => {
+                sliding_log::evaluate(quota, period, log, now_us, cost)
+            }
+            _ => self.evaluate(&self.fresh_state(), now_us, cost),
+        }
+    }
+}
+
+impl std::fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let spec = self.kind.spec();
+        if self.kind.is_bucket() {
+            write!(
+                f,
+                "{} {}={} {}={:.3}/s",
+                spec.name,
+                spec.quota.name(),
+                self.quota,
+                spec.period.name(),
+                1_000_000.0 / self.period_us as f64
+            )
+        } else {
+            let ms = self.period_us / 1000;
+            let window = match ms {
+                ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+                ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+                ms if ms % 1_000 == 0 => format!("{}s", ms / 1_000),
+                ms => format!("{ms}ms"),
+            };
+            write!(
+                f,
+                "{} {}={} {}={window}",
+                spec.name,
+                spec.quota.name(),
+                self.quota,
+                spec.period.name()
+            )
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! How many connections may be open: in all, per client address, and
+//! HTTP/2 requests in flight per address.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use log::warn;
+use tokio::time::Instant;
+
+use crate::metrics::ConnectionMetrics;
+
+/// `[server]` connection settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionSettings {
+    pub header_timeout: Duration,
+    pub keepalive_timeout: Duration,
+    pub max_connections: usize,
+    pub max_connections_per_ip: usize,
+}
+
+/// How long a refused address stays quiet in the log.
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Beyond this many addresses remembered for log throttling, forget them all.
+const REFUSAL_LOG_MEMORY: usize = 10_000;
+
+/// Open connections, in all and per client address.
+pub struct ConnectionCaps {
+    max_total: usize,
+    max_per_ip: usize,
+    total: AtomicUsize,
+    per_ip: Mutex<PerIp>,
+    pub(super) metrics: ConnectionMetrics,
+}
+
+#[derive(Default)]
+struct PerIp {
+    open: HashMap<IpAddr, usize>,
+    /// When each address was last logged as refused.
+    logged: HashMap<IpAddr, Instant>,
+    /// When the last refusal line was written, and how many went unlogged.
+    last_line: Option<Instant>,
+    unlogged: u64,
+}
+
+/// One open connection's place under the caps, given back on drop.
+pub struct Permit {
+    caps: Arc<ConnectionCaps>,
+    /// The address counted against the per-address cap (none for trusted
+    /// proxies, which hold many clients' connections).
+    counted_as: Option<IpAddr>,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.caps.total.fetch_sub(1, Ordering::AcqRel);
+        self.caps.metrics.open.dec();
+        if let Some(ip) = self.counted_as {
+            let mut per_ip = self.caps.lock();
+            if let Some(n) = per_ip.open.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    per_ip.open.remove(&ip);
+                }
+            }
+        }
+    }
+}
+
+/// Why a connection was closed at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapReached {
+    Total,
+    PerAddress,
+}
+
+impl ConnectionCaps {
+    pub fn new(settings: &ConnectionSettings, metrics: ConnectionMetrics) -> Arc<Self> {
+        Arc::new(ConnectionCaps {
+            max_total: settings.max_connections,
+            max_per_ip: settings.max_connections_per_ip,
+            total: AtomicUsize::new(0),
+            per_ip: Mutex::new(PerIp::default()),
+            metrics,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PerIp> {
+        // Counts are plain integers: a panic elsewhere leaves them usable.
+        self.per_ip.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A place for a new connection from `address` (already grouped: an
+    /// IPv6 client by its prefix), or which cap it hit. `None` counts
+    /// against the total only.
+    pub fn admit(self: &Arc<Self>, address: Option<IpAddr>) -> Result<Permit, CapReached> {
+        // Both caps under the one lock, the address's first: a flood that its
+        // own cap refuses never takes places from the total meanwhile.
+        let mut per_ip = self.lock();
+        if let Some(ip) = address {
+            if per_ip.open.get(&ip).is_some_and(|&n| n >= self.max_per_ip) {
+                return Err(CapReached::PerAddress);
+            }
+        }
+        if self.total.load(Ordering::Acquire) >= self.max_total {
+            return Err(CapReached::Total);
+        }
+        self.total.fetch_add(1, Ordering::AcqRel);
+        if let Some(ip) = address {
+            *per_ip.open.entry(ip).or_insert(0) += 1;
+        }
+        drop(per_ip);
+        self.metrics.open.inc();
+        Ok(Permit {
+            caps: self.clone(),
+            counted_as: address,
+        })
+    }
+
+    /// Counts a refusal; logs it unless this address was logged within the
+    /// last minute.
+    /// `group` is the address as the per-address cap counts it (an IPv6
+    /// client by its prefix), so that a /64 cannot write a line per address.
+    pub(super) fn refused(&self, group: Option<IpAddr>, reason: CapReached) {
+        let (label, cap) = match reason {
+            CapReached::Total => ("total", self.max_total),
+            CapReached::PerAddress => ("per_ip", self.max_per_ip),
+        };
+        self.metrics.refused.with_label_values(&[label]).inc();
+        let now = Instant::now();
+        let due = {
+            let mut per_ip = self.lock();
+            if per_ip.logged.len() >= REFUSAL_LOG_MEMORY {
+                // Forget only what is a minute old; while the memory is full
+                // of fresh addresses, new ones are not logged at all.
+                per_ip
+                    .logged
+                    .retain(|_, at| now.duration_since(*at) < REFUSAL_LOG_INTERVAL);
+            }
+            let key = group.unwrap_or(IpAddr::from([0, 0, 0, 0]));
+            let fresh = per_ip
+                .logged
+                .get(&key)
+                .is_none_or(|at| now.duration_since(*at) >= REFUSAL_LOG_INTERVAL);
+            let room = per_ip.logged.len() < REFUSAL_LOG_MEMORY || per_ip.logged.contains_key(&key);
+            // And at most one such line a second over all addresses.
+            let quiet = per_ip
+                .last_line
+                .is_some_and(|at| now.duration_since(at) < Duration::from_secs(1));
+            if fresh && room && !quiet {
+                per_ip.logged.insert(key, now);
+                per_ip.last_line = Some(now);
+                Some(std::mem::take(&mut per_ip.unlogged))
+            } else {
+                per_ip.unlogged += 1;
+                None
+            }
+        };
+        if let Some(unlogged) = due {
+            let who = group.map_or_else(|| "unknown".to_string(), |ip| ip.to_string());
+            warn!(
+                "connection from {who} closed at once: {label} connection cap ({cap}) reached (logged once a minute per address; {unlogged} refusals since the last line not logged)"
+            );
+        }
+    }
+}
+
+/// HTTP/2 requests in flight per client address (grouped as the connection
+/// cap groups them): streams multiply what one connection can hold, so
+/// they count against `max_connections_per_ip` on their own.
+pub struct StreamCaps {
+    max_per_address: usize,
+    in_flight: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// One HTTP/2 request's place, given back when the request ends.
+pub struct StreamPermit {
+    caps: Arc<StreamCaps>,
+    address: IpAddr,
+}
+
+impl Drop for StreamPermit {
+    fn drop(&mut self) {
+        let mut in_flight = self
+            .caps
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = in_flight.get_mut(&self.address) {
+            *n -= 1;
+            if *n == 0 {
+                in_flight.remove(&self.address);
+            }
+        }
+    }
+}
+
+impl StreamCaps {
+    pub fn new(max_per_address: usize) -> Arc<Self> {
+        Arc::new(StreamCaps {
+            max_per_address,
+            in_flight: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A place for one more request from `address`, or none.
+    pub fn admit(self: &Arc<Self>, address: IpAddr) -> Option<StreamPermit> {
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        let n = in_flight.entry(address).or_insert(0);
+        if *n >= self.max_per_address {
+            return None;
+        }
+        *n += 1;
+        Some(StreamPermit {
+            caps: self.clone(),
+            address,
+        })
+    }
+}

@@ -1,0 +1,323 @@
+//! The client's stream, read and written under its connection's clock.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use log::debug;
+use pingora::protocols::raw_connect::ProxyDigest;
+use pingora::protocols::tls::TlsRef;
+use pingora::protocols::SocketDigest;
+use pingora::protocols::{
+    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, Ssl, Stream, TimingDigest,
+    UniqueID, UniqueIDType, ALPN,
+};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
+
+use super::clock::{HeadClock, Overrun, MAX_HEAD_BYTES};
+use crate::metrics::ConnectionMetrics;
+
+/// What a late head gets before the connection closes.
+const REQUEST_TIMEOUT: &[u8] = b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: 33\r\n\r\n{\"error\":\"request_head_timeout\"}\n";
+
+/// What an oversized head gets before the connection closes.
+const HEAD_TOO_LARGE: &[u8] = b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: 31\r\n\r\n{\"error\":\"request_head_too_large\"}";
+
+/// The client's stream, read under the connection's `HeadClock`.
+pub struct GuardedStream {
+    inner: Stream,
+    clock: Arc<HeadClock>,
+    timer: Pin<Box<Sleep>>,
+    /// Set once the deadline passed: reads end the connection from then on.
+    expired: bool,
+    /// Whether a 408/431 may be written as bytes: not under TLS, where the
+    /// clock watches the encrypted stream.
+    plaintext: bool,
+    /// Armed while a write waits for the client to read: it may wait
+    /// `keepalive_timeout`, then the connection goes. Made only when a write
+    /// first blocks (most connections never need it).
+    write_timer: Option<Pin<Box<Sleep>>>,
+    /// Bytes already read from `inner` that reads give back first (the
+    /// HTTP/2 preface read off a TLS stream).
+    replay: Vec<u8>,
+    /// Whether a blocked write counts against `keepalive_timeout` here (not
+    /// above TLS, where the stream below already counts it).
+    guards_writes: bool,
+    metrics: ConnectionMetrics,
+}
+
+impl fmt::Debug for GuardedStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GuardedStream")
+            .field("inner", &self.inner)
+            .field("clock", &self.clock)
+            .finish()
+    }
+}
+
+impl GuardedStream {
+    pub fn new(
+        inner: Stream,
+        clock: Arc<HeadClock>,
+        metrics: ConnectionMetrics,
+        plaintext: bool,
+    ) -> Self {
+        GuardedStream {
+            inner,
+            clock,
+            timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            expired: false,
+            plaintext,
+            write_timer: None,
+            replay: Vec::new(),
+            guards_writes: true,
+            metrics,
+        }
+    }
+
+    /// `inner` with `replay` read back first, under no head deadline (the
+    /// stream below keeps its own clock).
+    pub fn replaying(inner: Stream, replay: Vec<u8>, metrics: ConnectionMetrics) -> Self {
+        let clock = HeadClock::new(Duration::ZERO, Duration::ZERO);
+        clock.head_arrived();
+        let mut stream = GuardedStream::new(inner, clock, metrics, false);
+        stream.replay = replay;
+        stream.guards_writes = false;
+        stream
+    }
+
+    /// Ends the stream, telling the client why where a head was due.
+    fn expire(&mut self, cx: &mut Context<'_>, why: Overrun) {
+        self.expired = true;
+        let answer = match why {
+            Overrun::Late { head: true } => {
+                self.metrics.header_timeouts.inc();
+                debug!("request head not complete in time: 408, closing");
+                Some(REQUEST_TIMEOUT)
+            }
+            Overrun::HeadTooLarge => {
+                self.metrics.header_timeouts.inc();
+                debug!("request head larger than {MAX_HEAD_BYTES} bytes: 431, closing");
+                Some(HEAD_TOO_LARGE)
+            }
+            Overrun::Late { head: false } => {
+                self.metrics.idle_timeouts.inc();
+                None
+            }
+        };
+        if let Some(answer) = answer.filter(|_| self.plaintext) {
+            // Small enough for any socket buffer; if it does not fit at
+            // once, the connection closes without it.
+            let _ = Pin::new(&mut *self.inner).poll_write(cx, answer);
+            let _ = Pin::new(&mut *self.inner).poll_flush(cx);
+        }
+    }
+}
+
+impl GuardedStream {
+    /// What a write (or flush) came to: a blocked one counts towards the
+    /// write deadline, any other outcome clears it.
+    fn after_write<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        match poll {
+            Poll::Pending => match self.write_deadline_passed(cx) {
+                Some(e) => Poll::Ready(Err(e)),
+                None => Poll::Pending,
+            },
+            ready => {
+                self.write_timer = None;
+                ready
+            }
+        }
+    }
+
+    /// A write is waiting for the client to read: fine for a while; a client
+    /// that stops reading (or pipelines without ever reading) is let go
+    /// after `keepalive_timeout`. The error, once that time has passed.
+    fn write_deadline_passed(&mut self, cx: &mut Context<'_>) -> Option<std::io::Error> {
+        if !self.guards_writes {
+            return None;
+        }
+        let limit = self.clock.keepalive_timeout;
+        let timer = self
+            .write_timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        timer.as_mut().poll(cx).is_ready().then(|| {
+            self.metrics.idle_timeouts.inc();
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client read nothing for keepalive_timeout",
+            )
+        })
+    }
+}
+
+impl AsyncRead for GuardedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.expired {
+            // End of stream: Pingora closes the connection.
+            return Poll::Ready(Ok(()));
+        }
+        if !self.replay.is_empty() {
+            let n = self.replay.len().min(buf.remaining());
+            buf.put_slice(&self.replay[..n]);
+            self.replay.drain(..n);
+            return Poll::Ready(Ok(()));
+        }
+        let before = buf.filled().len();
+        let this = &mut *self;
+        match Pin::new(&mut *this.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                let read = (buf.filled().len() - before) as u64;
+                if read > 0 {
+                    if let Some(overrun) = this.clock.bytes_arrived(read) {
+                        this.expire(cx, overrun);
+                        buf.set_filled(before);
+                    }
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => {
+                let Some((until, head)) = this.clock.deadline() else {
+                    return Poll::Pending;
+                };
+                // Re-arming a timer costs a trip to the runtime's timer
+                // wheel; deadlines move later with every request, so the
+                // timer is moved only when the deadline came earlier, and a
+                // timer that fires before the deadline is re-armed then.
+                if until < this.timer.deadline() || this.timer.is_elapsed() {
+                    this.timer.as_mut().reset(until);
+                }
+                loop {
+                    match this.timer.as_mut().poll(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(()) if Instant::now() >= until => {
+                            this.expire(cx, Overrun::Late { head });
+                            return Poll::Ready(Ok(()));
+                        }
+                        Poll::Ready(()) => this.timer.as_mut().reset(until),
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl AsyncWrite for GuardedStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = &mut *self;
+        let poll = Pin::new(&mut *this.inner).poll_write(cx, buf);
+        this.after_write(cx, poll)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        let poll = Pin::new(&mut *this.inner).poll_flush(cx);
+        this.after_write(cx, poll)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut *self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = &mut *self;
+        let poll = Pin::new(&mut *this.inner).poll_write_vectored(cx, bufs);
+        this.after_write(cx, poll)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+// The rest of Pingora's stream interface passes straight through.
+
+#[async_trait]
+impl Shutdown for GuardedStream {
+    async fn shutdown(&mut self) {
+        self.inner.shutdown().await
+    }
+}
+
+impl UniqueID for GuardedStream {
+    fn id(&self) -> UniqueIDType {
+        self.inner.id()
+    }
+}
+
+impl Ssl for GuardedStream {
+    fn get_ssl(&self) -> Option<&TlsRef> {
+        self.inner.get_ssl()
+    }
+
+    fn get_ssl_digest(&self) -> Option<Arc<pingora::protocols::tls::SslDigest>> {
+        self.inner.get_ssl_digest()
+    }
+
+    fn selected_alpn_proto(&self) -> Option<ALPN> {
+        self.inner.selected_alpn_proto()
+    }
+}
+
+impl GetTimingDigest for GuardedStream {
+    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+        self.inner.get_timing_digest()
+    }
+
+    fn get_read_pending_time(&self) -> Duration {
+        self.inner.get_read_pending_time()
+    }
+
+    fn get_write_pending_time(&self) -> Duration {
+        self.inner.get_write_pending_time()
+    }
+}
+
+impl GetProxyDigest for GuardedStream {
+    fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
+        self.inner.get_proxy_digest()
+    }
+
+    fn set_proxy_digest(&mut self, digest: ProxyDigest) {
+        self.inner.set_proxy_digest(digest)
+    }
+}
+
+impl GetSocketDigest for GuardedStream {
+    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
+        self.inner.get_socket_digest()
+    }
+
+    fn set_socket_digest(&mut self, digest: SocketDigest) {
+        self.inner.set_socket_digest(digest)
+    }
+}
+
+#[async_trait]
+impl Peek for GuardedStream {
+    async fn try_peek(&mut self, buf: &mut [u8]) -> std::io::Result<bool> {
+        self.inner.try_peek(buf).await
+    }
+}

@@ -1,0 +1,22 @@
+//! Why a store could not answer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Why a store could not answer. A request is then decided by the
+/// configured `on_failure`, never left waiting.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LimiterError {
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    #[error("cannot reach Redis: {0}")]
+    Connection(#[source] Arc<::redis::RedisError>),
+    #[error("Redis answered with an error: {0}")]
+    Rejected(#[source] Arc<::redis::RedisError>),
+    #[error("the script's reply does not parse: {0:?}")]
+    UnparsableReply(Box<str>),
+    #[error("the script answered {values} values for {layers} layers")]
+    WrongReplyLength { values: usize, layers: usize },
+    #[error("the Redis batch task has stopped")]
+    Stopped,
+}

@@ -1,0 +1,465 @@
+//! What both Redis stores share: the scripts, the keys, the connection made
+//! on first use, the deadline on every call, and the replies' parsing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus::Histogram;
+use redis::aio::ConnectionLike;
+use redis::Script;
+use tokio::sync::OnceCell;
+
+use super::settings::{ClockSource, RedisSettings};
+use crate::algorithm::{Algorithm, Decision, ALGORITHMS};
+use crate::clock::Clock;
+use crate::identity::StateKey;
+use crate::limiter::check::{Check, LimitName, Slot};
+use crate::limiter::error::LimiterError;
+
+/// The algorithm scripts and the entry point, joined into one script after
+/// the algorithms' codes, which come from the algorithm table.
+pub fn script_source() -> String {
+    let mut source = String::from("local CODE = {");
+    for spec in &ALGORITHMS {
+        source.push_str(&format!(" {} = {},", spec.name, spec.code));
+    }
+    source.push_str(" }\n");
+    for part in [
+        include_str!("../../../lua/common.lua"),
+        include_str!("../../../lua/token_bucket.lua"),
+        include_str!("../../../lua/leaky_bucket.lua"),
+        include_str!("../../../lua/fixed_window.lua"),
+        include_str!("../../../lua/sliding_window.lua"),
+        include_str!("../../../lua/sliding_log.lua"),
+        include_str!("../../../lua/decide.lua"),
+    ] {
+        source.push_str(part);
+    }
+    source
+}
+
+/// The concurrency limits' leases.
+pub(super) const SLOTS_SCRIPT: &str = include_str!("../../../lua/slots.lua");
+
+/// Integers per layer in the script's reply.
+pub(super) const REPLY_FIELDS: usize = 7;
+
+/// How the script treats a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// Refuses the request when it refuses; charged when all admit.
+    Enforce = 0,
+    /// Never refuses; charged when it admits and the request goes through.
+    Shadow = 1,
+    /// Decided, never charged.
+    Peek = 2,
+}
+
+/// One layer as the script takes it.
+pub(super) struct ScriptLayer {
+    key: String,
+    code: u8,
+    quota: u64,
+    period_us: u64,
+    cost: u64,
+    mode: Mode,
+}
+
+/// The probe's layer: always admits (so it always writes), and its key lives
+/// a second.
+pub(super) fn probe_algorithm() -> Algorithm {
+    Algorithm::fixed_window(1 << 30, 1_000_000).unwrap_or_else(|_| unreachable!())
+}
+
+/// What both stores share: the settings, the script, the connection (made
+/// on first use, so that it lives on the proxy's own runtime), and the
+/// timing of each call.
+pub(super) struct Scripted<C> {
+    pub(super) settings: RedisSettings,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) script: Script,
+    pub(super) slots_script: Script,
+    pub(super) connection: OnceCell<C>,
+    pub(super) call_seconds: Option<Histogram>,
+}
+
+/// How a store's connection is made.
+pub(super) trait Connect: ConnectionLike + Clone + Send + Sync + Sized + 'static {
+    fn connect(
+        settings: &RedisSettings,
+    ) -> impl std::future::Future<Output = Result<Self, LimiterError>> + Send;
+}
+
+impl<C: Connect> Scripted<C> {
+    pub(super) fn new(settings: RedisSettings, clock: Arc<dyn Clock>) -> Self {
+        Scripted {
+            settings,
+            clock,
+            script: Script::new(&script_source()),
+            slots_script: Script::new(SLOTS_SCRIPT),
+            connection: OnceCell::new(),
+            call_seconds: None,
+        }
+    }
+
+    /// `{prefix}:{limit}:{identity}`, the identity hash in braces: the hash
+    /// tag, so that one identity's layers share a cluster slot.
+    pub(super) fn key(&self, check: &Check) -> String {
+        self.key_of(&check.name, &check.key)
+    }
+
+    pub(super) fn key_of(&self, name: &LimitName, state: &StateKey) -> String {
+        // By hand: `format!` with `{:032x}` cost more than the rest of the
+        // request's Redis client work.
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let prefix = &self.settings.key_prefix;
+        let name = name.as_str();
+        let mut key = String::with_capacity(prefix.len() + name.len() + 36);
+        key.push_str(prefix);
+        key.push(':');
+        key.push_str(name);
+        key.push_str(":{");
+        let identity = state.identity;
+        for shift in (0..32).rev() {
+            key.push(char::from(HEX[((identity >> (shift * 4)) & 0xf) as usize]));
+        }
+        key.push('}');
+        key
+    }
+
+    pub(super) fn layers<'a>(
+        &self,
+        checks: impl IntoIterator<Item = &'a Check>,
+        peek: bool,
+    ) -> Vec<ScriptLayer> {
+        checks
+            .into_iter()
+            .map(|check| ScriptLayer {
+                key: self.key(check),
+                code: check.algorithm.kind().code(),
+                quota: check.algorithm.quota(),
+                period_us: check.algorithm.period_us(),
+                cost: check.cost,
+                mode: match (peek, check.shadow) {
+                    (true, _) => Mode::Peek,
+                    (false, true) => Mode::Shadow,
+                    (false, false) => Mode::Enforce,
+                },
+            })
+            .collect()
+    }
+
+    pub(super) fn probe_layer(&self) -> ScriptLayer {
+        let probe = probe_algorithm();
+        ScriptLayer {
+            key: format!("{}:probe:{{0}}", self.settings.key_prefix),
+            code: probe.kind().code(),
+            quota: probe.quota(),
+            period_us: probe.period_us(),
+            cost: 1,
+            mode: Mode::Enforce,
+        }
+    }
+
+    pub(super) fn now_arg(&self) -> i64 {
+        match self.settings.clock {
+            ClockSource::Redis => -1,
+            ClockSource::Local => self.clock.now_us() as i64,
+        }
+    }
+
+    /// Runs `work` on the connection (made on first use), all within the
+    /// deadline.
+    pub(super) async fn within_deadline<T, F, Fut>(&self, work: F) -> Result<T, LimiterError>
+    where
+        F: FnOnce(C) -> Fut,
+        Fut: std::future::Future<Output = Result<T, LimiterError>>,
+    {
+        let deadline = self.settings.timeout;
+        let run = async {
+            let connection = self
+                .connection
+                .get_or_try_init(|| C::connect(&self.settings))
+                .await?
+                .clone();
+            work(connection).await
+        };
+        // Pingora's timer wheel: far cheaper per call than a tokio timer.
+        pingora::prelude::fast_timeout::fast_timeout(deadline, run)
+            .await
+            .map_err(|_| LimiterError::Timeout(deadline))?
+    }
+
+    /// Times a decision (observed when dropped, failed calls included).
+    pub(super) fn call_timer(&self) -> Option<prometheus::HistogramTimer> {
+        self.call_seconds.as_ref().map(Histogram::start_timer)
+    }
+
+    /// One script run for all the requests' layers; the decisions come back
+    /// per request.
+    pub(super) async fn run(
+        &self,
+        connection: &mut C,
+        requests: &[&[ScriptLayer]],
+    ) -> Result<Vec<Vec<Decision>>, LimiterError> {
+        let mut invocation = self.script.prepare_invoke();
+        for layer in requests.iter().flat_map(|layers| layers.iter()) {
+            invocation.key(&layer.key);
+        }
+        invocation.arg(self.now_arg()).arg(requests.len());
+        for layers in requests {
+            invocation.arg(layers.len());
+            for layer in layers.iter() {
+                invocation
+                    .arg(layer.code)
+                    .arg(layer.quota)
+                    .arg(layer.period_us)
+                    .arg(layer.cost)
+                    .arg(layer.mode as u8);
+            }
+        }
+        let reply: Vec<u8> = invocation
+            .invoke_async(connection)
+            .await
+            .map_err(classify)?;
+        let total = requests.iter().map(|layers| layers.len()).sum();
+        let mut decisions = parse_reply(&reply, total)?.into_iter();
+        Ok(requests
+            .iter()
+            .map(|layers| decisions.by_ref().take(layers.len()).collect())
+            .collect())
+    }
+
+    /// Runs the script on the probe key, with a write, loading the script
+    /// where it is missing (after a restart or SCRIPT FLUSH). A Redis that
+    /// answers pings but refuses writes (out of memory under `noeviction`, a
+    /// read-only replica) fails the probe as it fails decisions.
+    pub(super) async fn probe(&self) -> Result<(), LimiterError> {
+        let probe = [self.probe_layer()];
+        self.within_deadline(|mut connection| async move {
+            self.run(&mut connection, &[&probe]).await.map(drop)
+        })
+        .await
+    }
+
+    /// One call of the slots script on `slot`'s key: whether it took (or
+    /// held) the slot, and the decision for an acquisition.
+    pub(super) async fn slots(
+        &self,
+        op: SlotOp,
+        slot: &Slot,
+    ) -> Result<(bool, Decision), LimiterError> {
+        let key = self.key_of(&slot.name, &slot.key);
+        let now = self.now_arg();
+        self.within_deadline(|mut connection| async move {
+            let reply: Vec<u8> = self
+                .slots_script
+                .key(&key)
+                .arg(op.as_str())
+                .arg(now)
+                .arg(slot.max)
+                .arg(slot.lease_us)
+                .arg(slot.lease_id)
+                .invoke_async(&mut connection)
+                .await
+                .map_err(classify)?;
+            parse_slots_reply(&reply, slot.max)
+        })
+        .await
+    }
+
+    /// Deletes these layers' keys, one command per key (a cluster routes
+    /// each by its slot).
+    pub(super) async fn delete(&self, checks: &[Check]) -> Result<(), LimiterError> {
+        let keys: Vec<String> = checks.iter().map(|c| self.key(c)).collect();
+        self.within_deadline(|mut connection| async move {
+            for key in &keys {
+                redis::cmd("DEL")
+                    .arg(key)
+                    .exec_async(&mut connection)
+                    .await
+                    .map_err(classify)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+}
+
+/// The script's reply: `REPLY_FIELDS` space-separated integers per layer.
+pub(super) fn parse_reply(reply: &[u8], layers: usize) -> Result<Vec<Decision>, LimiterError> {
+    if layers == 0 {
+        return Ok(Vec::new());
+    }
+    let values: Vec<u64> = reply
+        .split(|&b| b == b' ')
+        .map(|field| {
+            parse_u64(field)
+                .ok_or_else(|| LimiterError::UnparsableReply(String::from_utf8_lossy(reply).into()))
+        })
+        .collect::<Result<_, _>>()?;
+    if values.len() != layers * REPLY_FIELDS {
+        return Err(LimiterError::WrongReplyLength {
+            values: values.len(),
+            layers,
+        });
+    }
+    Ok(values
+        .chunks_exact(REPLY_FIELDS)
+        .map(|r| {
+            let (limit, remaining, reset_after_us) = (r[2], r[3], r[4]);
+            match (r[0] == 1, r[1] == 1) {
+                (true, _) => Decision::admitted_after(limit, remaining, reset_after_us, r[6]),
+                (false, true) => Decision::never_passable(limit, remaining, reset_after_us),
+                (false, false) => Decision::refused(limit, remaining, reset_after_us, r[5]),
+            }
+        })
+        .collect())
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) enum SlotOp {
+    Acquire,
+    Renew,
+    Release,
+}
+
+impl SlotOp {
+    fn as_str(self) -> &'static str {
+        match self {
+            SlotOp::Acquire => "acquire",
+            SlotOp::Renew => "renew",
+            SlotOp::Release => "release",
+        }
+    }
+}
+
+/// The slots script's reply: allowed, remaining, reset_after_us,
+/// retry_after_us.
+pub(super) fn parse_slots_reply(reply: &[u8], max: u64) -> Result<(bool, Decision), LimiterError> {
+    let unparsable = || LimiterError::UnparsableReply(String::from_utf8_lossy(reply).into());
+    let values: Vec<u64> = reply
+        .split(|&b| b == b' ')
+        .map(|field| parse_u64(field).ok_or_else(unparsable))
+        .collect::<Result<_, _>>()?;
+    let [allowed, remaining, reset_after_us, retry_after_us] = values[..] else {
+        return Err(LimiterError::WrongReplyLength {
+            values: values.len(),
+            layers: 1,
+        });
+    };
+    let decision = if allowed == 1 {
+        Decision::admitted(max, remaining, reset_after_us)
+    } else {
+        Decision::refused(max, remaining, reset_after_us, retry_after_us)
+    };
+    Ok((allowed == 1, decision))
+}
+
+/// A decimal integer, digits only, that fits in a u64.
+pub(super) fn parse_u64(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &b| {
+        let digit = b.checked_sub(b'0').filter(|d| *d <= 9)?;
+        n.checked_mul(10)?.checked_add(u64::from(digit))
+    })
+}
+
+pub(super) fn classify(e: redis::RedisError) -> LimiterError {
+    if e.is_timeout() {
+        LimiterError::Timeout(Duration::ZERO)
+    } else if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+        LimiterError::Connection(Arc::new(e))
+    } else {
+        LimiterError::Rejected(Arc::new(e))
+    }
+}
+
+pub(super) fn connection_error(e: redis::RedisError) -> LimiterError {
+    LimiterError::Connection(Arc::new(e))
+}
+
+/// rediss:// needs a process-wide TLS provider; a second install (another
+/// store, a reload) finds it there already.
+pub(super) fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::settings::Topology;
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::limiter::check::OnFailure;
+    use redis::aio::ConnectionManager;
+
+    #[test]
+    fn keys_are_prefix_limit_and_the_identity_as_32_hex_digits() {
+        let store: Scripted<ConnectionManager> = Scripted::new(
+            RedisSettings {
+                topology: Topology::Standalone("redis://127.0.0.1:1".into()),
+                timeout: Duration::from_millis(50),
+                clock: ClockSource::Redis,
+                key_prefix: "fg".into(),
+                on_failure: OnFailure::Deny,
+                instances: 1,
+                tls_ca: None,
+            },
+            Arc::new(SystemClock),
+        );
+        for identity in [
+            0,
+            1,
+            0xabc,
+            u128::MAX,
+            0x0123_4567_89ab_cdef_fedc_ba98_7654_3210,
+        ] {
+            let check = Check {
+                layer: 0,
+                name: LimitName::new("per-ip"),
+                algorithm: Algorithm::fixed_window(1, 1).expect("valid numbers"),
+                key: StateKey { limit: 0, identity },
+                cost: 1,
+                shadow: false,
+                on_failure: OnFailure::Deny,
+            };
+            assert_eq!(store.key(&check), format!("fg:per-ip:{{{identity:032x}}}"));
+        }
+    }
+
+    #[test]
+    fn the_script_learns_each_algorithms_code_from_the_table() {
+        let source = script_source();
+        for spec in &ALGORITHMS {
+            assert!(source.contains(&format!(" {} = {},", spec.name, spec.code)));
+            assert!(
+                source.contains(&format!("ALGORITHMS[CODE.{}]", spec.name)),
+                "{} is not registered by its code",
+                spec.name
+            );
+        }
+    }
+
+    #[test]
+    fn replies_hold_unsigned_decimal_integers_only() {
+        assert_eq!(parse_u64(b"0"), Some(0));
+        assert_eq!(parse_u64(b"18446744073709551615"), Some(u64::MAX));
+        for bad in [
+            &b""[..],
+            b"18446744073709551616",
+            b"-1",
+            b"1a",
+            b" 1",
+            b"1.5",
+        ] {
+            assert_eq!(parse_u64(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+        let decisions = parse_reply(b"1 0 10 9 100 0 0 0 0 10 0 5 7 0", 2).expect("two layers");
+        assert!(decisions[0].allowed() && !decisions[1].allowed());
+        assert_eq!(decisions[1].retry_after_us(), 7);
+        assert!(parse_reply(b"1 0 10 9 100 0", 1).is_err());
+        assert!(parse_reply(b"1 0 10 x 100 0 0", 1).is_err());
+    }
+}

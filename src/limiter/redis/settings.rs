@@ -1,0 +1,54 @@
+//! `[redis]` as the stores use it.
+
+use std::time::Duration;
+
+use crate::limiter::check::OnFailure;
+
+/// Where the Redis stores read "now".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClockSource {
+    /// Redis `TIME`: one clock for every instance.
+    Redis,
+    /// The proxy's clock, sent with each call.
+    Local,
+}
+
+/// One node or a cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Topology {
+    /// A `redis://` or `rediss://` URL.
+    Standalone(String),
+    /// The seed nodes' URLs.
+    Cluster(Vec<String>),
+}
+
+/// `[redis]`, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RedisSettings {
+    pub topology: Topology,
+    pub timeout: Duration,
+    pub clock: ClockSource,
+    pub key_prefix: String,
+    pub on_failure: OnFailure,
+    pub instances: u64,
+    /// PEM certificates to trust for rediss:// instead of the system's roots.
+    pub tls_ca: Option<Vec<u8>>,
+}
+
+impl RedisSettings {
+    /// Where the store is, for logs: the URL or the seed nodes.
+    pub fn target(&self) -> String {
+        match &self.topology {
+            Topology::Standalone(url) => url.clone(),
+            Topology::Cluster(nodes) => nodes.join(", "),
+        }
+    }
+
+    pub(super) fn tls_certificates(&self) -> Option<redis::TlsCertificates> {
+        self.tls_ca.as_ref().map(|ca| redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(ca.clone()),
+        })
+    }
+}

@@ -1,0 +1,108 @@
+//! The interface every store implements, and the wrappers too.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::check::{Check, Slot};
+use super::error::LimiterError;
+use crate::algorithm::Decision;
+
+/// Which store makes the decisions right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deciding {
+    Memory,
+    Redis,
+    /// Redis is configured but away: `on_failure` decides.
+    Fallback,
+}
+
+impl Deciding {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Deciding::Memory => "memory",
+            Deciding::Redis => "redis",
+            Deciding::Fallback => "fallback",
+        }
+    }
+}
+
+/// Limit state, wherever it lives.
+///
+/// Contract for `decide`: one decision per check, in order, applied
+/// all-or-nothing: if any enforcing (non-shadow) check refuses, no layer is
+/// charged. Shadow checks never refuse the request; one that would have
+/// refused is not charged, one that admits is charged with the rest.
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// Decides and charges a request's layers.
+    async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError>;
+
+    /// What `decide` would answer now, charging nothing: a request checked
+    /// before its cost is known, or one identity's state read (cost 0).
+    async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError>;
+
+    /// Forgets these layers' state: the identity starts afresh.
+    async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError>;
+
+    /// Takes one of the key's `max` slots under the slot's lease; refused
+    /// with the time until a held lease ends when all are taken.
+    async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError>;
+
+    /// Extends a held lease by its length from now; false when it has
+    /// expired (its slot may be another's).
+    async fn renew(&self, slot: &Slot) -> Result<bool, LimiterError>;
+
+    /// Gives the slot back; false when the lease was no longer held.
+    async fn release(&self, slot: &Slot) -> Result<bool, LimiterError>;
+
+    /// Whether the store can decide: a write, so that a store that answers
+    /// but cannot write fails it.
+    async fn probe(&self) -> Result<(), LimiterError>;
+
+    fn deciding(&self) -> Deciding;
+
+    /// Keys whose state this process holds (0 for a remote store).
+    fn keys_held(&self) -> usize {
+        0
+    }
+
+    /// Drops in-process state that has gone idle; returns how many keys went.
+    fn sweep(&self) -> usize {
+        0
+    }
+}
+
+#[async_trait]
+impl<S: Store + ?Sized> Store for Arc<S> {
+    async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
+        (**self).decide(checks).await
+    }
+    async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
+        (**self).peek(checks).await
+    }
+    async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
+        (**self).reset(checks).await
+    }
+    async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
+        (**self).acquire(slot).await
+    }
+    async fn renew(&self, slot: &Slot) -> Result<bool, LimiterError> {
+        (**self).renew(slot).await
+    }
+    async fn release(&self, slot: &Slot) -> Result<bool, LimiterError> {
+        (**self).release(slot).await
+    }
+    async fn probe(&self) -> Result<(), LimiterError> {
+        (**self).probe().await
+    }
+    fn deciding(&self) -> Deciding {
+        (**self).deciding()
+    }
+    fn keys_held(&self) -> usize {
+        (**self).keys_held()
+    }
+    fn sweep(&self) -> usize {
+        (**self).sweep()
+    }
+}

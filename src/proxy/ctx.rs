@@ -1,0 +1,45 @@
+//! What Pingora keeps for one request between its phases.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pingora::proxy::Session;
+
+use super::verdict::Verdict;
+use crate::connection::clock::HeadClock;
+use crate::identity::Client;
+use crate::state::{InFlight, Runtime};
+
+pub struct RequestCtx {
+    pub(super) runtime: Arc<Runtime>,
+    /// Kept from a trusted proxy or generated; every answer carries it.
+    pub(super) request_id: String,
+    /// Who asked, once identified: the upstream is told.
+    pub(super) client: Option<Client>,
+    /// The connection's head deadline (see `connection`).
+    pub(super) head_clock: Option<Arc<HeadClock>>,
+    /// An HTTP/2 request's place under the per-address cap, for its lifetime.
+    pub(super) _stream_permit: Option<crate::connection::caps::StreamPermit>,
+    /// Upstream servers tried so far, and where the round started.
+    pub(super) tries: usize,
+    pub(super) first_server: usize,
+    /// For the access log and the duration metrics.
+    pub(super) started: Instant,
+    /// Body bytes received so far (HTTP/2: its pace is checked here).
+    pub(super) body_bytes: u64,
+    pub(super) upstream_sent: Option<Instant>,
+    pub(super) upstream_took: Option<Duration>,
+    /// What the limits said, once decided.
+    pub(super) verdict: Option<Verdict>,
+    /// Rate-limit headers to add to the upstream's response.
+    pub(super) rate_headers: Vec<(&'static str, String)>,
+    pub(super) _in_flight: InFlight,
+}
+
+pub(super) fn peer_ip(session: &Session) -> IpAddr {
+    session
+        .client_addr()
+        .and_then(|a| a.as_inet())
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip())
+}

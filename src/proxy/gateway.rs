@@ -1,0 +1,434 @@
+//! The Pingora `ProxyHttp` implementation: the phase hooks (see the module
+//! map in `proxy`).
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use log::{debug, warn};
+use pingora::http::ResponseHeader;
+use pingora::modules::http::HttpModules;
+use pingora::prelude::HttpPeer;
+use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use pingora::{Error, ErrorSource, ErrorType, Result};
+
+use super::access::access_line;
+use super::answer::{
+    add_request_id, bad_request, grpc_refusal, is_grpc, limiter_failed, respond, respond_grpc,
+    too_many_in_flight, GrpcStatus,
+};
+use super::ctx::{peer_ip, RequestCtx};
+use super::forwarding::{request_id_of, tell_the_upstream_who_asked};
+use super::framing::{canonicalise_target, framing_problem, request_has_body};
+use super::verdict::Verdict;
+
+use crate::algorithm::Decision;
+use crate::connection::clock::HeadClock;
+use crate::headers;
+use crate::policy::{Plan, RequestView};
+use crate::state::AppState;
+
+pub struct Gateway {
+    state: Arc<AppState>,
+}
+
+impl Gateway {
+    pub fn new(state: Arc<AppState>) -> Self {
+        Gateway { state }
+    }
+}
+
+#[async_trait]
+impl ProxyHttp for Gateway {
+    type CTX = RequestCtx;
+
+    /// No downstream modules: Pingora's default is a response compression
+    /// module that stays disabled but is still built and consulted on every
+    /// request.
+    fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
+
+    /// The connection's context: its `HeadClock`. The head has been parsed.
+    fn on_connection_reuse(
+        &self,
+        _session: &mut Session,
+        ctx: &mut Self::CTX,
+        connection: Box<dyn std::any::Any + Send + Sync>,
+    ) {
+        if let Ok(clock) = connection.downcast::<Arc<HeadClock>>() {
+            clock.head_arrived();
+            ctx.head_clock = Some(*clock);
+        }
+    }
+
+    /// The response is over, on every path: metrics, the access log line,
+    /// and the connection idles until the next head.
+    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut Self::CTX) {
+        if let Some(clock) = &ctx.head_clock {
+            clock.await_next_head();
+        }
+        let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        let took = ctx.started.elapsed();
+        let requests = &self.state.metrics.requests;
+        requests.finished(status).inc();
+        requests.duration.observe(took.as_secs_f64());
+        if let Some(upstream) = ctx.upstream_took {
+            requests.upstream_duration.observe(upstream.as_secs_f64());
+        }
+        if let Some(verdict) = &ctx.verdict {
+            verdict.account(&ctx.runtime, ctx.client.as_ref(), &ctx.request_id);
+        }
+        if let Some(log) = &self.state.access_log {
+            log.write(access_line(session, ctx, status, took));
+        }
+    }
+
+    fn new_ctx(&self) -> Self::CTX {
+        RequestCtx {
+            runtime: self.state.runtime.load_full(),
+            request_id: String::new(),
+            client: None,
+            head_clock: None,
+            _stream_permit: None,
+            tries: 0,
+            first_server: 0,
+            started: Instant::now(),
+            body_bytes: 0,
+            upstream_sent: None,
+            upstream_took: None,
+            verdict: None,
+            rate_headers: Vec::new(),
+            _in_flight: self.state.request_started(),
+        }
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
+        // Requests that arrive before the previous answer are kept and
+        // answered in order, each decided on its own.
+        session.set_pipelining_enabled(true);
+        ctx.request_id = request_id_of(session, ctx);
+        if let Some((code, reason)) = framing_problem(session) {
+            return bad_request(session, ctx, code, reason).await;
+        }
+        if session.req_header().version == http::Version::HTTP_2 {
+            let peer = peer_ip(session);
+            if let Some(group) = ctx.runtime.policy.clients.connection_group(peer) {
+                match self.state.streams.admit(group) {
+                    Some(permit) => ctx._stream_permit = Some(permit),
+                    None => return too_many_in_flight(session, ctx).await,
+                }
+            }
+        }
+        if self.state.draining() {
+            // Shutting down: finish this request, then let the client go elsewhere.
+            session.set_keepalive(None);
+        }
+        if let Some(clock) = &ctx.head_clock {
+            if request_has_body(session) {
+                clock.body_expected();
+            }
+        }
+        let runtime = ctx.runtime.clone();
+        let policy = &runtime.policy;
+        if let Err(e) = canonicalise_target(session.req_header_mut(), policy.paths.escaped_slashes)
+        {
+            return bad_request(session, ctx, e.code(), &e.to_string()).await;
+        }
+        let request = session.req_header();
+        let client = match policy.clients.identify(peer_ip(session), &request.headers) {
+            Ok(client) => ctx.client.insert(client),
+            Err(e) => return bad_request(session, ctx, e.code(), &e.to_string()).await,
+        };
+        let path = request.uri.path();
+        let path = if policy.paths.case_insensitive {
+            Cow::Owned(path.to_ascii_lowercase())
+        } else {
+            Cow::Borrowed(path)
+        };
+        let view = RequestView {
+            method: &request.method,
+            path: &path,
+            headers: &request.headers,
+            client,
+        };
+        let checks = match policy.plan(&view) {
+            Ok(Plan::Exempt) => {
+                self.state.metrics.exempt.inc();
+                return Ok(false);
+            }
+            Ok(Plan::Check(checks)) if checks.is_empty() => return Ok(false),
+            Ok(Plan::Check(checks)) => checks,
+            Err(e) => return bad_request(session, ctx, e.code(), &e.to_string()).await,
+        };
+        let decisions = match self.state.store.decide(&checks).await {
+            Ok(d) => d,
+            Err(e) => return limiter_failed(session, ctx, e).await,
+        };
+        let verdict =
+            ctx.verdict
+                .insert(Verdict::new(checks, decisions, self.state.store.deciding()));
+        let enforced = verdict.enforced();
+        let (decisive, refusal) = match headers::refusing(&enforced) {
+            Some(refused) => {
+                let r = headers::rejection(runtime.headers, &enforced, refused, &ctx.request_id);
+                let grpc_message = is_grpc(session).then(|| grpc_refusal(refused));
+                (Some(refused.layer), Some((r, grpc_message)))
+            }
+            None => {
+                let shown = headers::most_constrained(&enforced);
+                if let Some(shown) = shown {
+                    ctx.rate_headers =
+                        headers::rate_limit_headers(runtime.headers, &enforced, shown);
+                }
+                (shown.map(|l| l.layer), None)
+            }
+        };
+        verdict.decisive = decisive;
+        verdict.refused = refusal.is_some();
+        let delay_us = verdict.decisions.iter().map(Decision::delay_us).max();
+        match refusal {
+            Some((r, Some(grpc_message))) => {
+                let headers = r
+                    .headers
+                    .into_iter()
+                    .filter(|(name, _)| *name != "Content-Type")
+                    .collect();
+                respond_grpc(
+                    session,
+                    ctx,
+                    GrpcStatus::ResourceExhausted,
+                    &grpc_message,
+                    headers,
+                )
+                .await?;
+                Ok(true)
+            }
+            Some((r, None)) => {
+                respond(session, ctx, r.status, r.headers, r.body).await?;
+                Ok(true)
+            }
+            None => {
+                if let Some(delay_us) = delay_us.filter(|d| *d > 0) {
+                    tokio::time::sleep(Duration::from_micros(delay_us)).await;
+                }
+                Ok(false)
+            }
+        }
+    }
+
+    async fn request_body_filter(
+        &self,
+        session: &mut Session,
+        body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut Self::CTX,
+    ) -> Result<()> {
+        if end_of_stream {
+            if let Some(clock) = &ctx.head_clock {
+                clock.body_arrived();
+            }
+        }
+        // HTTP/1 bodies are paced by the connection's clock; an HTTP/2
+        // stream's body is held to the same floor here, as its data comes.
+        // Not a gRPC stream's: a client-streaming call may rightly send a
+        // message a minute for an hour.
+        if session.req_header().version == http::Version::HTTP_2
+            && !end_of_stream
+            && !is_grpc(session)
+        {
+            ctx.body_bytes += body.as_ref().map_or(0, |b| b.len() as u64);
+            let allowed = self.state.header_timeout
+                + Duration::from_secs(ctx.body_bytes / crate::connection::clock::MIN_BODY_RATE);
+            if ctx.started.elapsed() > allowed {
+                self.state.metrics.connections.idle_timeouts.inc();
+                return Error::e_explain(
+                    ErrorType::ReadTimedout,
+                    "the request body came slower than 1 KiB/s",
+                );
+            }
+        }
+        Ok(())
+    }
+
+    async fn upstream_peer(
+        &self,
+        session: &mut Session,
+        ctx: &mut Self::CTX,
+    ) -> Result<Box<HttpPeer>> {
+        let upstreams = &ctx.runtime.upstream;
+        if ctx.tries == 0 {
+            ctx.first_server = upstreams.next_start();
+        }
+        let mut peer = upstreams.peer(ctx.first_server + ctx.tries);
+        if session.is_upgrade_req() {
+            // A WebSocket lives as long as it carries traffic: silence, not
+            // age, ends it, on either side.
+            let idle = upstreams.settings().websocket_idle_timeout;
+            peer.options.read_timeout = Some(idle);
+            session.set_read_timeout(Some(idle));
+        }
+        ctx.tries += 1;
+        Ok(Box::new(peer))
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream_request: &mut pingora::http::RequestHeader,
+        ctx: &mut Self::CTX,
+    ) -> Result<()> {
+        let settings = ctx.runtime.upstream.settings();
+        if settings.forwarded_headers {
+            tell_the_upstream_who_asked(session, upstream_request, ctx)?;
+        }
+        if let Some(host) = &settings.host {
+            upstream_request.insert_header(http::header::HOST, host.clone())?;
+        } else if !upstream_request.headers.contains_key(http::header::HOST)
+            && session.req_header().version == http::Version::HTTP_10
+        {
+            // HTTP/1.0 allows no Host; the upstream (spoken to in HTTP/1.1) gets one.
+            let server = ctx.first_server + ctx.tries.saturating_sub(1);
+            upstream_request
+                .insert_header(http::header::HOST, ctx.runtime.upstream.host(server))?;
+        }
+        if !ctx.request_id.is_empty() {
+            upstream_request.insert_header(
+                settings.request_id_header_spelling.clone(),
+                ctx.request_id.as_str(),
+            )?;
+        }
+        ctx.upstream_sent = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Pingora's summary carries the query string; ours does not.
+    fn request_summary(&self, session: &Session, _ctx: &Self::CTX) -> String {
+        let request = session.req_header();
+        format!("{} {}", request.method, request.uri.path())
+    }
+
+    /// `fail_to_proxy` logs one line per failed request instead.
+    fn suppress_error_log(&self, _session: &Session, _ctx: &Self::CTX, _error: &Error) -> bool {
+        true
+    }
+
+    fn suppress_proxy_warn_log(
+        &self,
+        _session: &Session,
+        _ctx: &Self::CTX,
+        _error: &Error,
+        _context: pingora::proxy::ProxyWarnLogContext,
+    ) -> bool {
+        true
+    }
+
+    /// A failure after the request was sent is retried only where Pingora
+    /// would (an idempotent request on a pooled connection that turned out
+    /// stale), and never beyond one more round of the servers.
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        ctx: &mut Self::CTX,
+        client_reused: bool,
+    ) -> Box<Error> {
+        let mut e = e.more_context(format!("peer {peer}"));
+        let idempotent = session.req_header().method.is_idempotent()
+            && !session.as_ref().retry_buffer_truncated();
+        if idempotent && client_reused && ctx.tries <= ctx.runtime.upstream.len() {
+            e.retry.decide_reuse(client_reused);
+        } else {
+            e.set_retry(false);
+        }
+        e
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        ctx: &mut Self::CTX,
+    ) -> Result<()> {
+        ctx.upstream_took = ctx.upstream_sent.map(|sent| sent.elapsed());
+        for (name, value) in ctx.rate_headers.drain(..) {
+            upstream_response.insert_header(name, value)?;
+        }
+        add_request_id(upstream_response, ctx)?;
+        Ok(())
+    }
+
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut Self::CTX,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        // Nothing reached that server, so the next one may take the request;
+        // each server once, so the wait is bounded by servers x connect_timeout.
+        e.set_retry(ctx.tries < ctx.runtime.upstream.len());
+        e
+    }
+
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        ctx: &mut Self::CTX,
+    ) -> FailToProxy {
+        let (status, error) = match (e.esource(), e.etype()) {
+            (_, ErrorType::HTTPStatus(code)) => (*code, "bad_request"),
+            (ErrorSource::Upstream, ErrorType::ReadTimedout | ErrorType::ConnectTimedout) => {
+                (504, "upstream_timeout")
+            }
+            (ErrorSource::Upstream, _) => (502, "upstream_unavailable"),
+            // The client went away or broke its stream: nobody to answer.
+            (
+                ErrorSource::Downstream,
+                ErrorType::WriteError
+                | ErrorType::ReadError
+                | ErrorType::ConnectionClosed
+                | ErrorType::H2Error,
+            ) => (0, ""),
+            (ErrorSource::Downstream, _) => (400, "bad_request"),
+            _ => (500, "internal_error"),
+        };
+        if matches!(e.esource(), ErrorSource::Upstream) {
+            let request = session.req_header();
+            warn!(
+                "upstream failed: {} {} -> {status} after {} attempt(s): {}",
+                request.method,
+                request.uri.path(),
+                ctx.tries,
+                e.etype().as_str()
+            );
+        }
+        // After the answer began (an upgraded connection, a response cut
+        // off), nothing more can be said on this connection.
+        let status = if session.response_written().is_some() {
+            0
+        } else {
+            status
+        };
+        if status > 0 {
+            session.set_keepalive(None);
+            let written = if is_grpc(session) && status >= 500 {
+                let message = format!("the service behind the gateway is unavailable ({error})");
+                respond_grpc(session, ctx, GrpcStatus::Unavailable, &message, Vec::new()).await
+            } else {
+                let body = format!("{{\"error\":\"{error}\"}}");
+                respond(session, ctx, status, headers::json_headers(), body).await
+            };
+            if let Err(write_error) = written {
+                // The client is gone: its doing, and one line per request.
+                debug!("could not send the {status} answer: {write_error}");
+            }
+        }
+        FailToProxy {
+            error_code: status,
+            can_reuse_downstream: false,
+        }
+    }
+}
