@@ -2,6 +2,7 @@
 //! swapped whole on SIGHUP (a set that fails to load never replaces the one
 //! serving).
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -18,6 +19,15 @@ pub struct CertSource {
     pub server_names: Vec<String>,
     pub cert_file: PathBuf,
     pub key_file: PathBuf,
+}
+
+/// `[server.tls]`: the TLS listeners and what they serve.
+#[derive(Debug, Clone)]
+pub struct TlsListeners {
+    pub listen: Vec<SocketAddr>,
+    pub http2: bool,
+    pub sources: Vec<CertSource>,
+    pub certs: Arc<CertSet>,
 }
 
 /// Why a certificate cannot be served.

@@ -16,14 +16,19 @@ use http::{HeaderName, Method};
 use ipnet::IpNet;
 use serde::Deserialize;
 
+use crate::access_log::AccessLogTarget;
 use crate::algorithm::{Algorithm, Kind, Parameter, ALGORITHM_NAMES, MAX_EXACT};
 use crate::headers::HeaderStyle;
-use crate::identity::{ClientRules, ForwardedHeader, IdentityHasher, Tiers, ANONYMOUS, INTERNAL};
+use crate::identity::{
+    ClientRules, ForwardedHeader, IdentityHasher, IdentityKeySource, Tiers, ANONYMOUS, INTERNAL,
+};
 use crate::limiter::redis::Topology;
 use crate::limiter::{ClockSource, LimitName, OnFailure, RedisSettings};
 use crate::path::{EscapedSlashes, PathRules};
 use crate::policy::{CostRule, KeySource, Limit, Matcher, PathPattern, Policy};
-use crate::tls::{CertSet, CertSource};
+use crate::server::ServerSettings;
+use crate::tls::{CertSet, CertSource, TlsListeners};
+use crate::upstream::UpstreamSettings;
 use source::Segment;
 
 pub use source::render_path;
@@ -330,74 +335,7 @@ struct ResponseSection {
 }
 
 // ---------------------------------------------------------------------------
-// Runtime settings.
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct ServerSettings {
-    pub listen: Vec<SocketAddr>,
-    pub admin_listen: Option<SocketAddr>,
-    pub threads: usize,
-    pub grace_period: Duration,
-    pub header_timeout: Duration,
-    pub keepalive_timeout: Duration,
-    /// None: derived from the open-files limit at start.
-    pub max_connections: Option<usize>,
-    pub max_connections_per_ip: usize,
-    /// HTTP/2 with prior knowledge on the plain listeners.
-    pub h2c: bool,
-}
-
-#[derive(Debug, Clone)]
-pub struct UpstreamSettings {
-    pub servers: Vec<String>,
-    pub connect_timeout: Duration,
-    pub read_timeout: Duration,
-    pub tls: bool,
-    pub sni: String,
-    /// PEM file of the CA(s) to trust for the upstream's TLS (default: the
-    /// system's roots).
-    pub ca_file: Option<PathBuf>,
-    /// X-Forwarded-For (the resolved chain), -Proto, -Host and X-Real-IP.
-    pub forwarded_headers: bool,
-    pub request_id_header: HeaderName,
-    /// The same name as the config spells it, for the headers floodgate
-    /// writes (HTTP/1.1 clients see `X-Request-Id`, not `x-request-id`).
-    pub request_id_header_spelling: String,
-    /// Host sent upstream instead of the client's.
-    pub host: Option<http::HeaderValue>,
-    /// HTTP/2 to the upstream (h2c on plain connections): gRPC needs it.
-    pub http2: bool,
-    pub websocket_idle_timeout: Duration,
-}
-
-/// `[server.tls]`: the TLS listeners and what they serve.
-#[derive(Debug, Clone)]
-pub struct TlsListeners {
-    pub listen: Vec<SocketAddr>,
-    pub http2: bool,
-    pub sources: Vec<CertSource>,
-    pub certs: Arc<CertSet>,
-}
-
-/// `[log].access`: where the access log goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AccessLogTarget {
-    Off,
-    Stdout,
-    File(PathBuf),
-}
-
-/// Where identities' hashing key comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IdentityKeySource {
-    /// `FLOODGATE_IDENTITY_SECRET` or `[clients].identity_secret_file`.
-    Secret,
-    /// Memory store, no secret: a key drawn at start.
-    PerProcess,
-    /// Redis store, no secret: a fixed public key, so that instances still
-    /// share budgets, but clients can compute their keys.
-    Public,
-}
+// The validated configuration.
 
 /// What the environment says (read once, at the edge, by `parse`).
 struct Environment {
