@@ -1,6 +1,11 @@
 use std::path::Path;
+use std::time::Duration;
+
+use http::Method;
 
 use super::*;
+use crate::algorithm::Algorithm;
+use crate::limiter::{ClockSource, OnFailure};
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
     Config::parse(Path::new("t.toml"), text)
