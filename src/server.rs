@@ -15,7 +15,7 @@ use pingora::services::listening::Service;
 use crate::access_log::AccessLog;
 use crate::admin::Admin;
 use crate::clock::{Clock, OffsetClock, SystemClock};
-use crate::config::Config;
+use crate::config::{Config, Inputs};
 use crate::connection::{AdminDoor, ConnectionCaps, ConnectionSettings, FrontDoor};
 use crate::identity::IdentityKeySource;
 use crate::limiter::redis::Topology;
@@ -215,8 +215,9 @@ impl Floodgate {
     }
 }
 
-/// Builds the server for `config`.
-pub fn build(config: &Config) -> Result<Floodgate, BuildError> {
+/// Builds the server for `config`, which was read with `inputs` (reloads
+/// read with them too).
+pub fn build(config: &Config, inputs: Inputs) -> Result<Floodgate, BuildError> {
     let file = config.file.display().to_string();
     if config.redis.is_some() && config.identity_key == IdentityKeySource::Public {
         log::warn!(
@@ -247,6 +248,7 @@ pub fn build(config: &Config) -> Result<Floodgate, BuildError> {
     })?;
     let state = Arc::new(AppState::new(
         config.clone(),
+        inputs,
         runtime,
         store.clone(),
         metrics,

@@ -7,7 +7,7 @@ use http::HeaderName;
 use ipnet::IpNet;
 
 use super::file::{ClientsSection, ForwardedHeaderName};
-use super::{at, AsSegment, Invalid};
+use super::{at, AsSegment, Inputs, Invalid};
 use crate::identity::{
     ClientRules, ForwardedHeader, IdentityHasher, IdentityKeySource, Tiers, ANONYMOUS, INTERNAL,
 };
@@ -20,14 +20,15 @@ const MIN_SECRET_BYTES: usize = 16;
 /// (Redis store, whose instances must agree).
 pub(super) fn identity_hasher(
     c: &ClientsSection,
-    env_secret: Option<String>,
+    inputs: &Inputs,
     shared_store: bool,
 ) -> Result<(IdentityHasher, IdentityKeySource), Invalid> {
     let path: [&dyn AsSegment; 2] = [&"clients", &"identity_secret_file"];
-    let secret = match (env_secret, &c.identity_secret_file) {
-        (Some(secret), _) => Some(secret.into_bytes()),
+    let secret = match (&inputs.identity_secret, &c.identity_secret_file) {
+        (Some(secret), _) => Some(secret.clone().into_bytes()),
         (None, Some(file)) => Some(
-            std::fs::read(file)
+            inputs
+                .read(file)
                 .map_err(|e| at(&path, format!("cannot read {}: {e}", file.display())))?,
         ),
         (None, None) => None,

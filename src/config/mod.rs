@@ -6,6 +6,7 @@
 mod clients;
 mod duration;
 mod file;
+mod inputs;
 mod limits;
 mod log;
 mod redis;
@@ -29,6 +30,7 @@ use crate::upstream::UpstreamSettings;
 use file::FileConfig;
 use source::Segment;
 
+pub use inputs::Inputs;
 pub use source::render_path;
 
 /// A configuration that cannot be used, and where it goes wrong.
@@ -52,12 +54,6 @@ impl fmt::Display for ConfigError {
         }
         write!(f, ": {}", self.message)
     }
-}
-
-/// What the environment says (read once, at the edge, by `parse`).
-struct Environment {
-    redis_url: Option<String>,
-    identity_secret: Option<String>,
 }
 
 /// A validated configuration.
@@ -105,18 +101,19 @@ impl Config {
     }
 
     /// Reads and validates a file.
-    pub fn load(file: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(file).map_err(|e| ConfigError {
+    pub fn load(file: &Path, inputs: &Inputs) -> Result<Config, ConfigError> {
+        let text = inputs.read_to_string(file).map_err(|e| ConfigError {
             file: file.to_path_buf(),
             line: None,
             key: String::new(),
             message: format!("cannot read: {e}"),
         })?;
-        Config::parse(file, &text)
+        Config::parse(file, &text, inputs)
     }
 
-    /// Validates `text` as if read from `file`.
-    pub fn parse(file: &Path, text: &str) -> Result<Config, ConfigError> {
+    /// Validates `text` as if read from `file`, reading nothing but
+    /// `inputs`: the same text and inputs give the same configuration.
+    pub fn parse(file: &Path, text: &str, inputs: &Inputs) -> Result<Config, ConfigError> {
         let raw: FileConfig = toml::from_str(text).map_err(|e| {
             let mut path = e
                 .span()
@@ -152,13 +149,7 @@ impl Config {
                 message,
             }
         })?;
-        let env = Environment {
-            redis_url: std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()),
-            identity_secret: std::env::var("FLOODGATE_IDENTITY_SECRET")
-                .ok()
-                .filter(|s| !s.is_empty()),
-        };
-        validate(raw, env).map_err(|(path, message)| ConfigError {
+        validate(raw, inputs).map_err(|(path, message)| ConfigError {
             file: file.to_path_buf(),
             line: source::line_of_path(text, &path),
             key: render_path(&path),
@@ -212,9 +203,9 @@ const DEFAULT_MAX_KEYS: u64 = 1_000_000;
 
 /// The sections in the order they were always checked, so that a file with
 /// several mistakes is refused for the same one.
-fn validate(raw: FileConfig, env: Environment) -> Result<Config, Invalid> {
-    let server = server::validate_server(&raw.server)?;
-    let upstream = upstream::validate_upstream(&raw.upstream)?;
+fn validate(raw: FileConfig, inputs: &Inputs) -> Result<Config, Invalid> {
+    let server = server::validate_server(&raw.server, inputs.cores)?;
+    let upstream = upstream::validate_upstream(&raw.upstream, inputs)?;
     let max_keys = raw.memory.max_keys.unwrap_or(DEFAULT_MAX_KEYS);
     if max_keys == 0 {
         return Err(at(&[&"memory", &"max_keys"], "must be at least 1"));
@@ -222,11 +213,10 @@ fn validate(raw: FileConfig, env: Environment) -> Result<Config, Invalid> {
     let redis = raw
         .redis
         .as_ref()
-        .map(|r| redis::validate_redis(r, env.redis_url))
+        .map(|r| redis::validate_redis(r, inputs))
         .transpose()?;
     let default_on_failure = redis.as_ref().map_or(OnFailure::Local, |r| r.on_failure);
-    let (hasher, identity_key) =
-        clients::identity_hasher(&raw.clients, env.identity_secret, redis.is_some())?;
+    let (hasher, identity_key) = clients::identity_hasher(&raw.clients, inputs, redis.is_some())?;
     let clients = clients::validate_clients(&raw.clients, hasher)?;
     let paths = server::path_rules(&raw.server);
     let compile_pattern = limits::pattern_compiler(&paths);
@@ -238,7 +228,7 @@ fn validate(raw: FileConfig, env: Environment) -> Result<Config, Invalid> {
         .server
         .tls
         .as_ref()
-        .map(server::validate_tls)
+        .map(|t| server::validate_tls(t, inputs))
         .transpose()?;
     let access_log = log::validate_log(&raw.log)?;
     Ok(Config {

@@ -3,16 +3,13 @@
 use std::time::Duration;
 
 use super::file::RedisSection;
-use super::{at, duration, AsSegment, Invalid};
+use super::{at, duration, AsSegment, Inputs, Invalid};
 use crate::limiter::redis::Topology;
 use crate::limiter::{ClockSource, OnFailure, RedisSettings};
 
-pub(super) fn validate_redis(
-    r: &RedisSection,
-    env_url: Option<String>,
-) -> Result<RedisSettings, Invalid> {
+pub(super) fn validate_redis(r: &RedisSection, inputs: &Inputs) -> Result<RedisSettings, Invalid> {
     let cluster = r.cluster.clone().unwrap_or_default();
-    let url = env_url.or_else(|| r.url.clone());
+    let url = inputs.redis_url.clone().or_else(|| r.url.clone());
     if url.is_none() && cluster.is_empty() {
         return Err(at(&[&"redis"], "needs `url` (or REDIS_URL) or `cluster`"));
     }
@@ -55,7 +52,7 @@ pub(super) fn validate_redis(
         .tls_ca_file
         .as_ref()
         .map(|file| {
-            std::fs::read(file).map_err(|e| {
+            inputs.read(file).map_err(|e| {
                 at(
                     &[&"redis", &"tls_ca_file"],
                     format!("cannot read {}: {e}", file.display()),

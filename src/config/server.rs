@@ -2,11 +2,12 @@
 //! limits and the certificates served.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::file::{OneOrMany, ServerSection, TlsSection};
-use super::{at, duration, AsSegment, Invalid};
+use super::{at, duration, AsSegment, Inputs, Invalid};
 use crate::path::PathRules;
 use crate::server::ServerSettings;
 use crate::tls::{CertSet, CertSource, TlsListeners};
@@ -30,7 +31,7 @@ pub(super) fn socket_addr(text: &str, path: &[&dyn AsSegment]) -> Result<SocketA
     })
 }
 
-pub(super) fn validate_server(s: &ServerSection) -> Result<ServerSettings, Invalid> {
+pub(super) fn validate_server(s: &ServerSection, cores: usize) -> Result<ServerSettings, Invalid> {
     let listen = match &s.listen {
         OneOrMany::One(a) => vec![socket_addr(a, &[&"server", &"listen"])?],
         OneOrMany::Many(list) => {
@@ -50,9 +51,7 @@ pub(super) fn validate_server(s: &ServerSection) -> Result<ServerSettings, Inval
         .transpose()?;
     // One worker thread per core unless told otherwise: the proxy is usually
     // the machine's main job.
-    let threads = s
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = s.threads.unwrap_or(cores);
     if threads == 0 || threads > 1024 {
         return Err(at(&[&"server", &"threads"], "must be from 1 to 1024"));
     }
@@ -99,7 +98,7 @@ pub(super) fn validate_server(s: &ServerSection) -> Result<ServerSettings, Inval
     })
 }
 
-pub(super) fn validate_tls(t: &TlsSection) -> Result<TlsListeners, Invalid> {
+pub(super) fn validate_tls(t: &TlsSection, inputs: &Inputs) -> Result<TlsListeners, Invalid> {
     let listen = match &t.listen {
         OneOrMany::One(a) => vec![socket_addr(a, &[&"server", &"tls", &"listen"])?],
         OneOrMany::Many(list) => list
@@ -127,18 +126,19 @@ pub(super) fn validate_tls(t: &TlsSection) -> Result<TlsListeners, Invalid> {
             key_file: c.key_file.clone(),
         });
     }
+    let read = |file: &Path| inputs.read(file);
     // Which entry failed, for the error's key.
-    CertSet::load(&default, &[])
+    CertSet::load(&default, &[], &read)
         .map_err(|e| at(&[&"server", &"tls", &"cert_file"], e.to_string()))?;
     for (i, source) in others.iter().enumerate() {
-        CertSet::load(source, &[]).map_err(|e| {
+        CertSet::load(source, &[], &read).map_err(|e| {
             at(
                 &[&"server", &"tls", &"certs", &i, &"cert_file"],
                 e.to_string(),
             )
         })?;
     }
-    let certs = CertSet::load(&default, &others)
+    let certs = CertSet::load(&default, &others, &read)
         .map_err(|e| at(&[&"server", &"tls", &"cert_file"], e.to_string()))?;
     let mut sources = vec![default];
     sources.extend(others);

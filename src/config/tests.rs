@@ -8,7 +8,7 @@ use crate::algorithm::Algorithm;
 use crate::limiter::{ClockSource, OnFailure};
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
-    Config::parse(Path::new("t.toml"), text)
+    Config::parse(Path::new("t.toml"), text, &Inputs::default())
 }
 
 const MINIMAL: &str =
@@ -18,7 +18,7 @@ const MINIMAL: &str =
 fn shipped_configs_validate() {
     for file in ["proxy.toml", "examples/full.toml"] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
-        let config = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+        let config = Config::load(&path, &Inputs::default()).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(config.policy.limits.len(), 7, "{file}");
     }
 }
@@ -26,7 +26,7 @@ fn shipped_configs_validate() {
 #[test]
 fn full_example_resolves_every_key() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/full.toml");
-    let c = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    let c = Config::load(&path, &Inputs::default()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.server.listen, vec!["0.0.0.0:8080".parse().unwrap()]);
     assert_eq!(
         c.server.admin_listen,

@@ -5,10 +5,13 @@ use std::time::Duration;
 use http::HeaderName;
 
 use super::file::UpstreamSection;
-use super::{at, duration, Invalid};
+use super::{at, duration, Inputs, Invalid};
 use crate::upstream::UpstreamSettings;
 
-pub(super) fn validate_upstream(u: &UpstreamSection) -> Result<UpstreamSettings, Invalid> {
+pub(super) fn validate_upstream(
+    u: &UpstreamSection,
+    inputs: &Inputs,
+) -> Result<UpstreamSettings, Invalid> {
     if u.servers.is_empty() {
         return Err(at(&[&"upstream", &"servers"], "needs at least one server"));
     }
@@ -55,7 +58,7 @@ pub(super) fn validate_upstream(u: &UpstreamSection) -> Result<UpstreamSettings,
                 "applies only with tls = true",
             ));
         }
-        if let Err(e) = std::fs::metadata(file) {
+        if let Err(e) = inputs.check(file) {
             return Err(at(
                 &[&"upstream", &"ca_file"],
                 format!("cannot read {}: {e}", file.display()),
