@@ -23,8 +23,7 @@ fn run() -> Result<(), String> {
         .nth(1)
         .unwrap_or_else(|| "proxy.toml".into());
     let inputs = Inputs::from_process();
-    let mut config = Config::load(file.as_ref(), &inputs).map_err(|e| e.to_string())?;
-    config.file = file.clone().into();
+    let config = Config::load(file.as_ref(), &inputs).map_err(|e| e.to_string())?;
     let upstream = config.upstream.servers[0].clone();
     let proxy = config.server.listen[0];
     let listener = TcpListener::bind(&upstream).map_err(|e| {

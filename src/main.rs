@@ -160,14 +160,8 @@ impl log::Log for CappedLogger {
     }
 }
 
-fn load(file: &std::path::Path, inputs: &Inputs) -> anyhow::Result<Config> {
-    let mut config = Config::load(file, inputs)?;
-    config.file = file.to_path_buf();
-    Ok(config)
-}
-
 fn check(file: &std::path::Path) -> anyhow::Result<()> {
-    let config = load(file, &Inputs::from_process())?;
+    let config = Config::load(file, &Inputs::from_process())?;
     print!("{}", floodgate::summary::describe(&config));
     Ok(())
 }
@@ -175,7 +169,7 @@ fn check(file: &std::path::Path) -> anyhow::Result<()> {
 fn run(file: &std::path::Path) -> anyhow::Result<()> {
     // Kept by the running process: reloads read the same environment.
     let inputs = Inputs::from_process();
-    let config = load(file, &inputs)?;
+    let config = Config::load(file, &inputs)?;
     let server = floodgate::server::build(&config, inputs).context("cannot start")?;
     log::info!(
         "floodgate {} serving {} with {} limit(s) from {}",

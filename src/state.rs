@@ -139,8 +139,7 @@ impl AppState {
         let path = &self.config_path;
         let result = Config::load(path, &self.inputs)
             .map_err(|e| e.to_string())
-            .and_then(|mut config| {
-                config.file = path.clone();
+            .and_then(|config| {
                 let runtime = Runtime::new(&config, &self.metrics)
                     .map_err(|e| format!("{}: upstream.servers: {e}", path.display()))?;
                 Ok((config, runtime))

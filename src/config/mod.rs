@@ -59,6 +59,7 @@ impl fmt::Display for ConfigError {
 /// A validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// Where it was read from (`floodgate check` and reloads name it).
     pub file: PathBuf,
     /// Where the identity-hashing key came from (`floodgate check` warns
     /// about a Redis store without a shared secret).
@@ -100,7 +101,7 @@ impl Config {
         changed
     }
 
-    /// Reads and validates a file.
+    /// Reads and validates `file`.
     pub fn load(file: &Path, inputs: &Inputs) -> Result<Config, ConfigError> {
         let text = inputs.read_to_string(file).map_err(|e| ConfigError {
             file: file.to_path_buf(),
@@ -149,7 +150,7 @@ impl Config {
                 message,
             }
         })?;
-        validate(raw, inputs).map_err(|(path, message)| ConfigError {
+        validate(raw, file, inputs).map_err(|(path, message)| ConfigError {
             file: file.to_path_buf(),
             line: source::line_of_path(text, &path),
             key: render_path(&path),
@@ -203,7 +204,7 @@ const DEFAULT_MAX_KEYS: u64 = 1_000_000;
 
 /// The sections in the order they were always checked, so that a file with
 /// several mistakes is refused for the same one.
-fn validate(raw: FileConfig, inputs: &Inputs) -> Result<Config, Invalid> {
+fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Invalid> {
     let server = server::validate_server(&raw.server, inputs.cores)?;
     let upstream = upstream::validate_upstream(&raw.upstream, inputs)?;
     let max_keys = raw.memory.max_keys.unwrap_or(DEFAULT_MAX_KEYS);
@@ -232,7 +233,7 @@ fn validate(raw: FileConfig, inputs: &Inputs) -> Result<Config, Invalid> {
         .transpose()?;
     let access_log = log::validate_log(&raw.log)?;
     Ok(Config {
-        file: PathBuf::new(),
+        file: file.to_path_buf(),
         identity_key,
         server,
         upstream,
