@@ -17,7 +17,7 @@ use crate::limiter::LimitName;
 use crate::path::{EscapedSlashes, PathRules};
 use crate::policy::{CostRule, KeySource, Limit, Matcher, PathPattern};
 
-pub(super) fn sorted(tiers: &Tiers) -> String {
+fn sorted(tiers: &Tiers) -> String {
     let mut v: Vec<&str> = tiers.names().collect();
     v.sort_unstable();
     v.join(", ")
@@ -26,7 +26,7 @@ pub(super) fn sorted(tiers: &Tiers) -> String {
 /// A pattern is matched against normalised paths, so it is normalised too
 /// (`/%7euser/*` is `/~user/*`); one that cannot be is refused rather than
 /// left to match nothing.
-pub(super) fn path_pattern(p: &str) -> Result<PathPattern, String> {
+fn path_pattern(p: &str) -> Result<PathPattern, String> {
     if p.starts_with('*') {
         return Ok(PathPattern::new(p));
     }
@@ -38,7 +38,7 @@ pub(super) fn path_pattern(p: &str) -> Result<PathPattern, String> {
     Ok(PathPattern::new(&canonical))
 }
 
-pub(super) fn validate_match(
+fn validate_match(
     m: &MatchSection,
     path: &[&dyn AsSegment],
     compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,
@@ -73,7 +73,7 @@ pub(super) fn validate_match(
     Ok(Matcher { methods, paths })
 }
 
-pub(super) fn validate_key(key: &str) -> Result<KeySource, String> {
+fn validate_key(key: &str) -> Result<KeySource, String> {
     match key {
         "ip" => Ok(KeySource::Ip),
         "api_key" => Ok(KeySource::ApiKey),
@@ -89,7 +89,7 @@ pub(super) fn validate_key(key: &str) -> Result<KeySource, String> {
     }
 }
 
-pub(super) fn validate_limit(
+fn validate_limit(
     i: usize,
     s: &LimitSection,
     known_tiers: &Tiers,
@@ -142,7 +142,7 @@ pub(super) fn validate_limit(
 /// Turns a limit's numbers (with a tier's overrides on top) into an algorithm.
 /// A limit's numbers as its algorithm's row of the table names them: the
 /// quota a whole number, the period a rate per second or a window.
-pub(super) fn numbers(
+fn numbers(
     algorithm: AlgorithmName,
     own: &Numbers,
     base: Option<&Numbers>,

@@ -22,7 +22,7 @@ const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(60);
 /// fits; one address cannot take the fd table.
 const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 256;
 
-pub(super) fn socket_addr(text: &str, path: &[&dyn AsSegment]) -> Result<SocketAddr, Invalid> {
+fn socket_addr(text: &str, path: &[&dyn AsSegment]) -> Result<SocketAddr, Invalid> {
     text.parse().map_err(|_| {
         at(
             path,
