@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use floodgate::config::Config;
+use floodgate::config::{Config, Inputs};
 
 fn main() {
     if let Err(e) = run() {
@@ -22,8 +22,8 @@ fn run() -> Result<(), String> {
     let file = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "proxy.toml".into());
-    let mut config = Config::load(file.as_ref()).map_err(|e| e.to_string())?;
-    config.file = file.clone().into();
+    let inputs = Inputs::from_process();
+    let config = Config::load(file.as_ref(), &inputs).map_err(|e| e.to_string())?;
     let upstream = config.upstream.servers[0].clone();
     let proxy = config.server.listen[0];
     let listener = TcpListener::bind(&upstream).map_err(|e| {
@@ -32,7 +32,7 @@ fn run() -> Result<(), String> {
         )
     })?;
     std::thread::spawn(move || serve_demo_upstream(listener));
-    let server = floodgate::server::build(&config).map_err(|e| e.to_string())?;
+    let server = floodgate::server::build(&config, inputs).map_err(|e| e.to_string())?;
     std::thread::spawn(move || server.run());
     wait_for(proxy)?;
 

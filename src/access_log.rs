@@ -13,7 +13,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use prometheus::IntCounter;
 
-use crate::config::AccessLogTarget;
+/// `[log].access`: where the access log goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessLogTarget {
+    Off,
+    Stdout,
+    File(PathBuf),
+}
 
 /// Lines waiting for the writer; beyond this, lines are dropped.
 const QUEUE_LINES: usize = 16_384;

@@ -144,6 +144,18 @@ impl ForwardedHeader {
     }
 }
 
+/// Where identities' hashing key comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdentityKeySource {
+    /// `FLOODGATE_IDENTITY_SECRET` or `[clients].identity_secret_file`.
+    Secret,
+    /// Memory store, no secret: a key drawn at start.
+    PerProcess,
+    /// Redis store, no secret: a fixed public key, so that instances still
+    /// share budgets, but clients can compute their keys.
+    Public,
+}
+
 /// Keyed hashing of identities (SipHash-1-3, 128 bits). Without the key no
 /// one can compute which state, shard or Redis key a client has, nor build
 /// two values that share one.

@@ -15,7 +15,7 @@ use anyhow::Context;
 // mimalloc per proxied request).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use floodgate::config::Config;
+use floodgate::config::{Config, Inputs};
 
 const USAGE: &str = "\
 floodgate: an edge rate-limiting reverse proxy
@@ -160,21 +160,17 @@ impl log::Log for CappedLogger {
     }
 }
 
-fn load(file: &std::path::Path) -> anyhow::Result<Config> {
-    let mut config = Config::load(file)?;
-    config.file = file.to_path_buf();
-    Ok(config)
-}
-
 fn check(file: &std::path::Path) -> anyhow::Result<()> {
-    let config = load(file)?;
+    let config = Config::load(file, &Inputs::from_process())?;
     print!("{}", floodgate::summary::describe(&config));
     Ok(())
 }
 
 fn run(file: &std::path::Path) -> anyhow::Result<()> {
-    let config = load(file)?;
-    let server = floodgate::server::build(&config).context("cannot start")?;
+    // Kept by the running process: reloads read the same environment.
+    let inputs = Inputs::from_process();
+    let config = Config::load(file, &inputs)?;
+    let server = floodgate::server::build(&config, inputs).context("cannot start")?;
     log::info!(
         "floodgate {} serving {} with {} limit(s) from {}",
         env!("CARGO_PKG_VERSION"),

@@ -1,5 +1,6 @@
 //! Wires a validated `Config` into a Pingora server.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,8 +15,9 @@ use pingora::services::listening::Service;
 use crate::access_log::AccessLog;
 use crate::admin::Admin;
 use crate::clock::{Clock, OffsetClock, SystemClock};
-use crate::config::{Config, IdentityKeySource, ServerSettings};
+use crate::config::{Config, Inputs};
 use crate::connection::{AdminDoor, ConnectionCaps, ConnectionSettings, FrontDoor};
+use crate::identity::IdentityKeySource;
 use crate::limiter::redis::Topology;
 use crate::limiter::{
     Fallback, KnownRefusals, MemoryStore, RedisCluster, RedisSettings, RedisStandalone, Store,
@@ -24,6 +26,22 @@ use crate::metrics::Metrics;
 use crate::proxy::Gateway;
 use crate::signals::Signals;
 use crate::state::{AppState, Runtime};
+
+/// `[server]`: the listeners, the worker threads and the connection limits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerSettings {
+    pub listen: Vec<SocketAddr>,
+    pub admin_listen: Option<SocketAddr>,
+    pub threads: usize,
+    pub grace_period: Duration,
+    pub header_timeout: Duration,
+    pub keepalive_timeout: Duration,
+    /// None: derived from the open-files limit at start.
+    pub max_connections: Option<usize>,
+    pub max_connections_per_ip: usize,
+    /// HTTP/2 with prior knowledge on the plain listeners.
+    pub h2c: bool,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
@@ -197,8 +215,9 @@ impl Floodgate {
     }
 }
 
-/// Builds the server for `config`.
-pub fn build(config: &Config) -> Result<Floodgate, BuildError> {
+/// Builds the server for `config`, which was read with `inputs` (reloads
+/// read with them too).
+pub fn build(config: &Config, inputs: Inputs) -> Result<Floodgate, BuildError> {
     let file = config.file.display().to_string();
     if config.redis.is_some() && config.identity_key == IdentityKeySource::Public {
         log::warn!(
@@ -229,6 +248,7 @@ pub fn build(config: &Config) -> Result<Floodgate, BuildError> {
     })?;
     let state = Arc::new(AppState::new(
         config.clone(),
+        inputs,
         runtime,
         store.clone(),
         metrics,

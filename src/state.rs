@@ -10,7 +10,7 @@ use arc_swap::ArcSwap;
 use log::{error, info, warn};
 
 use crate::access_log::AccessLog;
-use crate::config::Config;
+use crate::config::{Config, Inputs};
 use crate::headers::HeaderStyle;
 use crate::limiter::{Deciding, Store};
 use crate::metrics::{LayerCounters, Metrics};
@@ -60,6 +60,9 @@ pub struct AppState {
     /// What the TLS listeners serve; swapped on reload.
     pub certificates: Option<Arc<CertResolver>>,
     pub config_path: PathBuf,
+    /// The environment the process started with, and the disk: what a
+    /// reload reads the file and the files it names with.
+    inputs: Inputs,
     /// The configuration the process started with: what the sections a
     /// reload cannot change (listeners, stores) still run as, however many
     /// reloads came since.
@@ -80,6 +83,7 @@ impl Drop for InFlight {
 impl AppState {
     pub fn new(
         config: Config,
+        inputs: Inputs,
         runtime: Runtime,
         store: Arc<dyn Store>,
         metrics: Arc<Metrics>,
@@ -97,6 +101,7 @@ impl AppState {
                 .as_ref()
                 .map(|t| CertResolver::new(t.certs.clone())),
             config_path: config.file.clone(),
+            inputs,
             started_with: config,
             in_flight: Arc::new(AtomicUsize::new(0)),
             draining: AtomicBool::new(false),
@@ -132,10 +137,9 @@ impl AppState {
             log.reopen();
         }
         let path = &self.config_path;
-        let result = Config::load(path)
+        let result = Config::load(path, &self.inputs)
             .map_err(|e| e.to_string())
-            .and_then(|mut config| {
-                config.file = path.clone();
+            .and_then(|config| {
                 let runtime = Runtime::new(&config, &self.metrics)
                     .map_err(|e| format!("{}: upstream.servers: {e}", path.display()))?;
                 Ok((config, runtime))

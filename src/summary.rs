@@ -2,7 +2,8 @@
 
 use std::fmt::Write;
 
-use crate::config::{Config, IdentityKeySource};
+use crate::config::Config;
+use crate::identity::IdentityKeySource;
 use crate::limiter::OnFailure;
 use crate::path::EscapedSlashes;
 

@@ -2,6 +2,7 @@
 //! swapped whole on SIGHUP (a set that fails to load never replaces the one
 //! serving).
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -18,6 +19,15 @@ pub struct CertSource {
     pub server_names: Vec<String>,
     pub cert_file: PathBuf,
     pub key_file: PathBuf,
+}
+
+/// `[server.tls]`: the TLS listeners and what they serve.
+#[derive(Debug, Clone)]
+pub struct TlsListeners {
+    pub listen: Vec<SocketAddr>,
+    pub http2: bool,
+    pub sources: Vec<CertSource>,
+    pub certs: Arc<CertSet>,
 }
 
 /// Why a certificate cannot be served.
@@ -54,28 +64,36 @@ pub struct CertSet {
     pub summaries: Vec<CertSummary>,
 }
 
-fn read(file: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(file).map_err(|e| TlsError::Read {
+/// How certificate and key files are read: the configuration's inputs (the
+/// disk, for a running process and its reloads).
+pub type ReadFile<'a> = &'a dyn Fn(&Path) -> std::io::Result<Vec<u8>>;
+
+fn read_pem(read: ReadFile<'_>, file: &Path) -> Result<Vec<u8>, TlsError> {
+    read(file).map_err(|e| TlsError::Read {
         file: file.display().to_string(),
         reason: e.to_string(),
     })
 }
 
-fn load_one(source: &CertSource) -> Result<(Arc<CertifiedKey>, CertSummary), TlsError> {
+fn load_one(
+    source: &CertSource,
+    read: ReadFile<'_>,
+) -> Result<(Arc<CertifiedKey>, CertSummary), TlsError> {
     let cert_name = source.cert_file.display().to_string();
     let key_name = source.key_file.display().to_string();
     let chain: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_slice_iter(&read(&source.cert_file)?)
+        CertificateDer::pem_slice_iter(&read_pem(read, &source.cert_file)?)
             .filter_map(Result::ok)
             .collect();
     let leaf = chain.first().ok_or_else(|| TlsError::NoCertificate {
         file: cert_name.clone(),
     })?;
     let summary = summarise(leaf);
-    let key =
-        PrivateKeyDer::from_pem_slice(&read(&source.key_file)?).map_err(|_| TlsError::NoKey {
+    let key = PrivateKeyDer::from_pem_slice(&read_pem(read, &source.key_file)?).map_err(|_| {
+        TlsError::NoKey {
             file: key_name.clone(),
-        })?;
+        }
+    })?;
     let provider = rustls::crypto::ring::default_provider();
     let certified =
         CertifiedKey::from_der(chain, key, &provider).map_err(|e| TlsError::Mismatch {
@@ -142,12 +160,16 @@ fn name_matches(pattern: &str, name: &str) -> bool {
 
 impl CertSet {
     /// Loads every certificate; the first source is the default.
-    pub fn load(default: &CertSource, others: &[CertSource]) -> Result<CertSet, TlsError> {
-        let (default_key, default_summary) = load_one(default)?;
+    pub fn load(
+        default: &CertSource,
+        others: &[CertSource],
+        read: ReadFile<'_>,
+    ) -> Result<CertSet, TlsError> {
+        let (default_key, default_summary) = load_one(default, read)?;
         let mut summaries = vec![default_summary];
         let mut named = Vec::new();
         for source in others {
-            let (key, summary) = load_one(source)?;
+            let (key, summary) = load_one(source, read)?;
             summaries.push(summary);
             for name in &source.server_names {
                 named.push((name.clone(), key.clone()));

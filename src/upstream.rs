@@ -1,11 +1,36 @@
 //! The upstream servers, resolved once and taken round-robin.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
+use http::HeaderName;
 use pingora::prelude::HttpPeer;
 
-use crate::config::UpstreamSettings;
+/// `[upstream]`: where requests go and how.
+#[derive(Debug, Clone)]
+pub struct UpstreamSettings {
+    pub servers: Vec<String>,
+    pub connect_timeout: Duration,
+    pub read_timeout: Duration,
+    pub tls: bool,
+    pub sni: String,
+    /// PEM file of the CA(s) to trust for the upstream's TLS (default: the
+    /// system's roots).
+    pub ca_file: Option<PathBuf>,
+    /// X-Forwarded-For (the resolved chain), -Proto, -Host and X-Real-IP.
+    pub forwarded_headers: bool,
+    pub request_id_header: HeaderName,
+    /// The same name as the config spells it, for the headers floodgate
+    /// writes (HTTP/1.1 clients see `X-Request-Id`, not `x-request-id`).
+    pub request_id_header_spelling: String,
+    /// Host sent upstream instead of the client's.
+    pub host: Option<http::HeaderValue>,
+    /// HTTP/2 to the upstream (h2c on plain connections): gRPC needs it.
+    pub http2: bool,
+    pub websocket_idle_timeout: Duration,
+}
 
 pub struct Upstreams {
     addrs: Vec<SocketAddr>,

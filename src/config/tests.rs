@@ -1,9 +1,16 @@
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::Method;
 
 use super::*;
+use crate::algorithm::Algorithm;
+use crate::identity::IdentityKeySource;
+use crate::limiter::redis::Topology;
+use crate::limiter::{ClockSource, OnFailure};
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
-    Config::parse(Path::new("t.toml"), text)
+    Config::parse(Path::new("t.toml"), text, &Inputs::default())
 }
 
 const MINIMAL: &str =
@@ -13,7 +20,7 @@ const MINIMAL: &str =
 fn shipped_configs_validate() {
     for file in ["proxy.toml", "examples/full.toml"] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
-        let config = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+        let config = Config::load(&path, &Inputs::default()).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(config.policy.limits.len(), 7, "{file}");
     }
 }
@@ -21,7 +28,7 @@ fn shipped_configs_validate() {
 #[test]
 fn full_example_resolves_every_key() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/full.toml");
-    let c = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    let c = Config::load(&path, &Inputs::default()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(c.server.listen, vec!["0.0.0.0:8080".parse().unwrap()]);
     assert_eq!(
         c.server.admin_listen,
@@ -89,4 +96,105 @@ fn errors_name_line_and_key() {
         let err = parse(text).expect_err("must fail");
         assert_eq!(err.to_string(), *expected);
     }
+}
+
+#[test]
+fn parse_depends_on_its_inputs_alone() {
+    let text = format!(
+        "{MINIMAL}[redis]\ntimeout = \"20ms\"\n[clients]\nidentity_secret_file = \"/run/secrets/floodgate\"\n"
+    );
+    let parse_with = |inputs: &Inputs| Config::parse(Path::new("t.toml"), &text, inputs);
+    let secret_file = || {
+        [(
+            PathBuf::from("/run/secrets/floodgate"),
+            b"0123456789abcdef0123\n".to_vec(),
+        )]
+    };
+
+    let from_file = parse_with(
+        &Inputs::default()
+            .with_redis_url("redis://a.internal:6379")
+            .with_cores(3)
+            .with_files(secret_file()),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let redis = from_file.redis.as_ref().expect("redis table");
+    assert_eq!(
+        redis.topology,
+        Topology::Standalone("redis://a.internal:6379".into())
+    );
+    assert_eq!(from_file.identity_key, IdentityKeySource::Secret);
+    assert_eq!(from_file.server.threads, 3);
+    assert_eq!(from_file.file, Path::new("t.toml"));
+
+    // The environment's secret beats the file, which is then never read.
+    let from_env = parse_with(
+        &Inputs::default()
+            .with_redis_url("redis://b.internal:6379")
+            .with_identity_secret("0123456789abcdef0123")
+            .with_files([]),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let redis = from_env.redis.as_ref().expect("redis table");
+    assert_eq!(
+        redis.topology,
+        Topology::Standalone("redis://b.internal:6379".into())
+    );
+    assert_eq!(from_env.server.threads, 1);
+    assert_eq!(
+        from_env.policy.clients.hasher,
+        from_file.policy.clients.hasher
+    );
+
+    let other_secret = parse_with(
+        &Inputs::default()
+            .with_redis_url("redis://b.internal:6379")
+            .with_identity_secret("another secret of 16+ bytes"),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_ne!(
+        other_secret.policy.clients.hasher,
+        from_file.policy.clients.hasher
+    );
+
+    // Without REDIS_URL among the inputs, [redis] has no server, whatever the
+    // process's own environment holds.
+    let err = parse_with(&Inputs::default().with_files(secret_file())).expect_err("no redis url");
+    assert_eq!(
+        err.to_string(),
+        "t.toml:5: redis: needs `url` (or REDIS_URL) or `cluster`"
+    );
+    let err = parse_with(
+        &Inputs::default()
+            .with_redis_url("redis://a.internal:6379")
+            .with_files([]),
+    )
+    .expect_err("no secret file");
+    assert_eq!(err.key, "clients.identity_secret_file");
+    assert!(
+        err.message
+            .starts_with("cannot read /run/secrets/floodgate: "),
+        "{err}"
+    );
+}
+
+#[test]
+fn certificates_are_read_through_the_inputs() {
+    let text = format!(
+        "{MINIMAL}[server.tls]\nlisten = \"127.0.0.1:8443\"\ncert_file = \"/in-memory/cert.pem\"\nkey_file = \"/in-memory/key.pem\"\n"
+    );
+    let files = [
+        (PathBuf::from("/in-memory/cert.pem"), b"not a PEM".to_vec()),
+        (PathBuf::from("/in-memory/key.pem"), b"not a PEM".to_vec()),
+    ];
+    let err = Config::parse(
+        Path::new("t.toml"),
+        &text,
+        &Inputs::default().with_files(files),
+    )
+    .expect_err("no certificate");
+    assert_eq!(
+        err.to_string(),
+        "t.toml:7: server.tls.cert_file: /in-memory/cert.pem holds no certificate"
+    );
 }

@@ -1,0 +1,288 @@
+//! The file as written: serde types that mirror `proxy.toml` key for key,
+//! unknown keys refused. Validation (the sibling modules) turns them into
+//! runtime settings; nothing outside `config` sees them.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use crate::algorithm::{Kind, Parameter, ALGORITHM_NAMES};
+use crate::headers::HeaderStyle;
+use crate::limiter::{ClockSource, OnFailure};
+use crate::path::EscapedSlashes;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileConfig {
+    pub(super) server: ServerSection,
+    pub(super) upstream: UpstreamSection,
+    #[serde(default)]
+    pub(super) memory: MemorySection,
+    pub(super) redis: Option<RedisSection>,
+    #[serde(default)]
+    pub(super) clients: ClientsSection,
+    #[serde(default)]
+    pub(super) exempt: ExemptSection,
+    #[serde(default)]
+    pub(super) limits: Vec<LimitSection>,
+    #[serde(default)]
+    pub(super) costs: Vec<CostSection>,
+    #[serde(default)]
+    pub(super) response: ResponseSection,
+    #[serde(default)]
+    pub(super) log: LogSection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct LogSection {
+    pub(super) access: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TlsSection {
+    pub(super) listen: OneOrMany,
+    pub(super) cert_file: PathBuf,
+    pub(super) key_file: PathBuf,
+    pub(super) http2: Option<bool>,
+    #[serde(default)]
+    pub(super) certs: Vec<CertSection>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CertSection {
+    pub(super) server_names: Vec<String>,
+    pub(super) cert_file: PathBuf,
+    pub(super) key_file: PathBuf,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ServerSection {
+    pub(super) listen: OneOrMany,
+    pub(super) admin_listen: Option<String>,
+    pub(super) threads: Option<usize>,
+    pub(super) grace_period: Option<String>,
+    pub(super) escaped_slashes: Option<EscapedSlashesName>,
+    #[serde(default)]
+    pub(super) case_insensitive_paths: bool,
+    pub(super) header_timeout: Option<String>,
+    pub(super) keepalive_timeout: Option<String>,
+    pub(super) max_connections: Option<i64>,
+    pub(super) max_connections_per_ip: Option<i64>,
+    #[serde(default)]
+    pub(super) h2c: bool,
+    pub(super) tls: Option<TlsSection>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum EscapedSlashesName {
+    Reject,
+    Keep,
+    Decode,
+}
+
+impl From<EscapedSlashesName> for EscapedSlashes {
+    fn from(name: EscapedSlashesName) -> Self {
+        match name {
+            EscapedSlashesName::Reject => EscapedSlashes::Reject,
+            EscapedSlashesName::Keep => EscapedSlashes::Keep,
+            EscapedSlashesName::Decode => EscapedSlashes::Decode,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum ForwardedHeaderName {
+    XForwardedFor,
+    Forwarded,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct UpstreamSection {
+    pub(super) servers: Vec<String>,
+    pub(super) connect_timeout: Option<String>,
+    pub(super) read_timeout: Option<String>,
+    #[serde(default)]
+    pub(super) tls: bool,
+    pub(super) sni: Option<String>,
+    pub(super) ca_file: Option<PathBuf>,
+    pub(super) forwarded_headers: Option<bool>,
+    pub(super) request_id_header: Option<String>,
+    pub(super) host: Option<String>,
+    #[serde(default)]
+    pub(super) http2: bool,
+    pub(super) websocket_idle_timeout: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct MemorySection {
+    pub(super) max_keys: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RedisSection {
+    pub(super) url: Option<String>,
+    pub(super) cluster: Option<Vec<String>>,
+    pub(super) timeout: Option<String>,
+    pub(super) clock: Option<ClockSource>,
+    pub(super) key_prefix: Option<String>,
+    pub(super) on_failure: Option<FailureMode>,
+    pub(super) instances: Option<u64>,
+    pub(super) tls_ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum FailureMode {
+    Local,
+    Allow,
+    Deny,
+}
+
+impl From<FailureMode> for OnFailure {
+    fn from(m: FailureMode) -> Self {
+        match m {
+            FailureMode::Local => OnFailure::Local,
+            FailureMode::Allow => OnFailure::Allow,
+            FailureMode::Deny => OnFailure::Deny,
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ClientsSection {
+    pub(super) api_key_header: Option<String>,
+    #[serde(default)]
+    pub(super) trusted_proxies: Vec<String>,
+    pub(super) ipv6_prefix: Option<i64>,
+    #[serde(default)]
+    pub(super) internal: Vec<String>,
+    #[serde(default)]
+    pub(super) api_keys: BTreeMap<String, String>,
+    pub(super) forwarded_header: Option<ForwardedHeaderName>,
+    pub(super) identity_secret_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ExemptSection {
+    #[serde(default)]
+    pub(super) paths: Vec<String>,
+    #[serde(default)]
+    pub(super) tiers: Vec<String>,
+}
+
+/// `algorithm = "..."`, looked up in the algorithm table.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct AlgorithmName(pub(super) Kind);
+
+impl<'de> Deserialize<'de> for AlgorithmName {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        Kind::from_name(&name)
+            .map(AlgorithmName)
+            .ok_or_else(|| serde::de::Error::unknown_variant(&name, &ALGORITHM_NAMES))
+    }
+}
+
+/// The numbers of a limit; shared by the limit and its tier overrides.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Numbers {
+    pub(super) capacity: Option<f64>,
+    pub(super) refill_rate: Option<f64>,
+    pub(super) limit: Option<f64>,
+    pub(super) window: Option<String>,
+    pub(super) rate: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct LimitSection {
+    pub(super) name: String,
+    pub(super) key: String,
+    pub(super) algorithm: AlgorithmName,
+    pub(super) capacity: Option<f64>,
+    pub(super) refill_rate: Option<f64>,
+    pub(super) limit: Option<f64>,
+    pub(super) window: Option<String>,
+    pub(super) rate: Option<f64>,
+    pub(super) on_failure: Option<FailureMode>,
+    #[serde(default)]
+    pub(super) shadow: bool,
+    #[serde(rename = "match")]
+    pub(super) matcher: Option<MatchSection>,
+    #[serde(default)]
+    pub(super) tiers: BTreeMap<String, Numbers>,
+}
+
+impl Numbers {
+    pub(super) fn number(&self, parameter: Parameter) -> Option<f64> {
+        match parameter {
+            Parameter::Capacity => self.capacity,
+            Parameter::Limit => self.limit,
+            Parameter::RefillRate => self.refill_rate,
+            Parameter::Rate => self.rate,
+            Parameter::Window => None,
+        }
+    }
+
+    pub(super) fn has(&self, parameter: Parameter) -> bool {
+        match parameter {
+            Parameter::Window => self.window.is_some(),
+            number => self.number(number).is_some(),
+        }
+    }
+}
+
+impl LimitSection {
+    pub(super) fn numbers(&self) -> Numbers {
+        Numbers {
+            capacity: self.capacity,
+            refill_rate: self.refill_rate,
+            limit: self.limit,
+            window: self.window.clone(),
+            rate: self.rate,
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct MatchSection {
+    #[serde(default)]
+    pub(super) methods: Vec<String>,
+    #[serde(default)]
+    pub(super) paths: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CostSection {
+    #[serde(rename = "match")]
+    pub(super) matcher: MatchSection,
+    pub(super) cost: i64,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ResponseSection {
+    pub(super) headers: Option<HeaderStyle>,
+}

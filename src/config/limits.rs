@@ -1,0 +1,289 @@
+//! `[[limits]]` (with their tiers and matches), `[[costs]]` and `[exempt]`:
+//! the policy requests are held to. The numbers each algorithm takes come
+//! from the algorithm table.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use http::{HeaderName, Method};
+
+use super::duration;
+use super::file::{AlgorithmName, CostSection, ExemptSection, LimitSection, MatchSection, Numbers};
+use super::source::Segment;
+use super::{at, AsSegment, Invalid};
+use crate::algorithm::{Algorithm, Parameter, MAX_EXACT};
+use crate::identity::{Tier, Tiers};
+use crate::limiter::LimitName;
+use crate::path::{EscapedSlashes, PathRules};
+use crate::policy::{CostRule, KeySource, Limit, Matcher, PathPattern};
+
+fn sorted(tiers: &Tiers) -> String {
+    let mut v: Vec<&str> = tiers.names().collect();
+    v.sort_unstable();
+    v.join(", ")
+}
+
+/// A pattern is matched against normalised paths, so it is normalised too
+/// (`/%7euser/*` is `/~user/*`); one that cannot be is refused rather than
+/// left to match nothing.
+fn path_pattern(p: &str) -> Result<PathPattern, String> {
+    if p.starts_with('*') {
+        return Ok(PathPattern::new(p));
+    }
+    if !p.starts_with('/') {
+        return Err(format!("\"{p}\" must start with '/' (or '*')"));
+    }
+    let canonical = crate::path::normalize(p.as_bytes(), EscapedSlashes::Keep)
+        .map_err(|e| format!("\"{p}\" is not a path a request can have: {e}"))?;
+    Ok(PathPattern::new(&canonical))
+}
+
+fn validate_match(
+    m: &MatchSection,
+    path: &[&dyn AsSegment],
+    compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,
+) -> Result<Matcher, Invalid> {
+    let sub = |key: &'static str, i: usize| -> Vec<Segment> {
+        let mut p: Vec<Segment> = path.iter().map(|s| s.segment()).collect();
+        p.push(Segment::Key(key.into()));
+        p.push(Segment::Index(i));
+        p
+    };
+    let methods = m
+        .methods
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let upper = name.to_ascii_uppercase();
+            match Method::from_bytes(upper.as_bytes()) {
+                Ok(method) if !name.is_empty() => Ok(method),
+                _ => Err((
+                    sub("methods", i),
+                    format!("\"{name}\" is not an HTTP method"),
+                )),
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    let paths = m
+        .paths
+        .iter()
+        .enumerate()
+        .map(|(i, p)| compile_pattern(p).map_err(|msg| (sub("paths", i), msg)))
+        .collect::<Result<_, _>>()?;
+    Ok(Matcher { methods, paths })
+}
+
+fn validate_key(key: &str) -> Result<KeySource, String> {
+    match key {
+        "ip" => Ok(KeySource::Ip),
+        "api_key" => Ok(KeySource::ApiKey),
+        "global" => Ok(KeySource::Global),
+        other => match other.strip_prefix("header:") {
+            Some(name) => HeaderName::from_bytes(name.as_bytes())
+                .map(KeySource::Header)
+                .map_err(|_| format!("\"{name}\" is not a valid header name")),
+            None => Err(format!(
+                "unknown key \"{other}\" (expected \"ip\", \"api_key\", \"header:<Name>\" or \"global\")"
+            )),
+        },
+    }
+}
+
+fn validate_limit(
+    i: usize,
+    s: &LimitSection,
+    known_tiers: &Tiers,
+    compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,
+) -> Result<Limit, Invalid> {
+    let name_ok = !s.name.is_empty()
+        && s.name.len() <= 64
+        && s.name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
+    if !name_ok {
+        return Err(at(
+            &[&"limits", &i, &"name"],
+            format!(
+                "\"{}\" must be 1 to 64 letters, digits, '_', '-' or '.'",
+                s.name
+            ),
+        ));
+    }
+    let key = validate_key(&s.key).map_err(|m| at(&[&"limits", &i, &"key"], m))?;
+    let own = s.numbers();
+    let algorithm = numbers(s.algorithm, &own, None, &[&"limits", &i])?;
+    let mut tiers = Vec::new();
+    for (tier, overrides) in &s.tiers {
+        let path: [&dyn AsSegment; 4] = [&"limits", &i, &"tiers", tier];
+        let Some(known) = known_tiers.get(tier) else {
+            return Err(at(
+                &path,
+                format!("unknown tier \"{tier}\" (known: {})", sorted(known_tiers)),
+            ));
+        };
+        tiers.push((known, numbers(s.algorithm, overrides, Some(&own), &path)?));
+    }
+    let matcher = match &s.matcher {
+        Some(m) => validate_match(m, &[&"limits", &i, &"match"], compile_pattern)?,
+        None => Matcher::default(),
+    };
+    Ok(Limit {
+        id: xxhash_rust::xxh3::xxh3_64(s.name.as_bytes()),
+        name: LimitName::new(&s.name),
+        key,
+        algorithm,
+        tiers,
+        matcher,
+        shadow: s.shadow,
+        on_failure: s.on_failure.map(Into::into),
+    })
+}
+
+/// Turns a limit's numbers (with a tier's overrides on top) into an algorithm.
+/// A limit's numbers as its algorithm's row of the table names them: the
+/// quota a whole number, the period a rate per second or a window.
+fn numbers(
+    algorithm: AlgorithmName,
+    own: &Numbers,
+    base: Option<&Numbers>,
+    path: &[&dyn AsSegment],
+) -> Result<Algorithm, Invalid> {
+    let spec = algorithm.0.spec();
+    let field = |parameter: Parameter| -> Vec<Segment> {
+        let mut p: Vec<Segment> = path.iter().map(|s| s.segment()).collect();
+        p.push(Segment::Key(parameter.name().into()));
+        p
+    };
+    if let Some(&foreign) = Parameter::ALL
+        .iter()
+        .find(|&&p| p != spec.quota && p != spec.period && own.has(p))
+    {
+        return Err((
+            field(foreign),
+            format!("`{}` does not apply to {}", foreign.name(), spec.name),
+        ));
+    }
+    let needed = |parameter: Parameter| {
+        (
+            field(parameter),
+            format!("{} needs `{}`", spec.name, parameter.name()),
+        )
+    };
+    let number = |parameter: Parameter| {
+        own.number(parameter)
+            .or_else(|| base.and_then(|b| b.number(parameter)))
+            .ok_or_else(|| needed(parameter))
+    };
+    let quota = number(spec.quota)?;
+    if quota.fract() != 0.0 || quota < 1.0 || quota > MAX_EXACT as f64 {
+        return Err((
+            field(spec.quota),
+            format!("must be a whole number of at least 1 (got {quota})"),
+        ));
+    }
+    let period_us = if spec.period == Parameter::Window {
+        let text = own
+            .window
+            .as_ref()
+            .or_else(|| base.and_then(|b| b.window.as_ref()))
+            .ok_or_else(|| needed(Parameter::Window))?;
+        let window = duration::parse(text).map_err(|m| (field(Parameter::Window), m))?;
+        if window < Duration::from_millis(1) {
+            return Err((field(Parameter::Window), "must be at least 1ms".into()));
+        }
+        window.as_micros() as u64
+    } else {
+        let per_second = number(spec.period)?;
+        if per_second.is_nan() || per_second <= 0.0 || per_second > 1_000_000.0 {
+            return Err((
+                field(spec.period),
+                format!("must be more than 0 and at most 1000000 per second (got {per_second})"),
+            ));
+        }
+        // Rounded up so the configured rate is never exceeded.
+        (1_000_000.0 / per_second).ceil() as u64
+    };
+    Algorithm::new(algorithm.0, quota as u64, period_us)
+        .map_err(|e| (field(spec.quota), e.to_string()))
+}
+
+/// Patterns are matched against paths as `[server]` says requests' paths are
+/// read: case-insensitive matching compares lower-cased paths with
+/// lower-cased patterns.
+pub(super) fn pattern_compiler(paths: &PathRules) -> impl Fn(&str) -> Result<PathPattern, String> {
+    let case_insensitive = paths.case_insensitive;
+    move |p: &str| {
+        if case_insensitive {
+            path_pattern(&p.to_ascii_lowercase())
+        } else {
+            path_pattern(p)
+        }
+    }
+}
+
+/// `[exempt]`: the paths and the tiers no limit applies to.
+pub(super) fn validate_exempt(
+    e: &ExemptSection,
+    known_tiers: &Tiers,
+    compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,
+) -> Result<(Vec<PathPattern>, Vec<Tier>), Invalid> {
+    let mut tiers = Vec::new();
+    for (i, tier) in e.tiers.iter().enumerate() {
+        let Some(tier) = known_tiers.get(tier) else {
+            return Err(at(
+                &[&"exempt", &"tiers", &i],
+                format!("unknown tier \"{tier}\" (known: {})", sorted(known_tiers)),
+            ));
+        };
+        tiers.push(tier);
+    }
+    let paths = e
+        .paths
+        .iter()
+        .enumerate()
+        .map(|(i, p)| compile_pattern(p).map_err(|m| at(&[&"exempt", &"paths", &i], m)))
+        .collect::<Result<_, _>>()?;
+    Ok((paths, tiers))
+}
+
+/// Every `[[limits]]` table, in order; names are unique.
+pub(super) fn validate_limits(
+    sections: &[LimitSection],
+    known_tiers: &Tiers,
+    compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,
+) -> Result<Vec<Limit>, Invalid> {
+    let mut limits = Vec::new();
+    let mut names = HashSet::new();
+    for (i, section) in sections.iter().enumerate() {
+        let limit = validate_limit(i, section, known_tiers, compile_pattern)?;
+        if !names.insert(limit.name.clone()) {
+            return Err(at(
+                &[&"limits", &i, &"name"],
+                format!("duplicate limit name \"{}\"", limit.name),
+            ));
+        }
+        limits.push(limit);
+    }
+    Ok(limits)
+}
+
+/// Every `[[costs]]` table, in order (the first that matches applies).
+pub(super) fn validate_costs(
+    sections: &[CostSection],
+    compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,
+) -> Result<Vec<CostRule>, Invalid> {
+    let mut costs = Vec::new();
+    for (i, c) in sections.iter().enumerate() {
+        if c.cost < 0 || c.cost as u64 > MAX_EXACT {
+            return Err(at(
+                &[&"costs", &i, &"cost"],
+                "must be a whole number from 0 (a free request) upwards",
+            ));
+        }
+        costs.push(CostRule {
+            matcher: validate_match(&c.matcher, &[&"costs", &i, &"match"], compile_pattern)?,
+            cost: c.cost as u64,
+        });
+    }
+    Ok(costs)
+}

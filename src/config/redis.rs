@@ -1,0 +1,87 @@
+//! `[redis]`: the shared store.
+
+use std::time::Duration;
+
+use super::file::RedisSection;
+use super::{at, duration, AsSegment, Inputs, Invalid};
+use crate::limiter::redis::Topology;
+use crate::limiter::{ClockSource, OnFailure, RedisSettings};
+
+pub(super) fn validate_redis(r: &RedisSection, inputs: &Inputs) -> Result<RedisSettings, Invalid> {
+    let cluster = r.cluster.clone().unwrap_or_default();
+    let url = inputs.redis_url.clone().or_else(|| r.url.clone());
+    if url.is_none() && cluster.is_empty() {
+        return Err(at(&[&"redis"], "needs `url` (or REDIS_URL) or `cluster`"));
+    }
+    if r.url.is_some() && !cluster.is_empty() {
+        return Err(at(
+            &[&"redis", &"cluster"],
+            "give either `url` or `cluster`, not both",
+        ));
+    }
+    for (i, u) in cluster.iter().enumerate() {
+        check_redis_url(u, &[&"redis", &"cluster", &i])?;
+    }
+    if let Some(u) = &r.url {
+        check_redis_url(u, &[&"redis", &"url"])?;
+    }
+    let timeout = duration(
+        &r.timeout,
+        Duration::from_millis(50),
+        &[&"redis", &"timeout"],
+    )?;
+    if timeout.is_zero() {
+        return Err(at(&[&"redis", &"timeout"], "must be longer than 0"));
+    }
+    let key_prefix = r.key_prefix.clone().unwrap_or_else(|| "floodgate".into());
+    if key_prefix.is_empty()
+        || !key_prefix
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-.:".contains(c))
+    {
+        return Err(at(
+            &[&"redis", &"key_prefix"],
+            "must be non-empty letters, digits, '_', '-', '.' or ':'",
+        ));
+    }
+    let instances = r.instances.unwrap_or(1);
+    if instances == 0 {
+        return Err(at(&[&"redis", &"instances"], "must be at least 1"));
+    }
+    let tls_ca = r
+        .tls_ca_file
+        .as_ref()
+        .map(|file| {
+            inputs.read(file).map_err(|e| {
+                at(
+                    &[&"redis", &"tls_ca_file"],
+                    format!("cannot read {}: {e}", file.display()),
+                )
+            })
+        })
+        .transpose()?;
+    let topology = match url {
+        Some(url) if cluster.is_empty() => Topology::Standalone(url),
+        _ => Topology::Cluster(cluster),
+    };
+    Ok(RedisSettings {
+        topology,
+        timeout,
+        clock: r.clock.unwrap_or(ClockSource::Redis),
+        key_prefix,
+        on_failure: r.on_failure.map_or(OnFailure::Local, Into::into),
+        instances,
+        tls_ca,
+    })
+}
+
+fn check_redis_url(u: &str, path: &[&dyn AsSegment]) -> Result<(), Invalid> {
+    if u.starts_with("redis://") || u.starts_with("rediss://") {
+        Ok(())
+    } else {
+        Err(at(
+            path,
+            format!("\"{u}\" must start with redis:// or rediss://"),
+        ))
+    }
+}

@@ -1,0 +1,128 @@
+//! `[upstream]`: where requests go, with which timeouts and headers.
+
+use std::time::Duration;
+
+use http::HeaderName;
+
+use super::file::UpstreamSection;
+use super::{at, duration, Inputs, Invalid};
+use crate::upstream::UpstreamSettings;
+
+pub(super) fn validate_upstream(
+    u: &UpstreamSection,
+    inputs: &Inputs,
+) -> Result<UpstreamSettings, Invalid> {
+    if u.servers.is_empty() {
+        return Err(at(&[&"upstream", &"servers"], "needs at least one server"));
+    }
+    for (i, s) in u.servers.iter().enumerate() {
+        let port_ok = s
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if !port_ok {
+            return Err(at(
+                &[&"upstream", &"servers", &i],
+                format!("\"{s}\" is not host:port (e.g. \"127.0.0.1:8000\")"),
+            ));
+        }
+    }
+    let connect_timeout = duration(
+        &u.connect_timeout,
+        Duration::from_secs(1),
+        &[&"upstream", &"connect_timeout"],
+    )?;
+    let read_timeout = duration(
+        &u.read_timeout,
+        Duration::from_secs(30),
+        &[&"upstream", &"read_timeout"],
+    )?;
+    for (key, d) in [
+        ("connect_timeout", connect_timeout),
+        ("read_timeout", read_timeout),
+    ] {
+        if d.is_zero() {
+            return Err(at(&[&"upstream", &key], "must be longer than 0"));
+        }
+    }
+    let sni = match &u.sni {
+        Some(s) => s.clone(),
+        None => u.servers[0]
+            .rsplit_once(':')
+            .map(|(h, _)| h.trim_matches(['[', ']']).to_string())
+            .unwrap_or_default(),
+    };
+    if let Some(file) = &u.ca_file {
+        if !u.tls {
+            return Err(at(
+                &[&"upstream", &"ca_file"],
+                "applies only with tls = true",
+            ));
+        }
+        if let Err(e) = inputs.check(file) {
+            return Err(at(
+                &[&"upstream", &"ca_file"],
+                format!("cannot read {}: {e}", file.display()),
+            ));
+        }
+    }
+    let header_name = |text: &str, key: &'static str| {
+        HeaderName::from_bytes(text.as_bytes()).map_err(|_| {
+            at(
+                &[&"upstream", &key],
+                format!("\"{text}\" is not a valid header name"),
+            )
+        })
+    };
+    let request_id_header_spelling = u
+        .request_id_header
+        .clone()
+        .unwrap_or_else(|| "X-Request-Id".into());
+    let request_id_header = header_name(&request_id_header_spelling, "request_id_header")?;
+    // Headers that frame the request or say who the client is cannot carry an id.
+    const RESERVED: [&str; 9] = [
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "upgrade",
+        "te",
+        "x-forwarded-for",
+        "x-real-ip",
+        "forwarded",
+    ];
+    if RESERVED.contains(&request_id_header.as_str()) {
+        return Err(at(
+            &[&"upstream", &"request_id_header"],
+            format!("\"{request_id_header_spelling}\" already means something else; name a header of its own, e.g. \"X-Request-Id\""),
+        ));
+    }
+    let host = u
+        .host
+        .as_deref()
+        .map(|h| {
+            http::HeaderValue::from_str(h)
+                .ok()
+                .filter(|_| !h.is_empty() && !h.contains(char::is_whitespace))
+                .ok_or_else(|| at(&[&"upstream", &"host"], format!("\"{h}\" is not a host")))
+        })
+        .transpose()?;
+    let websocket_idle_timeout = duration(
+        &u.websocket_idle_timeout,
+        Duration::from_secs(3600),
+        &[&"upstream", &"websocket_idle_timeout"],
+    )?;
+    Ok(UpstreamSettings {
+        servers: u.servers.clone(),
+        connect_timeout,
+        read_timeout,
+        tls: u.tls,
+        sni,
+        ca_file: u.ca_file.clone(),
+        forwarded_headers: u.forwarded_headers.unwrap_or(true),
+        request_id_header,
+        request_id_header_spelling,
+        host,
+        http2: u.http2,
+        websocket_idle_timeout,
+    })
+}
