@@ -24,7 +24,7 @@ use crate::headers::HeaderStyle;
 use crate::identity::IdentityKeySource;
 use crate::limiter::{OnFailure, RedisSettings};
 use crate::policy::Policy;
-use crate::server::ServerSettings;
+use crate::server::settings::ServerSettings;
 use crate::tls::TlsListeners;
 use crate::upstream::UpstreamSettings;
 use file::FileConfig;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::file::{OneOrMany, ServerSection, TlsSection};
 use super::{at, duration, AsSegment, Inputs, Invalid};
 use crate::path::PathRules;
-use crate::server::ServerSettings;
+use crate::server::settings::ServerSettings;
 use crate::tls::{CertSet, CertSource, TlsListeners};
 
 const DEFAULT_GRACE: Duration = Duration::from_secs(5);

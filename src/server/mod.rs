@@ -1,6 +1,9 @@
 //! Wires a validated `Config` into a Pingora server.
 
-use std::net::SocketAddr;
+pub mod settings;
+
+pub use settings::ServerSettings;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,22 +29,6 @@ use crate::metrics::Metrics;
 use crate::proxy::Gateway;
 use crate::signals::Signals;
 use crate::state::{AppState, Runtime};
-
-/// `[server]`: the listeners, the worker threads and the connection limits.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ServerSettings {
-    pub listen: Vec<SocketAddr>,
-    pub admin_listen: Option<SocketAddr>,
-    pub threads: usize,
-    pub grace_period: Duration,
-    pub header_timeout: Duration,
-    pub keepalive_timeout: Duration,
-    /// None: derived from the open-files limit at start.
-    pub max_connections: Option<usize>,
-    pub max_connections_per_ip: usize,
-    /// HTTP/2 with prior knowledge on the plain listeners.
-    pub h2c: bool,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
