@@ -56,7 +56,8 @@ impl Verdict {
     /// Counts each layer's outcome; logs a refusal, and what a shadow limit
     /// would have refused, one line each.
     pub(super) fn account(&self, runtime: &Runtime, client: Option<&Client>, request_id: &str) {
-        let label = client.map_or_else(String::new, Client::log_label);
+        // Formatted only for a line that is written: most requests log nothing.
+        let label = || client.map_or_else(String::new, Client::log_label);
         for (check, decision) in self.checks.iter().zip(&self.decisions) {
             let counters = &runtime.counters[check.layer];
             match (check.shadow, decision.allowed(), self.refused) {
@@ -73,7 +74,8 @@ impl Verdict {
             }
             if check.shadow && !decision.allowed() {
                 info!(
-                    "shadow limit would refuse: {label} limit={} retry_after_ms={}",
+                    "shadow limit would refuse: {} limit={} retry_after_ms={}",
+                    label(),
                     check.name,
                     headers::ceil_ms(decision.retry_after_us())
                 );
@@ -82,7 +84,8 @@ impl Verdict {
         if let Some(i) = self.decisive.filter(|_| self.refused) {
             let decision = &self.decisions[i];
             info!(
-                "rate limited: {label} limit={} retry_after_ms={}{} request_id={request_id}",
+                "rate limited: {} limit={} retry_after_ms={}{} request_id={request_id}",
+                label(),
                 self.checks[i].name,
                 headers::ceil_ms(decision.retry_after_us()),
                 if decision.cost_exceeds_limit() {
