@@ -294,7 +294,7 @@ fn header<'a>(seen: &'a Seen, name: &str) -> Option<&'a str> {
 #[test]
 fn the_upstream_learns_who_asked_and_never_what_a_client_made_up() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(&upstream, "");
+    let proxy = Proxy::start(&upstream);
     let lies = [
         ("X-Forwarded-For", "6.6.6.6"),
         ("X-Real-IP", "6.6.6.7"),
@@ -321,10 +321,9 @@ fn the_upstream_learns_who_asked_and_never_what_a_client_made_up() {
 
     // Behind trusted proxies: the chain as resolved, the proxy's id kept,
     // and the Host rewritten.
-    let trusted = Proxy::start(
-        &upstream,
-        "[clients]\ntrusted_proxies = [\"127.0.0.0/8\", \"10.0.0.0/8\"]\n",
-    );
+    let trusted = ConfigBuilder::new(upstream.addr)
+        .raw("[clients]\ntrusted_proxies = [\"127.0.0.0/8\", \"10.0.0.0/8\"]")
+        .start();
     let text = std::fs::read_to_string(&trusted.config_path)
         .expect("config")
         .replace("[upstream]\n", "[upstream]\nhost = \"api.internal\"\n");
@@ -575,7 +574,7 @@ fn http2_streams_count_against_the_address_cap() {
 #[test]
 fn no_spelling_of_a_forwarding_header_reaches_the_upstream() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(&upstream, "");
+    let proxy = Proxy::start(&upstream);
     let r = proxy.send(
         "GET",
         "/",
@@ -600,10 +599,9 @@ fn no_spelling_of_a_forwarding_header_reaches_the_upstream() {
     }
     assert_eq!(header(&seen, "x-forwarded-for"), Some("127.0.0.1"));
     // A trusted load balancer's word on scheme and host stands.
-    let trusted = Proxy::start(
-        &upstream,
-        "[clients]\ntrusted_proxies = [\"127.0.0.0/8\"]\n",
-    );
+    let trusted = ConfigBuilder::new(upstream.addr)
+        .raw("[clients]\ntrusted_proxies = [\"127.0.0.0/8\"]")
+        .start();
     trusted.send(
         "GET",
         "/",

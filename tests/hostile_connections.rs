@@ -346,7 +346,7 @@ fn pipelined_requests_are_answered_in_order_each_decided_on_its_own() {
 #[test]
 fn a_request_sent_early_behind_a_slow_post_waits_its_turn() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(&upstream, "");
+    let proxy = Proxy::start(&upstream);
     let mut s = TcpStream::connect(proxy.addr).expect("connect");
     s.write_all(b"POST /hold HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nhi")
         .expect("post");
@@ -379,7 +379,7 @@ fn a_request_sent_early_behind_a_slow_post_waits_its_turn() {
 #[test]
 fn ambiguous_framing_is_refused_and_never_forwarded() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(&upstream, "");
+    let proxy = Proxy::start(&upstream);
     for (raw, error) in [
         (
             &b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 5, 5\r\n\r\nhello"[..],
@@ -588,7 +588,7 @@ fn a_client_that_never_reads_its_answers_is_let_go() {
 #[test]
 fn an_oversized_head_is_refused_with_431() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(&upstream, "");
+    let proxy = Proxy::start(&upstream);
     let mut raw = b"GET / HTTP/1.1\r\nHost: t\r\n".to_vec();
     // 20 lines of 4 KB: few headers, a large head.
     for i in 0..20 {

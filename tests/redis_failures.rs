@@ -148,7 +148,7 @@ fn outage_under_load(kind: Outage, name: &str) {
     let proxy = start(&upstream, &redis, "local");
     // The budget of a client already known to Redis.
     assert_eq!(
-        count_status(&statuses(&proxy, "GET", "/", "known", 5), 200),
+        count_status(statuses(&proxy, "GET", "/", "known", 5), 200),
         5
     );
     let load_start = Instant::now();

@@ -167,9 +167,6 @@ fn serve_upstream(stream: TcpStream, seen: Arc<Mutex<Vec<Seen>>>, gate: Arc<Gate
         if path.starts_with("/hold") {
             gate.wait();
         }
-        if let Some(ms) = path.strip_prefix("/slow/").and_then(|m| m.parse().ok()) {
-            thread::sleep(Duration::from_millis(ms));
-        }
         let reply = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok";
         if writer.write_all(reply.as_bytes()).is_err() {
             return;
@@ -366,72 +363,11 @@ pub struct Proxy {
     child: Child,
 }
 
-/// Fills the `{listen}` and `{upstream}` placeholders of a config body.
-pub fn config_text(listen: SocketAddr, upstream: SocketAddr, body: &str) -> String {
-    format!(
-        "[server]\nlisten = \"{listen}\"\nthreads = 2\ngrace_period = \"1s\"\n\n[upstream]\nservers = [\"{upstream}\"]\nconnect_timeout = \"500ms\"\nread_timeout = \"5s\"\n\n{body}"
-    )
-}
-
-fn owned_env(env: &[(&str, &str)]) -> Vec<(String, String)> {
-    env.iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
 impl Proxy {
-    pub fn start_with(upstream: SocketAddr, body: &str, env: &[(&str, &str)]) -> Proxy {
-        let dir = temp_dir();
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-        let config_path = dir.join("proxy.toml");
-        std::fs::write(&config_path, config_text(addr, upstream, body)).expect("write config");
-        Proxy::spawn(addr, None, config_path, env)
-    }
-
-    /// Like `start`, with an admin listener and a grace period of `grace`.
-    pub fn start_admin(upstream: &Upstream, grace: &str, body: &str) -> Proxy {
-        let dir = temp_dir();
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-        let text = config_text(addr, upstream.addr, body).replace(
-            "grace_period = \"1s\"",
-            &format!("grace_period = \"{grace}\"\nadmin_listen = \"{admin}\""),
-        );
-        let config_path = dir.join("proxy.toml");
-        std::fs::write(&config_path, text).expect("write config");
-        Proxy::spawn(addr, Some(admin), config_path, &[])
-    }
-
-    pub fn spawn(
-        addr: SocketAddr,
-        admin: Option<SocketAddr>,
-        config_path: PathBuf,
-        env: &[(&str, &str)],
-    ) -> Proxy {
-        Proxy::launch(addr, admin, config_path, &owned_env(env), &[])
-    }
-
-    pub fn spawn_wrapped(
-        addr: SocketAddr,
-        admin: Option<SocketAddr>,
-        config_path: PathBuf,
-        env: &[(&str, &str)],
-        wrapper: &[&str],
-    ) -> Proxy {
-        Proxy::launch(addr, admin, config_path, &owned_env(env), wrapper)
-    }
-}
-
-/// How many of `codes` are `code`.
-pub fn count_code(codes: &[u16], code: u16) -> usize {
-    count_status(codes, code)
-}
-
-impl Proxy {
-    /// Starts floodgate in front of `upstream` with `[server]` and
-    /// `[upstream]` filled in and `body` (the rest of the file) appended.
-    pub fn start(upstream: &Upstream, body: &str) -> Proxy {
-        ConfigBuilder::new(upstream.addr).raw(body).start()
+    /// Floodgate in front of `upstream` with no limits; anything more is
+    /// `ConfigBuilder`'s.
+    pub fn start(upstream: &Upstream) -> Proxy {
+        ConfigBuilder::new(upstream.addr).start()
     }
 
     /// The binary serving `config_path` (which listens on `addr`, and on
