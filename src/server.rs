@@ -79,14 +79,20 @@ fn clock_from_env() -> Result<Arc<dyn Clock>, BuildError> {
     };
     let file = match std::env::var_os("FLOODGATE_CLOCK_FILE") {
         None => None,
-        Some(path) => Some(
-            crate::clock::FileOffsetClock::open(SystemClock, &path).map_err(|source| {
-                BuildError::ClockFile {
-                    path: path.to_string_lossy().into_owned(),
-                    source,
-                }
-            })?,
-        ),
+        Some(path) => {
+            let clock =
+                crate::clock::FileOffsetClock::open(SystemClock, &path).map_err(|source| {
+                    BuildError::ClockFile {
+                        path: path.to_string_lossy().into_owned(),
+                        source,
+                    }
+                })?;
+            log::info!(
+                "clock: system time plus the milliseconds in {} (FLOODGATE_CLOCK_FILE)",
+                path.to_string_lossy()
+            );
+            Some(clock)
+        }
     };
     Ok(match (file, offset_us) {
         (None, None) => Arc::new(SystemClock),

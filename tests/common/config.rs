@@ -221,7 +221,18 @@ impl ConfigBuilder {
             _ => None,
         };
         let listen = fixed.listen.expect("resolved");
-        Proxy::launch(listen, admin, path, &fixed.env, wrapper)
+        let proxy = Proxy::launch(listen, admin, path, &fixed.env, wrapper);
+        if fixed.env.iter().any(|(k, _)| k == "FLOODGATE_CLOCK_FILE") {
+            // A binary that ignored the clock file would fail its test for
+            // reasons far from the cause (e.g. another tree's build of it).
+            assert!(
+                proxy.log().contains("(FLOODGATE_CLOCK_FILE)"),
+                "{} does not follow FLOODGATE_CLOCK_FILE: {}",
+                super::binary(),
+                proxy.log()
+            );
+        }
+        proxy
     }
 }
 
