@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::process::Command;
@@ -12,37 +11,12 @@ use std::time::Duration;
 
 use common::*;
 
-const BODY: &str = r#"
-[clients.api_keys]
-"key-7731" = "pro"
-
-[exempt]
-paths = ["/healthz"]
-
-[[limits]]
-name = "per-ip"
-key = "ip"
-algorithm = "fixed_window"
-limit = 2
-window = "1h"
-"#;
-
-fn logging_proxy(upstream: &Upstream, access: &Path, body: &str) -> Proxy {
-    let dir = temp_dir();
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let text = format!(
-        "{}\n[log]\naccess = \"{}\"\n",
-        config_text(addr, upstream.addr, body),
-        access.display()
-    )
-    .replace(
-        "grace_period = \"1s\"",
-        &format!("grace_period = \"1s\"\nadmin_listen = \"{admin}\""),
-    );
-    let path = dir.join("proxy.toml");
-    std::fs::write(&path, text).expect("config");
-    Proxy::spawn(addr, Some(admin), path, &[])
+/// In front of `upstream`, with an admin listener and the access log
+/// written to `access`.
+fn logging(upstream: &Upstream, access: &Path) -> ConfigBuilder {
+    ConfigBuilder::new(upstream.addr)
+        .admin()
+        .raw(&format!("[log]\naccess = \"{}\"", access.display()))
 }
 
 fn lines(path: &Path) -> Vec<serde_json::Value> {
@@ -57,7 +31,10 @@ fn lines(path: &Path) -> Vec<serde_json::Value> {
 fn every_request_is_one_json_line_with_every_field() {
     let upstream = Upstream::start();
     let access = temp_dir().join("access.log");
-    let proxy = logging_proxy(&upstream, &access, BODY);
+    let proxy = logging(&upstream, &access)
+        .raw("[clients.api_keys]\n\"key-7731\" = \"pro\"\n\n[exempt]\npaths = [\"/healthz\"]")
+        .limit(Limit::fixed_window("per-ip", "ip", 2, "1h"))
+        .start();
     let key = ("X-API-Key", "key-7731");
     proxy.send("GET", "/a?secret=query-5521", &[key]);
     proxy.send("GET", "/b", &[key]);
@@ -144,7 +121,7 @@ fn the_file_is_reopened_on_sighup_after_a_rotation() {
     let upstream = Upstream::start();
     let dir = temp_dir();
     let access = dir.join("access.log");
-    let proxy = logging_proxy(&upstream, &access, "");
+    let proxy = logging(&upstream, &access).start();
     proxy.get("/before");
     assert!(wait_until(Duration::from_secs(5), || lines(&access).len() == 1));
     let rotated = dir.join("access.log.1");
@@ -178,7 +155,7 @@ fn a_log_that_cannot_keep_up_drops_lines_and_never_holds_a_request() {
         .custom_flags(0o4000) // O_NONBLOCK: do not wait for a writer
         .open(&fifo)
         .expect("fifo reader");
-    let proxy = logging_proxy(&upstream, &fifo, "");
+    let proxy = logging(&upstream, &fifo).start();
     let total = 24_000;
     let threads = 4;
     let addr = proxy.addr;
@@ -195,7 +172,7 @@ fn a_log_that_cannot_keep_up_drops_lines_and_never_holds_a_request() {
     });
     // Every request was answered although the log stopped moving.
     assert_eq!(statuses.len(), total);
-    assert!(statuses.iter().all(|&s| s == 200));
+    assert_eq!(count_status(&statuses, 200), total);
     let dropped = proxy.metric("floodgate_access_log_dropped_total");
     assert!(dropped > 0.0, "lines were dropped");
     assert!(dropped < total as f64);

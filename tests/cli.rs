@@ -3,7 +3,8 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use common::*;
 
@@ -112,6 +113,47 @@ fn the_proxy_does_not_start_on_a_bad_config() {
     );
 }
 
+/// A clock file (`FLOODGATE_CLOCK_FILE`) that cannot be read, or holds no
+/// whole number of milliseconds, stops the start with its reason.
+#[test]
+fn a_missing_or_malformed_clock_file_stops_the_start() {
+    let upstream = Upstream::start();
+    let config = ConfigBuilder::new(upstream.addr).write();
+    let dir = temp_dir();
+    let missing = dir.join("no-such-clock");
+    let malformed = dir.join("clock");
+    std::fs::write(&malformed, "soon").expect("write clock");
+    for (clock, reason) in [
+        (&missing, "cannot read it: "),
+        (
+            &malformed,
+            "it must hold a whole number of milliseconds, got \"soon\"",
+        ),
+    ] {
+        let mut child = Command::new(binary())
+            .arg("--config")
+            .arg(&config)
+            .env("FLOODGATE_CLOCK_FILE", clock)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run floodgate");
+        let exited = wait_until(Duration::from_secs(20), || {
+            matches!(child.try_wait(), Ok(Some(_)))
+        });
+        if !exited {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("started with the clock file {}", clock.display());
+        }
+        let out = child.wait_with_output().expect("output");
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let expected = format!("FLOODGATE_CLOCK_FILE {}: {reason}", clock.display());
+        assert!(stderr.contains(&expected), "{stderr}");
+    }
+}
+
 #[test]
 fn unknown_arguments_print_usage() {
     let out = Command::new(binary()).arg("--bogus").output().expect("run");
@@ -121,18 +163,14 @@ fn unknown_arguments_print_usage() {
 
 #[test]
 fn check_prints_the_resolved_layers() {
-    let dir = temp_dir();
-    let file = dir.join("p.toml");
-    let body = "[clients.api_keys]\n\"k\" = \"pro\"\n[[limits]]\nname = \"per-account\"\nkey = \"api_key\"\nalgorithm = \"token_bucket\"\ncapacity = 100\nrefill_rate = 10\n[limits.tiers.pro]\ncapacity = 500\n";
-    std::fs::write(
-        &file,
-        config_text(
-            "127.0.0.1:1".parse().expect("addr"),
-            "127.0.0.1:2".parse().expect("addr"),
-            body,
-        ),
-    )
-    .expect("write");
+    let file = ConfigBuilder::new("127.0.0.1:2".parse().expect("addr"))
+        .listen("127.0.0.1:1".parse().expect("addr"))
+        .raw("[clients.api_keys]\n\"k\" = \"pro\"")
+        .limit(
+            Limit::token_bucket("per-account", "api_key", 100, 10.0)
+                .line("[limits.tiers.pro]\ncapacity = 500"),
+        )
+        .write();
     let out = check(file.to_str().expect("path"));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("per-account      key=api_key    token_bucket capacity=100 refill_rate=10.000/s on all requests"), "{stdout}");

@@ -8,21 +8,23 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 
-const TEN_PER_IP: &str = r#"
-[exempt]
-paths = ["/free/*"]
+/// `/free/*` exempt, 10 requests an hour per address elsewhere.
+fn ten_per_ip(config: ConfigBuilder) -> ConfigBuilder {
+    config
+        .raw("[exempt]\npaths = [\"/free/*\"]")
+        .limit(Limit::fixed_window("per-ip", "ip", 10, "1h"))
+}
 
-[[limits]]
-name = "per-ip"
-key = "ip"
-algorithm = "fixed_window"
-limit = 10
-window = "1h"
-"#;
+/// One request an hour per address.
+fn one_per_ip() -> Limit {
+    Limit::fixed_window("one", "ip", 1, "1h")
+}
 
 struct Edge {
     proxy: Proxy,
@@ -30,34 +32,26 @@ struct Edge {
     dir: PathBuf,
 }
 
-/// floodgate with a plain listener (h2c as given) and a TLS listener serving
-/// `server.crt` by default and `api.crt` for api.example.org.
-fn edge(upstream: SocketAddr, h2c: bool, body: &str) -> Edge {
-    edge_with(upstream, h2c, "", body)
-}
-
-/// Like `edge`, with `server_lines` added to `[server]` and an admin listener.
-fn edge_with(upstream: SocketAddr, h2c: bool, server_lines: &str, body: &str) -> Edge {
+/// floodgate with an admin listener, a plain listener (h2c as given) and a
+/// TLS listener serving `server.crt` by default and `api.crt` for
+/// api.example.org; `config` gives the rest.
+fn edge(config: ConfigBuilder, h2c: bool) -> Edge {
     let dir = temp_dir();
     make_certificates(&dir);
     make_named_certificate(&dir, "api", "api.example.org", "DNS:api.example.org");
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let tls: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let tls = local_addr();
     let path = |f: &str| dir.join(f).display().to_string();
-    let text = config_text(addr, upstream, body).replace(
-        "grace_period = \"1s\"",
-        &format!(
-            "grace_period = \"1s\"\nadmin_listen = \"{admin}\"\nh2c = {h2c}\n{server_lines}\n\n[server.tls]\nlisten = \"{tls}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n\n[[server.tls.certs]]\nserver_names = [\"api.example.org\"]\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+    let proxy = config
+        .admin()
+        .server(&format!("h2c = {h2c}"))
+        .raw(&format!(
+            "[server.tls]\nlisten = \"{tls}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n\n[[server.tls.certs]]\nserver_names = [\"api.example.org\"]\ncert_file = \"{}\"\nkey_file = \"{}\"",
             path("server.crt"),
             path("server.key"),
             path("api.crt"),
             path("api.key")
-        ),
-    );
-    let config = dir.join("proxy.toml");
-    std::fs::write(&config, text).expect("config");
-    let proxy = Proxy::spawn(addr, Some(admin), config, &[]);
+        ))
+        .start();
     assert!(wait_until(Duration::from_secs(10), || {
         std::net::TcpStream::connect(tls).is_ok()
     }));
@@ -162,7 +156,7 @@ fn nghttp_statuses(base: &str, n: usize) -> Vec<u16> {
 #[test]
 fn tls_with_http2_multiplexes_and_refuses_one_stream_at_a_time() {
     let upstream = Upstream::start();
-    let edge = edge(upstream.addr, false, TEN_PER_IP);
+    let edge = edge(ten_per_ip(ConfigBuilder::new(upstream.addr)), false);
     let ca = edge.dir.join("ca.crt").display().to_string();
     let base = format!("https://127.0.0.1:{}", edge.tls.port());
     // 21 requests, at most 20 at once, over one connection.
@@ -174,8 +168,8 @@ fn tls_with_http2_multiplexes_and_refuses_one_stream_at_a_time() {
         1,
         "one connection: {got:?}"
     );
-    assert_eq!(got.iter().filter(|(s, _, _)| *s == 200).count(), 10);
-    assert_eq!(got.iter().filter(|(s, _, _)| *s == 429).count(), 11);
+    assert_eq!(count_status(got.iter().map(|t| t.0), 200), 10);
+    assert_eq!(count_status(got.iter().map(|t| t.0), 429), 11);
     assert_eq!(upstream.count(), 10);
     // HTTP/1.1 over TLS still works.
     let h1 = curl(&[
@@ -240,14 +234,14 @@ fn tls_with_http2_multiplexes_and_refuses_one_stream_at_a_time() {
 #[test]
 fn h2c_with_prior_knowledge_on_the_plain_listener() {
     let upstream = Upstream::start();
-    let edge = edge(upstream.addr, true, TEN_PER_IP);
+    let edge = edge(ten_per_ip(ConfigBuilder::new(upstream.addr)), true);
     let base = format!("http://{}", edge.proxy.addr);
     // nghttp carries every stream on its one connection: the refusals
     // answer their streams and the connection goes on serving.
     let got = nghttp_statuses(&base, 21);
     assert_eq!(got.len(), 21, "{got:?}");
-    assert_eq!(got.iter().filter(|s| **s == 200).count(), 10, "{got:?}");
-    assert_eq!(got.iter().filter(|s| **s == 429).count(), 11, "{got:?}");
+    assert_eq!(count_status(&got, 200), 10, "{got:?}");
+    assert_eq!(count_status(&got, 429), 11, "{got:?}");
     // HTTP/1.1 on the same listener.
     assert_eq!(edge.proxy.get("/free/a").status, 200);
 }
@@ -255,7 +249,7 @@ fn h2c_with_prior_knowledge_on_the_plain_listener() {
 #[test]
 fn check_shows_the_certificates_names_and_expiry() {
     let upstream = Upstream::start();
-    let edge = edge(upstream.addr, false, "");
+    let edge = edge(ConfigBuilder::new(upstream.addr), false);
     let out = Command::new(binary())
         .args(["check", &edge.proxy.config_path.display().to_string()])
         .output()
@@ -300,7 +294,7 @@ fn header<'a>(seen: &'a Seen, name: &str) -> Option<&'a str> {
 #[test]
 fn the_upstream_learns_who_asked_and_never_what_a_client_made_up() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(&upstream, "");
+    let proxy = Proxy::start(&upstream);
     let lies = [
         ("X-Forwarded-For", "6.6.6.6"),
         ("X-Real-IP", "6.6.6.7"),
@@ -327,10 +321,9 @@ fn the_upstream_learns_who_asked_and_never_what_a_client_made_up() {
 
     // Behind trusted proxies: the chain as resolved, the proxy's id kept,
     // and the Host rewritten.
-    let trusted = Proxy::start(
-        &upstream,
-        "[clients]\ntrusted_proxies = [\"127.0.0.0/8\", \"10.0.0.0/8\"]\n",
-    );
+    let trusted = ConfigBuilder::new(upstream.addr)
+        .raw("[clients]\ntrusted_proxies = [\"127.0.0.0/8\", \"10.0.0.0/8\"]")
+        .start();
     let text = std::fs::read_to_string(&trusted.config_path)
         .expect("config")
         .replace("[upstream]\n", "[upstream]\nhost = \"api.internal\"\n");
@@ -365,7 +358,9 @@ fn the_upstream_learns_who_asked_and_never_what_a_client_made_up() {
     assert_eq!(header(&seen, "forwarded"), None);
     assert_eq!(r.header("X-Request-Id"), Some("lb-0042"));
     // The id is in the 429 body and in the log line of the refusal.
-    let limited = Proxy::start(&upstream, "[[limits]]\nname = \"one\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\n");
+    let limited = ConfigBuilder::new(upstream.addr)
+        .limit(one_per_ip())
+        .start();
     limited.get("/");
     let r = limited.get("/");
     let id = r.header("X-Request-Id").expect("id").to_string();
@@ -431,18 +426,14 @@ fn run_client(name: &str, args: &[&str]) -> Vec<String> {
 #[test]
 fn grpc_calls_are_refused_the_way_grpc_clients_understand() {
     let (server, server_addr) = serve("grpc_echo.py");
-    let dir = temp_dir();
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let text = config_text(
-        addr,
-        server_addr,
-        "[[limits]]\nname = \"per-ip\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 3\nwindow = \"1h\"\n",
-    )
-    .replace("grace_period = \"1s\"", "grace_period = \"1s\"\nh2c = true")
-    .replace("[upstream]\n", "[upstream]\nhttp2 = true\n");
-    let config = dir.join("proxy.toml");
-    std::fs::write(&config, text).expect("config");
-    let proxy = Proxy::spawn(addr, None, config, &[]);
+    // h2c from clients, HTTP/2 to the service.
+    let grpc = ConfigBuilder::new(server_addr)
+        .server("h2c = true")
+        .upstream("http2 = true");
+    let proxy = grpc
+        .clone()
+        .limit(Limit::fixed_window("per-ip", "ip", 3, "1h"))
+        .start();
     let calls = run_client("grpc_echo.py", &["call", &proxy.addr.to_string(), "5"]);
     assert_eq!(calls.len(), 5, "{calls:?}");
     for (i, call) in calls.iter().take(3).enumerate() {
@@ -456,13 +447,7 @@ fn grpc_calls_are_refused_the_way_grpc_clients_understand() {
     }
     // The service behind is gone: UNAVAILABLE, not an HTTP error.
     drop(server);
-    let bare_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let text = config_text(bare_addr, server_addr, "")
-        .replace("grace_period = \"1s\"", "grace_period = \"1s\"\nh2c = true")
-        .replace("[upstream]\n", "[upstream]\nhttp2 = true\n");
-    let config = temp_dir().join("proxy.toml");
-    std::fs::write(&config, text).expect("config");
-    let bare = Proxy::spawn(bare_addr, None, config, &[]);
+    let bare = grpc.start();
     let gone = run_client("grpc_echo.py", &["call", &bare.addr.to_string(), "1"]);
     assert_eq!(gone.len(), 1);
     assert!(
@@ -474,29 +459,33 @@ fn grpc_calls_are_refused_the_way_grpc_clients_understand() {
 #[test]
 fn a_websocket_lives_while_it_talks_and_ends_after_its_idle_timeout() {
     let (_server, server_addr) = serve("ws_echo.py");
-    let dir = temp_dir();
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let text = config_text(addr, server_addr, "").replace(
-        "read_timeout = \"5s\"",
-        "read_timeout = \"1s\"\nwebsocket_idle_timeout = \"3s\"",
-    );
-    let config = dir.join("proxy.toml");
-    std::fs::write(&config, text).expect("config");
-    let proxy = Proxy::spawn(addr, None, config, &[]);
+    let proxy = ConfigBuilder::new(server_addr)
+        .read_timeout("1s")
+        .upstream("websocket_idle_timeout = \"3s\"")
+        .start();
     let url = format!("ws://{}/chat", proxy.addr);
-    // Silent for twice read_timeout: still open. Then silent past the idle timeout.
-    let said = run_client("ws_echo.py", &["talk", &url, "0", "2", "4.5"]);
-    assert_eq!(said, ["echo", "echo", "closed"]);
+    // Silent for twice read_timeout: still open. Then silent until the
+    // proxy closes it, which is after the idle timeout.
+    let said = run_client("ws_echo.py", &["talk", &url, "0", "2", "close"]);
+    assert_eq!(said[..2], ["echo", "echo"], "{said:?}");
+    let closed_after: f64 = said
+        .get(2)
+        .and_then(|s| s.strip_prefix("closed after "))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not closed by the proxy: {said:?}"));
+    assert!(
+        closed_after >= 2.5,
+        "closed after {closed_after} s of silence"
+    );
 }
 
 #[test]
 fn tls_handshakes_count_against_the_caps_and_the_head_deadline() {
     let upstream = Upstream::start();
-    let edge = edge_with(
-        upstream.addr,
+    let edge = edge(
+        ConfigBuilder::new(upstream.addr)
+            .server("header_timeout = \"2s\"\nmax_connections_per_ip = 8"),
         false,
-        "header_timeout = \"2s\"\nmax_connections_per_ip = 8",
-        "",
     );
     let (proxy, tls) = (&edge.proxy, edge.tls);
     // 20 connections that never start their handshake: 8 are held, the
@@ -540,32 +529,52 @@ fn tls_handshakes_count_against_the_caps_and_the_head_deadline() {
 #[test]
 fn http2_streams_count_against_the_address_cap() {
     let upstream = Upstream::start();
-    let edge = edge_with(upstream.addr, true, "max_connections_per_ip = 5", "");
-    let addr = edge.proxy.addr;
-    // 20 slow requests on one HTTP/2 connection: 5 in flight, the rest refused.
+    let edge = edge(
+        ConfigBuilder::new(upstream.addr).server("max_connections_per_ip = 5"),
+        true,
+    );
+    let (proxy, addr) = (&edge.proxy, edge.proxy.addr);
+    // 20 requests on one HTTP/2 connection that the upstream holds: 5 in
+    // flight, the rest refused at once.
     let urls: Vec<String> = (0..20)
-        .map(|i| format!("http://{addr}/slow/600?i={i}"))
+        .map(|i| format!("http://{addr}/hold?i={i}"))
         .collect();
-    let out = Command::new("nghttp")
+    let mut nghttp = Command::new("nghttp")
         .args(["-n", "--stat"])
         .args(&urls)
-        .output()
+        .stdout(Stdio::piped())
+        .spawn()
         .expect("nghttp");
+    let refused = "floodgate_requests_total{status_class=\"4xx\"}";
+    let settled = wait_until(Duration::from_secs(10), || {
+        upstream.count() == 5 && proxy.metric(refused) == 15.0
+    });
+    if !settled {
+        let _ = nghttp.kill();
+    }
+    upstream.release();
+    let out = nghttp.wait_with_output().expect("nghttp");
+    assert!(
+        settled,
+        "{} held at the upstream, {} refused",
+        upstream.count(),
+        proxy.metric(refused)
+    );
     let codes: Vec<u16> = String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter(|l| l.contains("/slow/"))
+        .filter(|l| l.contains("/hold"))
         .filter_map(|l| l.split_whitespace().nth(4)?.parse().ok())
         .collect();
     assert_eq!(codes.len(), 20, "{codes:?}");
-    assert_eq!(codes.iter().filter(|c| **c == 200).count(), 5, "{codes:?}");
-    assert_eq!(codes.iter().filter(|c| **c == 429).count(), 15, "{codes:?}");
+    assert_eq!(count_status(&codes, 200), 5, "{codes:?}");
+    assert_eq!(count_status(&codes, 429), 15, "{codes:?}");
     assert_eq!(upstream.count(), 5);
 }
 
 #[test]
 fn no_spelling_of_a_forwarding_header_reaches_the_upstream() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(&upstream, "");
+    let proxy = Proxy::start(&upstream);
     let r = proxy.send(
         "GET",
         "/",
@@ -590,10 +599,9 @@ fn no_spelling_of_a_forwarding_header_reaches_the_upstream() {
     }
     assert_eq!(header(&seen, "x-forwarded-for"), Some("127.0.0.1"));
     // A trusted load balancer's word on scheme and host stands.
-    let trusted = Proxy::start(
-        &upstream,
-        "[clients]\ntrusted_proxies = [\"127.0.0.0/8\"]\n",
-    );
+    let trusted = ConfigBuilder::new(upstream.addr)
+        .raw("[clients]\ntrusted_proxies = [\"127.0.0.0/8\"]")
+        .start();
     trusted.send(
         "GET",
         "/",
@@ -606,7 +614,9 @@ fn no_spelling_of_a_forwarding_header_reaches_the_upstream() {
     assert_eq!(header(&seen, "x-forwarded-proto"), Some("https"));
     assert_eq!(header(&seen, "x-forwarded-host"), Some("api.example.org"));
     // gRPC over HTTP/1.1 (gRPC-Web proxies, curl) gets the ordinary 429.
-    let limited = Proxy::start(&upstream, "[[limits]]\nname = \"one\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\n");
+    let limited = ConfigBuilder::new(upstream.addr)
+        .limit(one_per_ip())
+        .start();
     limited.get("/");
     let r = limited.send("POST", "/svc/Call", &[("Content-Type", "application/grpc")]);
     assert_eq!(r.status, 429);
@@ -621,7 +631,10 @@ fn no_spelling_of_a_forwarding_header_reaches_the_upstream() {
 fn an_http2_body_must_keep_moving_too() {
     use std::io::Write;
     let upstream = Upstream::start();
-    let edge = edge_with(upstream.addr, true, "header_timeout = \"1s\"", "");
+    let edge = edge(
+        ConfigBuilder::new(upstream.addr).server("header_timeout = \"1s\""),
+        true,
+    );
     let (proxy, addr) = (&edge.proxy, edge.proxy.addr);
     // curl uploads what its stdin gives it, as it comes: one byte every 300 ms.
     let mut curl = Command::new("curl")
@@ -640,20 +653,27 @@ fn an_http2_body_must_keep_moving_too() {
         .expect("curl");
     let mut stdin = curl.stdin.take().expect("stdin");
     let started = std::time::Instant::now();
-    let cut = loop {
-        if proxy.metric("floodgate_idle_timeouts_total") >= 1.0 {
-            break Some(started.elapsed());
-        }
-        if started.elapsed() > Duration::from_secs(8)
-            || stdin.write_all(b"x").and_then(|()| stdin.flush()).is_err()
-        {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(300));
+    let stop = Arc::new(AtomicBool::new(false));
+    // The client's pace, the fault under test: a byte every 300 ms until
+    // the stream is cut (the pipe breaks) or the test is done.
+    let drip = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst)
+                && stdin.write_all(b"x").and_then(|()| stdin.flush()).is_ok()
+            {
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        })
     };
-    drop(stdin);
+    let cut = wait_until(Duration::from_secs(8), || {
+        proxy.metric("floodgate_idle_timeouts_total") >= 1.0
+    })
+    .then(|| started.elapsed());
+    stop.store(true, Ordering::SeqCst);
     let _ = curl.kill();
     let _ = curl.wait();
+    let _ = drip.join();
     // header_timeout of grace, then the pace counts: cut within a few seconds.
     let cut = cut.expect("the stream was cut");
     assert!(cut < Duration::from_secs(4), "{cut:?}");
@@ -662,7 +682,10 @@ fn an_http2_body_must_keep_moving_too() {
 #[test]
 fn a_client_that_chooses_h2_and_says_nothing_is_closed_in_time() {
     let upstream = Upstream::start();
-    let edge = edge_with(upstream.addr, true, "header_timeout = \"1s\"", "");
+    let edge = edge(
+        ConfigBuilder::new(upstream.addr).server("header_timeout = \"1s\""),
+        true,
+    );
     let (proxy, tls) = (&edge.proxy, edge.tls);
     // Python's ssl module as the client: ALPN h2, then silence (or half a
     // preface); the seconds until the server closes.

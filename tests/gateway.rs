@@ -6,19 +6,20 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-const PER_IP: &str = r#"
-[[limits]]
-name = "per-ip"
-key = "ip"
-algorithm = "token_bucket"
-capacity = 20
-refill_rate = 2
-"#;
+fn per_ip() -> Limit {
+    Limit::token_bucket("per-ip", "ip", 20, 2.0)
+}
+
+/// In front of `upstream`, with the `per-ip` token bucket.
+fn per_ip_config(upstream: &Upstream) -> ConfigBuilder {
+    ConfigBuilder::new(upstream.addr).limit(per_ip())
+}
 
 #[test]
 fn token_bucket_burst_admits_exactly_capacity_then_refills() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(&upstream, PER_IP);
+    let clock = TestClock::new();
+    let proxy = per_ip_config(&upstream).clock(&clock).start();
     let started = Instant::now();
     let responses = burst(&[proxy.addr], 30, "GET", "/", &[]);
     let elapsed = started.elapsed();
@@ -40,32 +41,18 @@ fn token_bucket_burst_admits_exactly_capacity_then_refills() {
     assert_eq!(refused.status, 429);
     let retry_ms = refused.retry_after_ms().expect("retry_after_ms in body");
     assert!(retry_ms <= 500, "{retry_ms}");
-    // Refill is real time passing: wait out what the proxy said, then retry.
-    std::thread::sleep(Duration::from_millis(retry_ms));
+    // Refill is time passing: move the proxy's clock by what it said, then retry.
+    clock.advance(Duration::from_millis(retry_ms));
     assert_eq!(proxy.get("/").status, 200);
 }
 
 #[test]
 fn headers_and_429_have_exact_syntax() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(
-        &upstream,
-        r#"
-[[limits]]
-name = "per-ip"
-key = "ip"
-algorithm = "token_bucket"
-capacity = 3
-refill_rate = 0.5
-
-[[limits]]
-name = "per-minute"
-key = "ip"
-algorithm = "fixed_window"
-limit = 100
-window = "1m"
-"#,
-    );
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .limit(Limit::token_bucket("per-ip", "ip", 3, 0.5))
+        .limit(Limit::fixed_window("per-minute", "ip", 100, "1m"))
+        .start();
     let first = proxy.get("/");
     assert_eq!(first.status, 200);
     assert_eq!(first.body, "ok");
@@ -117,10 +104,9 @@ fn header_styles_can_be_chosen() {
         ("draft", false, true),
         ("none", false, false),
     ] {
-        let proxy = Proxy::start(
-            &upstream,
-            &format!("{PER_IP}\n[response]\nheaders = \"{style}\"\n"),
-        );
+        let proxy = per_ip_config(&upstream)
+            .raw(&format!("[response]\nheaders = \"{style}\""))
+            .start();
         let r = proxy.get("/");
         assert_eq!(r.status, 200);
         assert_eq!(r.header("RateLimit-Limit").is_some(), legacy, "{style}");
@@ -132,25 +118,13 @@ fn header_styles_can_be_chosen() {
 #[test]
 fn a_request_refused_by_login_costs_nothing_from_per_ip() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(
-        &upstream,
-        r#"
-[[limits]]
-name = "per-ip"
-key = "ip"
-algorithm = "token_bucket"
-capacity = 10
-refill_rate = 0.01
-
-[[limits]]
-name = "login"
-key = "ip"
-algorithm = "sliding_log"
-limit = 2
-window = "1m"
-match = { methods = ["POST"], paths = ["/login"] }
-"#,
-    );
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .limit(Limit::token_bucket("per-ip", "ip", 10, 0.01))
+        .limit(
+            Limit::sliding_log("login", "ip", 2, "1m")
+                .matching(r#"methods = ["POST"], paths = ["/login"]"#),
+        )
+        .start();
     let logins: Vec<u16> = (0..5)
         .map(|_| request(proxy.addr, "POST", "/login", &[], b"user=a").status)
         .collect();
@@ -171,49 +145,42 @@ match = { methods = ["POST"], paths = ["/login"] }
     let first = proxy.get("/");
     assert_eq!(first.header("RateLimit-Remaining"), Some("7"));
     let rest: Vec<u16> = (0..8).map(|_| proxy.get("/").status).collect();
-    assert_eq!(count_code(&rest, 200), 7);
-    assert_eq!(count_code(&rest, 429), 1);
+    assert_eq!(count_status(&rest, 200), 7);
+    assert_eq!(count_status(&rest, 429), 1);
     assert_eq!(upstream.count(), 2 + 8);
 }
 
-const TIERS: &str = r#"
-[clients.api_keys]
+/// Two tiers of API keys, an exempt path and a costly one.
+fn tiers(upstream: &Upstream) -> ConfigBuilder {
+    ConfigBuilder::new(upstream.addr)
+        .raw(
+            r#"[clients.api_keys]
 "free-key" = "free"
 "pro-key" = "pro"
 
 [exempt]
 paths = ["/healthz"]
 
-[[limits]]
-name = "per-ip"
-key = "ip"
-algorithm = "token_bucket"
-capacity = 100
-refill_rate = 0.01
-
-[[limits]]
-name = "per-account"
-key = "api_key"
-algorithm = "token_bucket"
-capacity = 3
-refill_rate = 0.01
-[limits.tiers.pro]
-capacity = 6
-refill_rate = 0.01
-
 [[costs]]
 match = { paths = ["/search*"] }
-cost = 10
-"#;
+cost = 10"#,
+        )
+        .limit(Limit::token_bucket("per-ip", "ip", 100, 0.01))
+        .limit(
+            Limit::token_bucket("per-account", "api_key", 3, 0.01)
+                .line("[limits.tiers.pro]\ncapacity = 6\nrefill_rate = 0.01"),
+        )
+}
 
 #[test]
 fn tiers_costs_and_exemptions() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(&upstream, TIERS);
+    let proxy = tiers(&upstream).start();
     let admitted = |key: &str| {
-        (0..10)
-            .filter(|_| proxy.send("GET", "/", &[("X-API-Key", key)]).status == 200)
-            .count()
+        count_status(
+            (0..10).map(|_| proxy.send("GET", "/", &[("X-API-Key", key)])),
+            200,
+        )
     };
     assert_eq!(admitted("free-key"), 3);
     assert_eq!(admitted("pro-key"), 6);
@@ -221,7 +188,7 @@ fn tiers_costs_and_exemptions() {
     assert_eq!(admitted("made-up-key"), 10);
     // per-ip has 100 - 19 left: /search costs 10 -> 8 fit.
     let searches: Vec<u16> = (0..10).map(|_| proxy.get("/search?q=x").status).collect();
-    assert_eq!(count_code(&searches, 200), 8, "{searches:?}");
+    assert_eq!(count_status(&searches, 200), 8, "{searches:?}");
     // Exempt: always forwarded, no rate headers.
     for _ in 0..5 {
         let r = proxy.get("/healthz");
@@ -234,30 +201,24 @@ fn tiers_costs_and_exemptions() {
 #[test]
 fn internal_peers_are_exempt_by_tier() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(
-        &upstream,
-        &format!(
-            "[clients]\ninternal = [\"127.0.0.0/8\"]\n[exempt]\ntiers = [\"internal\"]\n{PER_IP}"
-        ),
-    );
+    let proxy = per_ip_config(&upstream)
+        .raw("[clients]\ninternal = [\"127.0.0.0/8\"]\n[exempt]\ntiers = [\"internal\"]")
+        .start();
     let statuses: Vec<u16> = (0..30).map(|_| proxy.get("/").status).collect();
     assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
     assert_eq!(upstream.count(), 30);
 }
 
-const TWO_PER_IP: &str = r#"
-[[limits]]
-name = "per-ip"
-key = "ip"
-algorithm = "fixed_window"
-limit = 2
-window = "1h"
-"#;
+fn two_per_ip() -> Limit {
+    Limit::fixed_window("per-ip", "ip", 2, "1h")
+}
 
 #[test]
 fn forwarded_for_is_ignored_from_untrusted_peers() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(&upstream, TWO_PER_IP);
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .limit(two_per_ip())
+        .start();
     let statuses: Vec<u16> = (0..4)
         .map(|i| {
             let xff = format!("203.0.113.{i}");
@@ -270,10 +231,10 @@ fn forwarded_for_is_ignored_from_untrusted_peers() {
 #[test]
 fn forwarded_for_is_honoured_from_trusted_peers_and_ipv6_aggregated() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(
-        &upstream,
-        &format!("[clients]\ntrusted_proxies = [\"127.0.0.1/32\"]\nipv6_prefix = 64\n{TWO_PER_IP}"),
-    );
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .raw("[clients]\ntrusted_proxies = [\"127.0.0.1/32\"]\nipv6_prefix = 64")
+        .limit(two_per_ip())
+        .start();
     let status = |xff: &str| proxy.send("GET", "/", &[("X-Forwarded-For", xff)]).status;
     // Distinct clients behind the trusted proxy each get their own budget.
     for i in 0..4 {
@@ -295,42 +256,52 @@ fn forwarded_for_is_honoured_from_trusted_peers_and_ipv6_aggregated() {
 #[test]
 fn fixed_window_admits_a_double_burst_at_the_edge_sliding_algorithms_do_not() {
     let upstream = Upstream::start();
-    let body = |algorithm: &str| {
-        format!(
-            "[[limits]]\nname = \"edge\"\nkey = \"ip\"\nalgorithm = \"{algorithm}\"\nlimit = 5\nwindow = \"2s\"\n"
-        )
-    };
-    let proxies: Vec<(&str, Proxy)> = ["fixed_window", "sliding_window", "sliding_log"]
-        .into_iter()
-        .map(|a| (a, Proxy::start(&upstream, &body(a))))
-        .collect();
-    // Windows are aligned to multiples of 2 s of wall-clock time: wait for the
-    // last 400 ms of one, burst, wait for the edge, burst again.
-    let window_us = 2_000_000;
-    let until_edge = window_us - now_us() % window_us;
-    let lead = if until_edge > 400_000 {
-        until_edge - 400_000
-    } else {
-        until_edge + window_us - 400_000
-    };
-    std::thread::sleep(Duration::from_micros(lead));
+    let clock = TestClock::new();
+    let window_us = 20_000_000;
+    let proxies: Vec<(&str, Proxy)> = [
+        ("fixed_window", Limit::fixed_window("edge", "ip", 5, "20s")),
+        (
+            "sliding_window",
+            Limit::sliding_window("edge", "ip", 5, "20s"),
+        ),
+        ("sliding_log", Limit::sliding_log("edge", "ip", 5, "20s")),
+    ]
+    .into_iter()
+    .map(|(a, limit)| {
+        let proxy = ConfigBuilder::new(upstream.addr)
+            .limit(limit)
+            .clock(&clock)
+            .start();
+        (a, proxy)
+    })
+    .collect();
+    // Windows are aligned to multiples of 20 s of the proxies' time: move it
+    // to 10 s before an edge, burst, move it to just past the edge, burst again.
+    let edge_us = (clock.now_us() / window_us + 2) * window_us;
+    clock.set_now_us(edge_us - window_us / 2);
     let before: Vec<usize> = proxies
         .iter()
-        .map(|(_, p)| count_status(&burst(&[p.addr], 5, "GET", "/", &[]), 200))
+        .map(|(_, p)| count_status(burst(&[p.addr], 5, "GET", "/", &[]), 200))
         .collect();
-    let until_edge = window_us - now_us() % window_us;
     assert!(
-        until_edge < 400_000,
+        clock.now_us() < edge_us,
         "the first bursts overran the window edge"
     );
-    std::thread::sleep(Duration::from_micros(until_edge + 20_000));
+    clock.set_now_us(edge_us + 20_000);
     let after: Vec<usize> = proxies
         .iter()
-        .map(|(_, p)| count_status(&burst(&[p.addr], 5, "GET", "/", &[]), 200))
+        .map(|(_, p)| count_status(burst(&[p.addr], 5, "GET", "/", &[]), 200))
         .collect();
+    // The second bursts came early in the new window: before 8 s into it,
+    // the previous window still weighs more than 60 % for sliding_window.
+    let into_window_us = clock.now_us() - edge_us;
+    assert!(
+        into_window_us < 8_000_000,
+        "the second bursts took {into_window_us} us"
+    );
     assert_eq!(before, vec![5, 5, 5]);
     assert_eq!(after[0], 5, "fixed_window: a fresh window at the edge");
-    // Just after the edge the previous window still weighs > 80 %: at most one more.
+    // Previous window weighing > 60 %: 5 x 0.6 + 2 > 5, so at most one more.
     assert!(after[1] <= 1, "sliding_window admitted {}", after[1]);
     assert_eq!(after[2], 0, "sliding_log is exact");
 }
@@ -338,18 +309,11 @@ fn fixed_window_admits_a_double_burst_at_the_edge_sliding_algorithms_do_not() {
 #[test]
 fn leaky_bucket_spaces_requests_and_refuses_overflow_at_once() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(
-        &upstream,
-        r#"
-[[limits]]
-name = "sms-gateway"
-key = "global"
-algorithm = "leaky_bucket"
-rate = 10
-capacity = 5
-match = { paths = ["/sms/*"] }
-"#,
-    );
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .limit(
+            Limit::leaky_bucket("sms-gateway", "global", 10.0, 5).matching(r#"paths = ["/sms/*"]"#),
+        )
+        .start();
     let started = Instant::now();
     let handles: Vec<_> = (0..10)
         .map(|_| {
@@ -362,7 +326,7 @@ match = { paths = ["/sms/*"] }
         })
         .collect();
     let results: Vec<(u16, Duration)> = handles.into_iter().filter_map(|h| h.join().ok()).collect();
-    let admitted = results.iter().filter(|(s, _)| *s == 200).count();
+    let admitted = count_status(results.iter().map(|(s, _)| s), 200);
     assert_eq!(admitted, 6, "one at once and five waiting: {results:?}");
     for (status, took) in &results {
         if *status == 429 {
@@ -389,19 +353,13 @@ match = { paths = ["/sms/*"] }
 #[test]
 fn shadow_limits_log_but_never_refuse() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(
-        &upstream,
-        r#"
-[[limits]]
-name = "new-endpoint"
-key = "ip"
-algorithm = "sliding_window"
-limit = 2
-window = "1m"
-shadow = true
-match = { paths = ["/v2/*"] }
-"#,
-    );
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .limit(
+            Limit::sliding_window("new-endpoint", "ip", 2, "1m")
+                .line("shadow = true")
+                .matching(r#"paths = ["/v2/*"]"#),
+        )
+        .start();
     let statuses: Vec<u16> = (0..5).map(|_| proxy.get("/v2/items").status).collect();
     assert_eq!(statuses, vec![200; 5]);
     assert_eq!(upstream.count(), 5);
@@ -418,7 +376,7 @@ match = { paths = ["/v2/*"] }
 #[test]
 fn rejections_are_logged_once_with_identity_limit_and_retry_but_never_the_key() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(&upstream, TIERS);
+    let proxy = tiers(&upstream).start();
     let secret = "free-key";
     for _ in 0..5 {
         proxy.send("GET", "/", &[("X-API-Key", secret)]);
@@ -443,8 +401,7 @@ fn rejections_are_logged_once_with_identity_limit_and_retry_but_never_the_key() 
 
 #[test]
 fn upstream_down_gives_a_quick_502_with_json() {
-    let dead = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let proxy = Proxy::start_with(dead, PER_IP, &[]);
+    let proxy = ConfigBuilder::new(local_addr()).limit(per_ip()).start();
     let started = Instant::now();
     let r = proxy.get("/");
     assert_eq!(r.status, 502);
@@ -456,10 +413,9 @@ fn upstream_down_gives_a_quick_502_with_json() {
 #[test]
 fn a_cost_above_the_limit_is_refused_with_its_reason() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(
-        &upstream,
-        &format!("{PER_IP}\n[[costs]]\nmatch = {{ paths = [\"/bulk\"] }}\ncost = 50\n"),
-    );
+    let proxy = per_ip_config(&upstream)
+        .raw("[[costs]]\nmatch = { paths = [\"/bulk\"] }\ncost = 50")
+        .start();
     let r = proxy.get("/bulk");
     assert_eq!(r.status, 429);
     let request_id = r.header("X-Request-Id").expect("request id");
@@ -475,10 +431,14 @@ fn a_cost_above_the_limit_is_refused_with_its_reason() {
 #[test]
 fn bad_input_never_gets_a_5xx_or_a_crash() {
     let upstream = Upstream::start();
-    let mut proxy = Proxy::start(
-        &upstream,
-        &format!("{TIERS}\n[[limits]]\nname = \"by-tenant\"\nkey = \"header:X-Tenant\"\nalgorithm = \"fixed_window\"\nlimit = 1000\nwindow = \"1m\"\n"),
-    );
+    let mut proxy = tiers(&upstream)
+        .limit(Limit::fixed_window(
+            "by-tenant",
+            "header:X-Tenant",
+            1000,
+            "1m",
+        ))
+        .start();
     let huge = "a".repeat(200_000);
     let mut cases: Vec<Vec<u8>> = vec![
         format!("GET / HTTP/1.1\r\nHost: t\r\nX-API-Key: {huge}\r\n\r\n").into_bytes(),
@@ -503,32 +463,23 @@ fn bad_input_never_gets_a_5xx_or_a_crash() {
 #[test]
 fn https_to_the_upstream_verifies_its_certificate() {
     let upstream = TlsUpstream::start();
-    let dir = temp_dir();
-    let listen: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
     let config = |tls: bool, ca: Option<&std::path::Path>| {
-        let ca_line = ca.map_or(String::new(), |c| {
-            format!("ca_file = \"{}\"\n", c.display())
-        });
-        let tls_lines = if tls {
-            format!("tls = true\nsni = \"localhost\"\n{ca_line}")
-        } else {
-            String::new()
-        };
-        let path = dir.join(format!("tls-{tls}-{}.toml", ca.is_some()));
-        let text = config_text(listen, upstream.addr, PER_IP).replace(
-            "read_timeout = \"5s\"\n",
-            &format!("read_timeout = \"5s\"\n{tls_lines}"),
-        );
-        std::fs::write(&path, text).expect("write config");
-        path
+        let mut config = ConfigBuilder::new(upstream.addr).limit(per_ip());
+        if tls {
+            config = config.upstream("tls = true\nsni = \"localhost\"");
+        }
+        if let Some(ca) = ca {
+            config = config.upstream(&format!("ca_file = \"{}\"", ca.display()));
+        }
+        config
     };
 
     // Plain HTTP to a TLS server gets no usable answer: a 502, not a hang.
-    let plain = Proxy::spawn(listen, None, config(false, None), &[]);
+    let plain = config(false, None).start();
     assert_eq!(plain.get("/").status, 502);
     drop(plain);
 
-    let proxy = Proxy::spawn(listen, None, config(true, Some(&upstream.ca)), &[]);
+    let proxy = config(true, Some(&upstream.ca)).start();
     let r = proxy.get("/");
     assert_eq!(r.status, 200, "{}", proxy.log());
     assert!(
@@ -540,7 +491,7 @@ fn https_to_the_upstream_verifies_its_certificate() {
     drop(proxy);
 
     // A certificate from a CA nobody trusts is refused: 502, not a silent pass.
-    let untrusting = Proxy::spawn(listen, None, config(true, None), &[]);
+    let untrusting = config(true, None).start();
     assert_eq!(untrusting.get("/").status, 502);
 }
 
@@ -548,18 +499,11 @@ fn https_to_the_upstream_verifies_its_certificate() {
 fn requests_go_round_robin_and_a_dead_server_is_skipped() {
     let first = Upstream::start();
     let second = Upstream::start();
-    let dead = format!("127.0.0.1:{}", free_port());
-    let listen: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let text = config_text(listen, first.addr, PER_IP).replace(
-        &format!("servers = [\"{}\"]", first.addr),
-        &format!(
-            "servers = [\"{}\", \"{}\", \"{dead}\"]",
-            first.addr, second.addr
-        ),
-    );
-    let path = temp_dir().join("rr.toml");
-    std::fs::write(&path, text).expect("write config");
-    let proxy = Proxy::spawn(listen, None, path, &[]);
+    let dead = local_addr();
+    let proxy = ConfigBuilder::new(first.addr)
+        .servers(&[first.addr, second.addr, dead])
+        .limit(per_ip())
+        .start();
     let statuses: Vec<u16> = (0..12).map(|_| proxy.get("/").status).collect();
     assert_eq!(
         statuses,
@@ -579,14 +523,10 @@ fn requests_go_round_robin_and_a_dead_server_is_skipped() {
 #[test]
 fn a_slow_upstream_gets_a_504_after_read_timeout() {
     let upstream = Upstream::start();
-    let listen: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let text = config_text(listen, upstream.addr, PER_IP)
-        .replace("read_timeout = \"5s\"", "read_timeout = \"300ms\"");
-    let path = temp_dir().join("slow.toml");
-    std::fs::write(&path, text).expect("write config");
-    let proxy = Proxy::spawn(listen, None, path, &[]);
+    let proxy = per_ip_config(&upstream).read_timeout("300ms").start();
     let started = Instant::now();
-    let r = proxy.get("/slow/3000");
+    // Held until the upstream is dropped: it never answers in time.
+    let r = proxy.get("/hold");
     assert_eq!(r.status, 504);
     assert_eq!(r.body, "{\"error\":\"upstream_timeout\"}");
     assert!(

@@ -12,27 +12,12 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-const PER_IP_TEN: &str = r#"
-[[limits]]
-name = "per-ip"
-key = "ip"
-algorithm = "fixed_window"
-limit = 10
-window = "1h"
-"#;
-
-/// A config with `server_lines` added to `[server]` and an admin listener.
-fn proxy_with(upstream: SocketAddr, server_lines: &str, body: &str, wrapper: &[&str]) -> Proxy {
-    let dir = temp_dir();
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let text = config_text(addr, upstream, body).replace(
-        "grace_period = \"1s\"",
-        &format!("grace_period = \"1s\"\nadmin_listen = \"{admin}\"\n{server_lines}"),
-    );
-    let path = dir.join("proxy.toml");
-    std::fs::write(&path, text).expect("config");
-    Proxy::spawn_wrapped(addr, Some(admin), path, &[], wrapper)
+/// In front of `upstream` with an admin listener and `server_lines` added
+/// to `[server]`.
+fn proxy_with(upstream: &Upstream, server_lines: &str) -> ConfigBuilder {
+    ConfigBuilder::new(upstream.addr)
+        .admin()
+        .server(server_lines)
 }
 
 /// A TCP connection to `to` from the local address `from` (any 127.x.y.z).
@@ -94,11 +79,10 @@ fn until_closed(stream: &mut TcpStream, limit: Duration) -> (Vec<u8>, Option<Ins
 fn slow_heads_and_idle_connections_are_closed_in_time() {
     let upstream = Upstream::start();
     let proxy = proxy_with(
-        upstream.addr,
+        &upstream,
         "header_timeout = \"1s\"\nkeepalive_timeout = \"2s\"",
-        "",
-        &[],
-    );
+    )
+    .start();
     let addr = proxy.addr;
     // 50 clients trickling a head one header line every 200 ms.
     let slow: Vec<_> = (0..50)
@@ -210,11 +194,10 @@ fn resident_kib(pid: u32) -> u64 {
 fn one_address_cannot_hold_more_than_its_share() {
     let upstream = Upstream::start();
     let proxy = proxy_with(
-        upstream.addr,
+        &upstream,
         "header_timeout = \"30s\"\nmax_connections_per_ip = 50",
-        "",
-        &[],
-    );
+    )
+    .start();
     let rss_before = resident_kib(proxy.pid());
     // 50 idle connections from 127.0.0.1, each after one request.
     let held: Vec<TcpStream> = (0..50)
@@ -279,11 +262,10 @@ fn the_total_cap_keeps_the_proxy_within_a_low_fd_limit() {
     let upstream = Upstream::start();
     // 200 descriptors: the derived cap is (200 - 64) / 2 = 68 connections.
     let proxy = proxy_with(
-        upstream.addr,
+        &upstream,
         "header_timeout = \"30s\"\nmax_connections_per_ip = 20",
-        "",
-        &["prlimit", "--nofile=200:200"],
-    );
+    )
+    .start_wrapped(&["prlimit", "--nofile=200:200"]);
     assert!(proxy.log().contains("at most 68 open"), "{}", proxy.log());
     let mut held = Vec::new();
     // Connections come in waves of 10, each wave handled before the next:
@@ -339,7 +321,9 @@ fn the_total_cap_keeps_the_proxy_within_a_low_fd_limit() {
 #[test]
 fn pipelined_requests_are_answered_in_order_each_decided_on_its_own() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(&upstream, PER_IP_TEN);
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .limit(Limit::fixed_window("per-ip", "ip", 10, "1h"))
+        .start();
     let mut s = TcpStream::connect(proxy.addr).expect("connect");
     let mut all = Vec::new();
     for i in 0..20 {
@@ -362,14 +346,16 @@ fn pipelined_requests_are_answered_in_order_each_decided_on_its_own() {
 #[test]
 fn a_request_sent_early_behind_a_slow_post_waits_its_turn() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(&upstream, "");
+    let proxy = Proxy::start(&upstream);
     let mut s = TcpStream::connect(proxy.addr).expect("connect");
-    s.write_all(b"POST /slow/400 HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nhi")
+    s.write_all(b"POST /hold HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nhi")
         .expect("post");
     assert!(wait_until(Duration::from_secs(5), || upstream.count() == 1));
-    // The client does not wait for the answer.
+    // The client does not wait for the answer, which the upstream holds
+    // until the early request has been sent.
     s.write_all(b"GET /next HTTP/1.1\r\nHost: t\r\n\r\n")
         .expect("early get");
+    upstream.release();
     let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
     let mut reader = BufReader::new(s.try_clone().expect("clone"));
     let first = read_response(&mut reader).map(|r| r.0);
@@ -383,7 +369,7 @@ fn a_request_sent_early_behind_a_slow_post_waits_its_turn() {
     assert_eq!(
         seen,
         [
-            ("POST".to_string(), "/slow/400".to_string()),
+            ("POST".to_string(), "/hold".to_string()),
             ("GET".to_string(), "/next".to_string())
         ],
         "the POST ran once"
@@ -393,7 +379,7 @@ fn a_request_sent_early_behind_a_slow_post_waits_its_turn() {
 #[test]
 fn ambiguous_framing_is_refused_and_never_forwarded() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(&upstream, "");
+    let proxy = Proxy::start(&upstream);
     for (raw, error) in [
         (
             &b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 5, 5\r\n\r\nhello"[..],
@@ -433,18 +419,8 @@ fn ambiguous_framing_is_refused_and_never_forwarded() {
 #[test]
 fn each_upstream_server_is_tried_at_most_once() {
     // Nothing listens on these: every connection is refused.
-    let dead: Vec<String> = (0..3)
-        .map(|_| format!("\"127.0.0.1:{}\"", free_port()))
-        .collect();
-    let dir = temp_dir();
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let text = config_text(addr, "127.0.0.1:1".parse().expect("addr"), "").replace(
-        "servers = [\"127.0.0.1:1\"]",
-        &format!("servers = [{}]", dead.join(", ")),
-    );
-    let path = dir.join("proxy.toml");
-    std::fs::write(&path, text).expect("config");
-    let proxy = Proxy::spawn(addr, None, path, &[]);
+    let dead: Vec<SocketAddr> = (0..3).map(|_| local_addr()).collect();
+    let proxy = ConfigBuilder::new(dead[0]).servers(&dead).start();
     let r = proxy.get("/?token=abc");
     assert_eq!(r.status, 502);
     assert!(wait_until(Duration::from_secs(2), || proxy
@@ -458,18 +434,11 @@ fn each_upstream_server_is_tried_at_most_once() {
     // Servers that accept nothing (a full backlog): the 504 comes after
     // each was given connect_timeout once.
     let holes: Vec<TcpListener> = (0..2).map(|_| blackhole()).collect();
-    let servers: Vec<String> = holes
+    let servers: Vec<SocketAddr> = holes
         .iter()
-        .map(|l| format!("\"{}\"", l.local_addr().expect("addr")))
+        .map(|l| l.local_addr().expect("addr"))
         .collect();
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let text = config_text(addr, "127.0.0.1:1".parse().expect("addr"), "").replace(
-        "servers = [\"127.0.0.1:1\"]",
-        &format!("servers = [{}]", servers.join(", ")),
-    );
-    let path = temp_dir().join("proxy.toml");
-    std::fs::write(&path, text).expect("config");
-    let proxy = Proxy::spawn(addr, None, path, &[]);
+    let proxy = ConfigBuilder::new(servers[0]).servers(&servers).start();
     let started = Instant::now();
     let r = proxy.get("/");
     let took = started.elapsed();
@@ -508,30 +477,17 @@ fn blackhole() -> TcpListener {
 #[test]
 fn logs_never_carry_keys_query_strings_or_header_blocks() {
     let upstream = Upstream::start();
-    let dead = free_port();
-    let dir = temp_dir();
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let text = config_text(
-        addr,
-        upstream.addr,
-        "[clients.api_keys]\n\"secret-key-4417\" = \"pro\"\n\n[[limits]]\nname = \"per-account\"\nkey = \"api_key\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\n",
-    )
-    .replace(
-        &format!("servers = [\"{}\"]", upstream.addr),
-        &format!("servers = [\"127.0.0.1:{dead}\", \"{}\"]", upstream.addr),
-    );
-    let path = dir.join("proxy.toml");
-    std::fs::write(&path, text).expect("config");
+    let dead = local_addr();
     // Plain trace, and the module directives that would lift a per-crate cap.
-    let proxy = Proxy::spawn(
-        addr,
-        None,
-        path,
-        &[(
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .servers(&[dead, upstream.addr])
+        .raw("[clients.api_keys]\n\"secret-key-4417\" = \"pro\"")
+        .limit(Limit::fixed_window("per-account", "api_key", 1, "1h"))
+        .env(
             "RUST_LOG",
             "trace,pingora_proxy::proxy_h1=trace,pingora_core::protocols=trace",
-        )],
-    );
+        )
+        .start();
     let key = ("X-API-Key", "secret-key-4417");
     for _ in 0..3 {
         proxy.send("GET", "/a?session=query-secret-9931", &[key]);
@@ -558,7 +514,7 @@ fn logs_never_carry_keys_query_strings_or_header_blocks() {
 #[test]
 fn a_body_must_keep_moving() {
     let upstream = Upstream::start();
-    let proxy = proxy_with(upstream.addr, "header_timeout = \"1s\"", "", &[]);
+    let proxy = proxy_with(&upstream, "header_timeout = \"1s\"").start();
     let mut s = TcpStream::connect(proxy.addr).expect("connect");
     s.write_all(b"POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 2000\r\n\r\n")
         .expect("head");
@@ -590,12 +546,9 @@ fn a_body_must_keep_moving() {
 #[test]
 fn a_client_that_never_reads_its_answers_is_let_go() {
     let upstream = Upstream::start();
-    let proxy = proxy_with(
-        upstream.addr,
-        "keepalive_timeout = \"2s\"",
-        "[[limits]]\nname = \"one\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = \"1h\"\n",
-        &[],
-    );
+    let proxy = proxy_with(&upstream, "keepalive_timeout = \"2s\"")
+        .limit(Limit::fixed_window("one", "ip", 1, "1h"))
+        .start();
     use socket2::{Domain, Socket, Type};
     let socket = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
     // A small receive buffer fills fast, as a client that never reads.
@@ -635,7 +588,7 @@ fn a_client_that_never_reads_its_answers_is_let_go() {
 #[test]
 fn an_oversized_head_is_refused_with_431() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(&upstream, "");
+    let proxy = Proxy::start(&upstream);
     let mut raw = b"GET / HTTP/1.1\r\nHost: t\r\n".to_vec();
     // 20 lines of 4 KB: few headers, a large head.
     for i in 0..20 {
@@ -652,7 +605,7 @@ fn an_oversized_head_is_refused_with_431() {
 #[test]
 fn the_admin_listener_has_its_own_cap_and_lifetime() {
     let upstream = Upstream::start();
-    let proxy = proxy_with(upstream.addr, "header_timeout = \"2s\"", "", &[]);
+    let proxy = proxy_with(&upstream, "header_timeout = \"2s\"").start();
     let admin = proxy.admin.expect("admin");
     let mut held: Vec<TcpStream> = (0..40)
         .filter_map(|_| TcpStream::connect(admin).ok())

@@ -9,15 +9,10 @@ use std::net::SocketAddr;
 use common::redis_server::RedisServer;
 use common::*;
 
-const LOGIN: &str = r#"
-[[limits]]
-name = "login"
-key = "ip"
-algorithm = "sliding_log"
-limit = 2
-window = "1m"
-match = { methods = ["POST"], paths = ["/login"] }
-"#;
+/// Two POSTs to /login a minute per address.
+fn login() -> Limit {
+    Limit::sliding_log("login", "ip", 2, "1m").matching(r#"methods = ["POST"], paths = ["/login"]"#)
+}
 
 fn post(addr: SocketAddr, path: &str) -> Response {
     request(addr, "POST", path, &[], b"")
@@ -30,7 +25,7 @@ fn upstream_paths(upstream: &Upstream) -> Vec<String> {
 #[test]
 fn every_spelling_of_a_limited_path_is_that_path() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(&upstream, LOGIN);
+    let proxy = ConfigBuilder::new(upstream.addr).limit(login()).start();
     for _ in 0..2 {
         assert_eq!(post(proxy.addr, "/login").status, 200);
     }
@@ -105,18 +100,12 @@ fn every_spelling_of_a_limited_path_is_that_path() {
 fn matching_follows_the_routers_rules() {
     let upstream = Upstream::start();
     // Case-sensitive by default: /LOGIN is another path, and goes upstream as is.
-    let proxy = Proxy::start(
-        &upstream,
-        r#"
-[[limits]]
-name = "items"
-key = "ip"
-algorithm = "fixed_window"
-limit = 1
-window = "1m"
-match = { methods = ["GET"], paths = ["/items/"] }
-"#,
-    );
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .limit(
+            Limit::fixed_window("items", "ip", 1, "1m")
+                .matching(r#"methods = ["GET"], paths = ["/items/"]"#),
+        )
+        .start();
     assert_eq!(proxy.get("/items").status, 200);
     // HEAD runs the GET handler in common routers; the trailing slash is the same route.
     assert_eq!(proxy.send("HEAD", "/items", &[]).status, 429);
@@ -124,15 +113,10 @@ match = { methods = ["GET"], paths = ["/items/"] }
     assert_eq!(proxy.get("/ITEMS").status, 200);
     drop(proxy);
 
-    let dir = temp_dir();
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let config = config_text(addr, upstream.addr, LOGIN).replace(
-        "grace_period = \"1s\"",
-        "grace_period = \"1s\"\ncase_insensitive_paths = true\nescaped_slashes = \"decode\"",
-    );
-    let path = dir.join("proxy.toml");
-    std::fs::write(&path, config).expect("config");
-    let proxy = Proxy::spawn(addr, None, path, &[]);
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .server("case_insensitive_paths = true\nescaped_slashes = \"decode\"")
+        .limit(login())
+        .start();
     upstream.reset();
     assert_eq!(post(proxy.addr, "/Login").status, 200);
     assert_eq!(post(proxy.addr, "/LOGIN").status, 200);
@@ -146,18 +130,12 @@ match = { methods = ["GET"], paths = ["/items/"] }
 #[test]
 fn patterns_are_normalised_like_paths() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(
-        &upstream,
-        r#"
-[[limits]]
-name = "home"
-key = "ip"
-algorithm = "fixed_window"
-limit = 1
-window = "1m"
-match = { paths = ["/%7euser/./caf%c3%a9//*"] }
-"#,
-    );
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .limit(
+            Limit::fixed_window("home", "ip", 1, "1m")
+                .matching(r#"paths = ["/%7euser/./caf%c3%a9//*"]"#),
+        )
+        .start();
     assert_eq!(proxy.get("/~user/caf%C3%A9/x").status, 200);
     assert_eq!(proxy.get("/%7Euser/caf\u{e9}/y").status, 429);
     assert_eq!(proxy.get("/~user//caf%c3%a9/./z").status, 429);
@@ -166,15 +144,10 @@ match = { paths = ["/%7euser/./caf%c3%a9//*"] }
 #[test]
 fn escaped_slashes_can_be_kept() {
     let upstream = Upstream::start();
-    let dir = temp_dir();
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let config = config_text(addr, upstream.addr, LOGIN).replace(
-        "grace_period = \"1s\"",
-        "grace_period = \"1s\"\nescaped_slashes = \"keep\"",
-    );
-    let path = dir.join("proxy.toml");
-    std::fs::write(&path, config).expect("config");
-    let proxy = Proxy::spawn(addr, None, path, &[]);
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .server("escaped_slashes = \"keep\"")
+        .limit(login())
+        .start();
     assert_eq!(proxy.get("/files/a%2fb/..%5c").status, 200);
     assert_eq!(upstream_paths(&upstream), ["/files/a%2Fb/..%5C"]);
 }
@@ -183,31 +156,20 @@ fn escaped_slashes_can_be_kept() {
 fn a_flood_of_made_up_identities_never_frees_an_exhausted_client() {
     let upstream = Upstream::start();
     let max_keys = 256;
-    let proxy = Proxy::start_admin(
-        &upstream,
-        "1s",
-        &format!(
-            r#"
-[memory]
-max_keys = {max_keys}
-
-[[limits]]
-name = "login"
-key = "ip"
-algorithm = "sliding_log"
-limit = 5
-window = "1m"
-match = {{ methods = ["POST"], paths = ["/login"] }}
-
-[[limits]]
-name = "per-tenant"
-key = "header:X-Tenant"
-algorithm = "token_bucket"
-capacity = 50
-refill_rate = 0.01
-"#
-        ),
-    );
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .raw(&format!("[memory]\nmax_keys = {max_keys}"))
+        .limit(
+            Limit::sliding_log("login", "ip", 5, "1m")
+                .matching(r#"methods = ["POST"], paths = ["/login"]"#),
+        )
+        .limit(Limit::token_bucket(
+            "per-tenant",
+            "header:X-Tenant",
+            50,
+            0.01,
+        ))
+        .start();
     for _ in 0..5 {
         assert_eq!(post(proxy.addr, "/login").status, 200);
     }
@@ -234,7 +196,7 @@ refill_rate = 0.01
     });
     assert_eq!(statuses.len(), flood);
     assert!(statuses.iter().all(|&s| s == 200 || s == 429), "no errors");
-    let admitted = statuses.iter().filter(|&&s| s == 200).count();
+    let admitted = count_status(&statuses, 200);
 
     let victim = post(proxy.addr, "/login");
     assert_eq!(victim.status, 429, "the exhausted client is still refused");
@@ -258,10 +220,10 @@ refill_rate = 0.01
 fn instances_share_state_only_when_they_share_the_secret() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
-    let body = format!(
-        "[redis]\nurl = \"{}\"\nclock = \"local\"\n\n[[limits]]\nname = \"per-ip\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 3\nwindow = \"1m\"\n",
-        redis.url()
-    );
+    let config = ConfigBuilder::new(upstream.addr)
+        .redis(&redis.url())
+        .redis_lines("clock = \"local\"")
+        .limit(Limit::fixed_window("per-ip", "ip", 3, "1m"));
     let secret = (
         "FLOODGATE_IDENTITY_SECRET",
         "0123456789abcdef0123456789abcdef",
@@ -270,9 +232,9 @@ fn instances_share_state_only_when_they_share_the_secret() {
         "FLOODGATE_IDENTITY_SECRET",
         "fedcba9876543210fedcba9876543210",
     );
-    let a = Proxy::start_with(upstream.addr, &body, &[secret]);
-    let b = Proxy::start_with(upstream.addr, &body, &[secret]);
-    let c = Proxy::start_with(upstream.addr, &body, &[other]);
+    let a = config.clone().env(secret.0, secret.1).start();
+    let b = config.clone().env(secret.0, secret.1).start();
+    let c = config.clone().env(other.0, other.1).start();
     for p in [&a, &b, &a] {
         assert_eq!(p.get("/").status, 200);
     }
@@ -283,34 +245,19 @@ fn instances_share_state_only_when_they_share_the_secret() {
     assert_eq!(keys.len(), 2, "{keys:?}");
     assert_ne!(keys[0], keys[1]);
     // Without a secret, a Redis store warns that its keys are computable.
-    let d = Proxy::start_with(upstream.addr, &body, &[]);
+    let d = config.start();
     assert!(d.log().contains("no identity secret"), "{}", d.log());
 }
 
 /// Behind a trusted proxy on 127.0.0.0/8 whose peers are internal (exempt);
 /// `header_line` chooses the forwarding header (empty: the default).
 fn trusted_proxy(upstream: &Upstream, header_line: &str) -> Proxy {
-    Proxy::start(
-        upstream,
-        &format!(
-            r#"
-[clients]
-trusted_proxies = ["127.0.0.0/8"]
-internal = ["127.0.0.0/8"]
-{header_line}
-
-[exempt]
-tiers = ["internal"]
-
-[[limits]]
-name = "per-ip"
-key = "ip"
-algorithm = "fixed_window"
-limit = 2
-window = "1m"
-"#
-        ),
-    )
+    ConfigBuilder::new(upstream.addr)
+        .raw(&format!(
+            "[clients]\ntrusted_proxies = [\"127.0.0.0/8\"]\ninternal = [\"127.0.0.0/8\"]\n{header_line}\n\n[exempt]\ntiers = [\"internal\"]"
+        ))
+        .limit(Limit::fixed_window("per-ip", "ip", 2, "1m"))
+        .start()
 }
 
 fn with_headers(addr: SocketAddr, headers: &[&[u8]]) -> Response {
@@ -416,27 +363,16 @@ fn behind_a_forwarded_proxy_a_clients_own_x_forwarded_for_is_ignored() {
 #[test]
 fn one_api_key_per_request() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start(
-        &upstream,
-        r#"
-[clients.api_keys]
-"k1" = "free"
-
-[[limits]]
-name = "per-account"
-key = "api_key"
-algorithm = "fixed_window"
-limit = 1
-window = "1m"
-
-[[limits]]
-name = "per-tenant"
-key = "header:X-Tenant"
-algorithm = "fixed_window"
-limit = 100
-window = "1m"
-"#,
-    );
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .raw("[clients.api_keys]\n\"k1\" = \"free\"")
+        .limit(Limit::fixed_window("per-account", "api_key", 1, "1m"))
+        .limit(Limit::fixed_window(
+            "per-tenant",
+            "header:X-Tenant",
+            100,
+            "1m",
+        ))
+        .start();
     assert_eq!(with_headers(proxy.addr, &[b"X-API-Key: k1"]).status, 200);
     assert_eq!(with_headers(proxy.addr, &[b"X-API-Key: k1"]).status, 429);
     // Before: the first value decided (an unknown key: no account limit) and

@@ -7,13 +7,18 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-fn limit_body(limit: u32) -> String {
-    format!(
-        "[exempt]\npaths = [\"/healthz\"]\n\n[[limits]]\nname = \"per-ip\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = {limit}\nwindow = \"1h\"\n"
-    )
+/// With an admin listener, a grace period of `grace`, `/healthz` exempt
+/// and `limit` requests an hour per address.
+fn start(upstream: &Upstream, grace: &str, limit: u64) -> Proxy {
+    ConfigBuilder::new(upstream.addr)
+        .admin()
+        .grace(grace)
+        .raw("[exempt]\npaths = [\"/healthz\"]")
+        .limit(Limit::fixed_window("per-ip", "ip", limit, "1h"))
+        .start()
 }
 
-fn rewrite_limit(proxy: &Proxy, from: u32, to: &str) {
+fn rewrite_limit(proxy: &Proxy, from: u64, to: &str) {
     let text = std::fs::read_to_string(&proxy.config_path).expect("config");
     let changed = text.replace(&format!("limit = {from}\n"), &format!("limit = {to}\n"));
     assert_ne!(text, changed);
@@ -23,7 +28,7 @@ fn rewrite_limit(proxy: &Proxy, from: u32, to: &str) {
 #[test]
 fn metrics_follow_admitted_refused_and_exempt_requests() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start_admin(&upstream, "1s", &limit_body(3));
+    let proxy = start(&upstream, "1s", 3);
     assert_eq!(proxy.admin_get("/healthz").status, 200);
     let ready = proxy.admin_get("/readyz");
     assert_eq!((ready.status, ready.body.as_str()), (200, "ready\n"));
@@ -63,10 +68,10 @@ fn metrics_follow_admitted_refused_and_exempt_requests() {
 #[test]
 fn sighup_reload_applies_to_new_requests_and_spares_the_one_in_flight() {
     let upstream = Upstream::start();
-    let mut proxy = Proxy::start_admin(&upstream, "1s", &limit_body(2));
-    // A slow request, admitted under the old limit, spans the reload.
+    let mut proxy = start(&upstream, "1s", 2);
+    // A request admitted under the old limit, held in flight across the reload.
     let addr = proxy.addr;
-    let slow = thread::spawn(move || request(addr, "GET", "/slow/1500", &[], b""));
+    let slow = thread::spawn(move || request(addr, "GET", "/hold", &[], b""));
     assert!(wait_until(Duration::from_secs(5), || upstream.count() == 1));
     assert_eq!(proxy.get("/").status, 200);
     assert_eq!(proxy.get("/").status, 429, "old limit of 2 in force");
@@ -84,6 +89,8 @@ fn sighup_reload_applies_to_new_requests_and_spares_the_one_in_flight() {
         vec![200, 200, 200, 429],
         "the state carries over; the limit is now 5"
     );
+    assert!(!slow.is_finished(), "the held request spans the reload");
+    upstream.release();
     let slow = slow.join().expect("slow request");
     assert_eq!(slow.status, 200, "the request in flight finished");
     assert_eq!(
@@ -101,7 +108,7 @@ fn sighup_reload_applies_to_new_requests_and_spares_the_one_in_flight() {
 #[test]
 fn an_invalid_reload_keeps_the_old_config_and_the_process() {
     let upstream = Upstream::start();
-    let mut proxy = Proxy::start_admin(&upstream, "1s", &limit_body(3));
+    let mut proxy = start(&upstream, "1s", 3);
     rewrite_limit(&proxy, 3, "0");
     proxy.signal("-HUP");
     assert!(wait_until(Duration::from_secs(5), || proxy
@@ -140,10 +147,10 @@ fn an_invalid_reload_keeps_the_old_config_and_the_process() {
 #[test]
 fn sigterm_lets_the_request_in_flight_finish_then_exits_within_the_grace_period() {
     let upstream = Upstream::start();
-    let mut proxy = Proxy::start_admin(&upstream, "4s", &limit_body(100));
+    let mut proxy = start(&upstream, "4s", 100);
     let addr = proxy.addr;
     let slow = thread::spawn(move || {
-        let r = request(addr, "GET", "/slow/1000", &[], b"");
+        let r = request(addr, "GET", "/hold", &[], b"");
         (r.status, Instant::now())
     });
     assert!(wait_until(Duration::from_secs(5), || upstream.count() == 1));
@@ -153,6 +160,9 @@ fn sigterm_lets_the_request_in_flight_finish_then_exits_within_the_grace_period(
         .admin_get("/readyz")
         .status
         == 503));
+    // Draining: still running for the request in flight, which ends now.
+    assert!(proxy.is_running(), "exited with a request in flight");
+    upstream.release();
     let status = proxy.wait_exit(Duration::from_secs(10)).expect("exited");
     let exited_after = term_at.elapsed();
     let (slow_status, finished_at) = slow.join().expect("slow request");
@@ -169,9 +179,10 @@ fn sigterm_lets_the_request_in_flight_finish_then_exits_within_the_grace_period(
 #[test]
 fn sigterm_gives_up_on_a_request_slower_than_the_grace_period() {
     let upstream = Upstream::start();
-    let mut proxy = Proxy::start_admin(&upstream, "1s", &limit_body(100));
+    let mut proxy = start(&upstream, "1s", 100);
     let addr = proxy.addr;
-    let slow = thread::spawn(move || request(addr, "GET", "/slow/8000", &[], b"").status);
+    // Held until the upstream is dropped: longer than any grace period.
+    let slow = thread::spawn(move || request(addr, "GET", "/hold", &[], b"").status);
     assert!(wait_until(Duration::from_secs(5), || upstream.count() == 1));
     let term_at = Instant::now();
     proxy.signal("-TERM");
@@ -190,7 +201,7 @@ fn sigterm_gives_up_on_a_request_slower_than_the_grace_period() {
 #[test]
 fn every_reload_says_a_restart_is_due_while_one_is() {
     let upstream = Upstream::start();
-    let proxy = Proxy::start_admin(&upstream, "1s", &limit_body(3));
+    let proxy = start(&upstream, "1s", 3);
     let text = std::fs::read_to_string(&proxy.config_path).expect("config");
     // A listener setting: only a restart applies it.
     let changed = text.replace("threads = 2", "threads = 1");

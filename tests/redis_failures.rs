@@ -15,39 +15,39 @@ use common::*;
 
 const DEADLINE_MS: u64 = 50;
 
-fn config(redis: &RedisServer, on_failure: &str) -> String {
-    format!(
-        r#"[redis]
-url = "{url}"
-timeout = "{DEADLINE_MS}ms"
-on_failure = "{on_failure}"
-instances = 3
+/// A proxy in front of `upstream` on `redis`, with an admin listener (the
+/// breaker's failures are counted there).
+fn start(upstream: &Upstream, redis: &RedisServer, on_failure: &str) -> Proxy {
+    ConfigBuilder::new(upstream.addr)
+        .admin()
+        .redis(&redis.url())
+        .redis_lines(&format!(
+            "timeout = \"{DEADLINE_MS}ms\"\non_failure = \"{on_failure}\"\ninstances = 3"
+        ))
+        .limit(Limit::fixed_window(
+            "per-client",
+            "header:X-Client",
+            30,
+            "1h",
+        ))
+        .limit(
+            Limit::sliding_log("login", "ip", 100, "1m")
+                .line("on_failure = \"deny\"")
+                .matching(r#"methods = ["POST"], paths = ["/login"]"#),
+        )
+        .limit(Limit::token_bucket(
+            "load",
+            "header:X-Load",
+            1_000_000,
+            1_000_000.0,
+        ))
+        .start()
+}
 
-[[limits]]
-name = "per-client"
-key = "header:X-Client"
-algorithm = "fixed_window"
-limit = 30
-window = "1h"
-
-[[limits]]
-name = "login"
-key = "ip"
-algorithm = "sliding_log"
-limit = 100
-window = "1m"
-on_failure = "deny"
-match = {{ methods = ["POST"], paths = ["/login"] }}
-
-[[limits]]
-name = "load"
-key = "header:X-Load"
-algorithm = "token_bucket"
-capacity = 1000000
-refill_rate = 1000000
-"#,
-        url = redis.url()
-    )
+/// Failed Redis calls and probes so far: an open breaker's probe adds one
+/// every 250 ms while Redis cannot decide.
+fn failures(proxy: &Proxy) -> f64 {
+    proxy.metric("floodgate_redis_failures_total")
 }
 
 /// (sent at, latency, status) of every request the load made.
@@ -86,6 +86,14 @@ impl Load {
             samples,
             threads,
         }
+    }
+
+    /// Requests answered that were sent at `from` or later.
+    fn answered_since(&self, from: Instant) -> usize {
+        self.samples
+            .lock()
+            .map(|s| s.iter().filter(|(sent, _, _)| *sent >= from).count())
+            .unwrap_or(0)
     }
 
     fn finish(self) -> Vec<(Instant, Duration, u16)> {
@@ -137,14 +145,19 @@ enum Outage {
 fn outage_under_load(kind: Outage, name: &str) {
     let mut redis = RedisServer::start();
     let upstream = Upstream::start();
-    let proxy = Proxy::start(&upstream, &config(&redis, "local"));
+    let proxy = start(&upstream, &redis, "local");
     // The budget of a client already known to Redis.
     assert_eq!(
-        count_code(&statuses(&proxy, "GET", "/", "known", 5), 200),
+        count_status(statuses(&proxy, "GET", "/", "known", 5), 200),
         5
     );
+    let load_start = Instant::now();
     let load = Load::start(&proxy, 4);
-    thread::sleep(Duration::from_millis(800));
+    assert!(
+        wait_until(Duration::from_secs(10), || load.answered_since(load_start)
+            >= 50),
+        "the load is answered before the outage"
+    );
 
     let outage_start = Instant::now();
     match kind {
@@ -175,12 +188,23 @@ fn outage_under_load(kind: Outage, name: &str) {
     );
     // The fallback enforces limit / instances: 30 / 3 for a new client.
     let during = statuses(&proxy, "GET", "/", "outage-client", 20);
-    assert_eq!(count_code(&during, 200), 10, "{during:?}");
-    assert_eq!(count_code(&during, 429), 10, "{during:?}");
+    assert_eq!(count_status(&during, 200), 10, "{during:?}");
+    assert_eq!(count_status(&during, 429), 10, "{during:?}");
     // A limit with its own on_failure = "deny" fails closed meanwhile.
     let login = statuses(&proxy, "POST", "/login", "outage-client", 3);
     assert_eq!(login, vec![429, 429, 429]);
-    thread::sleep(Duration::from_millis(2_500));
+    // The outage lasts while the load is served and ten of the breaker's
+    // probes fail (about 2.5 s).
+    let failed_before = failures(&proxy);
+    assert!(
+        wait_until(Duration::from_secs(20), || load
+            .answered_since(outage_start)
+            >= 100
+            && failures(&proxy) >= failed_before + 10.0),
+        "during the outage: {} requests answered, {} probes failed",
+        load.answered_since(outage_start),
+        failures(&proxy) - failed_before
+    );
 
     let outage_end = Instant::now();
     match kind {
@@ -199,8 +223,12 @@ fn outage_under_load(kind: Outage, name: &str) {
         request(proxy.addr, "GET", "/", &[("X-Client", "after-client")], b"");
         redis.keys().iter().any(|k| k.contains("per-client"))
     }));
-    thread::sleep(Duration::from_millis(800));
-    let after_start = Instant::now() - Duration::from_millis(800);
+    let after_start = Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(10), || load.answered_since(after_start)
+            >= 50),
+        "the load is answered after the outage"
+    );
     let samples = load.finish();
 
     let failed: Vec<u16> = samples.iter().map(|s| s.2).filter(|&s| s != 200).collect();
@@ -208,11 +236,7 @@ fn outage_under_load(kind: Outage, name: &str) {
         failed.is_empty(),
         "load requests not answered 200: {failed:?}"
     );
-    let before = between(
-        &samples,
-        outage_start - Duration::from_millis(800),
-        outage_start,
-    );
+    let before = between(&samples, load_start, outage_start);
     let during = between(&samples, outage_start, outage_end);
     let after = between(&samples, after_start, Instant::now());
     assert!(
@@ -274,12 +298,12 @@ fn redis_frozen_with_sigstop_under_load() {
 fn on_failure_allow_fails_open_and_deny_fails_closed() {
     let mut redis = RedisServer::start();
     let upstream = Upstream::start();
-    let open = Proxy::start(&upstream, &config(&redis, "allow"));
-    let closed = Proxy::start(&upstream, &config(&redis, "deny"));
+    let open = start(&upstream, &redis, "allow");
+    let closed = start(&upstream, &redis, "deny");
     redis.kill();
     // Fail open: even past the limit of 30 everything goes through.
     let through_open = statuses(&open, "GET", "/", "c", 40);
-    assert_eq!(count_code(&through_open, 200), 40);
+    assert_eq!(count_status(&through_open, 200), 40);
     // But a limit with its own on_failure = "deny" still refuses.
     assert_eq!(statuses(&open, "POST", "/login", "c", 2), vec![429, 429]);
     // Fail closed: limited requests are refused, with a retry hint.
@@ -296,10 +320,11 @@ fn on_failure_allow_fails_open_and_deny_fails_closed() {
 }
 
 /// Redis that answers but refuses writes: out of memory under `noeviction`,
-/// then a read-only replica, each for 5 s under steady load. The breaker's
-/// probe writes, so it stays open until writes succeed: one open/close pair
-/// per outage in the log (before: 40 flaps in 10 s), every request decided
-/// by on_failure, and decisions back on Redis afterwards.
+/// then a read-only replica, each for 20 of the breaker's probes (about 5 s)
+/// under steady load. The breaker's probe writes, so it stays open until
+/// writes succeed: one open/close pair per outage in the log (before: 40
+/// flaps in 10 s), every request decided by on_failure, and decisions back
+/// on Redis afterwards.
 #[test]
 fn a_redis_that_refuses_writes_keeps_the_breaker_open() {
     let warn = "Redis failed";
@@ -321,7 +346,7 @@ fn a_redis_that_refuses_writes_keeps_the_breaker_open() {
     for (name, break_it, mend_it) in &outages {
         let redis = RedisServer::start();
         let upstream = Upstream::start();
-        let proxy = Proxy::start(&upstream, &config(&redis, "local"));
+        let proxy = start(&upstream, &redis, "local");
         assert_eq!(statuses(&proxy, "GET", "/", "before", 1), [200]);
         let load = Load::start(&proxy, 2);
         let _: String = redis.cmd(break_it);
@@ -330,8 +355,15 @@ fn a_redis_that_refuses_writes_keeps_the_breaker_open() {
             "{name}: the breaker opened: {}",
             proxy.log()
         );
-        // The outage lasts 5 s of steady load.
-        thread::sleep(Duration::from_secs(5));
+        // The outage lasts, under steady load, while 20 of the breaker's
+        // probes fail (about 5 s; each one a chance to close it wrongly).
+        let failed_before = failures(&proxy);
+        assert!(
+            wait_until(Duration::from_secs(30), || failures(&proxy)
+                >= failed_before + 20.0),
+            "{name}: the probes go on failing: {}",
+            failures(&proxy) - failed_before
+        );
         let log = proxy.log();
         assert_eq!(log.matches(warn).count(), 1, "{name}: one opening: {log}");
         assert_eq!(
@@ -361,7 +393,7 @@ fn a_redis_that_refuses_writes_keeps_the_breaker_open() {
             "{name}"
         );
         report.push_str(&format!(
-            "{name}: {} requests in about 5 s, all 200; the breaker opened once and closed once\n",
+            "{name}: {} requests over 20 failed probes (about 5 s), all 200; the breaker opened once and closed once\n",
             statuses.len()
         ));
     }

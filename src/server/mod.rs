@@ -39,6 +39,11 @@ pub enum BuildError {
     },
     #[error("FLOODGATE_CLOCK_OFFSET_MS must be a whole number of milliseconds, got {0:?}")]
     ClockOffset(String),
+    #[error("FLOODGATE_CLOCK_FILE {path}: {source}")]
+    ClockFile {
+        path: String,
+        source: crate::clock::ClockFileError,
+    },
     #[error("{file}: server.tls: {reason}")]
     Tls { file: String, reason: String },
     #[error("{file}: log.access: {reason}")]
@@ -66,20 +71,43 @@ impl BackgroundService for Sweeper {
 
 /// The proxy's clock. `FLOODGATE_CLOCK_OFFSET_MS` shifts it, which lets tests
 /// (and operators rehearsing) run instances whose clocks disagree.
+/// `FLOODGATE_CLOCK_FILE` names a file holding a further offset in
+/// milliseconds, read again at every reading, which lets tests move a running
+/// proxy's time instead of waiting for it to pass.
 fn clock_from_env() -> Result<Arc<dyn Clock>, BuildError> {
-    match std::env::var("FLOODGATE_CLOCK_OFFSET_MS") {
-        Err(_) => Ok(Arc::new(SystemClock)),
+    let offset_us = match std::env::var("FLOODGATE_CLOCK_OFFSET_MS") {
+        Err(_) => None,
         Ok(text) => {
             let ms: i64 = text
                 .trim()
                 .parse()
                 .map_err(|_| BuildError::ClockOffset(text.clone()))?;
-            Ok(Arc::new(OffsetClock::new(
-                SystemClock,
-                ms.saturating_mul(1000),
-            )))
+            Some(ms.saturating_mul(1000))
         }
-    }
+    };
+    let file = match std::env::var_os("FLOODGATE_CLOCK_FILE") {
+        None => None,
+        Some(path) => {
+            let clock =
+                crate::clock::FileOffsetClock::open(SystemClock, &path).map_err(|source| {
+                    BuildError::ClockFile {
+                        path: path.to_string_lossy().into_owned(),
+                        source,
+                    }
+                })?;
+            log::info!(
+                "clock: system time plus the milliseconds in {} (FLOODGATE_CLOCK_FILE)",
+                path.to_string_lossy()
+            );
+            Some(clock)
+        }
+    };
+    Ok(match (file, offset_us) {
+        (None, None) => Arc::new(SystemClock),
+        (None, Some(us)) => Arc::new(OffsetClock::new(SystemClock, us)),
+        (Some(file), None) => Arc::new(file),
+        (Some(file), Some(us)) => Arc::new(OffsetClock::new(file, us)),
+    })
 }
 
 /// Keys whose refusal by Redis is remembered, so that a refused client's

@@ -5,10 +5,14 @@ end-to-end tests.
   ws_echo.py talk URL QUIET_S...   connects, then for each QUIET_S: stays silent
                                    that many seconds, sends a message and prints
                                    "echo" when it comes back, or "closed" and
-                                   stops when the connection is gone
+                                   stops when the connection is gone; a last
+                                   QUIET_S of "close" stays silent until the
+                                   other side closes (at most 10 s) and prints
+                                   "closed after SECONDS", or "open"
 """
 import asyncio
 import sys
+import time
 
 import websockets
 
@@ -25,11 +29,22 @@ async def serve(port):
 
 async def talk(url, quiet):
     async with websockets.connect(url, ping_interval=None, close_timeout=1) as ws:
+        silent_since = time.monotonic()
         for seconds in quiet:
-            await asyncio.sleep(seconds)
+            if seconds == "close":
+                try:
+                    await asyncio.wait_for(ws.recv(), timeout=10)
+                    print("spoke", flush=True)
+                except websockets.ConnectionClosed:
+                    print("closed after %.3f" % (time.monotonic() - silent_since), flush=True)
+                except asyncio.TimeoutError:
+                    print("open", flush=True)
+                return
+            await asyncio.sleep(float(seconds))
             try:
                 await ws.send("hello")
                 reply = await asyncio.wait_for(ws.recv(), timeout=5)
+                silent_since = time.monotonic()
                 print("echo" if reply == "hello" else "wrong", flush=True)
             except (websockets.ConnectionClosed, asyncio.TimeoutError):
                 print("closed", flush=True)
@@ -40,4 +55,4 @@ if __name__ == "__main__":
     if sys.argv[1] == "serve":
         asyncio.run(serve(int(sys.argv[2])))
     else:
-        asyncio.run(talk(sys.argv[2], [float(s) for s in sys.argv[3:]]))
+        asyncio.run(talk(sys.argv[2], sys.argv[3:]))

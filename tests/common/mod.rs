@@ -2,14 +2,19 @@
 //! floodgate binary on a free port, and a plain HTTP/1.1 client.
 #![allow(dead_code)]
 
+mod config;
 pub mod redis_server;
+
+// Not every test file builds a config.
+#[allow(unused_imports)]
+pub use config::{ConfigBuilder, Limit};
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{Arc, Barrier, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -22,12 +27,43 @@ pub struct Seen {
     pub headers: Vec<(String, String)>,
 }
 
-/// An HTTP/1.1 server on 127.0.0.1 answering 200 "ok" (or, for
-/// `/slow/<ms>`, after that many milliseconds), recording every request.
+/// An HTTP/1.1 server on 127.0.0.1 answering 200 "ok", recording every
+/// request. A request for a path under `/hold` is recorded at once and
+/// answered only after `release` (or when the upstream is dropped): a request
+/// kept in flight for exactly as long as a test needs.
 pub struct Upstream {
     pub addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
     stop: Arc<AtomicBool>,
+    gate: Arc<Gate>,
+}
+
+/// Opened once, for good.
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl Gate {
+    fn open(&self) {
+        if let Ok(mut open) = self.open.lock() {
+            *open = true;
+        }
+        self.opened.notify_all();
+    }
+
+    fn wait(&self) {
+        let Ok(mut open) = self.open.lock() else {
+            return;
+        };
+        while !*open {
+            open = match self.opened.wait(open) {
+                Ok(open) => open,
+                Err(_) => return,
+            };
+        }
+    }
 }
 
 impl Upstream {
@@ -36,18 +72,30 @@ impl Upstream {
         let addr = listener.local_addr().expect("upstream addr");
         let seen = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
-        let (seen2, stop2) = (seen.clone(), stop.clone());
+        let gate = Arc::new(Gate::default());
+        let (seen2, stop2, gate2) = (seen.clone(), stop.clone(), gate.clone());
         thread::spawn(move || {
             for stream in listener.incoming() {
                 if stop2.load(Ordering::SeqCst) {
                     break;
                 }
                 let Ok(stream) = stream else { continue };
-                let seen = seen2.clone();
-                thread::spawn(move || serve_upstream(stream, seen));
+                let (seen, gate) = (seen2.clone(), gate2.clone());
+                thread::spawn(move || serve_upstream(stream, seen, gate));
             }
         });
-        Upstream { addr, seen, stop }
+        Upstream {
+            addr,
+            seen,
+            stop,
+            gate,
+        }
+    }
+
+    /// Answers the requests held under `/hold`, and from now on answers
+    /// such requests at once.
+    pub fn release(&self) {
+        self.gate.open();
     }
 
     pub fn count(&self) -> usize {
@@ -68,11 +116,12 @@ impl Upstream {
 impl Drop for Upstream {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        self.gate.open();
         let _ = TcpStream::connect(self.addr);
     }
 }
 
-fn serve_upstream(stream: TcpStream, seen: Arc<Mutex<Vec<Seen>>>) {
+fn serve_upstream(stream: TcpStream, seen: Arc<Mutex<Vec<Seen>>>, gate: Arc<Gate>) {
     let mut writer = match stream.try_clone() {
         Ok(w) => w,
         Err(_) => return,
@@ -115,13 +164,8 @@ fn serve_upstream(stream: TcpStream, seen: Arc<Mutex<Vec<Seen>>>) {
                 headers,
             });
         }
-        if let Some(ms) = path
-            .split('?')
-            .next()
-            .and_then(|p| p.strip_prefix("/slow/"))
-            .and_then(|m| m.parse().ok())
-        {
-            thread::sleep(Duration::from_millis(ms));
+        if path.starts_with("/hold") {
+            gate.wait();
         }
         let reply = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok";
         if writer.write_all(reply.as_bytes()).is_err() {
@@ -145,6 +189,11 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("free port")
+}
+
+/// An address on 127.0.0.1 nobody listens on right now.
+pub fn local_addr() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], free_port()))
 }
 
 static DIRS: AtomicUsize = AtomicUsize::new(0);
@@ -314,57 +363,21 @@ pub struct Proxy {
     child: Child,
 }
 
-/// Fills the `{listen}` and `{upstream}` placeholders of a config body.
-pub fn config_text(listen: SocketAddr, upstream: SocketAddr, body: &str) -> String {
-    format!(
-        "[server]\nlisten = \"{listen}\"\nthreads = 2\ngrace_period = \"1s\"\n\n[upstream]\nservers = [\"{upstream}\"]\nconnect_timeout = \"500ms\"\nread_timeout = \"5s\"\n\n{body}"
-    )
-}
-
 impl Proxy {
-    /// Starts floodgate in front of `upstream` with `[server]` and
-    /// `[upstream]` filled in and `body` (the rest of the file) appended.
-    pub fn start(upstream: &Upstream, body: &str) -> Proxy {
-        Proxy::start_with(upstream.addr, body, &[])
+    /// Floodgate in front of `upstream` with no limits; anything more is
+    /// `ConfigBuilder`'s.
+    pub fn start(upstream: &Upstream) -> Proxy {
+        ConfigBuilder::new(upstream.addr).start()
     }
 
-    pub fn start_with(upstream: SocketAddr, body: &str, env: &[(&str, &str)]) -> Proxy {
-        let dir = temp_dir();
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-        let config_path = dir.join("proxy.toml");
-        std::fs::write(&config_path, config_text(addr, upstream, body)).expect("write config");
-        Proxy::spawn(addr, None, config_path, env)
-    }
-
-    /// Like `start`, with an admin listener and a grace period of `grace`.
-    pub fn start_admin(upstream: &Upstream, grace: &str, body: &str) -> Proxy {
-        let dir = temp_dir();
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-        let text = config_text(addr, upstream.addr, body).replace(
-            "grace_period = \"1s\"",
-            &format!("grace_period = \"{grace}\"\nadmin_listen = \"{admin}\""),
-        );
-        let config_path = dir.join("proxy.toml");
-        std::fs::write(&config_path, text).expect("write config");
-        Proxy::spawn(addr, Some(admin), config_path, &[])
-    }
-
-    pub fn spawn(
+    /// The binary serving `config_path` (which listens on `addr`, and on
+    /// `admin` if given), run by `wrapper` when one is given (e.g. `prlimit
+    /// --nofile=...`); returns once it listens.
+    fn launch(
         addr: SocketAddr,
         admin: Option<SocketAddr>,
         config_path: PathBuf,
-        env: &[(&str, &str)],
-    ) -> Proxy {
-        Proxy::spawn_wrapped(addr, admin, config_path, env, &[])
-    }
-
-    /// Like `spawn`, the binary run by `wrapper` (e.g. `prlimit --nofile=...`).
-    pub fn spawn_wrapped(
-        addr: SocketAddr,
-        admin: Option<SocketAddr>,
-        config_path: PathBuf,
-        env: &[(&str, &str)],
+        env: &[(String, String)],
         wrapper: &[&str],
     ) -> Proxy {
         let log_path = config_path.with_extension("log");
@@ -628,13 +641,33 @@ pub fn burst(
     handles.into_iter().filter_map(|h| h.join().ok()).collect()
 }
 
-pub fn count_status(responses: &[Response], status: u16) -> usize {
-    responses.iter().filter(|r| r.status == status).count()
+/// Anything that carries an HTTP status.
+pub trait HasStatus {
+    fn status(&self) -> u16;
 }
 
-/// How many of `codes` are `code`.
-pub fn count_code(codes: &[u16], code: u16) -> usize {
-    codes.iter().filter(|&&c| c == code).count()
+impl HasStatus for u16 {
+    fn status(&self) -> u16 {
+        *self
+    }
+}
+
+impl HasStatus for Response {
+    fn status(&self) -> u16 {
+        self.status
+    }
+}
+
+impl<T: HasStatus + ?Sized> HasStatus for &T {
+    fn status(&self) -> u16 {
+        (**self).status()
+    }
+}
+
+/// How many of `answers` (responses, statuses, or references to them) have
+/// `status`.
+pub fn count_status<T: HasStatus>(answers: impl IntoIterator<Item = T>, status: u16) -> usize {
+    answers.into_iter().filter(|a| a.status() == status).count()
 }
 
 /// Polls `condition` until it holds or `timeout` passes.
@@ -663,6 +696,63 @@ pub fn now_us() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)
         .unwrap_or(0)
+}
+
+/// The time of the proxies started with it (`ConfigBuilder::clock`, which
+/// sets `FLOODGATE_CLOCK_FILE`): the system time plus an offset the test
+/// moves, where a test would otherwise wait for time to pass. A proxy reads
+/// the file at every reading of its clock, so a move is in force for every
+/// request sent after it returns.
+pub struct TestClock {
+    path: PathBuf,
+    offset_ms: Mutex<i64>,
+}
+
+impl TestClock {
+    /// An offset of 0: the system time.
+    pub fn new() -> TestClock {
+        let clock = TestClock {
+            path: temp_dir().join("clock"),
+            offset_ms: Mutex::new(0),
+        };
+        clock.write(0);
+        clock
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    /// Moves the proxies' time `by` forward (whole milliseconds, rounded up).
+    pub fn advance(&self, by: Duration) {
+        let ms = i64::try_from(by.as_micros().div_ceil(1000)).expect("a sane step");
+        let mut offset = self.offset_ms.lock().expect("clock");
+        *offset += ms;
+        self.write(*offset);
+    }
+
+    /// Moves the proxies' time so that it reads `at_us` now (microseconds
+    /// since the Unix epoch, rounded up to a whole millisecond).
+    pub fn set_now_us(&self, at_us: u64) {
+        let offset = (at_us as i64 - now_us() as i64).div_euclid(1000) + 1;
+        let mut current = self.offset_ms.lock().expect("clock");
+        *current = offset;
+        self.write(offset);
+    }
+
+    /// The proxies' time now, in microseconds since the Unix epoch.
+    pub fn now_us(&self) -> u64 {
+        let offset = *self.offset_ms.lock().expect("clock");
+        now_us().saturating_add_signed(offset * 1000)
+    }
+
+    /// A temporary file renamed over the clock file: a proxy reads either
+    /// the old offset or the new one, never a part.
+    fn write(&self, offset_ms: i64) {
+        let tmp = self.path.with_extension("tmp");
+        std::fs::write(&tmp, offset_ms.to_string()).expect("write clock");
+        std::fs::rename(&tmp, &self.path).expect("move clock");
+    }
 }
 
 /// Many GETs on a few keep-alive connections (reconnecting when one is
