@@ -43,6 +43,12 @@ end
 
 if op == 'acquire' then
   local held = redis.call('ZCARD', key)
+  -- A lease id already holding a slot keeps that one slot, renewed.
+  if redis.call('ZSCORE', key, id) then
+    redis.call('ZADD', key, 'XX', int(now + lease), id)
+    keep_until_longest()
+    return table.concat({ '1', int(math.max(0, max - held)), int(until_one_frees()), '0' }, ' ')
+  end
   if held >= max then
     local wait = until_one_frees()
     return table.concat({ '0', '0', int(wait), int(wait) }, ' ')

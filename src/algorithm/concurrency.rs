@@ -31,9 +31,15 @@ impl Slots {
     /// Takes a slot for lease `id` until `now_us + lease_us`, when fewer
     /// than `max` are held. Refused, the retry time is when the earliest
     /// lease would expire: a slot frees then at the latest, unless renewed.
+    /// A lease id already holding a slot keeps that one slot, renewed: an
+    /// acquisition retried after a lost reply never takes two.
     pub fn acquire(&mut self, id: u64, max: u64, lease_us: u64, now_us: u64) -> Decision {
         self.prune(now_us);
         let held = self.leases.len() as u64;
+        if let Some((_, expires_us)) = self.leases.iter_mut().find(|(lease, _)| *lease == id) {
+            *expires_us = now_us + lease_us;
+            return Decision::admitted(max, max.saturating_sub(held), self.until_one_frees(now_us));
+        }
         if held >= max {
             let wait_us = self.until_one_frees(now_us);
             return Decision::refused(max, 0, wait_us, wait_us);
@@ -107,6 +113,23 @@ mod tests {
         assert!(!slots.acquire(2, 1, 10 * SEC, T0 + 10 * SEC - 1).allowed());
         assert!(slots.acquire(2, 1, 10 * SEC, T0 + 10 * SEC).allowed());
         assert!(!slots.renew(1, 10 * SEC, T0 + 10 * SEC), "lease 1 is gone");
+    }
+
+    #[test]
+    fn acquiring_again_with_the_same_lease_keeps_one_slot() {
+        let mut slots = Slots::default();
+        assert_eq!(slots.acquire(7, 2, 10 * SEC, T0).remaining(), 1);
+        let again = slots.acquire(7, 2, 10 * SEC, T0 + SEC);
+        assert!(again.allowed());
+        assert_eq!(again.remaining(), 1, "still one slot");
+        assert!(slots.acquire(8, 2, 10 * SEC, T0 + SEC).allowed());
+        assert!(slots.release(7, T0 + SEC));
+        assert_eq!(slots.held(T0 + SEC), 1);
+        // Renewed by the second acquisition: held past the first's expiry.
+        let mut once = Slots::default();
+        once.acquire(1, 1, 10 * SEC, T0);
+        once.acquire(1, 1, 10 * SEC, T0 + 5 * SEC);
+        assert_eq!(once.held(T0 + 12 * SEC), 1);
     }
 
     #[test]

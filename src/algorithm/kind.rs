@@ -27,11 +27,12 @@ pub enum Parameter {
 }
 
 impl Parameter {
+    /// In the order config reports a parameter that does not apply.
     pub const ALL: [Parameter; 5] = [
-        Parameter::Capacity,
-        Parameter::RefillRate,
         Parameter::Limit,
         Parameter::Window,
+        Parameter::Capacity,
+        Parameter::RefillRate,
         Parameter::Rate,
     ];
 

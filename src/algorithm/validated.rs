@@ -48,6 +48,9 @@ impl Algorithm {
         if period_us == 0 {
             return Err(AlgorithmError::ZeroPeriod);
         }
+        if kind == Kind::SlidingLog && quota > MAX_SLIDING_LOG {
+            return Err(AlgorithmError::LogTooLong);
+        }
         // The scripts compute in doubles: every product, added to a
         // timestamp, must stay exact.
         if quota
@@ -55,9 +58,6 @@ impl Algorithm {
             .is_none_or(|p| p > MAX_EXACT / 4)
         {
             return Err(AlgorithmError::TooLarge);
-        }
-        if kind == Kind::SlidingLog && quota > MAX_SLIDING_LOG {
-            return Err(AlgorithmError::LogTooLong);
         }
         Ok(Algorithm {
             kind,
@@ -121,13 +121,15 @@ impl Algorithm {
     }
 
     /// This limit shared evenly by `instances` processes deciding alone: each
-    /// gets its share of the quota (at least 1) and of the rate. The result
-    /// is never larger than the original, so it stays valid.
+    /// gets its share of the quota (at least 1) and of the rate. A bucket
+    /// whose quota is smaller than `instances` keeps 1 token and a rate
+    /// divided as the others; only a rate already slower than one token per
+    /// 2^51 / quota µs stops being divided, to keep the arithmetic exact.
     pub fn divided(&self, instances: u64) -> Algorithm {
         let n = instances.max(1);
         let quota = (self.quota / n).max(1);
         let period_us = if self.kind.is_bucket() {
-            // Capacity and rate shrink together: the product never grows.
+            // Within what `new` accepts for this quota.
             self.period_us.saturating_mul(n).min(MAX_EXACT / 4 / quota)
         } else {
             self.period_us

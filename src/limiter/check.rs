@@ -61,17 +61,110 @@ pub fn admitted(checks: &[Check], decisions: &[Decision]) -> bool {
         .all(|(c, d)| c.shadow || d.allowed())
 }
 
-/// One slot of a concurrency limit, held under lease `lease_id`.
+/// The longest lease a slot may have: about 12 days, so that an expiry
+/// instant stays exact in the scripts' doubles.
+pub const MAX_LEASE_US: u64 = 1 << 40;
+
+/// Why numbers do not make a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SlotError {
+    #[error("a concurrency limit needs at least 1 slot")]
+    NoSlots,
+    #[error("a lease must last from 1µs to {MAX_LEASE_US}µs")]
+    Lease,
+}
+
+/// One slot of a concurrency limit, held under a lease: valid by
+/// construction (at least one slot, a lease the arithmetic can hold).
 #[derive(Debug, Clone)]
 pub struct Slot {
-    pub name: LimitName,
-    pub key: StateKey,
-    /// Slots per key; at least 1.
-    pub max: u64,
-    /// How long the slot is held unless renewed or released.
-    pub lease_us: u64,
-    /// Tells this holder's lease from the others' (random per request).
-    pub lease_id: u64,
+    name: LimitName,
+    key: StateKey,
+    max: u64,
+    lease_us: u64,
+    lease_id: u64,
+    on_failure: OnFailure,
+}
+
+impl Slot {
+    /// `max` slots per key; the slot is held for `lease_us` unless renewed
+    /// or released; `lease_id` tells this holder from the others (random
+    /// per request).
+    pub fn new(
+        name: LimitName,
+        key: StateKey,
+        max: u64,
+        lease_us: u64,
+        lease_id: u64,
+        on_failure: OnFailure,
+    ) -> Result<Slot, SlotError> {
+        if max == 0 {
+            return Err(SlotError::NoSlots);
+        }
+        if lease_us == 0 || lease_us > MAX_LEASE_US {
+            return Err(SlotError::Lease);
+        }
+        Ok(Slot {
+            name,
+            key,
+            max,
+            lease_us,
+            lease_id,
+            on_failure,
+        })
+    }
+
+    pub fn name(&self) -> &LimitName {
+        &self.name
+    }
+
+    pub fn key(&self) -> &StateKey {
+        &self.key
+    }
+
+    pub fn max(&self) -> u64 {
+        self.max
+    }
+
+    pub fn lease_us(&self) -> u64 {
+        self.lease_us
+    }
+
+    pub fn lease_id(&self) -> u64 {
+        self.lease_id
+    }
+
     /// What decides when the shared store cannot.
-    pub on_failure: OnFailure,
+    pub fn on_failure(&self) -> OnFailure {
+        self.on_failure
+    }
+
+    /// The same lease on this instance's share of the slots (at least one)
+    /// when `instances` share them without a common store.
+    pub fn share(&self, instances: u64) -> Slot {
+        Slot {
+            max: (self.max / instances.max(1)).max(1),
+            ..self.clone()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_needs_a_slot_and_a_lease_the_scripts_can_hold() {
+        let make = |max, lease_us| {
+            let key = StateKey {
+                limit: 1,
+                identity: 1,
+            };
+            Slot::new(LimitName::new("x"), key, max, lease_us, 7, OnFailure::Deny).map(|s| s.max())
+        };
+        assert_eq!(make(0, 1), Err(SlotError::NoSlots));
+        assert_eq!(make(1, 0), Err(SlotError::Lease));
+        assert_eq!(make(1, MAX_LEASE_US + 1), Err(SlotError::Lease));
+        assert_eq!(make(3, MAX_LEASE_US), Ok(3));
+    }
 }

@@ -8,6 +8,7 @@
 //! same algorithm and numbers, so a reload that changes a limit bypasses it.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -32,6 +33,9 @@ pub struct KnownRefusals<S> {
     inner: S,
     shards: Vec<Mutex<HashMap<StateKey, Refusal>>>,
     per_shard: usize,
+    /// Bumped by every reset: a refusal the store gave before a reset, whose
+    /// answer arrives after it, is not remembered.
+    resets: AtomicU64,
     clock: Arc<dyn Clock>,
 }
 
@@ -42,6 +46,7 @@ impl<S: Store> KnownRefusals<S> {
             inner,
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             per_shard: (capacity / SHARDS).max(1),
+            resets: AtomicU64::new(0),
             clock,
         }
     }
@@ -119,6 +124,7 @@ impl<S: Store> KnownRefusals<S> {
     }
 
     fn forget(&self, checks: &[Check]) {
+        self.resets.fetch_add(1, Ordering::AcqRel);
         for check in checks {
             if let Ok(mut shard) = self.shard(&check.key).lock() {
                 shard.remove(&check.key);
@@ -140,8 +146,11 @@ impl<S: Store> Store for KnownRefusals<S> {
         if let Some(known) = self.known_refusal(checks, now_us) {
             return Ok(known);
         }
+        let resets = self.resets.load(Ordering::Acquire);
         let decisions = self.inner.decide(checks).await?;
-        self.remember(checks, &decisions, now_us);
+        if self.resets.load(Ordering::Acquire) == resets {
+            self.remember(checks, &decisions, now_us);
+        }
         Ok(decisions)
     }
 
@@ -151,7 +160,11 @@ impl<S: Store> Store for KnownRefusals<S> {
 
     async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
         self.forget(checks);
-        self.inner.reset(checks).await
+        let reset = self.inner.reset(checks).await;
+        // Forgotten again: a refusal remembered while the store was resetting
+        // may describe the state before it.
+        self.forget(checks);
+        reset
     }
 
     async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
@@ -189,15 +202,9 @@ mod tests {
     use crate::clock::ManualClock;
     use crate::limiter::fake::{check, FakeStore, SEC, T0};
 
-    fn cached(
-        capacity: usize,
-    ) -> (
-        Arc<ManualClock>,
-        Arc<FakeStore>,
-        KnownRefusals<Arc<FakeStore>>,
-    ) {
+    fn cached(capacity: usize) -> (Arc<ManualClock>, FakeStore, KnownRefusals<FakeStore>) {
         let clock = Arc::new(ManualClock::new(T0));
-        let store = Arc::new(FakeStore::new(clock.clone()));
+        let store = FakeStore::new(clock.clone());
         let cache = KnownRefusals::new(store.clone(), capacity, clock.clone());
         (clock, store, cache)
     }
@@ -250,6 +257,43 @@ mod tests {
         assert!(!cache.decide(&login).await.expect("decided")[0].allowed());
         cache.reset(&login).await.expect("reset");
         assert!(cache.decide(&login).await.expect("decided")[0].allowed());
+    }
+
+    #[tokio::test]
+    async fn a_refusal_answered_after_a_reset_is_not_remembered() {
+        let (_, store, cache) = cached(1000);
+        let cache = Arc::new(cache);
+        let login = [check(0, 1, 7, 1)];
+        cache.decide(&login).await.expect("decided");
+        // A refused decision is on its way back from the store...
+        store.hold_decisions();
+        let in_flight = tokio::spawn({
+            let cache = cache.clone();
+            let login = login.clone();
+            async move { cache.decide(&login).await }
+        });
+        while store.decisions() < 2 {
+            tokio::task::yield_now().await;
+        }
+        // ...when the client is reset: the reset wins.
+        let reset = tokio::spawn({
+            let cache = cache.clone();
+            let login = login.clone();
+            async move { cache.reset(&login).await }
+        });
+        tokio::task::yield_now().await;
+        store.let_one_through();
+        let refused = in_flight.await.expect("task").expect("decided");
+        assert!(!refused[0].allowed());
+        reset.await.expect("task").expect("reset");
+        let calls = store.decisions();
+        store.let_one_through();
+        assert!(cache.decide(&login).await.expect("decided")[0].allowed());
+        assert_eq!(
+            store.decisions(),
+            calls + 1,
+            "asked the store, not the stale refusal"
+        );
     }
 
     #[tokio::test]

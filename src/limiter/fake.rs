@@ -33,21 +33,50 @@ pub fn check(layer: usize, capacity: u64, identity: u128, cost: u64) -> Check {
     }
 }
 
-pub struct FakeStore {
+/// A handle: clones share one store, so a test keeps one while a wrapper
+/// owns another.
+#[derive(Clone)]
+pub struct FakeStore(Arc<Shared>);
+
+pub struct Shared {
     memory: MemoryStore,
     failure: Mutex<Option<LimiterError>>,
     decisions: AtomicUsize,
     probes: AtomicUsize,
+    /// While set, each `decide` waits for a permit before it answers.
+    held: std::sync::atomic::AtomicBool,
+    permits: tokio::sync::Semaphore,
+}
+
+impl std::ops::Deref for FakeStore {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
 }
 
 impl FakeStore {
     pub fn new(clock: Arc<dyn Clock>) -> Self {
-        FakeStore {
+        FakeStore(Arc::new(Shared {
             memory: MemoryStore::new(10_000, clock),
             failure: Mutex::new(None),
             decisions: AtomicUsize::new(0),
             probes: AtomicUsize::new(0),
-        }
+            held: std::sync::atomic::AtomicBool::new(false),
+            permits: tokio::sync::Semaphore::new(0),
+        }))
+    }
+}
+
+impl Shared {
+    /// From now on each decision waits for `let_one_through`.
+    pub fn hold_decisions(&self) {
+        self.held.store(true, Ordering::SeqCst);
+    }
+
+    pub fn let_one_through(&self) {
+        self.permits.add_permits(1);
     }
 
     /// Every call fails with `error` until `recover`.
@@ -80,8 +109,16 @@ impl FakeStore {
 impl Store for FakeStore {
     async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
         self.decisions.fetch_add(1, Ordering::SeqCst);
+        let decided = self.memory.decide(checks).await;
+        if self.held.load(Ordering::SeqCst) {
+            self.permits
+                .acquire()
+                .await
+                .map_err(|_| LimiterError::Stopped)?
+                .forget();
+        }
         self.failure()?;
-        self.memory.decide(checks).await
+        decided
     }
 
     async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {

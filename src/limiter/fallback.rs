@@ -97,7 +97,9 @@ impl<S: Store + 'static> Inner<S> {
             let now_us = self.clock.now_us();
             self.opened_at_us.store(now_us, Ordering::Release);
             let log = self.last_logged_open_us.lock().is_ok_and(|mut last| {
-                let due = last.is_none_or(|t| now_us.saturating_sub(t) >= LOG_PAIR_EVERY_US);
+                // A clock stepped back (NTP) makes the last report's time
+                // meaningless: report rather than stay quiet until it passes.
+                let due = last.is_none_or(|t| now_us < t || now_us - t >= LOG_PAIR_EVERY_US);
                 if due {
                     *last = Some(now_us);
                 }
@@ -139,8 +141,11 @@ impl<S: Store + 'static> Inner<S> {
             .clock
             .now_us()
             .saturating_sub(self.opened_at_us.load(Ordering::Acquire));
-        self.open.store(false, Ordering::Release);
+        // Probing ends before the breaker closes: a failure in between then
+        // finds no probe running and starts one. (The other order let such a
+        // failure reopen the breaker with nobody left to close it.)
         self.probing.store(false, Ordering::Release);
+        self.open.store(false, Ordering::Release);
         if self.open_logged.load(Ordering::Acquire) {
             info!(
                 "Redis answers again after {:.1}s: decisions are back on Redis",
@@ -151,10 +156,7 @@ impl<S: Store + 'static> Inner<S> {
 
     /// A slot of this instance's share of the limit's slots (at least one).
     fn local_slot(&self, slot: &Slot) -> Slot {
-        Slot {
-            max: (slot.max / self.instances.max(1)).max(1),
-            ..slot.clone()
-        }
+        slot.share(self.instances)
     }
 
     /// The `on_failure = "local"` layers, each with this instance's share of
@@ -227,21 +229,33 @@ impl<S: Store + 'static> Store for Fallback<S> {
         }
     }
 
+    /// What `decide` would answer: the shared store's word while it
+    /// answers, else `on_failure`'s, charging nothing either way.
     async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
-        if self.degraded() {
-            let local = self.inner.local_share(checks);
-            let now_us = self.inner.clock.now_us();
-            let local = self.inner.local.peek_at(&local, now_us);
-            return Ok(by_on_failure(checks, local));
+        if !self.degraded() {
+            match self.inner.shared.peek(checks).await {
+                Ok(decisions) => return Ok(decisions),
+                Err(e) => self.inner.trip(&e),
+            }
         }
-        self.inner.shared.peek(checks).await
+        let local = self.inner.local_share(checks);
+        let now_us = self.inner.clock.now_us();
+        let local = self.inner.local.peek_at(&local, now_us);
+        Ok(by_on_failure(checks, local))
     }
 
     /// Resets both: the shared state, and what was decided locally while
-    /// the shared store was away.
+    /// the shared store was away. A shared store that cannot be told is an
+    /// error (the state there stands), and it trips the breaker as any
+    /// failure does; it is still asked while the breaker is open, since an
+    /// operator's reset is worth the wait of one timeout.
     async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
         self.inner.local.forget(checks);
-        self.inner.shared.reset(checks).await
+        let reset = self.inner.shared.reset(checks).await;
+        if let Err(e) = &reset {
+            self.inner.trip(e);
+        }
+        reset
     }
 
     /// Without the shared store, a slot is taken as its `on_failure` says:
@@ -255,37 +269,43 @@ impl<S: Store + 'static> Store for Fallback<S> {
             }
         }
         self.inner.metrics.fallback_decisions.inc();
-        Ok(match slot.on_failure {
+        Ok(match slot.on_failure() {
             OnFailure::Local => self.inner.local.acquire_now(&self.inner.local_slot(slot)),
-            OnFailure::Allow => Decision::admitted(slot.max, slot.max - 1, 0),
-            OnFailure::Deny => Decision::refused(slot.max, 0, DENY_RETRY_US, DENY_RETRY_US),
+            OnFailure::Allow => Decision::admitted(slot.max(), slot.max() - 1, 0),
+            OnFailure::Deny => Decision::refused(slot.max(), 0, DENY_RETRY_US, DENY_RETRY_US),
         })
     }
 
-    /// A lease taken on the shared store before it went away is not known
-    /// locally: renewing it says false, and it ends at its expiry there.
+    /// A lease is renewed where it was taken: a local one (taken while the
+    /// shared store was away) stays local after the store is back; one
+    /// granted by `on_failure = "allow"` was never counted and stays held
+    /// while the store is away. A shared lease the store cannot be asked
+    /// about says false, and ends at its expiry there.
     async fn renew(&self, slot: &Slot) -> Result<bool, LimiterError> {
+        if self.inner.local.renew_now(&self.inner.local_slot(slot)) {
+            return Ok(true);
+        }
         if !self.degraded() {
             match self.inner.shared.renew(slot).await {
                 Ok(held) => return Ok(held),
                 Err(e) => self.inner.trip(&e),
             }
         }
-        Ok(self.inner.local.renew_now(&self.inner.local_slot(slot)))
+        Ok(slot.on_failure() == OnFailure::Allow)
     }
 
-    /// Released wherever it was taken; a shared lease the store cannot be
-    /// told about ends at its expiry.
+    /// Released wherever it may be held: locally, and on the shared store
+    /// (an acquisition that timed out may have been run there all the same).
     async fn release(&self, slot: &Slot) -> Result<bool, LimiterError> {
         let local = self.inner.local.release_now(&self.inner.local_slot(slot));
-        if local || self.degraded() {
+        if self.degraded() {
             return Ok(local);
         }
         match self.inner.shared.release(slot).await {
-            Ok(held) => Ok(held),
+            Ok(shared) => Ok(local || shared),
             Err(e) => {
                 self.inner.trip(&e);
-                Ok(false)
+                Ok(local)
             }
         }
     }
@@ -320,14 +340,14 @@ mod tests {
 
     struct Rig {
         clock: Arc<ManualClock>,
-        shared: Arc<FakeStore>,
-        fallback: Fallback<Arc<FakeStore>>,
+        shared: FakeStore,
+        fallback: Fallback<FakeStore>,
         metrics: Metrics,
     }
 
     fn rig(instances: u64) -> Rig {
         let clock = Arc::new(ManualClock::new(T0));
-        let shared = Arc::new(FakeStore::new(clock.clone()));
+        let shared = FakeStore::new(clock.clone());
         let metrics = Metrics::new();
         let local = Arc::new(MemoryStore::new(1000, clock.clone()));
         let fallback = Fallback::new(
@@ -350,8 +370,18 @@ mod tests {
         c
     }
 
+    impl Fallback<FakeStore> {
+        async fn renew_for_test(&self, slot: Slot) -> bool {
+            self.renew(&slot).await.expect("renewed")
+        }
+
+        async fn release_for_test(&self, slot: Slot) -> bool {
+            self.release(&slot).await.expect("released")
+        }
+    }
+
     /// Lets the probe task run until the breaker closes, on paused time.
-    async fn until_closed(fallback: &Fallback<Arc<FakeStore>>) {
+    async fn until_closed(fallback: &Fallback<FakeStore>) {
         while fallback.degraded() {
             tokio::time::sleep(PROBE_EVERY).await;
         }
@@ -460,16 +490,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn slots_without_the_shared_store_follow_on_failure() {
         let rig = rig(2);
-        let slot = |id, on_failure| Slot {
-            name: crate::limiter::LimitName::new("in-flight"),
-            key: crate::identity::StateKey {
+        let slot = |id, on_failure| {
+            let key = crate::identity::StateKey {
                 limit: 1,
                 identity: 1,
-            },
-            max: 4,
-            lease_us: 60_000_000,
-            lease_id: id,
-            on_failure,
+            };
+            let name = crate::limiter::LimitName::new("in-flight");
+            Slot::new(name, key, 4, 60_000_000, id, on_failure).expect("a valid slot")
         };
         assert!(rig
             .fallback
@@ -503,10 +530,18 @@ mod tests {
             .expect("decided")
             .allowed());
         // The lease taken on the shared store is not known locally.
-        assert!(!rig
-            .fallback
-            .renew(&slot(1, OnFailure::Local))
-            .await
-            .expect("renewed"));
+        let renew = |id, on_failure| rig.fallback.renew_for_test(slot(id, on_failure));
+        assert!(!renew(1, OnFailure::Local).await);
+        // A local lease and an allowed one are held while the store is away.
+        assert!(renew(3, OnFailure::Local).await);
+        assert!(renew(9, OnFailure::Allow).await);
+        // Back on the shared store: the local lease is still renewed where it
+        // was taken, and the shared one is released there.
+        rig.shared.recover();
+        until_closed(&rig.fallback).await;
+        assert!(renew(3, OnFailure::Local).await);
+        let release = |id| rig.fallback.release_for_test(slot(id, OnFailure::Local));
+        assert!(release(1).await, "the shared lease");
+        assert!(release(3).await, "the local lease");
     }
 }

@@ -209,6 +209,9 @@ impl MemoryStore {
     /// What `decide_at` would answer, changing nothing: a key without room
     /// is read from its limit's overflow bucket, as it would be decided.
     pub fn peek_at(&self, checks: &[Check], now_us: u64) -> Vec<Decision> {
+        // New keys this request would already have placed, per shard: a
+        // later one needs room beside them, as in `decide_at`.
+        let mut placed: SmallVec<[(usize, usize); 4]> = SmallVec::new();
         checks
             .iter()
             .map(|check| {
@@ -223,9 +226,21 @@ impl MemoryStore {
                     };
                     check.algorithm.evaluate(state, now_us, check.cost).decision
                 };
-                let shard = self.lock(check.key.shard(self.shards.len()));
-                if shard.contains(&check.key) || could_make_room(&shard, now_us, checks) {
-                    evaluate(shard.peek(&check.key))
+                let index = check.key.shard(self.shards.len());
+                let shard = self.lock(index);
+                if shard.contains(&check.key) {
+                    return evaluate(shard.peek(&check.key));
+                }
+                let before = placed
+                    .iter()
+                    .find(|(i, _)| *i == index)
+                    .map_or(0, |(_, n)| *n);
+                if could_make_room(&shard, before + 1, now_us, checks) {
+                    match placed.iter_mut().find(|(i, _)| *i == index) {
+                        Some((_, n)) => *n += 1,
+                        None => placed.push((index, 1)),
+                    }
+                    evaluate(None)
                 } else {
                     drop(shard);
                     evaluate(self.lock_overflow().get(&check.key.limit))
@@ -234,7 +249,9 @@ impl MemoryStore {
             .collect()
     }
 
-    /// Forgets the state of these checks' keys.
+    /// Forgets the state of these checks' keys. An identity decided on its
+    /// limit's overflow bucket (no room for its own key) shares that bucket
+    /// with other newcomers; it is not reset for one of them.
     pub fn forget(&self, checks: &[Check]) {
         for check in checks {
             self.lock(check.key.shard(self.shards.len()))
@@ -272,31 +289,31 @@ impl MemoryStore {
     /// key once no lease is left.
     fn with_slots<T>(&self, slot: &Slot, change: impl FnOnce(&mut Slots, u64) -> T) -> T {
         let now_us = self.clock.now_us();
-        let mut shard = self.slots[slot.key.shard(SHARDS)]
+        let mut shard = self.slots[slot.key().shard(SHARDS)]
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let slots = shard.entry(slot.key).or_default();
+        let slots = shard.entry(*slot.key()).or_default();
         let result = change(slots, now_us);
         if slots.held(now_us) == 0 {
-            shard.remove(&slot.key);
+            shard.remove(slot.key());
         }
         result
     }
 
     pub fn acquire_now(&self, slot: &Slot) -> Decision {
         self.with_slots(slot, |slots, now_us| {
-            slots.acquire(slot.lease_id, slot.max, slot.lease_us, now_us)
+            slots.acquire(slot.lease_id(), slot.max(), slot.lease_us(), now_us)
         })
     }
 
     pub fn renew_now(&self, slot: &Slot) -> bool {
         self.with_slots(slot, |slots, now_us| {
-            slots.renew(slot.lease_id, slot.lease_us, now_us)
+            slots.renew(slot.lease_id(), slot.lease_us(), now_us)
         })
     }
 
     pub fn release_now(&self, slot: &Slot) -> bool {
-        self.with_slots(slot, |slots, now_us| slots.release(slot.lease_id, now_us))
+        self.with_slots(slot, |slots, now_us| slots.release(slot.lease_id(), now_us))
     }
 
     /// Drops every idle key; returns how many went.
@@ -356,15 +373,22 @@ fn make_room(shard: &mut Shard, needed: usize, now_us: u64, request: &[Check]) -
     shard.len() + needed <= cap
 }
 
-/// Whether `make_room` would find room for one more key, without dropping
-/// anything.
-fn could_make_room(shard: &Shard, now_us: u64, request: &[Check]) -> bool {
-    shard.len() < shard.cap().get()
-        || shard
-            .iter()
-            .rev()
-            .take(IDLE_SCAN)
-            .any(|(k, e)| e.idle_at_us <= now_us && !request.iter().any(|c| c.key == *k))
+/// Whether `make_room` would find room for `needed` more keys, without
+/// dropping anything: as many idle keys (not the request's) within reach of
+/// its scan, which moves deeper by each key it drops.
+fn could_make_room(shard: &Shard, needed: usize, now_us: u64, request: &[Check]) -> bool {
+    let cap = shard.cap().get();
+    if shard.len() + needed <= cap {
+        return true;
+    }
+    let short = shard.len() + needed - cap;
+    shard
+        .iter()
+        .rev()
+        .take(IDLE_SCAN + short - 1)
+        .filter(|(k, e)| e.idle_at_us <= now_us && !request.iter().any(|c| c.key == **k))
+        .count()
+        >= short
 }
 
 fn update(entry: &mut Entry, check: &Check, evaluation: &Evaluation, now_us: u64) {

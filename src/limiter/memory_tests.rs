@@ -196,3 +196,38 @@ fn room_for_one_layer_is_never_taken_from_another_layer_of_the_same_request() {
     assert!(!l.decide_now(std::slice::from_ref(&victim))[0].allowed());
     assert!(l.len() <= 128);
 }
+
+#[test]
+fn a_peek_answers_as_the_decision_would_and_changes_nothing() {
+    // One key per shard. Limits 1 and 65 for identity 2 both land in shard
+    // 3, empty: the first takes its one place, the second goes to limit 65's
+    // overflow bucket, which a newcomer of shard 5 has already spent.
+    let (_, l) = limiter(64);
+    let key = |limit, identity| StateKey { limit, identity };
+    let in_shard_5 = |identity| Check {
+        key: key(65, identity),
+        ..check(1, bucket(1), identity, 1)
+    };
+    assert!(
+        l.decide_now(&[in_shard_5(68)])[0].allowed(),
+        "takes shard 5"
+    );
+    assert!(
+        l.decide_now(&[in_shard_5(4)])[0].allowed(),
+        "spends the overflow"
+    );
+    let both = [
+        Check {
+            key: key(1, 2),
+            ..check(0, bucket(5), 2, 1)
+        },
+        Check {
+            key: key(65, 2),
+            ..check(1, bucket(1), 2, 1)
+        },
+    ];
+    let peeked = l.peek_at(&both, T0);
+    assert_eq!(peeked, l.peek_at(&both, T0), "a peek changes nothing");
+    assert!(peeked[0].allowed() && !peeked[1].allowed(), "{peeked:?}");
+    assert_eq!(peeked, l.decide_now(&both));
+}

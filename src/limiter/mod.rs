@@ -21,7 +21,7 @@ mod store;
 #[cfg(test)]
 mod fake;
 
-pub use check::{admitted, Check, LimitName, OnFailure, Slot};
+pub use check::{admitted, Check, LimitName, OnFailure, Slot, SlotError, MAX_LEASE_US};
 pub use deny_cache::KnownRefusals;
 pub use error::LimiterError;
 pub use fallback::Fallback;

@@ -1,7 +1,5 @@
 //! The interface every store implements, and the wrappers too.
 
-use std::sync::Arc;
-
 use async_trait::async_trait;
 
 use super::check::{Check, Slot};
@@ -70,39 +68,5 @@ pub trait Store: Send + Sync {
     /// Drops in-process state that has gone idle; returns how many keys went.
     fn sweep(&self) -> usize {
         0
-    }
-}
-
-#[async_trait]
-impl<S: Store + ?Sized> Store for Arc<S> {
-    async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
-        (**self).decide(checks).await
-    }
-    async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
-        (**self).peek(checks).await
-    }
-    async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
-        (**self).reset(checks).await
-    }
-    async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
-        (**self).acquire(slot).await
-    }
-    async fn renew(&self, slot: &Slot) -> Result<bool, LimiterError> {
-        (**self).renew(slot).await
-    }
-    async fn release(&self, slot: &Slot) -> Result<bool, LimiterError> {
-        (**self).release(slot).await
-    }
-    async fn probe(&self) -> Result<(), LimiterError> {
-        (**self).probe().await
-    }
-    fn deciding(&self) -> Deciding {
-        (**self).deciding()
-    }
-    fn keys_held(&self) -> usize {
-        (**self).keys_held()
-    }
-    fn sweep(&self) -> usize {
-        (**self).sweep()
     }
 }

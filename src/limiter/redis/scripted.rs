@@ -105,18 +105,21 @@ impl<C: Connect> Scripted<C> {
     /// `{prefix}:{limit}:{identity}`, the identity hash in braces: the hash
     /// tag, so that one identity's layers share a cluster slot.
     pub(super) fn key(&self, check: &Check) -> String {
-        self.key_of(&check.name, &check.key)
+        self.key_of("", &check.name, &check.key)
     }
 
-    pub(super) fn key_of(&self, name: &LimitName, state: &StateKey) -> String {
+    /// `{prefix}:{space}{limit}:{identity}`: `space` keeps kinds of state
+    /// that a script must not mistake for each other apart ("slots:").
+    pub(super) fn key_of(&self, space: &str, name: &LimitName, state: &StateKey) -> String {
         // By hand: `format!` with `{:032x}` cost more than the rest of the
         // request's Redis client work.
         const HEX: &[u8; 16] = b"0123456789abcdef";
         let prefix = &self.settings.key_prefix;
         let name = name.as_str();
-        let mut key = String::with_capacity(prefix.len() + name.len() + 36);
+        let mut key = String::with_capacity(prefix.len() + space.len() + name.len() + 36);
         key.push_str(prefix);
         key.push(':');
+        key.push_str(space);
         key.push_str(name);
         key.push_str(":{");
         let identity = state.identity;
@@ -249,7 +252,7 @@ impl<C: Connect> Scripted<C> {
         op: SlotOp,
         slot: &Slot,
     ) -> Result<(bool, Decision), LimiterError> {
-        let key = self.key_of(&slot.name, &slot.key);
+        let key = self.key_of("slots:", slot.name(), slot.key());
         let now = self.now_arg();
         self.within_deadline(|mut connection| async move {
             let reply: Vec<u8> = self
@@ -257,13 +260,13 @@ impl<C: Connect> Scripted<C> {
                 .key(&key)
                 .arg(op.as_str())
                 .arg(now)
-                .arg(slot.max)
-                .arg(slot.lease_us)
-                .arg(slot.lease_id)
+                .arg(slot.max())
+                .arg(slot.lease_us())
+                .arg(slot.lease_id())
                 .invoke_async(&mut connection)
                 .await
                 .map_err(classify)?;
-            parse_slots_reply(&reply, slot.max)
+            parse_slots_reply(&reply, slot.max())
         })
         .await
     }
