@@ -2,6 +2,8 @@
 
 use std::fmt::Write;
 
+use crate::algorithm::ALGORITHMS;
+
 use crate::config::Config;
 use crate::identity::IdentityKeySource;
 use crate::limiter::OnFailure;
@@ -127,6 +129,20 @@ pub fn describe(config: &Config) -> String {
                 );
             }
         }
+    }
+    // What each algorithm in use guarantees, from the algorithm table.
+    for spec in ALGORITHMS.iter().filter(|spec| {
+        policy
+            .limits
+            .iter()
+            .any(|l| l.algorithm.kind() == spec.kind)
+    }) {
+        let _ = writeln!(
+            out,
+            "algorithm {}: {}",
+            spec.name,
+            spec.summary.replace('`', "")
+        );
     }
     for cost in &policy.costs {
         let _ = writeln!(

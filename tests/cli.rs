@@ -175,6 +175,12 @@ fn check_prints_the_resolved_layers() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("per-account      key=api_key    token_bucket capacity=100 refill_rate=10.000/s on all requests"), "{stdout}");
     assert!(
+        stdout.contains(
+            "algorithm token_bucket: bursts up to capacity, then refill_rate per second on average"
+        ),
+        "{stdout}"
+    );
+    assert!(
         stdout.contains("tier pro: token_bucket capacity=500 refill_rate=10.000/s"),
         "{stdout}"
     );

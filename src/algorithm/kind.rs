@@ -59,7 +59,8 @@ pub struct Spec {
     pub quota: Parameter,
     /// The parameter that gives the period (a rate per second or a window).
     pub period: Parameter,
-    /// One line for `floodgate check` and the docs.
+    /// What it guarantees: the README's algorithm table says exactly this
+    /// (a test compares them).
     pub summary: &'static str,
 }
 
@@ -71,7 +72,7 @@ pub const ALGORITHMS: [Spec; 5] = [
         code: 1,
         quota: Parameter::Capacity,
         period: Parameter::RefillRate,
-        summary: "bursts up to capacity, refilled at refill_rate per second",
+        summary: "bursts up to `capacity`, then `refill_rate` per second on average",
     },
     Spec {
         kind: Kind::SlidingWindow,
@@ -79,7 +80,7 @@ pub const ALGORITHMS: [Spec; 5] = [
         code: 4,
         quota: Parameter::Limit,
         period: Parameter::Window,
-        summary: "about limit per window, weighted over the current and previous window",
+        summary: "estimate `current + previous × (1 − elapsed/window)` ≤ `limit`; no double burst at edges, approximate by at most the previous window's share",
     },
     Spec {
         kind: Kind::FixedWindow,
@@ -87,7 +88,7 @@ pub const ALGORITHMS: [Spec; 5] = [
         code: 3,
         quota: Parameter::Limit,
         period: Parameter::Window,
-        summary: "at most limit per aligned window; up to twice that across an edge",
+        summary: "at most `limit` per aligned window; up to 2 × `limit` across a window edge",
     },
     Spec {
         kind: Kind::SlidingLog,
@@ -95,7 +96,7 @@ pub const ALGORITHMS: [Spec; 5] = [
         code: 5,
         quota: Parameter::Limit,
         period: Parameter::Window,
-        summary: "exactly at most limit in any window; one stamp per request",
+        summary: "exact: at most `limit` in any `window`; keeps one stamp per admitted request, so `limit` is capped at 100000",
     },
     Spec {
         kind: Kind::LeakyBucket,
@@ -103,7 +104,7 @@ pub const ALGORITHMS: [Spec; 5] = [
         code: 2,
         quota: Parameter::Capacity,
         period: Parameter::Rate,
-        summary: "sends at rate per second, holding up to capacity waiting",
+        summary: "requests leave at most `rate` per second, evenly spaced; up to `capacity` wait for their slot (the proxy holds them), beyond that 429 at once",
     },
 ];
 
@@ -146,6 +147,31 @@ impl Kind {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The README's row for an algorithm, as the table describes it.
+    fn readme_row(spec: &Spec) -> String {
+        let per_second = if spec.period == Parameter::Window {
+            ""
+        } else {
+            " (per second)"
+        };
+        format!(
+            "| `{}` | `{}`, `{}`{per_second} | {} |",
+            spec.name,
+            spec.quota.name(),
+            spec.period.name(),
+            spec.summary
+        )
+    }
+
+    #[test]
+    fn the_readme_describes_every_algorithm_as_the_table_does() {
+        let readme = include_str!("../../README.md");
+        for spec in &ALGORITHMS {
+            let row = readme_row(spec);
+            assert!(readme.lines().any(|l| l == row), "README lacks:\n{row}");
+        }
+    }
 
     #[test]
     fn the_table_is_in_the_enums_order_with_distinct_names_and_codes() {
