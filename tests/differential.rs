@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::redis_server::RedisServer;
+use common::Rng;
 use floodgate::algorithm::{Algorithm, Decision};
 use floodgate::clock::ManualClock;
 use floodgate::identity::StateKey;
@@ -15,23 +16,6 @@ use floodgate::limiter::redis::Topology;
 use floodgate::limiter::{
     Check, ClockSource, LimitName, MemoryStore, OnFailure, RedisSettings, RedisStandalone, Store,
 };
-
-/// splitmix64: a reproducible sequence without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 fn settings(url: String) -> RedisSettings {
     RedisSettings {

@@ -167,15 +167,7 @@ impl MemoryStore {
                     Home::Shard(slot) => guards[*slot].peek(&check.key),
                     Home::Overflow => overflow.as_ref().and_then(|o| o.get(&check.key.limit)),
                 };
-                let fresh;
-                let state = match entry {
-                    Some(entry) if entry.idle_at_us > now_us => &entry.state,
-                    _ => {
-                        fresh = check.algorithm.fresh_state();
-                        &fresh
-                    }
-                };
-                check.algorithm.evaluate(state, now_us, check.cost)
+                evaluate(check, entry, now_us)
             })
             .collect();
         let decisions: Vec<Decision> = evaluations.iter().map(|e| e.decision).collect();
@@ -215,17 +207,7 @@ impl MemoryStore {
         checks
             .iter()
             .map(|check| {
-                let evaluate = |entry: Option<&Entry>| {
-                    let fresh;
-                    let state = match entry {
-                        Some(entry) if entry.idle_at_us > now_us => &entry.state,
-                        _ => {
-                            fresh = check.algorithm.fresh_state();
-                            &fresh
-                        }
-                    };
-                    check.algorithm.evaluate(state, now_us, check.cost).decision
-                };
+                let evaluate = |entry| evaluate(check, entry, now_us).decision;
                 let index = check.key.shard(self.shards.len());
                 let shard = self.lock(index);
                 if shard.contains(&check.key) {
@@ -389,6 +371,19 @@ fn could_make_room(shard: &Shard, needed: usize, now_us: u64, request: &[Check])
         .filter(|(k, e)| e.idle_at_us <= now_us && !request.iter().any(|c| c.key == **k))
         .count()
         >= short
+}
+
+/// `check` against the state held in `entry`; idle or absent state is fresh.
+fn evaluate(check: &Check, entry: Option<&Entry>, now_us: u64) -> Evaluation {
+    let fresh;
+    let state = match entry {
+        Some(entry) if entry.idle_at_us > now_us => &entry.state,
+        _ => {
+            fresh = check.algorithm.fresh_state();
+            &fresh
+        }
+    };
+    check.algorithm.evaluate(state, now_us, check.cost)
 }
 
 fn update(entry: &mut Entry, check: &Check, evaluation: &Evaluation, now_us: u64) {
