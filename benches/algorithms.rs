@@ -46,13 +46,15 @@ fn header_formatting(c: &mut Criterion) {
         Layer {
             layer: 0,
             name: "per-ip",
-            algorithm: algorithms()[0],
+            quota: algorithms()[0].quota(),
+            window_us: algorithms()[0].window_us(),
             decision,
         },
         Layer {
             layer: 1,
             name: "per-account",
-            algorithm: algorithms()[3],
+            quota: algorithms()[3].quota(),
+            window_us: algorithms()[3].window_us(),
             decision: Decision::admitted(200, 90, 6_500_000),
         },
     ];

@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-use crate::algorithm::{Algorithm, Decision};
+use crate::algorithm::Decision;
 
 /// `[response].headers`: which rate-limit headers responses carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -21,7 +21,10 @@ pub struct Layer<'a> {
     /// Which of the request's checks this is.
     pub layer: usize,
     pub name: &'a str,
-    pub algorithm: Algorithm,
+    /// The limit's quota and its window in µs, for `RateLimit-Policy`
+    /// (for a concurrency limit: its slots and its lease).
+    pub quota: u64,
+    pub window_us: u64,
     pub decision: Decision,
 }
 
@@ -85,9 +88,9 @@ pub fn rate_limit_headers(
             policy.push('"');
             policy.push_str(l.name);
             policy.push_str("\";q=");
-            policy.push_str(n.format(l.algorithm.quota()));
+            policy.push_str(n.format(l.quota));
             policy.push_str(";w=");
-            policy.push_str(n.format(ceil_secs(l.algorithm.window_us()).max(1)));
+            policy.push_str(n.format(ceil_secs(l.window_us).max(1)));
         }
         out.push(("RateLimit-Policy", policy));
         let mut current = String::with_capacity(32);
@@ -161,7 +164,8 @@ mod tests {
         Layer {
             layer: 0,
             name,
-            algorithm: Algorithm::token_bucket(capacity, 20_000).expect("valid numbers"),
+            quota: capacity,
+            window_us: capacity * 20_000,
             decision: Decision::admitted(capacity, remaining, reset_after_us),
         }
     }

@@ -5,8 +5,9 @@ use http::{HeaderMap, Method};
 
 use crate::algorithm::Algorithm;
 use crate::identity::{Client, ClientRules, IdentityError, StateKey, Tier};
-use crate::limiter::{Check, LimitName, OnFailure};
+use crate::limiter::{Check, LimitName, OnFailure, Slot};
 use crate::path::PathRules;
+use crate::request_id::lease_id;
 
 pub use crate::identity::KeySource;
 
@@ -120,6 +121,62 @@ impl Matcher {
     }
 }
 
+/// Whether an upgraded connection (a WebSocket) keeps its request's
+/// concurrency slot for its lifetime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Upgrades {
+    Include,
+    Exclude,
+}
+
+/// A concurrency limit's numbers: at most `max` requests in flight per
+/// key, each slot held under a lease of `lease_us`, renewed while the
+/// request lasts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Concurrency {
+    pub max: u64,
+    pub lease_us: u64,
+    pub upgrades: Upgrades,
+}
+
+/// What a limit counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// Requests (or their cost) over time.
+    Rate(Algorithm),
+    /// Requests in flight.
+    Concurrency(Concurrency),
+}
+
+impl Rule {
+    /// The number a client sees as its quota.
+    pub fn quota(&self) -> u64 {
+        match self {
+            Rule::Rate(algorithm) => algorithm.quota(),
+            Rule::Concurrency(c) => c.max,
+        }
+    }
+}
+
+impl std::fmt::Display for Rule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rule::Rate(algorithm) => algorithm.fmt(f),
+            Rule::Concurrency(c) => write!(
+                f,
+                "concurrency max={} lease={}s{}",
+                c.max,
+                c.lease_us as f64 / 1e6,
+                if c.upgrades == Upgrades::Exclude {
+                    " upgrades=exclude"
+                } else {
+                    ""
+                }
+            ),
+        }
+    }
+}
+
 /// One `[[limits]]` entry, validated.
 #[derive(Debug, Clone)]
 pub struct Limit {
@@ -128,19 +185,19 @@ pub struct Limit {
     /// survives a reload that keeps the limit.
     pub id: u64,
     pub key: KeySource,
-    pub algorithm: Algorithm,
-    pub tiers: Vec<(Tier, Algorithm)>,
+    pub rule: Rule,
+    pub tiers: Vec<(Tier, Rule)>,
     pub matcher: Matcher,
     pub shadow: bool,
     pub on_failure: Option<OnFailure>,
 }
 
 impl Limit {
-    pub fn algorithm_for(&self, tier: &Tier) -> Algorithm {
+    pub fn rule_for(&self, tier: &Tier) -> Rule {
         self.tiers
             .iter()
             .find(|(t, _)| t == tier)
-            .map_or(self.algorithm, |&(_, a)| a)
+            .map_or(self.rule, |&(_, r)| r)
     }
 }
 
@@ -165,8 +222,32 @@ pub struct RequestView<'a> {
 pub enum Plan {
     /// Forward untouched: no limit, no headers.
     Exempt,
-    /// Decide these layers (possibly none) before forwarding.
-    Check(Vec<Check>),
+    /// Take these slots and decide these layers (possibly none) before
+    /// forwarding.
+    Check(Layers),
+}
+
+/// The layers that apply to one request.
+#[derive(Debug, Default)]
+pub struct Layers {
+    pub checks: Vec<Check>,
+    /// Concurrency layers: (layer index, its slot, upgrades, shadow).
+    pub slots: Vec<SlotLayer>,
+}
+
+impl Layers {
+    pub fn is_empty(&self) -> bool {
+        self.checks.is_empty() && self.slots.is_empty()
+    }
+}
+
+/// A concurrency layer of one request.
+#[derive(Debug, Clone)]
+pub struct SlotLayer {
+    pub layer: usize,
+    pub slot: Slot,
+    pub upgrades: Upgrades,
+    pub shadow: bool,
 }
 
 /// Everything `[clients]`, `[exempt]`, `[[limits]]` and `[[costs]]` say.
@@ -206,7 +287,7 @@ impl Policy {
             return Ok(Plan::Exempt);
         }
         let cost = self.cost_of(method, path);
-        let mut checks = Vec::new();
+        let mut layers = Layers::default();
         for (layer, limit) in self.limits.iter().enumerate() {
             if !limit.matcher.matches(method, path) {
                 continue;
@@ -214,20 +295,43 @@ impl Policy {
             let Some(identity) = self.clients.identity_of(&limit.key, client, headers)? else {
                 continue;
             };
-            checks.push(Check {
-                layer,
-                name: limit.name.clone(),
-                algorithm: limit.algorithm_for(&client.tier),
-                key: StateKey {
-                    limit: limit.id,
-                    identity,
-                },
-                cost,
-                shadow: limit.shadow,
-                on_failure: limit.on_failure.unwrap_or(self.default_on_failure),
-            });
+            let key = StateKey {
+                limit: limit.id,
+                identity,
+            };
+            let on_failure = limit.on_failure.unwrap_or(self.default_on_failure);
+            match limit.rule_for(&client.tier) {
+                Rule::Rate(algorithm) => layers.checks.push(Check {
+                    layer,
+                    name: limit.name.clone(),
+                    algorithm,
+                    key,
+                    cost,
+                    shadow: limit.shadow,
+                    on_failure,
+                }),
+                Rule::Concurrency(c) => {
+                    // Validated with the config: these numbers make a slot.
+                    let Ok(slot) = Slot::new(
+                        limit.name.clone(),
+                        key,
+                        c.max,
+                        c.lease_us,
+                        lease_id(),
+                        on_failure,
+                    ) else {
+                        continue;
+                    };
+                    layers.slots.push(SlotLayer {
+                        layer,
+                        slot,
+                        upgrades: c.upgrades,
+                        shadow: limit.shadow,
+                    });
+                }
+            }
         }
-        Ok(Plan::Check(checks))
+        Ok(Plan::Check(layers))
     }
 }
 

@@ -7,17 +7,18 @@ use std::sync::OnceLock;
 /// The longest id accepted from a trusted proxy.
 const MAX_LEN: usize = 128;
 
-/// A new id: 32 hex digits, a keyed hash (SipHash, a key drawn at start) of
-/// a counter: never repeated within a process, and not guessable from
-/// another id (nor does it tell how many requests were served).
-pub fn generate() -> String {
+/// A keyed hash (SipHash, a key drawn at start) of a counter: never
+/// repeated within a process, different in every process, and not
+/// guessable from another value (nor does it tell how many came before).
+fn next_unique() -> u128 {
     use siphasher::sip128::{Hasher128, SipHasher13};
     use std::hash::Hasher;
     static KEY: OnceLock<[u8; 16]> = OnceLock::new();
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let key = KEY.get_or_init(|| {
         let mut key = [0u8; 16];
-        // Without entropy, ids are still unique, only guessable.
+        // Without entropy, values are still unique in this process, only
+        // guessable.
         if getrandom::fill(&mut key).is_err() {
             key[..4].copy_from_slice(&std::process::id().to_le_bytes());
         }
@@ -25,7 +26,18 @@ pub fn generate() -> String {
     });
     let mut h = SipHasher13::new_with_key(key);
     h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    format!("{:032x}", h.finish128().as_u128())
+    h.finish128().as_u128()
+}
+
+/// A new request id: 32 hex digits.
+pub fn generate() -> String {
+    format!("{:032x}", next_unique())
+}
+
+/// A new lease id for a request's concurrency slot: distinct from every
+/// other instance's sharing the store, since each draws its own key.
+pub fn lease_id() -> u64 {
+    next_unique() as u64
 }
 
 /// Whether a received id may be passed on: short, and only characters that

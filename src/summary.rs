@@ -3,6 +3,7 @@
 use std::fmt::Write;
 
 use crate::algorithm::ALGORITHMS;
+use crate::policy::Rule;
 
 use crate::config::Config;
 use crate::identity::IdentityKeySource;
@@ -107,7 +108,7 @@ pub fn describe(config: &Config) -> String {
             "  {:<16} key={:<10} {} on {}{}",
             limit.name,
             limit.key.describe(),
-            limit.algorithm,
+            limit.rule,
             limit.matcher.describe(),
             if flags.is_empty() {
                 String::new()
@@ -119,13 +120,17 @@ pub fn describe(config: &Config) -> String {
             let _ = writeln!(out, "  {:<16}   tier {tier}: {algorithm}", "");
         }
         for cost in &policy.costs {
-            if cost.cost > limit.algorithm.quota() && cost.matcher.may_overlap(&limit.matcher) {
+            // A concurrency limit counts requests, not their cost.
+            let Rule::Rate(algorithm) = limit.rule else {
+                continue;
+            };
+            if cost.cost > algorithm.quota() && cost.matcher.may_overlap(&limit.matcher) {
                 let _ = writeln!(
                     out,
                     "  warning: cost {} on {} exceeds this limit's quota {}: such requests are always refused",
                     cost.cost,
                     cost.matcher.describe(),
-                    limit.algorithm.quota()
+                    algorithm.quota()
                 );
             }
         }
@@ -135,7 +140,7 @@ pub fn describe(config: &Config) -> String {
         policy
             .limits
             .iter()
-            .any(|l| l.algorithm.kind() == spec.kind)
+            .any(|l| matches!(l.rule, Rule::Rate(a) if a.kind() == spec.kind))
     }) {
         let _ = writeln!(
             out,

@@ -191,15 +191,44 @@ pub(super) struct ExemptSection {
 
 /// `algorithm = "..."`, looked up in the algorithm table.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct AlgorithmName(pub(super) Kind);
+pub(super) enum AlgorithmName {
+    /// A row of the algorithm table.
+    Rate(Kind),
+    /// Requests in flight.
+    Concurrency,
+}
+
+/// Every `algorithm` a limit may name.
+const LIMIT_ALGORITHMS: [&str; ALGORITHM_NAMES.len() + 1] = {
+    let mut names = [CONCURRENCY; ALGORITHM_NAMES.len() + 1];
+    let mut i = 0;
+    while i < ALGORITHM_NAMES.len() {
+        names[i] = ALGORITHM_NAMES[i];
+        i += 1;
+    }
+    names
+};
+
+pub(super) const CONCURRENCY: &str = "concurrency";
 
 impl<'de> Deserialize<'de> for AlgorithmName {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let name = String::deserialize(deserializer)?;
+        if name == CONCURRENCY {
+            return Ok(AlgorithmName::Concurrency);
+        }
         Kind::from_name(&name)
-            .map(AlgorithmName)
-            .ok_or_else(|| serde::de::Error::unknown_variant(&name, &ALGORITHM_NAMES))
+            .map(AlgorithmName::Rate)
+            .ok_or_else(|| serde::de::Error::unknown_variant(&name, &LIMIT_ALGORITHMS))
     }
+}
+
+/// `upgrades` of a concurrency limit.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum UpgradesName {
+    Include,
+    Exclude,
 }
 
 /// The numbers of a limit; shared by the limit and its tier overrides.
@@ -211,6 +240,8 @@ pub(super) struct Numbers {
     pub(super) limit: Option<f64>,
     pub(super) window: Option<String>,
     pub(super) rate: Option<f64>,
+    /// Concurrency: requests in flight per key.
+    pub(super) max: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -224,6 +255,9 @@ pub(super) struct LimitSection {
     pub(super) limit: Option<f64>,
     pub(super) window: Option<String>,
     pub(super) rate: Option<f64>,
+    pub(super) max: Option<f64>,
+    pub(super) lease: Option<String>,
+    pub(super) upgrades: Option<UpgradesName>,
     pub(super) on_failure: Option<FailureMode>,
     #[serde(default)]
     pub(super) shadow: bool,
@@ -260,6 +294,7 @@ impl LimitSection {
             limit: self.limit,
             window: self.window.clone(),
             rate: self.rate,
+            max: self.max,
         }
     }
 }

@@ -8,14 +8,20 @@ use std::time::Duration;
 use http::{HeaderName, Method};
 
 use super::duration;
-use super::file::{AlgorithmName, CostSection, ExemptSection, LimitSection, MatchSection, Numbers};
+use super::file::{
+    AlgorithmName, CostSection, ExemptSection, LimitSection, MatchSection, Numbers, UpgradesName,
+    CONCURRENCY,
+};
 use super::source::Segment;
 use super::{at, AsSegment, Invalid};
-use crate::algorithm::{Algorithm, Parameter, MAX_EXACT};
+use crate::algorithm::{Algorithm, Kind, Parameter, MAX_EXACT};
 use crate::identity::{Tier, Tiers};
 use crate::limiter::LimitName;
+use crate::limiter::MAX_LEASE_US;
 use crate::path::{EscapedSlashes, PathRules};
-use crate::policy::{CostRule, KeySource, Limit, Matcher, PathPattern};
+use crate::policy::{
+    Concurrency, CostRule, KeySource, Limit, Matcher, PathPattern, Rule, Upgrades,
+};
 
 fn sorted(tiers: &Tiers) -> String {
     let mut v: Vec<&str> = tiers.names().collect();
@@ -111,7 +117,8 @@ fn validate_limit(
     }
     let key = validate_key(&s.key).map_err(|m| at(&[&"limits", &i, &"key"], m))?;
     let own = s.numbers();
-    let algorithm = numbers(s.algorithm, &own, None, &[&"limits", &i])?;
+    let path: [&dyn AsSegment; 2] = [&"limits", &i];
+    let rule = rule_of(s, &own, None, &path)?;
     let mut tiers = Vec::new();
     for (tier, overrides) in &s.tiers {
         let path: [&dyn AsSegment; 4] = [&"limits", &i, &"tiers", tier];
@@ -121,7 +128,7 @@ fn validate_limit(
                 format!("unknown tier \"{tier}\" (known: {})", sorted(known_tiers)),
             ));
         };
-        tiers.push((known, numbers(s.algorithm, overrides, Some(&own), &path)?));
+        tiers.push((known, rule_of(s, overrides, Some(&own), &path)?));
     }
     let matcher = match &s.matcher {
         Some(m) => validate_match(m, &[&"limits", &i, &"match"], compile_pattern)?,
@@ -131,7 +138,7 @@ fn validate_limit(
         id: xxhash_rust::xxh3::xxh3_64(s.name.as_bytes()),
         name: LimitName::new(&s.name),
         key,
-        algorithm,
+        rule,
         tiers,
         matcher,
         shadow: s.shadow,
@@ -139,16 +146,85 @@ fn validate_limit(
     })
 }
 
-/// Turns a limit's numbers (with a tier's overrides on top) into an algorithm.
+/// A limit's (or a tier's) rule: its algorithm's numbers, or a
+/// concurrency limit's.
+fn rule_of(
+    s: &LimitSection,
+    own: &Numbers,
+    base: Option<&Numbers>,
+    path: &[&dyn AsSegment],
+) -> Result<Rule, Invalid> {
+    let field = |name: &str| -> Vec<Segment> {
+        let mut p: Vec<Segment> = path.iter().map(|s| s.segment()).collect();
+        p.push(Segment::Key(name.into()));
+        p
+    };
+    match s.algorithm {
+        AlgorithmName::Rate(kind) => {
+            let concurrency_only = [
+                ("max", own.max.is_some()),
+                ("lease", s.lease.is_some()),
+                ("upgrades", s.upgrades.is_some()),
+            ];
+            if let Some((name, _)) = concurrency_only.iter().find(|(_, given)| *given) {
+                return Err((
+                    field(name),
+                    format!("`{name}` does not apply to {}", kind.name()),
+                ));
+            }
+            numbers(kind, own, base, path).map(Rule::Rate)
+        }
+        AlgorithmName::Concurrency => {
+            if let Some(&foreign) = Parameter::ALL.iter().find(|&&p| own.has(p)) {
+                return Err((
+                    field(foreign.name()),
+                    format!("`{}` does not apply to {CONCURRENCY}", foreign.name()),
+                ));
+            }
+            let max = own
+                .max
+                .or_else(|| base.and_then(|b| b.max))
+                .ok_or_else(|| (field("max"), format!("{CONCURRENCY} needs `max`")))?;
+            if max.fract() != 0.0 || max < 1.0 || max > MAX_EXACT as f64 {
+                return Err((
+                    field("max"),
+                    format!("must be a whole number of at least 1 (got {max})"),
+                ));
+            }
+            let lease = match &s.lease {
+                None => DEFAULT_LEASE,
+                Some(text) => duration::parse(text).map_err(|m| (field("lease"), m))?,
+            };
+            let lease_us = u64::try_from(lease.as_micros()).unwrap_or(u64::MAX);
+            if lease < Duration::from_millis(100) || lease_us > MAX_LEASE_US {
+                return Err((field("lease"), "must be from 100ms to 12 days".to_string()));
+            }
+            Ok(Rule::Concurrency(Concurrency {
+                max: max as u64,
+                lease_us,
+                upgrades: match s.upgrades {
+                    None | Some(UpgradesName::Include) => Upgrades::Include,
+                    Some(UpgradesName::Exclude) => Upgrades::Exclude,
+                },
+            }))
+        }
+    }
+}
+
+/// How long a concurrency slot is held unless renewed: long enough that
+/// renewing costs little, short enough that an instance that died gives
+/// its slots back within a minute.
+const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+
 /// A limit's numbers as its algorithm's row of the table names them: the
 /// quota a whole number, the period a rate per second or a window.
 fn numbers(
-    algorithm: AlgorithmName,
+    kind: Kind,
     own: &Numbers,
     base: Option<&Numbers>,
     path: &[&dyn AsSegment],
 ) -> Result<Algorithm, Invalid> {
-    let spec = algorithm.0.spec();
+    let spec = kind.spec();
     let field = |parameter: Parameter| -> Vec<Segment> {
         let mut p: Vec<Segment> = path.iter().map(|s| s.segment()).collect();
         p.push(Segment::Key(parameter.name().into()));
@@ -203,8 +279,7 @@ fn numbers(
         // Rounded up so the configured rate is never exceeded.
         (1_000_000.0 / per_second).ceil() as u64
     };
-    Algorithm::new(algorithm.0, quota as u64, period_us)
-        .map_err(|e| (field(spec.quota), e.to_string()))
+    Algorithm::new(kind, quota as u64, period_us).map_err(|e| (field(spec.quota), e.to_string()))
 }
 
 /// Patterns are matched against paths as `[server]` says requests' paths are

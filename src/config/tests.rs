@@ -8,6 +8,7 @@ use crate::algorithm::Algorithm;
 use crate::identity::IdentityKeySource;
 use crate::limiter::redis::Topology;
 use crate::limiter::{ClockSource, OnFailure};
+use crate::policy::Rule;
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
     Config::parse(Path::new("t.toml"), text, &Inputs::default())
@@ -45,12 +46,12 @@ fn full_example_resolves_every_key() {
     let per_account = &c.policy.limits[1];
     let tier = |name: &str| c.policy.clients.tiers.get(name).expect("a known tier");
     assert_eq!(
-        per_account.algorithm_for(&tier("pro")),
-        Algorithm::token_bucket(500, 20_000).expect("valid numbers")
+        per_account.rule_for(&tier("pro")),
+        Rule::Rate(Algorithm::token_bucket(500, 20_000).expect("valid numbers"))
     );
     assert_eq!(
-        per_account.algorithm_for(&tier("free")),
-        Algorithm::token_bucket(100, 100_000).expect("valid numbers")
+        per_account.rule_for(&tier("free")),
+        Rule::Rate(Algorithm::token_bucket(100, 100_000).expect("valid numbers"))
     );
     let login = &c.policy.limits[2];
     assert_eq!(login.on_failure, Some(OnFailure::Deny));
@@ -81,15 +82,31 @@ fn errors_name_line_and_key() {
         ),
         (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"token_bucket\"\ncapcity = 5\n"),
-            "t.toml:9: limits[0].capcity: unknown field `capcity`, expected one of `name`, `key`, `algorithm`, `capacity`, `refill_rate`, `limit`, `window`, `rate`, `on_failure`, `shadow`, `match`, `tiers`",
+            "t.toml:9: limits[0].capcity: unknown field `capcity`, expected one of `name`, `key`, `algorithm`, `capacity`, `refill_rate`, `limit`, `window`, `rate`, `max`, `lease`, `upgrades`, `on_failure`, `shadow`, `match`, `tiers`",
         ),
         (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"token_bucket\"\ncapacity = -5\nrefill_rate = 1\n"),
             "t.toml:9: limits[0].capacity: must be a whole number of at least 1 (got -5)",
         ),
         (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"concurrency\"\n"),
+            "t.toml:5: limits[0].max: concurrency needs `max`",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"concurrency\"\nmax = 2\nlimit = 5\n"),
+            "t.toml:10: limits[0].limit: `limit` does not apply to concurrency",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"concurrency\"\nmax = 2\nlease = \"10ms\"\n"),
+            "t.toml:10: limits[0].lease: must be from 100ms to 12 days",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"token_bucket\"\ncapacity = 5\nrefill_rate = 1\nmax = 3\n"),
+            "t.toml:11: limits[0].max: `max` does not apply to token_bucket",
+        ),
+        (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"token_buckt\"\ncapacity = 5\nrefill_rate = 1\n"),
-            "t.toml:8: limits[0].algorithm: unknown variant `token_buckt`, expected one of `token_bucket`, `sliding_window`, `fixed_window`, `sliding_log`, `leaky_bucket`",
+            "t.toml:8: limits[0].algorithm: unknown variant `token_buckt`, expected one of `token_bucket`, `sliding_window`, `fixed_window`, `sliding_log`, `leaky_bucket`, `concurrency`",
         ),
     ];
     for (text, expected) in cases {

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use pingora::proxy::Session;
 
+use super::slots::HeldSlots;
 use super::verdict::Verdict;
 use crate::connection::clock::HeadClock;
 use crate::identity::Client;
@@ -30,6 +31,8 @@ pub struct RequestCtx {
     pub(super) body_bytes: u64,
     pub(super) upstream_sent: Option<Instant>,
     pub(super) upstream_took: Option<Duration>,
+    /// The concurrency slots this request holds.
+    pub(super) slots: Option<HeldSlots>,
     /// What the limits said, once decided.
     pub(super) verdict: Option<Verdict>,
     /// Rate-limit headers to add to the upstream's response.

@@ -22,9 +22,9 @@ use super::answer::{
 use super::ctx::{peer_ip, RequestCtx};
 use super::forwarding::{request_id_of, tell_the_upstream_who_asked};
 use super::framing::{canonicalise_target, framing_problem, request_has_body};
-use super::verdict::Verdict;
+use super::slots::HeldSlots;
+use super::verdict::{Outcome, Verdict};
 
-use crate::algorithm::Decision;
 use crate::connection::clock::HeadClock;
 use crate::headers;
 use crate::policy::{Plan, RequestView};
@@ -68,6 +68,11 @@ impl ProxyHttp for Gateway {
         if let Some(clock) = &ctx.head_clock {
             clock.await_next_head();
         }
+        // The response is over, or the client went away: the request no
+        // longer counts as in flight.
+        if let Some(mut slots) = ctx.slots.take() {
+            slots.release().await;
+        }
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         let took = ctx.started.elapsed();
         let requests = &self.state.metrics.requests;
@@ -97,6 +102,7 @@ impl ProxyHttp for Gateway {
             body_bytes: 0,
             upstream_sent: None,
             upstream_took: None,
+            slots: None,
             verdict: None,
             rate_headers: Vec::new(),
             _in_flight: self.state.request_started(),
@@ -152,22 +158,43 @@ impl ProxyHttp for Gateway {
             headers: &request.headers,
             client,
         };
-        let checks = match policy.plan(&view) {
+        let layers = match policy.plan(&view) {
             Ok(Plan::Exempt) => {
                 self.state.metrics.exempt.inc();
                 return Ok(false);
             }
-            Ok(Plan::Check(checks)) if checks.is_empty() => return Ok(false),
-            Ok(Plan::Check(checks)) => checks,
+            Ok(Plan::Check(layers)) if layers.is_empty() => return Ok(false),
+            Ok(Plan::Check(layers)) => layers,
             Err(e) => return bad_request(session, ctx, e.code(), &e.to_string()).await,
         };
-        let decisions = match self.state.store.decide(&checks).await {
-            Ok(d) => d,
-            Err(e) => return limiter_failed(session, ctx, e).await,
-        };
-        let verdict =
-            ctx.verdict
-                .insert(Verdict::new(checks, decisions, self.state.store.deciding()));
+        // Slots first: a request refused for want of one charges no rate.
+        let mut outcomes = Vec::new();
+        if !layers.slots.is_empty() {
+            match HeldSlots::acquire(self.state.store.clone(), layers.slots).await {
+                Ok((held, slot_outcomes)) => {
+                    ctx.slots = Some(held);
+                    outcomes = slot_outcomes;
+                }
+                Err(e) => return limiter_failed(session, ctx, e).await,
+            }
+        }
+        let slot_refused = outcomes.iter().any(|o| !o.shadow && !o.decision.allowed());
+        if !slot_refused && !layers.checks.is_empty() {
+            let decisions = match self.state.store.decide(&layers.checks).await {
+                Ok(d) => d,
+                Err(e) => return limiter_failed(session, ctx, e).await,
+            };
+            outcomes.extend(
+                layers
+                    .checks
+                    .into_iter()
+                    .zip(decisions)
+                    .map(|(check, decision)| Outcome::of_check(check, decision)),
+            );
+        }
+        let verdict = ctx
+            .verdict
+            .insert(Verdict::new(outcomes, self.state.store.deciding()));
         let enforced = verdict.enforced();
         let (decisive, refusal) = match headers::refusing(&enforced) {
             Some(refused) => {
@@ -186,7 +213,12 @@ impl ProxyHttp for Gateway {
         };
         verdict.decisive = decisive;
         verdict.refused = refusal.is_some();
-        let delay_us = verdict.decisions.iter().map(Decision::delay_us).max();
+        let delay_us = verdict.delay_us();
+        if refusal.is_some() {
+            if let Some(mut slots) = ctx.slots.take() {
+                slots.release().await;
+            }
+        }
         match refusal {
             Some((r, Some(grpc_message))) => {
                 let headers = r
@@ -209,7 +241,7 @@ impl ProxyHttp for Gateway {
                 Ok(true)
             }
             None => {
-                if let Some(delay_us) = delay_us.filter(|d| *d > 0) {
+                if delay_us > 0 {
                     tokio::time::sleep(Duration::from_micros(delay_us)).await;
                 }
                 Ok(false)
@@ -352,6 +384,11 @@ impl ProxyHttp for Gateway {
         ctx: &mut Self::CTX,
     ) -> Result<()> {
         ctx.upstream_took = ctx.upstream_sent.map(|sent| sent.elapsed());
+        if upstream_response.status == http::StatusCode::SWITCHING_PROTOCOLS {
+            if let Some(slots) = &mut ctx.slots {
+                slots.upgraded();
+            }
+        }
         for (name, value) in ctx.rate_headers.drain(..) {
             upstream_response.insert_header(name, value)?;
         }

@@ -26,6 +26,7 @@ mod ctx;
 mod forwarding;
 mod framing;
 mod gateway;
+mod slots;
 mod verdict;
 
 pub use gateway::Gateway;

@@ -5,26 +5,48 @@ use log::info;
 use crate::algorithm::Decision;
 use crate::headers::{self, Layer};
 use crate::identity::Client;
-use crate::limiter::{Check, Deciding};
+use crate::limiter::{Check, Deciding, LimitName};
 use crate::state::Runtime;
+
+/// One layer's answer: a rate layer's decision or a concurrency layer's slot.
+pub(super) struct Outcome {
+    /// Index of the limit in the running policy.
+    pub(super) layer: usize,
+    pub(super) name: LimitName,
+    pub(super) quota: u64,
+    pub(super) window_us: u64,
+    pub(super) shadow: bool,
+    pub(super) decision: Decision,
+}
+
+impl Outcome {
+    pub(super) fn of_check(check: Check, decision: Decision) -> Outcome {
+        Outcome {
+            layer: check.layer,
+            quota: check.algorithm.quota(),
+            window_us: check.algorithm.window_us(),
+            name: check.name,
+            shadow: check.shadow,
+            decision,
+        }
+    }
+}
 
 /// What the limits said of one request: kept until the logging phase,
 /// which counts it and logs refusals once the answer is out.
 pub(super) struct Verdict {
-    pub(super) checks: Vec<Check>,
-    pub(super) decisions: Vec<Decision>,
+    pub(super) outcomes: Vec<Outcome>,
     pub(super) deciding: Deciding,
-    /// The check whose state the answer reported (the refusing one on a
+    /// The outcome whose state the answer reported (the refusing one on a
     /// refusal), and whether the request was refused.
     pub(super) decisive: Option<usize>,
     pub(super) refused: bool,
 }
 
 impl Verdict {
-    pub(super) fn new(checks: Vec<Check>, decisions: Vec<Decision>, deciding: Deciding) -> Verdict {
+    pub(super) fn new(outcomes: Vec<Outcome>, deciding: Deciding) -> Verdict {
         Verdict {
-            checks,
-            decisions,
+            outcomes,
             deciding,
             decisive: None,
             refused: false,
@@ -33,24 +55,33 @@ impl Verdict {
 
     /// The enforcing layers (shadow ones never show) with their decisions.
     pub(super) fn enforced(&self) -> Vec<Layer<'_>> {
-        self.checks
+        self.outcomes
             .iter()
-            .zip(&self.decisions)
             .enumerate()
-            .filter(|(_, (c, _))| !c.shadow)
-            .map(|(layer, (c, d))| Layer {
+            .filter(|(_, o)| !o.shadow)
+            .map(|(layer, o)| Layer {
                 layer,
-                name: c.name.as_str(),
-                algorithm: c.algorithm,
-                decision: *d,
+                name: o.name.as_str(),
+                quota: o.quota,
+                window_us: o.window_us,
+                decision: o.decision,
             })
             .collect()
     }
 
+    /// How long an admitted request waits for its leaky bucket's slot.
+    pub(super) fn delay_us(&self) -> u64 {
+        self.outcomes
+            .iter()
+            .map(|o| o.decision.delay_us())
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The decisive limit's name and what it had left, for the access log.
     pub(super) fn decisive(&self) -> Option<(&str, u64)> {
-        let i = self.decisive?;
-        Some((self.checks[i].name.as_str(), self.decisions[i].remaining()))
+        let o = &self.outcomes[self.decisive?];
+        Some((o.name.as_str(), o.decision.remaining()))
     }
 
     /// Counts each layer's outcome; logs a refusal, and what a shadow limit
@@ -58,9 +89,10 @@ impl Verdict {
     pub(super) fn account(&self, runtime: &Runtime, client: Option<&Client>, request_id: &str) {
         // Formatted only for a line that is written: most requests log nothing.
         let label = || client.map_or_else(String::new, Client::log_label);
-        for (check, decision) in self.checks.iter().zip(&self.decisions) {
-            let counters = &runtime.counters[check.layer];
-            match (check.shadow, decision.allowed(), self.refused) {
+        for o in &self.outcomes {
+            let decision = &o.decision;
+            let counters = &runtime.counters[o.layer];
+            match (o.shadow, decision.allowed(), self.refused) {
                 (true, false, _) => counters.shadow_refused.inc(),
                 (false, false, _) => counters.refused.inc(),
                 (_, true, false) => {
@@ -72,23 +104,23 @@ impl Verdict {
                 // Admitted by this layer, refused by another: not charged.
                 (_, true, true) => {}
             }
-            if check.shadow && !decision.allowed() {
+            if o.shadow && !decision.allowed() {
                 info!(
                     "shadow limit would refuse: {} limit={} retry_after_ms={}",
                     label(),
-                    check.name,
+                    o.name,
                     headers::ceil_ms(decision.retry_after_us())
                 );
             }
         }
         if let Some(i) = self.decisive.filter(|_| self.refused) {
-            let decision = &self.decisions[i];
+            let o = &self.outcomes[i];
             info!(
                 "rate limited: {} limit={} retry_after_ms={}{} request_id={request_id}",
                 label(),
-                self.checks[i].name,
-                headers::ceil_ms(decision.retry_after_us()),
-                if decision.cost_exceeds_limit() {
+                o.name,
+                headers::ceil_ms(o.decision.retry_after_us()),
+                if o.decision.cost_exceeds_limit() {
                     " (cost exceeds the limit)"
                 } else {
                     ""

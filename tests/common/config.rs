@@ -284,6 +284,14 @@ impl Limit {
     }
 
     /// `match = { <what> }`, e.g. `paths = ["/login"]`.
+    /// At most `max` requests in flight per key, each slot leased for
+    /// `lease`.
+    pub fn concurrency(name: &str, key: &str, max: u64, lease: &str) -> Limit {
+        Limit::new(name, key, "concurrency")
+            .line(&format!("max = {max}"))
+            .line(&format!("lease = \"{lease}\""))
+    }
+
     pub fn matching(self, what: &str) -> Limit {
         self.line(&format!("match = {{ {what} }}"))
     }

@@ -38,11 +38,13 @@ pub struct Upstream {
     gate: Arc<Gate>,
 }
 
-/// Opened once, for good.
+/// Opened once, for good. Counts the requests waiting at it.
 #[derive(Default)]
 struct Gate {
     open: Mutex<bool>,
     opened: Condvar,
+    waiting: AtomicUsize,
+    most_waiting: AtomicUsize,
 }
 
 impl Gate {
@@ -54,15 +56,17 @@ impl Gate {
     }
 
     fn wait(&self) {
-        let Ok(mut open) = self.open.lock() else {
-            return;
-        };
-        while !*open {
-            open = match self.opened.wait(open) {
-                Ok(open) => open,
-                Err(_) => return,
-            };
+        let now = self.waiting.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_waiting.fetch_max(now, Ordering::SeqCst);
+        if let Ok(mut open) = self.open.lock() {
+            while !*open {
+                open = match self.opened.wait(open) {
+                    Ok(open) => open,
+                    Err(_) => break,
+                };
+            }
         }
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -100,6 +104,16 @@ impl Upstream {
 
     pub fn count(&self) -> usize {
         self.seen.lock().map(|s| s.len()).unwrap_or(0)
+    }
+
+    /// Requests held under `/hold` right now.
+    pub fn holding(&self) -> usize {
+        self.gate.waiting.load(Ordering::SeqCst)
+    }
+
+    /// The most requests ever held under `/hold` at once.
+    pub fn most_held(&self) -> usize {
+        self.gate.most_waiting.load(Ordering::SeqCst)
     }
 
     pub fn seen(&self) -> Vec<Seen> {
