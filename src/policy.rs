@@ -177,6 +177,37 @@ impl std::fmt::Display for Rule {
     }
 }
 
+/// The upstream statuses that charge a limit counted by response
+/// (`count = { statuses = [401, "5xx"] }`): inclusive ranges.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Statuses(Vec<(u16, u16)>);
+
+impl Statuses {
+    pub fn new(ranges: Vec<(u16, u16)>) -> Statuses {
+        Statuses(ranges)
+    }
+
+    pub fn contains(&self, status: u16) -> bool {
+        self.0
+            .iter()
+            .any(|&(low, high)| (low..=high).contains(&status))
+    }
+}
+
+impl std::fmt::Display for Statuses {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, &(low, high)) in self.0.iter().enumerate() {
+            let sep = if i > 0 { ", " } else { "" };
+            if low == high {
+                write!(f, "{sep}{low}")?;
+            } else {
+                write!(f, "{sep}{}xx", low / 100)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One `[[limits]]` entry, validated.
 #[derive(Debug, Clone)]
 pub struct Limit {
@@ -190,6 +221,9 @@ pub struct Limit {
     pub matcher: Matcher,
     pub shadow: bool,
     pub on_failure: Option<OnFailure>,
+    /// Counted by response: checked without charge when the request
+    /// arrives, charged when the upstream answers with one of these.
+    pub count: Option<Statuses>,
 }
 
 impl Limit {
@@ -231,13 +265,15 @@ pub enum Plan {
 #[derive(Debug, Default)]
 pub struct Layers {
     pub checks: Vec<Check>,
+    /// Layers counted by response: peeked now, charged on a listed status.
+    pub counted: Vec<(Check, Statuses)>,
     /// Concurrency layers: (layer index, its slot, upgrades, shadow).
     pub slots: Vec<SlotLayer>,
 }
 
 impl Layers {
     pub fn is_empty(&self) -> bool {
-        self.checks.is_empty() && self.slots.is_empty()
+        self.checks.is_empty() && self.counted.is_empty() && self.slots.is_empty()
     }
 }
 
@@ -301,15 +337,21 @@ impl Policy {
             };
             let on_failure = limit.on_failure.unwrap_or(self.default_on_failure);
             match limit.rule_for(&client.tier) {
-                Rule::Rate(algorithm) => layers.checks.push(Check {
-                    layer,
-                    name: limit.name.clone(),
-                    algorithm,
-                    key,
-                    cost,
-                    shadow: limit.shadow,
-                    on_failure,
-                }),
+                Rule::Rate(algorithm) => {
+                    let check = Check {
+                        layer,
+                        name: limit.name.clone(),
+                        algorithm,
+                        key,
+                        cost,
+                        shadow: limit.shadow,
+                        on_failure,
+                    };
+                    match &limit.count {
+                        Some(statuses) => layers.counted.push((check, statuses.clone())),
+                        None => layers.checks.push(check),
+                    }
+                }
                 Rule::Concurrency(c) => {
                     // Validated with the config: these numbers make a slot.
                     let Ok(slot) = Slot::new(

@@ -103,6 +103,9 @@ pub fn describe(config: &Config) -> String {
         if let Some(f) = limit.on_failure {
             flags.push(format!("on_failure={}", failure(f)));
         }
+        if let Some(statuses) = &limit.count {
+            flags.push(format!("counted on {statuses}"));
+        }
         let _ = writeln!(
             out,
             "  {:<16} key={:<10} {} on {}{}",

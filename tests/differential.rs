@@ -1,6 +1,6 @@
 //! The Lua scripts against their Rust twins: the same random (time, cost)
 //! sequences through a real Redis (clock = "local") and through the
-//! in-process limiter must give identical decisions.
+//! in-process limiter must give identical decisions, peeks included.
 
 mod common;
 
@@ -132,6 +132,18 @@ fn lua_scripts_match_their_rust_twins() {
                     request(&mut rng, name, &layers[..count], client, cost)
                 }
             };
+            // Now and then a peek first (the script's peek mode): the same
+            // answer on both, and nothing charged on either.
+            if rng.below(4) == 0 {
+                let peeked = runtime
+                    .block_on(remote.peek(&checks))
+                    .unwrap_or_else(|e| panic!("{name}: redis failed at step {steps}: {e}"));
+                assert_eq!(
+                    peeked,
+                    local.peek_at(&checks, clock_now(&clock)),
+                    "{name} peek at step {steps}"
+                );
+            }
             let expected: Vec<Decision> = local.decide_now(&checks);
             let got = runtime
                 .block_on(remote.decide(&checks))

@@ -258,6 +258,7 @@ pub(super) struct LimitSection {
     pub(super) max: Option<f64>,
     pub(super) lease: Option<String>,
     pub(super) upgrades: Option<UpgradesName>,
+    pub(super) count: Option<CountSection>,
     pub(super) on_failure: Option<FailureMode>,
     #[serde(default)]
     pub(super) shadow: bool,
@@ -297,6 +298,21 @@ impl LimitSection {
             max: self.max,
         }
     }
+}
+
+/// `count = { statuses = [401, "5xx"] }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CountSection {
+    pub(super) statuses: Vec<StatusName>,
+}
+
+/// A status code, or a class of them ("4xx").
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub(super) enum StatusName {
+    Code(i64),
+    Class(String),
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -9,8 +9,8 @@ use http::{HeaderName, Method};
 
 use super::duration;
 use super::file::{
-    AlgorithmName, CostSection, ExemptSection, LimitSection, MatchSection, Numbers, UpgradesName,
-    CONCURRENCY,
+    AlgorithmName, CostSection, CountSection, ExemptSection, LimitSection, MatchSection, Numbers,
+    StatusName, UpgradesName, CONCURRENCY,
 };
 use super::source::Segment;
 use super::{at, AsSegment, Invalid};
@@ -20,7 +20,7 @@ use crate::limiter::LimitName;
 use crate::limiter::MAX_LEASE_US;
 use crate::path::{EscapedSlashes, PathRules};
 use crate::policy::{
-    Concurrency, CostRule, KeySource, Limit, Matcher, PathPattern, Rule, Upgrades,
+    Concurrency, CostRule, KeySource, Limit, Matcher, PathPattern, Rule, Statuses, Upgrades,
 };
 
 fn sorted(tiers: &Tiers) -> String {
@@ -143,7 +143,56 @@ fn validate_limit(
         matcher,
         shadow: s.shadow,
         on_failure: s.on_failure.map(Into::into),
+        count: match &s.count {
+            None => None,
+            Some(count) => Some(statuses(count, matches!(rule, Rule::Concurrency(_)), i)?),
+        },
     })
+}
+
+/// `count = { statuses = [...] }`: codes from 100 to 599 and classes like
+/// "4xx".
+fn statuses(count: &CountSection, concurrency: bool, i: usize) -> Result<Statuses, Invalid> {
+    if concurrency {
+        return Err(at(
+            &[&"limits", &i, &"count"],
+            format!("`count` does not apply to {CONCURRENCY}: a request in flight is counted while it lasts"),
+        ));
+    }
+    if count.statuses.is_empty() {
+        return Err(at(
+            &[&"limits", &i, &"count", &"statuses"],
+            "name at least one status, e.g. [401, 403] or [\"5xx\"]",
+        ));
+    }
+    let ranges = count
+        .statuses
+        .iter()
+        .enumerate()
+        .map(|(j, status)| {
+            let bad = || {
+                at(
+                    &[&"limits", &i, &"count", &"statuses", &j],
+                    "must be a status from 100 to 599, or a class like \"4xx\"",
+                )
+            };
+            match status {
+                StatusName::Code(code) => u16::try_from(*code)
+                    .ok()
+                    .filter(|c| (100..=599).contains(c))
+                    .map(|c| (c, c))
+                    .ok_or_else(bad),
+                StatusName::Class(class) => match class.to_ascii_lowercase().as_bytes() {
+                    [digit @ b'1'..=b'5', b'x', b'x'] => {
+                        let low = u16::from(digit - b'0') * 100;
+                        Ok((low, low + 99))
+                    }
+                    _ => Err(bad()),
+                },
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Statuses::new(ranges))
 }
 
 /// A limit's (or a tier's) rule: its algorithm's numbers, or a

@@ -82,11 +82,19 @@ fn errors_name_line_and_key() {
         ),
         (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"token_bucket\"\ncapcity = 5\n"),
-            "t.toml:9: limits[0].capcity: unknown field `capcity`, expected one of `name`, `key`, `algorithm`, `capacity`, `refill_rate`, `limit`, `window`, `rate`, `max`, `lease`, `upgrades`, `on_failure`, `shadow`, `match`, `tiers`",
+            "t.toml:9: limits[0].capcity: unknown field `capcity`, expected one of `name`, `key`, `algorithm`, `capacity`, `refill_rate`, `limit`, `window`, `rate`, `max`, `lease`, `upgrades`, `count`, `on_failure`, `shadow`, `match`, `tiers`",
         ),
         (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"token_bucket\"\ncapacity = -5\nrefill_rate = 1\n"),
             "t.toml:9: limits[0].capacity: must be a whole number of at least 1 (got -5)",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\ncount = {{ statuses = [401, \"6xx\"] }}\n"),
+            "t.toml:11: limits[0].count.statuses[1]: must be a status from 100 to 599, or a class like \"4xx\"",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"concurrency\"\nmax = 2\ncount = {{ statuses = [401] }}\n"),
+            "t.toml:10: limits[0].count: `count` does not apply to concurrency: a request in flight is counted while it lasts",
         ),
         (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"concurrency\"\n"),

@@ -10,6 +10,8 @@ use super::slots::HeldSlots;
 use super::verdict::Verdict;
 use crate::connection::clock::HeadClock;
 use crate::identity::Client;
+use crate::limiter::Check;
+use crate::policy::Statuses;
 use crate::state::{InFlight, Runtime};
 
 pub struct RequestCtx {
@@ -33,6 +35,10 @@ pub struct RequestCtx {
     pub(super) upstream_took: Option<Duration>,
     /// The concurrency slots this request holds.
     pub(super) slots: Option<HeldSlots>,
+    /// Layers counted by response, to charge once the upstream answers.
+    pub(super) counted: Vec<(Check, Statuses)>,
+    /// The upstream's status, once it answered.
+    pub(super) upstream_status: Option<u16>,
     /// What the limits said, once decided.
     pub(super) verdict: Option<Verdict>,
     /// Rate-limit headers to add to the upstream's response.

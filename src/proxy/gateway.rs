@@ -27,6 +27,7 @@ use super::verdict::{Outcome, Verdict};
 
 use crate::connection::clock::HeadClock;
 use crate::headers;
+use crate::limiter::Check;
 use crate::policy::{Plan, RequestView};
 use crate::state::AppState;
 
@@ -37,6 +38,22 @@ pub struct Gateway {
 impl Gateway {
     pub fn new(state: Arc<AppState>) -> Self {
         Gateway { state }
+    }
+
+    /// Charges the layers counted by response whose statuses include the
+    /// upstream's answer, each on its own (one spent layer does not keep
+    /// another from counting). A layer already spent stays spent.
+    async fn charge_by_response(&self, ctx: &mut RequestCtx) {
+        let Some(status) = ctx.upstream_status else {
+            return;
+        };
+        for (check, statuses) in std::mem::take(&mut ctx.counted) {
+            if statuses.contains(status) {
+                if let Err(e) = self.state.store.decide(std::slice::from_ref(&check)).await {
+                    warn!("could not count a {status} against {}: {e}", check.name);
+                }
+            }
+        }
     }
 }
 
@@ -68,6 +85,9 @@ impl ProxyHttp for Gateway {
         if let Some(clock) = &ctx.head_clock {
             clock.await_next_head();
         }
+        // Charged before the slots go: the next request a concurrency limit
+        // lets in sees this one's charge.
+        self.charge_by_response(ctx).await;
         // The response is over, or the client went away: the request no
         // longer counts as in flight.
         if let Some(mut slots) = ctx.slots.take() {
@@ -103,6 +123,8 @@ impl ProxyHttp for Gateway {
             upstream_sent: None,
             upstream_took: None,
             slots: None,
+            counted: Vec::new(),
+            upstream_status: None,
             verdict: None,
             rate_headers: Vec::new(),
             _in_flight: self.state.request_started(),
@@ -178,8 +200,25 @@ impl ProxyHttp for Gateway {
                 Err(e) => return limiter_failed(session, ctx, e).await,
             }
         }
-        let slot_refused = outcomes.iter().any(|o| !o.shadow && !o.decision.allowed());
-        if !slot_refused && !layers.checks.is_empty() {
+        let refused =
+            |outcomes: &[Outcome]| outcomes.iter().any(|o| !o.shadow && !o.decision.allowed());
+        // Layers counted by response: refused now only when already spent,
+        // charged in the logging phase if the upstream's status is listed.
+        if !refused(&outcomes) && !layers.counted.is_empty() {
+            let counted: Vec<Check> = layers.counted.iter().map(|(c, _)| c.clone()).collect();
+            let peeked = match self.state.store.peek(&counted).await {
+                Ok(d) => d,
+                Err(e) => return limiter_failed(session, ctx, e).await,
+            };
+            outcomes.extend(
+                counted
+                    .into_iter()
+                    .zip(peeked)
+                    .map(|(check, decision)| Outcome::of_check(check, decision)),
+            );
+            ctx.counted = layers.counted;
+        }
+        if !refused(&outcomes) && !layers.checks.is_empty() {
             let decisions = match self.state.store.decide(&layers.checks).await {
                 Ok(d) => d,
                 Err(e) => return limiter_failed(session, ctx, e).await,
@@ -384,6 +423,7 @@ impl ProxyHttp for Gateway {
         ctx: &mut Self::CTX,
     ) -> Result<()> {
         ctx.upstream_took = ctx.upstream_sent.map(|sent| sent.elapsed());
+        ctx.upstream_status = Some(upstream_response.status.as_u16());
         if upstream_response.status == http::StatusCode::SWITCHING_PROTOCOLS {
             if let Some(slots) = &mut ctx.slots {
                 slots.upgraded();

@@ -150,6 +150,7 @@ fn serve_upstream(stream: TcpStream, seen: Arc<Mutex<Vec<Seen>>>, gate: Arc<Gate
         let path = parts.next().unwrap_or("").to_string();
         let mut headers = Vec::new();
         let mut content_length = 0usize;
+        let mut answer_status: Option<u16> = None;
         loop {
             let Some(h) = read_line_lossy(&mut reader) else {
                 return;
@@ -162,6 +163,9 @@ fn serve_upstream(stream: TcpStream, seen: Arc<Mutex<Vec<Seen>>>, gate: Arc<Gate
                 let (k, v) = (k.trim().to_ascii_lowercase(), v.trim().to_string());
                 if k == "content-length" {
                     content_length = v.parse().unwrap_or(0);
+                }
+                if k == "x-answer-status" {
+                    answer_status = v.parse::<u16>().ok();
                 }
                 headers.push((k, v));
             }
@@ -181,7 +185,11 @@ fn serve_upstream(stream: TcpStream, seen: Arc<Mutex<Vec<Seen>>>, gate: Arc<Gate
         if path.starts_with("/hold") {
             gate.wait();
         }
-        let reply = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok";
+        // A test chooses the answer's status with `X-Answer-Status`.
+        let status = answer_status.unwrap_or(200);
+        let reply = format!(
+            "HTTP/1.1 {status} Test\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
+        );
         if writer.write_all(reply.as_bytes()).is_err() {
             return;
         }

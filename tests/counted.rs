@@ -1,0 +1,158 @@
+//! Limits counted by response: checked without charge when a request
+//! arrives, charged only when the upstream answers with a listed status.
+
+mod common;
+
+use common::redis_server::RedisServer;
+use common::{ConfigBuilder, Limit, Proxy, Upstream};
+
+const WRONG: (&str, &str) = ("X-Answer-Status", "401");
+
+/// Five failed logins per 15 minutes per address, and per account.
+fn failed_logins(config: ConfigBuilder) -> Proxy {
+    config
+        .limit(
+            Limit::sliding_log("failed-logins-ip", "ip", 5, "15m")
+                .matching("methods = [\"POST\"], paths = [\"/login\"]")
+                .line("count = { statuses = [401, 403] }"),
+        )
+        .limit(
+            Limit::sliding_log("failed-logins-account", "header:X-Account", 5, "15m")
+                .matching("methods = [\"POST\"], paths = [\"/login\"]")
+                .line("count = { statuses = [\"4xx\"] }"),
+        )
+        .start()
+}
+
+fn login(proxy: &Proxy, account: &str, wrong: bool) -> u16 {
+    let mut headers = vec![("X-Account", account)];
+    if wrong {
+        headers.push(WRONG);
+    }
+    proxy.send("POST", "/login", &headers).status
+}
+
+fn the_sixth_attempt_is_refused_even_with_the_right_password(proxy: &Proxy, upstream: &Upstream) {
+    // Successes never count.
+    for _ in 0..20 {
+        assert_eq!(login(proxy, "alice", false), 200);
+    }
+    for attempt in 1..=5 {
+        assert_eq!(
+            login(proxy, "alice", true),
+            401,
+            "failure {attempt} reaches the app"
+        );
+    }
+    let seen = upstream.count();
+    assert_eq!(
+        login(proxy, "alice", false),
+        429,
+        "the right password, too late"
+    );
+    assert_eq!(
+        upstream.count(),
+        seen,
+        "the refused attempt never reached the app"
+    );
+    // The address is spent for every account it tries.
+    assert_eq!(
+        login(proxy, "bob", false),
+        429,
+        "the address is spent as well"
+    );
+}
+
+#[test]
+fn failed_logins_are_counted_not_logins_in_memory() {
+    let upstream = Upstream::start();
+    let proxy = failed_logins(ConfigBuilder::new(upstream.addr));
+    the_sixth_attempt_is_refused_even_with_the_right_password(&proxy, &upstream);
+}
+
+#[test]
+fn failed_logins_are_counted_not_logins_on_redis_across_proxies() {
+    let upstream = Upstream::start();
+    let redis = RedisServer::start();
+    let config = ConfigBuilder::new(upstream.addr).redis(&redis.url());
+    let (a, b) = (failed_logins(config.clone()), failed_logins(config));
+    // Failures through either proxy count against one budget.
+    for attempt in 1..=5 {
+        let proxy = if attempt % 2 == 0 { &a } else { &b };
+        assert_eq!(login(proxy, "carol", true), 401);
+    }
+    assert_eq!(login(&a, "carol", false), 429);
+    assert_eq!(login(&b, "carol", false), 429);
+}
+
+#[test]
+fn an_account_layer_counts_failures_from_every_address() {
+    let upstream = Upstream::start();
+    // Behind a trusted proxy, each request names its client.
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .raw("[clients]\ntrusted_proxies = [\"127.0.0.1/32\"]")
+        .limit(
+            Limit::sliding_log("failed-logins-account", "header:X-Account", 3, "15m")
+                .matching("paths = [\"/login\"]")
+                .line("count = { statuses = [401] }"),
+        )
+        .start();
+    for (i, client) in ["198.51.100.1", "198.51.100.2", "198.51.100.3"]
+        .iter()
+        .enumerate()
+    {
+        let headers = [("X-Account", "dave"), ("X-Forwarded-For", *client), WRONG];
+        assert_eq!(
+            proxy.send("POST", "/login", &headers).status,
+            401,
+            "failure {i}"
+        );
+    }
+    let fresh = [("X-Account", "dave"), ("X-Forwarded-For", "198.51.100.9")];
+    assert_eq!(proxy.send("POST", "/login", &fresh).status, 429);
+    let other = [("X-Account", "erin"), ("X-Forwarded-For", "198.51.100.9")];
+    assert_eq!(proxy.send("POST", "/login", &other).status, 200);
+}
+
+/// The attack: many wrong passwords at once, so that all pass the check
+/// before any is charged. With one attempt at a time per account (a
+/// concurrency limit), each failure is charged before the next attempt is
+/// checked: exactly five reach the application, however many are sent.
+#[test]
+fn parallel_guesses_cannot_outrun_the_failure_count() {
+    let upstream = Upstream::start();
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .limit(
+            Limit::sliding_log("failed-logins-account", "header:X-Account", 5, "15m")
+                .matching("paths = [\"/login\"]")
+                .line("count = { statuses = [401] }"),
+        )
+        .limit(
+            Limit::concurrency("login-in-flight", "header:X-Account", 1, "30s")
+                .matching("paths = [\"/login\"]"),
+        )
+        .start();
+    let mut failures = 0;
+    for _ in 0..8 {
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(12));
+        let attempts: Vec<_> = (0..12)
+            .map(|_| {
+                let (barrier, addr) = (barrier.clone(), proxy.addr);
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    let headers = [("X-Account", "mallory"), WRONG];
+                    common::request(addr, "POST", "/login", &headers, b"").status
+                })
+            })
+            .collect();
+        for attempt in attempts {
+            match attempt.join().expect("client thread") {
+                401 => failures += 1,
+                429 => {}
+                other => panic!("unexpected {other}"),
+            }
+        }
+    }
+    assert_eq!(failures, 5, "wrong passwords that reached the application");
+    assert_eq!(login(&proxy, "mallory", false), 429);
+}
