@@ -61,15 +61,46 @@ fn thirty_at_once_on_one_key_never_put_more_than_three_in_flight() {
     );
     assert_eq!(refused.header("RateLimit-Limit"), Some("3"));
     assert_eq!(refused.header("RateLimit-Remaining"), Some("0"));
-    // Every slot came back with its response.
+    assert_eq!(
+        refused.header("Retry-After"),
+        Some("1"),
+        "try again shortly"
+    );
+    // Every slot came back with its response. An admitted request's headers
+    // advertise rates, and this route has none.
     let after: Vec<Response> = (0..4).map(|_| proxy.get("/after")).collect();
     assert_eq!(count_status(&after, 200), 4);
-    assert_eq!(after[0].header("RateLimit-Limit"), Some("3"));
-    assert_eq!(
-        after[0].header("RateLimit-Remaining"),
-        Some("2"),
-        "2 free besides this one"
-    );
+    assert_eq!(after[0].header("RateLimit-Limit"), None);
+}
+
+/// A client that hangs up while the upstream works on its request does not
+/// free its slot: the work goes on, so the slot stays taken until its lease
+/// ends (no longer renewed).
+#[test]
+fn hanging_up_does_not_free_a_slot_the_upstream_still_uses() {
+    use std::io::Write;
+    let upstream = Upstream::start();
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .limit(Limit::concurrency("one-at-a-time", "ip", 1, "500ms"))
+        .start();
+    let mut client = std::net::TcpStream::connect(proxy.addr).expect("connect");
+    client
+        .write_all(b"GET /hold/work HTTP/1.1\r\nHost: test\r\n\r\n")
+        .expect("send");
+    assert!(wait_until(Duration::from_secs(10), || upstream.holding() == 1));
+    drop(client);
+    // Once the proxy has counted the hung-up request as finished (with no
+    // answer), its slot is still taken.
+    let hung_up = "floodgate_requests_total{status_class=\"none\"}";
+    assert!(wait_until(Duration::from_secs(5), || proxy.metric(hung_up) >= 1.0));
+    assert_eq!(proxy.get("/right-after").status, 429);
+    // Given back at the end of its lease, not renewed.
+    assert!(wait_until(Duration::from_secs(5), || proxy
+        .get("/later")
+        .status
+        == 200));
+    upstream.release();
 }
 
 #[test]

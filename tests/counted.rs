@@ -156,3 +156,37 @@ fn parallel_guesses_cannot_outrun_the_failure_count() {
     assert_eq!(failures, 5, "wrong passwords that reached the application");
     assert_eq!(login(&proxy, "mallory", false), 429);
 }
+
+/// Hanging up once the attempt has reached the application, before its
+/// answer, does not dodge the count: the attempt counts as a failure.
+#[test]
+fn hanging_up_before_the_answer_counts_as_a_failure() {
+    use std::io::Write;
+    let upstream = Upstream::start();
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .limit(
+            Limit::sliding_log("failed-logins", "ip", 3, "15m")
+                .matching("paths = [\"/hold/login\", \"/login\"]")
+                .line("count = { statuses = [401] }"),
+        )
+        .start();
+    let hung_up = "floodgate_requests_total{status_class=\"none\"}";
+    for attempt in 1..=3 {
+        let mut client = std::net::TcpStream::connect(proxy.addr).expect("connect");
+        client
+            .write_all(b"POST /hold/login HTTP/1.1\r\nHost: test\r\nContent-Length: 0\r\n\r\n")
+            .expect("send");
+        assert!(common::wait_until(
+            std::time::Duration::from_secs(10),
+            || { upstream.holding() == attempt }
+        ));
+        drop(client);
+        assert!(common::wait_until(
+            std::time::Duration::from_secs(5),
+            || { proxy.metric(hung_up) >= attempt as f64 }
+        ));
+    }
+    assert_eq!(proxy.send("POST", "/login", &[]).status, 429);
+    upstream.release();
+}

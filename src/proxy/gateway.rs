@@ -49,10 +49,22 @@ impl Gateway {
         };
         for (check, statuses) in std::mem::take(&mut ctx.counted) {
             if statuses.contains(status) {
-                if let Err(e) = self.state.store.decide(std::slice::from_ref(&check)).await {
-                    warn!("could not count a {status} against {}: {e}", check.name);
-                }
+                self.charge(&check, status).await;
             }
+        }
+    }
+
+    /// Charges every layer counted by response of a request the upstream
+    /// never answered through.
+    async fn charge_unanswered(&self, ctx: &mut RequestCtx) {
+        for (check, _) in std::mem::take(&mut ctx.counted) {
+            self.charge(&check, 0).await;
+        }
+    }
+
+    async fn charge(&self, check: &Check, status: u16) {
+        if let Err(e) = self.state.store.decide(std::slice::from_ref(check)).await {
+            warn!("could not count a {status} against {}: {e}", check.name);
         }
     }
 }
@@ -81,17 +93,28 @@ impl ProxyHttp for Gateway {
 
     /// The response is over, on every path: metrics, the access log line,
     /// and the connection idles until the next head.
-    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut Self::CTX) {
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Self::CTX) {
         if let Some(clock) = &ctx.head_clock {
             clock.await_next_head();
         }
-        // Charged before the slots go: the next request a concurrency limit
-        // lets in sees this one's charge.
-        self.charge_by_response(ctx).await;
-        // The response is over, or the client went away: the request no
-        // longer counts as in flight.
+        // A request that reached the upstream but whose client hung up
+        // before the answer is counted as if its status were listed:
+        // otherwise hanging up at once would dodge the count. Charged before
+        // the slots go, so that the next request a concurrency limit lets in
+        // sees the charge.
+        let client_left_mid_request = ctx.upstream_sent.is_some()
+            && ctx.upstream_status.is_none()
+            && e.is_some_and(|e| matches!(e.esource(), ErrorSource::Downstream));
+        if client_left_mid_request {
+            self.charge_unanswered(ctx).await;
+        }
         if let Some(mut slots) = ctx.slots.take() {
-            slots.release().await;
+            if client_left_mid_request {
+                // The upstream may still be working on it.
+                slots.abandon();
+            } else {
+                slots.release().await;
+            }
         }
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         let took = ctx.started.elapsed();
@@ -196,6 +219,11 @@ impl ProxyHttp for Gateway {
                 Ok((held, slot_outcomes)) => {
                     ctx.slots = Some(held);
                     outcomes = slot_outcomes;
+                    // A client that stops reading (an HTTP/2 window kept
+                    // shut) must not hold its slots forever.
+                    session
+                        .as_mut()
+                        .set_write_timeout(Some(self.state.header_timeout));
                 }
                 Err(e) => return limiter_failed(session, ctx, e).await,
             }
@@ -234,7 +262,7 @@ impl ProxyHttp for Gateway {
         let verdict = ctx
             .verdict
             .insert(Verdict::new(outcomes, self.state.store.deciding()));
-        let enforced = verdict.enforced();
+        let enforced = verdict.enforced(false);
         let (decisive, refusal) = match headers::refusing(&enforced) {
             Some(refused) => {
                 let r = headers::rejection(runtime.headers, &enforced, refused, &ctx.request_id);
@@ -242,10 +270,12 @@ impl ProxyHttp for Gateway {
                 (Some(refused.layer), Some((r, grpc_message)))
             }
             None => {
-                let shown = headers::most_constrained(&enforced);
+                // An admitted request's headers advertise its rates only: a
+                // slot's state (free now, a lease) is no budget to pace by.
+                let rates = verdict.enforced(true);
+                let shown = headers::most_constrained(&rates);
                 if let Some(shown) = shown {
-                    ctx.rate_headers =
-                        headers::rate_limit_headers(runtime.headers, &enforced, shown);
+                    ctx.rate_headers = headers::rate_limit_headers(runtime.headers, &rates, shown);
                 }
                 (shown.map(|l| l.layer), None)
             }
@@ -424,6 +454,9 @@ impl ProxyHttp for Gateway {
     ) -> Result<()> {
         ctx.upstream_took = ctx.upstream_sent.map(|sent| sent.elapsed());
         ctx.upstream_status = Some(upstream_response.status.as_u16());
+        // Charged before the client sees the status: a client that learns
+        // the outcome and then holds the stream open is counted all the same.
+        self.charge_by_response(ctx).await;
         if upstream_response.status == http::StatusCode::SWITCHING_PROTOCOLS {
             if let Some(slots) = &mut ctx.slots {
                 slots.upgraded();

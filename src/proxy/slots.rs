@@ -10,8 +10,12 @@ use log::debug;
 use tokio::task::JoinHandle;
 
 use super::verdict::Outcome;
+use crate::algorithm::Decision;
 use crate::limiter::{LimiterError, Slot, Store};
 use crate::policy::{SlotLayer, Upgrades};
+
+/// What a client refused for want of a slot is told to wait.
+const RETRY_US: u64 = 1_000_000;
 
 pub(super) struct HeldSlots {
     store: Arc<dyn Store>,
@@ -34,13 +38,22 @@ impl HeldSlots {
         };
         let mut outcomes = Vec::with_capacity(layers.len());
         for layer in layers {
-            let decision = slots.store.acquire(&layer.slot).await?;
+            let decision = match slots.store.acquire(&layer.slot).await? {
+                // The earliest lease's end is no estimate of when a slot
+                // frees (leases are renewed while requests last): a client
+                // is told to try again shortly.
+                refused if !refused.allowed() => {
+                    Decision::refused(layer.slot.max(), 0, RETRY_US, RETRY_US)
+                }
+                admitted => admitted,
+            };
             outcomes.push(Outcome {
                 layer: layer.layer,
                 name: layer.slot.name().clone(),
                 quota: layer.slot.max(),
                 window_us: layer.slot.lease_us(),
                 shadow: layer.shadow,
+                concurrency: true,
                 decision,
             });
             if decision.allowed() {
@@ -94,6 +107,22 @@ impl HeldSlots {
             .partition(|(_, upgrades)| *upgrades == Upgrades::Exclude);
         self.held = kept;
         spawn_release(self.store.clone(), excluded);
+        // Renewed from now on: the slots kept, and only those.
+        if let Some(renewal) = self.renewal.take() {
+            renewal.abort();
+        }
+        self.renew_while_held();
+    }
+
+    /// The client went away while the upstream was still working on its
+    /// request: the slots stay taken (the work goes on) until their leases
+    /// end, no longer renewed. Giving them back now would let a client that
+    /// hangs up at once run any number of requests upstream.
+    pub(super) fn abandon(&mut self) {
+        if let Some(renewal) = self.renewal.take() {
+            renewal.abort();
+        }
+        self.held.clear();
     }
 
     /// Gives every slot back.

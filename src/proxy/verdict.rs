@@ -16,6 +16,9 @@ pub(super) struct Outcome {
     pub(super) quota: u64,
     pub(super) window_us: u64,
     pub(super) shadow: bool,
+    /// A concurrency layer's slot: it refuses like any layer, but its state
+    /// (slots free, a lease) is no rate to advertise in the headers.
+    pub(super) concurrency: bool,
     pub(super) decision: Decision,
 }
 
@@ -27,6 +30,7 @@ impl Outcome {
             window_us: check.algorithm.window_us(),
             name: check.name,
             shadow: check.shadow,
+            concurrency: false,
             decision,
         }
     }
@@ -53,12 +57,13 @@ impl Verdict {
         }
     }
 
-    /// The enforcing layers (shadow ones never show) with their decisions.
-    pub(super) fn enforced(&self) -> Vec<Layer<'_>> {
+    /// The enforcing layers (shadow ones never show) with their decisions;
+    /// `rates_only` leaves the concurrency layers out.
+    pub(super) fn enforced(&self, rates_only: bool) -> Vec<Layer<'_>> {
         self.outcomes
             .iter()
             .enumerate()
-            .filter(|(_, o)| !o.shadow)
+            .filter(|(_, o)| !(o.shadow || (rates_only && o.concurrency)))
             .map(|(layer, o)| Layer {
                 layer,
                 name: o.name.as_str(),
