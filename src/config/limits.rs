@@ -145,19 +145,30 @@ fn validate_limit(
         on_failure: s.on_failure.map(Into::into),
         count: match &s.count {
             None => None,
-            Some(count) => Some(statuses(count, matches!(rule, Rule::Concurrency(_)), i)?),
+            Some(count) => Some(statuses(count, &rule, i)?),
         },
     })
 }
 
-/// `count = { statuses = [...] }`: codes from 100 to 599 and classes like
-/// "4xx".
-fn statuses(count: &CountSection, concurrency: bool, i: usize) -> Result<Statuses, Invalid> {
-    if concurrency {
-        return Err(at(
-            &[&"limits", &i, &"count"],
-            format!("`count` does not apply to {CONCURRENCY}: a request in flight is counted while it lasts"),
-        ));
+/// `count = { statuses = [...] }`: final statuses (200 to 599; an
+/// interim 1xx is never the answer) and classes like "4xx".
+fn statuses(count: &CountSection, rule: &Rule, i: usize) -> Result<Statuses, Invalid> {
+    match rule {
+        Rule::Concurrency(_) => {
+            return Err(at(
+                &[&"limits", &i, &"count"],
+                format!("`count` does not apply to {CONCURRENCY}: a request in flight is counted while it lasts"),
+            ));
+        }
+        // A peek of a leaky bucket gives a departure slot it does not keep:
+        // requests checked together would all leave at once.
+        Rule::Rate(algorithm) if algorithm.kind() == Kind::LeakyBucket => {
+            return Err(at(
+                &[&"limits", &i, &"count"],
+                "`count` does not apply to leaky_bucket, which schedules requests as they arrive",
+            ));
+        }
+        Rule::Rate(_) => {}
     }
     if count.statuses.is_empty() {
         return Err(at(
@@ -173,17 +184,17 @@ fn statuses(count: &CountSection, concurrency: bool, i: usize) -> Result<Statuse
             let bad = || {
                 at(
                     &[&"limits", &i, &"count", &"statuses", &j],
-                    "must be a status from 100 to 599, or a class like \"4xx\"",
+                    "must be a final status from 200 to 599, or a class like \"4xx\"",
                 )
             };
             match status {
                 StatusName::Code(code) => u16::try_from(*code)
                     .ok()
-                    .filter(|c| (100..=599).contains(c))
+                    .filter(|c| (200..=599).contains(c))
                     .map(|c| (c, c))
                     .ok_or_else(bad),
                 StatusName::Class(class) => match class.to_ascii_lowercase().as_bytes() {
-                    [digit @ b'1'..=b'5', b'x', b'x'] => {
+                    [digit @ b'2'..=b'5', b'x', b'x'] => {
                         let low = u16::from(digit - b'0') * 100;
                         Ok((low, low + 99))
                     }

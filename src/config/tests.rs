@@ -90,7 +90,11 @@ fn errors_name_line_and_key() {
         ),
         (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\ncount = {{ statuses = [401, \"6xx\"] }}\n"),
-            "t.toml:11: limits[0].count.statuses[1]: must be a status from 100 to 599, or a class like \"4xx\"",
+            "t.toml:11: limits[0].count.statuses[1]: must be a final status from 200 to 599, or a class like \"4xx\"",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"leaky_bucket\"\nrate = 1\ncapacity = 5\ncount = {{ statuses = [\"1xx\"] }}\n"),
+            "t.toml:11: limits[0].count: `count` does not apply to leaky_bucket, which schedules requests as they arrive",
         ),
         (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"concurrency\"\nmax = 2\ncount = {{ statuses = [401] }}\n"),
