@@ -36,7 +36,19 @@ impl ConfigBuilder {
     /// `[server]` on a free port (2 threads, a grace period of 1 s) and
     /// `[upstream]` with `upstream` as its only server (connect_timeout
     /// 500 ms, read_timeout 5 s).
+    ///
+    /// The proxies it starts read a clock set to 30 s past the half hour
+    /// (`FLOODGATE_CLOCK_OFFSET_MS`, the same offset for every proxy of this
+    /// builder), so that no aligned window of a minute or an hour ends
+    /// while a test runs; `clock` or an explicit offset replaces it.
     pub fn new(upstream: SocketAddr) -> ConfigBuilder {
+        let now_ms = (super::now_us() / 1000) as i64;
+        const HOUR_MS: i64 = 3_600_000;
+        let target_ms = now_ms - now_ms.rem_euclid(HOUR_MS) + HOUR_MS / 2 + 30_000;
+        let phase = (
+            "FLOODGATE_CLOCK_OFFSET_MS".to_string(),
+            (target_ms - now_ms).to_string(),
+        );
         ConfigBuilder {
             listen: None,
             admin: Admin::None,
@@ -47,7 +59,7 @@ impl ConfigBuilder {
             upstream: Vec::new(),
             redis: Vec::new(),
             rest: Vec::new(),
-            env: Vec::new(),
+            env: vec![phase],
         }
     }
 
@@ -131,12 +143,15 @@ impl ConfigBuilder {
 
     /// An environment variable for the proxy.
     pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.retain(|(k, _)| k != key);
         self.env.push((key.into(), value.into()));
         self
     }
 
-    /// The proxy's time follows `clock` (`FLOODGATE_CLOCK_FILE`).
-    pub fn clock(self, clock: &TestClock) -> Self {
+    /// The proxy's time follows `clock` (`FLOODGATE_CLOCK_FILE`), and only
+    /// it: the builder's own offset goes.
+    pub fn clock(mut self, clock: &TestClock) -> Self {
+        self.env.retain(|(k, _)| k != "FLOODGATE_CLOCK_OFFSET_MS");
         let path = clock.path().display().to_string();
         self.env("FLOODGATE_CLOCK_FILE", &path)
     }
