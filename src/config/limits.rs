@@ -206,6 +206,13 @@ fn statuses(count: &CountSection, rule: &Rule, i: usize) -> Result<Statuses, Inv
     Ok(Statuses::new(ranges))
 }
 
+/// `path` with `name` under it: where an error about that key points.
+fn key_path(path: &[&dyn AsSegment], name: &str) -> Vec<Segment> {
+    let mut p: Vec<Segment> = path.iter().map(|s| s.segment()).collect();
+    p.push(Segment::Key(name.into()));
+    p
+}
+
 /// A limit's (or a tier's) rule: its algorithm's numbers, or a
 /// concurrency limit's.
 fn rule_of(
@@ -214,11 +221,7 @@ fn rule_of(
     base: Option<&Numbers>,
     path: &[&dyn AsSegment],
 ) -> Result<Rule, Invalid> {
-    let field = |name: &str| -> Vec<Segment> {
-        let mut p: Vec<Segment> = path.iter().map(|s| s.segment()).collect();
-        p.push(Segment::Key(name.into()));
-        p
-    };
+    let field = |name: &str| key_path(path, name);
     match s.algorithm {
         AlgorithmName::Rate(kind) => {
             let concurrency_only = [
@@ -285,11 +288,7 @@ fn numbers(
     path: &[&dyn AsSegment],
 ) -> Result<Algorithm, Invalid> {
     let spec = kind.spec();
-    let field = |parameter: Parameter| -> Vec<Segment> {
-        let mut p: Vec<Segment> = path.iter().map(|s| s.segment()).collect();
-        p.push(Segment::Key(parameter.name().into()));
-        p
-    };
+    let field = |parameter: Parameter| key_path(path, parameter.name());
     if let Some(&foreign) = Parameter::ALL
         .iter()
         .find(|&&p| p != spec.quota && p != spec.period && own.has(p))

@@ -272,7 +272,12 @@ impl ProxyHttp for Gateway {
             None => {
                 // An admitted request's headers advertise its rates only: a
                 // slot's state (free now, a lease) is no budget to pace by.
-                let rates = verdict.enforced(true);
+                // Most requests hold no slot: their layers are the rates.
+                let rates = if verdict.outcomes.iter().any(|o| o.concurrency) {
+                    verdict.enforced(true)
+                } else {
+                    enforced
+                };
                 let shown = headers::most_constrained(&rates);
                 if let Some(shown) = shown {
                     ctx.rate_headers = headers::rate_limit_headers(runtime.headers, &rates, shown);
