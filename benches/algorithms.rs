@@ -3,19 +3,29 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use floodgate::algorithm::{Algorithm, Decision};
+use floodgate::algorithm::{Algorithm, Calendar, Decision, Period};
 use floodgate::headers::HeaderStyle;
 use floodgate::headers::{self, Layer};
 
 const SEC: u64 = 1_000_000;
 
-fn algorithms() -> [Algorithm; 5] {
+fn algorithms() -> [Algorithm; 6] {
     [
         Algorithm::token_bucket(100, SEC / 10).expect("valid numbers"),
         Algorithm::leaky_bucket(20, SEC / 5).expect("valid numbers"),
         Algorithm::fixed_window(1000, 3600 * SEC).expect("valid numbers"),
         Algorithm::sliding_window(600, 60 * SEC).expect("valid numbers"),
         Algorithm::sliding_log(100, 60 * SEC).expect("valid numbers"),
+        // Reads the zone's rules on every decision.
+        Algorithm::calendar_quota(
+            100_000,
+            Calendar {
+                period: Period::Month,
+                timezone: chrono_tz::Europe::Paris,
+                week_starts: chrono::Weekday::Mon,
+            },
+        )
+        .expect("valid numbers"),
     ]
 }
 
@@ -49,6 +59,7 @@ fn header_formatting(c: &mut Criterion) {
             quota: algorithms()[0].quota(),
             window_us: algorithms()[0].window_us(),
             decision,
+            banned: false,
         },
         Layer {
             layer: 1,
@@ -56,6 +67,7 @@ fn header_formatting(c: &mut Criterion) {
             quota: algorithms()[3].quota(),
             window_us: algorithms()[3].window_us(),
             decision: Decision::admitted(200, 90, 6_500_000),
+            banned: false,
         },
     ];
     let mut group = c.benchmark_group("headers");

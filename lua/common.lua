@@ -1,6 +1,6 @@
 -- floodgate: helpers shared by the algorithm scripts. The scripts are joined
 -- in this order into one script: the CODE table (each algorithm's number,
--- from the proxy's algorithm table), common.lua, the five algorithms,
+-- from the proxy's algorithm table), common.lua, the algorithms,
 -- decide.lua.
 --
 -- Every quantity is an integer below 2^53 (microseconds, counts), so Lua's

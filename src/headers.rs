@@ -26,6 +26,8 @@ pub struct Layer<'a> {
     pub quota: u64,
     pub window_us: u64,
     pub decision: Decision,
+    /// A ban's refusal: the key is shut out, not over a rate.
+    pub banned: bool,
 }
 
 /// Whole seconds, rounded up.
@@ -131,6 +133,23 @@ pub fn rejection(
 ) -> Rejection {
     let mut headers = json_headers();
     let d = &refused.decision;
+    if refused.banned {
+        // A ban has no rate to advertise: only when it ends.
+        headers.push((
+            "Retry-After",
+            ceil_secs(d.retry_after_us()).max(1).to_string(),
+        ));
+        let body = format!(
+            "{{\"error\":\"banned\",\"limit\":\"{}\",\"retry_after_ms\":{},\"request_id\":\"{request_id}\"}}",
+            refused.name,
+            ceil_ms(d.retry_after_us())
+        );
+        return Rejection {
+            status: 429,
+            headers,
+            body,
+        };
+    }
     let body = if d.cost_exceeds_limit() {
         // Retrying cannot help, so no Retry-After: the body says why.
         format!(
@@ -167,6 +186,7 @@ mod tests {
             quota: capacity,
             window_us: capacity * 20_000,
             decision: Decision::admitted(capacity, remaining, reset_after_us),
+            banned: false,
         }
     }
 
@@ -217,5 +237,23 @@ mod tests {
         assert!(r
             .body
             .ends_with("\"retry_after_ms\":1,\"request_id\":\"r-2\"}"));
+    }
+
+    #[test]
+    fn a_ban_says_so_and_when_it_ends_without_rate_headers() {
+        let mut banned = layer("login", 1, 0, 3_600_000_000);
+        banned.decision = Decision::refused(1, 0, 3_600_000_000, 3_599_000_001);
+        banned.banned = true;
+        let r = rejection(HeaderStyle::Both, &[banned], &banned, "r-3");
+        assert_eq!(r.status, 429);
+        assert_eq!(
+            r.body,
+            "{\"error\":\"banned\",\"limit\":\"login\",\"retry_after_ms\":3599001,\"request_id\":\"r-3\"}"
+        );
+        assert!(r.headers.contains(&("Retry-After", "3600".to_string())));
+        assert!(!r
+            .headers
+            .iter()
+            .any(|(name, _)| name.starts_with("RateLimit")));
     }
 }

@@ -17,6 +17,15 @@ pub struct LayerCounters {
     pub shadow_refused: IntCounter,
     /// Admitted, leaving less than a tenth of the quota.
     pub near_limit: IntCounter,
+    /// Requests refused because this limit banned their key.
+    pub banned: IntCounter,
+    /// Bans this limit imposed (each counted once, by the instance that
+    /// imposed it).
+    pub bans: IntCounter,
+    /// Responses whose cost header was missing or unreadable (charged the
+    /// default), and above `max` (charged `max`).
+    pub cost_unread: IntCounter,
+    pub cost_above_max: IntCounter,
 }
 
 /// What every request reports when it ends.
@@ -57,6 +66,8 @@ pub struct ConnectionMetrics {
 pub struct Metrics {
     registry: Registry,
     decisions: IntCounterVec,
+    bans: IntCounterVec,
+    response_costs: IntCounterVec,
     pub exempt: IntCounter,
     pub redis: RedisMetrics,
     pub fallback_active: IntGauge,
@@ -76,9 +87,29 @@ impl Metrics {
             IntCounterVec::new(
                 Opts::new(
                     "floodgate_decisions_total",
-                    "Requests decided, by limit and outcome (admitted, refused, shadow_refused; near_limit: admitted leaving less than 10% of the quota, also counted as admitted)",
+                    "Requests decided, by limit and outcome (admitted, refused, shadow_refused, banned: refused while the limit bans the key; near_limit: admitted leaving less than 10% of the quota, also counted as admitted)",
                 ),
                 &["limit", "outcome"],
+            ),
+        );
+        let bans = registered(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "floodgate_bans_total",
+                    "Keys banned by a limit's `ban` (each ban once, by the instance that imposed it)",
+                ),
+                &["limit"],
+            ),
+        );
+        let response_costs = registered(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "floodgate_response_cost_fallbacks_total",
+                    "Responses whose cost header could not be charged as written, by reason (missing_or_malformed: charged `default`; above_max: charged `max`)",
+                ),
+                &["limit", "reason"],
             ),
         );
         let exempt = registered(
@@ -198,6 +229,8 @@ impl Metrics {
         Metrics {
             registry,
             decisions,
+            bans,
+            response_costs,
             exempt,
             redis: RedisMetrics {
                 call_seconds,
@@ -220,6 +253,12 @@ impl Metrics {
             refused: self.decisions.with_label_values(&[limit, "refused"]),
             shadow_refused: self.decisions.with_label_values(&[limit, "shadow_refused"]),
             near_limit: self.decisions.with_label_values(&[limit, "near_limit"]),
+            banned: self.decisions.with_label_values(&[limit, "banned"]),
+            bans: self.bans.with_label_values(&[limit]),
+            cost_unread: self
+                .response_costs
+                .with_label_values(&[limit, "missing_or_malformed"]),
+            cost_above_max: self.response_costs.with_label_values(&[limit, "above_max"]),
         }
     }
 

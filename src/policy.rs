@@ -1,7 +1,7 @@
 //! The compiled limits: which layers apply to a request, with which numbers
 //! (tier overrides applied) and which cost.
 
-use http::{HeaderMap, Method};
+use http::{HeaderMap, HeaderName, Method};
 
 use crate::algorithm::Algorithm;
 use crate::identity::{Client, ClientRules, IdentityError, StateKey, Tier};
@@ -208,6 +208,45 @@ impl std::fmt::Display for Statuses {
     }
 }
 
+/// `cost_from_response`: the request is admitted while the balance is
+/// positive and charged what the response's `header` says, at most `max`;
+/// `default` when the header is missing or unreadable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseCost {
+    pub header: HeaderName,
+    pub max: u64,
+    pub default: u64,
+    /// Whether the client sees the header.
+    pub expose: bool,
+}
+
+/// What charges a limit once the response is known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterResponse {
+    /// The request's cost, when the upstream's status is listed.
+    Status(Statuses),
+    /// The cost the response reports.
+    Cost(ResponseCost),
+}
+
+/// `ban`: after `after` refusals by the limit within `within`, the key is
+/// refused on every route for `duration`. Both are kept as limits of
+/// their own on the limit's identity, so they live in the same store
+/// (shared on Redis) and expire as any state does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ban {
+    /// Refusals seen: a sliding log of `after` within `within`; full means
+    /// the key is banned.
+    pub strikes: Algorithm,
+    pub strikes_name: LimitName,
+    pub strikes_id: u64,
+    /// The ban itself: one token that comes back after `duration`. Taking
+    /// it bans; a key whose token is gone is banned until it returns.
+    pub penalty: Algorithm,
+    pub penalty_name: LimitName,
+    pub penalty_id: u64,
+}
+
 /// One `[[limits]]` entry, validated.
 #[derive(Debug, Clone)]
 pub struct Limit {
@@ -221,9 +260,10 @@ pub struct Limit {
     pub matcher: Matcher,
     pub shadow: bool,
     pub on_failure: Option<OnFailure>,
-    /// Counted by response: checked without charge when the request
-    /// arrives, charged when the upstream answers with one of these.
-    pub count: Option<Statuses>,
+    /// Charged by what the response says: checked without charge when the
+    /// request arrives, charged once the upstream answers.
+    pub after_response: Option<AfterResponse>,
+    pub ban: Option<Ban>,
 }
 
 impl Limit {
@@ -240,6 +280,8 @@ impl Limit {
 pub struct CostRule {
     pub matcher: Matcher,
     pub cost: u64,
+    /// The limits (their indexes) it prices; every limit when empty.
+    pub limits: Vec<usize>,
 }
 
 /// What the limits look at in a request.
@@ -265,15 +307,21 @@ pub enum Plan {
 #[derive(Debug, Default)]
 pub struct Layers {
     pub checks: Vec<Check>,
-    /// Layers counted by response: peeked now, charged on a listed status.
-    pub counted: Vec<(Check, Statuses)>,
+    /// Layers charged by the response: peeked now, charged once it is known.
+    pub counted: Vec<(Check, AfterResponse)>,
+    /// The bans of every limit that bans, on this request's identities:
+    /// peeked before anything else, on every route.
+    pub bans: Vec<Check>,
     /// Concurrency layers: (layer index, its slot, upgrades, shadow).
     pub slots: Vec<SlotLayer>,
 }
 
 impl Layers {
     pub fn is_empty(&self) -> bool {
-        self.checks.is_empty() && self.counted.is_empty() && self.slots.is_empty()
+        self.checks.is_empty()
+            && self.counted.is_empty()
+            && self.slots.is_empty()
+            && self.bans.is_empty()
     }
 }
 
@@ -301,11 +349,15 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// The first `[[costs]]` entry that matches, else 1.
-    pub fn cost_of(&self, method: &Method, path: &str) -> u64 {
+    /// What a request costs limit `layer`: the first `[[costs]]` entry that
+    /// matches it and prices that limit, else 1.
+    pub fn cost_of(&self, layer: usize, method: &Method, path: &str) -> u64 {
         self.costs
             .iter()
-            .find(|c| c.matcher.matches(method, path))
+            .find(|c| {
+                (c.limits.is_empty() || c.limits.contains(&layer))
+                    && c.matcher.matches(method, path)
+            })
             .map_or(1, |c| c.cost)
     }
 
@@ -322,33 +374,57 @@ impl Policy {
         {
             return Ok(Plan::Exempt);
         }
-        let cost = self.cost_of(method, path);
         let mut layers = Layers::default();
         for (layer, limit) in self.limits.iter().enumerate() {
-            if !limit.matcher.matches(method, path) {
+            let matches = limit.matcher.matches(method, path);
+            if !matches && limit.ban.is_none() {
                 continue;
             }
             let Some(identity) = self.clients.identity_of(&limit.key, client, headers)? else {
                 continue;
             };
+            let on_failure = limit.on_failure.unwrap_or(self.default_on_failure);
+            if let Some(ban) = &limit.ban {
+                layers.bans.push(Check {
+                    layer,
+                    name: ban.penalty_name.clone(),
+                    algorithm: ban.penalty,
+                    key: StateKey {
+                        limit: ban.penalty_id,
+                        identity,
+                    },
+                    cost: 1,
+                    shadow: false,
+                    on_failure,
+                });
+            }
+            if !matches {
+                continue;
+            }
             let key = StateKey {
                 limit: limit.id,
                 identity,
             };
-            let on_failure = limit.on_failure.unwrap_or(self.default_on_failure);
             match limit.rule_for(&client.tier) {
                 Rule::Rate(algorithm) => {
-                    let check = Check {
+                    let mut check = Check {
                         layer,
                         name: limit.name.clone(),
                         algorithm,
                         key,
-                        cost,
+                        cost: self.cost_of(layer, method, path),
                         shadow: limit.shadow,
                         on_failure,
                     };
-                    match &limit.count {
-                        Some(statuses) => layers.counted.push((check, statuses.clone())),
+                    match &limit.after_response {
+                        Some(AfterResponse::Cost(priced)) => {
+                            // Admitted while the balance is positive.
+                            check.cost = 1;
+                            layers
+                                .counted
+                                .push((check, AfterResponse::Cost(priced.clone())));
+                        }
+                        Some(charge) => layers.counted.push((check, charge.clone())),
                         None => layers.checks.push(check),
                     }
                 }

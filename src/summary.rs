@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use crate::algorithm::ALGORITHMS;
-use crate::policy::Rule;
+use crate::policy::{AfterResponse, Rule};
 
 use crate::config::Config;
 use crate::identity::IdentityKeySource;
@@ -95,7 +95,7 @@ pub fn describe(config: &Config) -> String {
         }
     );
     let _ = writeln!(out, "layers    {}", policy.limits.len());
-    for limit in &policy.limits {
+    for (layer, limit) in policy.limits.iter().enumerate() {
         let mut flags = Vec::new();
         if limit.shadow {
             flags.push("shadow".to_string());
@@ -103,8 +103,21 @@ pub fn describe(config: &Config) -> String {
         if let Some(f) = limit.on_failure {
             flags.push(format!("on_failure={}", failure(f)));
         }
-        if let Some(statuses) = &limit.count {
-            flags.push(format!("counted on {statuses}"));
+        match &limit.after_response {
+            Some(AfterResponse::Status(statuses)) => flags.push(format!("counted on {statuses}")),
+            Some(AfterResponse::Cost(priced)) => flags.push(format!(
+                "cost from {} (at most {}, default {})",
+                priced.header, priced.max, priced.default
+            )),
+            None => {}
+        }
+        if let Some(ban) = &limit.ban {
+            flags.push(format!(
+                "ban for {}s after {} refusals within {}s",
+                ban.penalty.window_us() / 1_000_000,
+                ban.strikes.quota(),
+                ban.strikes.window_us() / 1_000_000
+            ));
         }
         let _ = writeln!(
             out,
@@ -127,6 +140,9 @@ pub fn describe(config: &Config) -> String {
             let Rule::Rate(algorithm) = limit.rule else {
                 continue;
             };
+            if !cost.limits.is_empty() && !cost.limits.contains(&layer) {
+                continue;
+            }
             if cost.cost > algorithm.quota() && cost.matcher.may_overlap(&limit.matcher) {
                 let _ = writeln!(
                     out,

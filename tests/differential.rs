@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::redis_server::RedisServer;
 use common::Rng;
-use floodgate::algorithm::{Algorithm, Decision};
+use floodgate::algorithm::{Algorithm, Calendar, Decision, Kind, Period};
 use floodgate::clock::ManualClock;
 use floodgate::identity::StateKey;
 use floodgate::limiter::redis::Topology;
@@ -38,8 +38,24 @@ fn random_algorithm(rng: &mut Rng, which: u64) -> Algorithm {
         1 => Algorithm::leaky_bucket(n, interval_us).expect("valid numbers"),
         2 => Algorithm::fixed_window(n, window_us).expect("valid numbers"),
         3 => Algorithm::sliding_window(n, window_us).expect("valid numbers"),
-        _ => Algorithm::sliding_log(n, window_us).expect("valid numbers"),
+        4 => Algorithm::sliding_log(n, window_us).expect("valid numbers"),
+        // A zone with DST, and days: many boundaries crossed, some of
+        // them 23 or 25 hours apart.
+        _ => Algorithm::calendar_quota(
+            n,
+            Calendar {
+                period: Period::Day,
+                timezone: chrono_tz::Europe::Paris,
+                week_starts: chrono::Weekday::Mon,
+            },
+        )
+        .expect("valid numbers"),
     }
+}
+
+/// Whether a response's reported cost can be owed on this algorithm.
+fn owes(algorithm: &Algorithm) -> bool {
+    !matches!(algorithm.kind(), Kind::LeakyBucket | Kind::SlidingLog)
 }
 
 /// Random steps, and steps that land exactly on (or next to) the instants
@@ -95,6 +111,7 @@ fn lua_scripts_match_their_rust_twins() {
         "fixed_window",
         "sliding_window",
         "sliding_log",
+        "quota",
     ];
     for (which, name) in names.iter().enumerate() {
         let mut rng = Rng(0xF100D + which as u64);
@@ -129,7 +146,15 @@ fn lua_scripts_match_their_rust_twins() {
                         _ => 1 + rng.below(quota.min(4)),
                     };
                     let count = 1 + rng.below(2) as usize;
-                    request(&mut rng, name, &layers[..count], client, cost)
+                    let mut checks = request(&mut rng, name, &layers[..count], client, cost);
+                    // Now and then a cost the response reported: owed in
+                    // full whatever is left (the balance may go below 0).
+                    if owes(&layers[0]) && rng.below(8) == 0 {
+                        checks.truncate(1);
+                        checks[0].algorithm = checks[0].algorithm.without_ceiling();
+                        checks[0].cost = rng.below(3 * layers[0].quota() + 1);
+                    }
+                    checks
                 }
             };
             // Now and then a peek first (the script's peek mode): the same
@@ -192,7 +217,7 @@ fn requests_sharing_a_script_run_decide_as_if_one_after_another() {
         .enable_all()
         .build()
         .expect("runtime");
-    for which in 0..5u64 {
+    for which in 0..6u64 {
         let mut rng = Rng(0xBA7C4 + which);
         let clock = Arc::new(ManualClock::new(1_750_000_000_000_000 + rng.below(1 << 40)));
         let remote = RedisStandalone::new(settings(redis.url()), clock.clone());

@@ -215,6 +215,10 @@ pub enum Update {
         current: u64,
         previous: u64,
     },
+    Period {
+        end_us: u64,
+        count: u64,
+    },
     LogAppend {
         now_us: u64,
         cost: u64,

@@ -9,6 +9,7 @@ pub enum Kind {
     FixedWindow,
     SlidingLog,
     LeakyBucket,
+    Quota,
 }
 
 /// A number a limit's config gives its algorithm.
@@ -24,13 +25,16 @@ pub enum Parameter {
     Rate,
     /// A duration ("1m").
     Window,
+    /// A calendar period ("day", "week", "month").
+    Period,
 }
 
 impl Parameter {
     /// In the order config reports a parameter that does not apply.
-    pub const ALL: [Parameter; 5] = [
+    pub const ALL: [Parameter; 6] = [
         Parameter::Limit,
         Parameter::Window,
+        Parameter::Period,
         Parameter::Capacity,
         Parameter::RefillRate,
         Parameter::Rate,
@@ -43,6 +47,7 @@ impl Parameter {
             Parameter::RefillRate => "refill_rate",
             Parameter::Rate => "rate",
             Parameter::Window => "window",
+            Parameter::Period => "period",
         }
     }
 }
@@ -57,7 +62,8 @@ pub struct Spec {
     pub code: u8,
     /// The parameter that gives the quota.
     pub quota: Parameter,
-    /// The parameter that gives the period (a rate per second or a window).
+    /// The parameter that gives the period (a rate per second, a window or
+    /// a calendar period).
     pub period: Parameter,
     /// What it guarantees: the README's algorithm table says exactly this
     /// (a test compares them).
@@ -65,7 +71,7 @@ pub struct Spec {
 }
 
 /// Every algorithm, in the order config's error messages list them.
-pub const ALGORITHMS: [Spec; 5] = [
+pub const ALGORITHMS: [Spec; 6] = [
     Spec {
         kind: Kind::TokenBucket,
         name: "token_bucket",
@@ -106,6 +112,14 @@ pub const ALGORITHMS: [Spec; 5] = [
         period: Parameter::Rate,
         summary: "requests leave at most `rate` per second, evenly spaced; up to `capacity` wait for their slot (the proxy holds them), beyond that 429 at once",
     },
+    Spec {
+        kind: Kind::Quota,
+        name: "quota",
+        code: 6,
+        quota: Parameter::Limit,
+        period: Parameter::Period,
+        summary: "at most `limit` per calendar `day`, `week` or `month` in `timezone` (default UTC; weeks start on `week_starts`, default monday); resets at local midnight of the period's first day",
+    },
 ];
 
 /// The algorithms' names, in the table's order.
@@ -140,7 +154,7 @@ impl Kind {
     /// Whether the period is an interval between units (a bucket) rather
     /// than a window.
     pub fn is_bucket(self) -> bool {
-        self.spec().period != Parameter::Window
+        matches!(self.spec().period, Parameter::RefillRate | Parameter::Rate)
     }
 }
 
@@ -150,10 +164,10 @@ mod tests {
 
     /// The README's row for an algorithm, as the table describes it.
     fn readme_row(spec: &Spec) -> String {
-        let per_second = if spec.period == Parameter::Window {
-            ""
-        } else {
+        let per_second = if matches!(spec.period, Parameter::RefillRate | Parameter::Rate) {
             " (per second)"
+        } else {
+            ""
         };
         format!(
             "| `{}` | `{}`, `{}`{per_second} | {} |",

@@ -1,4 +1,4 @@
-//! The five rate-limiting algorithms as pure arithmetic over an injected time,
+//! The rate-limiting algorithms as pure arithmetic over an injected time,
 //! and the slots of concurrency limits.
 //!
 //! Each algorithm is split into `evaluate` (read the state, decide, describe the
@@ -12,17 +12,20 @@
 //!
 //! This module depends on nothing else in the crate.
 
+pub mod calendar;
 pub mod concurrency;
 mod decision;
 pub mod fixed_window;
 mod kind;
 pub mod leaky_bucket;
+pub mod quota;
 pub mod sliding_log;
 pub mod sliding_window;
 mod state;
 pub mod token_bucket;
 mod validated;
 
+pub use calendar::{Calendar, Period};
 pub use concurrency::Slots;
 pub use decision::{Decision, Evaluation, Update};
 pub use kind::{Kind, Parameter, Spec, ALGORITHMS, ALGORITHM_NAMES};

@@ -16,6 +16,8 @@ pub enum State {
         current: u64,
         previous: u64,
     },
+    /// Calendar quota: the period's end and its count.
+    Period { end_us: u64, count: u64 },
     /// Sliding log: admitted stamps inside the window.
     Log(LogState),
 }
@@ -29,6 +31,12 @@ impl State {
             (state, Update::Window { start_us, count }) => {
                 *state = State::Window {
                     start_us: *start_us,
+                    count: *count,
+                }
+            }
+            (state, Update::Period { end_us, count }) => {
+                *state = State::Period {
+                    end_us: *end_us,
                     count: *count,
                 }
             }

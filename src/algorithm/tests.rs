@@ -177,8 +177,8 @@ fn cost_zero_peeks_without_consuming() {
     }
 }
 
-fn all_algorithms(n: u64, interval_us: u64) -> [Algorithm; 5] {
-    [0, 1, 2, 3, 4].map(|which| one_algorithm(which, n, interval_us).expect("valid numbers"))
+fn all_algorithms(n: u64, interval_us: u64) -> [Algorithm; 6] {
+    [0, 1, 2, 3, 4, 5].map(|which| one_algorithm(which, n, interval_us).expect("valid numbers"))
 }
 
 /// The `which`th algorithm with `n` units, one every `interval_us`.
@@ -189,12 +189,20 @@ fn one_algorithm(which: usize, n: u64, interval_us: u64) -> Result<Algorithm, Al
         1 => Algorithm::leaky_bucket(n, interval_us),
         2 => Algorithm::fixed_window(n, window_us),
         3 => Algorithm::sliding_window(n, window_us),
-        _ => Algorithm::sliding_log(n, window_us),
+        4 => Algorithm::sliding_log(n, window_us),
+        _ => Algorithm::calendar_quota(
+            n,
+            Calendar {
+                period: Period::Day,
+                timezone: chrono_tz::America::New_York,
+                week_starts: chrono::Weekday::Mon,
+            },
+        ),
     }
 }
 
 fn any_algorithm() -> impl Strategy<Value = Algorithm> {
-    (1u64..50, 1u64..5_000_000, 0usize..5)
+    (1u64..50, 1u64..5_000_000, 0usize..6)
         .prop_map(|(n, interval_us, which)| all_algorithms(n, interval_us)[which])
 }
 
@@ -286,6 +294,10 @@ proptest! {
                     let (limit, window_us) = (quota, period_us);
                     let start = from - from % window_us;
                     prop_assert!(admitted_between(&admitted, start, start + window_us - 1) <= limit);
+                }
+                Kind::Quota => {
+                    let end = alg.script_period_at(from);
+                    prop_assert!(admitted_between(&admitted, from, end - 1) <= quota);
                 }
             }
         }

@@ -1,11 +1,12 @@
 //! An algorithm with its numbers, checked once so that the arithmetic never
 //! meets a zero divisor or an inexact product.
 
+use super::calendar::Calendar;
 use super::decision::Evaluation;
 use super::kind::Kind;
 use super::sliding_log::LogState;
 use super::state::State;
-use super::{fixed_window, leaky_bucket, sliding_log, sliding_window, token_bucket};
+use super::{fixed_window, leaky_bucket, quota, sliding_log, sliding_window, token_bucket};
 
 /// The largest product of two quantities any algorithm forms; Lua doubles stay
 /// exact below it.
@@ -25,6 +26,8 @@ pub enum AlgorithmError {
     TooLarge,
     #[error("sliding_log keeps one stamp per request; use at most {MAX_SLIDING_LOG} (or sliding_window)")]
     LogTooLong,
+    #[error("a calendar quota is made with its calendar (Algorithm::calendar_quota)")]
+    NeedsCalendar,
 }
 
 /// One limit's algorithm with its numbers, valid by construction: a quota of
@@ -32,12 +35,14 @@ pub enum AlgorithmError {
 /// forms exact in a double.
 ///
 /// `quota` is the bucket's capacity or the window's limit; `period_us` the
-/// interval between two tokens (buckets) or the window's length.
+/// interval between two tokens (buckets), the window's length, or a
+/// calendar period's usual length (the calendar says where it really ends).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Algorithm {
     kind: Kind,
     quota: u64,
     period_us: u64,
+    calendar: Option<Calendar>,
 }
 
 impl Algorithm {
@@ -47,6 +52,9 @@ impl Algorithm {
         }
         if period_us == 0 {
             return Err(AlgorithmError::ZeroPeriod);
+        }
+        if kind == Kind::Quota {
+            return Err(AlgorithmError::NeedsCalendar);
         }
         if kind == Kind::SlidingLog && quota > MAX_SLIDING_LOG {
             return Err(AlgorithmError::LogTooLong);
@@ -63,6 +71,24 @@ impl Algorithm {
             kind,
             quota,
             period_us,
+            calendar: None,
+        })
+    }
+
+    /// At most `limit` per period of `calendar`. No product of two
+    /// quantities is formed, so only the limit itself is bounded.
+    pub fn calendar_quota(limit: u64, calendar: Calendar) -> Result<Algorithm, AlgorithmError> {
+        if limit == 0 {
+            return Err(AlgorithmError::ZeroQuota);
+        }
+        if limit > MAX_EXACT / 4 {
+            return Err(AlgorithmError::TooLarge);
+        }
+        Ok(Algorithm {
+            kind: Kind::Quota,
+            quota: limit,
+            period_us: calendar.period.nominal_us(),
+            calendar: Some(calendar),
         })
     }
 
@@ -105,9 +131,39 @@ impl Algorithm {
         self.quota
     }
 
-    /// A bucket's interval between two tokens, or a window's length.
+    /// A bucket's interval between two tokens, a window's length, or a
+    /// calendar period's usual length.
     pub fn period_us(&self) -> u64 {
         self.period_us
+    }
+
+    pub fn calendar(&self) -> Option<&Calendar> {
+        self.calendar.as_ref()
+    }
+
+    /// The second number the Redis script takes for this algorithm at
+    /// `now_us`: the period, or for a calendar quota where the current
+    /// period ends (the script cannot read a zone's rules).
+    pub fn script_period_at(&self, now_us: u64) -> u64 {
+        match &self.calendar {
+            Some(calendar) => calendar.period_end_us(now_us),
+            None => self.period_us,
+        }
+    }
+
+    /// The same limit without its ceiling, on the same state: a cost
+    /// decided against it is charged whatever is left, so the balance may
+    /// go below zero (a cost the response reports is owed, not asked for).
+    /// The ceiling that remains (some 71 years of debt for a bucket) keeps
+    /// the arithmetic exact.
+    pub fn without_ceiling(&self) -> Algorithm {
+        let quota = if self.kind.is_bucket() || self.kind.spec().period == super::Parameter::Window
+        {
+            (MAX_EXACT / 4 / self.period_us).max(1)
+        } else {
+            MAX_EXACT / 4
+        };
+        Algorithm { quota, ..*self }
     }
 
     /// The quota's time window in microseconds (`w=`): for the buckets, the time
@@ -135,9 +191,9 @@ impl Algorithm {
             self.period_us
         };
         Algorithm {
-            kind: self.kind,
             quota,
             period_us,
+            ..*self
         }
     }
 
@@ -155,6 +211,10 @@ impl Algorithm {
                 previous: 0,
             },
             Kind::SlidingLog => State::Log(LogState::default()),
+            Kind::Quota => State::Period {
+                end_us: 0,
+                count: 0,
+            },
         }
     }
 
@@ -187,6 +247,14 @@ impl Algorithm {
             (Kind::SlidingLog, State::Log(log)) => {
                 sliding_log::evaluate(quota, period, log, now_us, cost)
             }
+            (Kind::Quota, State::Period { end_us, count }) => quota::evaluate(
+                quota,
+                self.script_period_at(now_us),
+                *end_us,
+                *count,
+                now_us,
+                cost,
+            ),
             _ => self.evaluate(&self.fresh_state(), now_us, cost),
         }
     }
@@ -195,6 +263,18 @@ impl Algorithm {
 impl std::fmt::Display for Algorithm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let spec = self.kind.spec();
+        if let Some(calendar) = &self.calendar {
+            return write!(
+                f,
+                "{} {}={} {}={} timezone={}",
+                spec.name,
+                spec.quota.name(),
+                self.quota,
+                spec.period.name(),
+                calendar.period.name(),
+                calendar.timezone.name()
+            );
+        }
         if self.kind.is_bucket() {
             write!(
                 f,

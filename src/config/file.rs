@@ -240,6 +240,8 @@ pub(super) struct Numbers {
     pub(super) limit: Option<f64>,
     pub(super) window: Option<String>,
     pub(super) rate: Option<f64>,
+    /// Calendar quota: "day", "week" or "month".
+    pub(super) period: Option<String>,
     /// Concurrency: requests in flight per key.
     pub(super) max: Option<f64>,
 }
@@ -255,10 +257,15 @@ pub(super) struct LimitSection {
     pub(super) limit: Option<f64>,
     pub(super) window: Option<String>,
     pub(super) rate: Option<f64>,
+    pub(super) period: Option<String>,
+    pub(super) timezone: Option<String>,
+    pub(super) week_starts: Option<String>,
     pub(super) max: Option<f64>,
     pub(super) lease: Option<String>,
     pub(super) upgrades: Option<UpgradesName>,
     pub(super) count: Option<CountSection>,
+    pub(super) cost_from_response: Option<ResponseCostSection>,
+    pub(super) ban: Option<BanSection>,
     pub(super) on_failure: Option<FailureMode>,
     #[serde(default)]
     pub(super) shadow: bool,
@@ -275,13 +282,14 @@ impl Numbers {
             Parameter::Limit => self.limit,
             Parameter::RefillRate => self.refill_rate,
             Parameter::Rate => self.rate,
-            Parameter::Window => None,
+            Parameter::Window | Parameter::Period => None,
         }
     }
 
     pub(super) fn has(&self, parameter: Parameter) -> bool {
         match parameter {
             Parameter::Window => self.window.is_some(),
+            Parameter::Period => self.period.is_some(),
             number => self.number(number).is_some(),
         }
     }
@@ -295,6 +303,7 @@ impl LimitSection {
             limit: self.limit,
             window: self.window.clone(),
             rate: self.rate,
+            period: self.period.clone(),
             max: self.max,
         }
     }
@@ -305,6 +314,26 @@ impl LimitSection {
 #[serde(deny_unknown_fields)]
 pub(super) struct CountSection {
     pub(super) statuses: Vec<StatusName>,
+}
+
+/// `cost_from_response = { header = "X-Tokens-Used", max = 100000 }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ResponseCostSection {
+    pub(super) header: String,
+    pub(super) max: i64,
+    pub(super) default: Option<i64>,
+    #[serde(default)]
+    pub(super) expose: bool,
+}
+
+/// `ban = { after = 3, within = "10m", duration = "1h" }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct BanSection {
+    pub(super) after: i64,
+    pub(super) within: String,
+    pub(super) duration: String,
 }
 
 /// A status code, or a class of them ("4xx").
@@ -330,6 +359,9 @@ pub(super) struct CostSection {
     #[serde(rename = "match")]
     pub(super) matcher: MatchSection,
     pub(super) cost: i64,
+    /// The limits this cost applies to; all when empty.
+    #[serde(default)]
+    pub(super) limits: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

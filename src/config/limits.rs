@@ -9,18 +9,19 @@ use http::{HeaderName, Method};
 
 use super::duration;
 use super::file::{
-    AlgorithmName, CostSection, CountSection, ExemptSection, LimitSection, MatchSection, Numbers,
-    StatusName, UpgradesName, CONCURRENCY,
+    AlgorithmName, BanSection, CostSection, CountSection, ExemptSection, LimitSection,
+    MatchSection, Numbers, ResponseCostSection, StatusName, UpgradesName, CONCURRENCY,
 };
 use super::source::Segment;
 use super::{at, AsSegment, Invalid};
-use crate::algorithm::{Algorithm, Kind, Parameter, MAX_EXACT};
+use crate::algorithm::{Algorithm, Calendar, Kind, Parameter, Period, MAX_EXACT, MAX_SLIDING_LOG};
 use crate::identity::{Tier, Tiers};
 use crate::limiter::LimitName;
 use crate::limiter::MAX_LEASE_US;
 use crate::path::{EscapedSlashes, PathRules};
 use crate::policy::{
-    Concurrency, CostRule, KeySource, Limit, Matcher, PathPattern, Rule, Statuses, Upgrades,
+    AfterResponse, Ban, Concurrency, CostRule, KeySource, Limit, Matcher, PathPattern,
+    ResponseCost, Rule, Statuses, Upgrades,
 };
 
 fn sorted(tiers: &Tiers) -> String {
@@ -134,6 +135,27 @@ fn validate_limit(
         Some(m) => validate_match(m, &[&"limits", &i, &"match"], compile_pattern)?,
         None => Matcher::default(),
     };
+    let after_response = match (&s.count, &s.cost_from_response) {
+        (Some(_), Some(_)) => {
+            return Err(at(
+                &[&"limits", &i, &"cost_from_response"],
+                "a limit is charged by `count` or by `cost_from_response`, not both",
+            ))
+        }
+        (Some(count), None) => Some(AfterResponse::Status(statuses(count, &rule, i)?)),
+        (None, Some(priced)) => Some(AfterResponse::Cost(response_cost(priced, &rule, i)?)),
+        (None, None) => None,
+    };
+    let ban = match &s.ban {
+        None => None,
+        Some(_) if s.shadow => {
+            return Err(at(
+                &[&"limits", &i, &"ban"],
+                "a shadow limit refuses nobody, so it can ban nobody",
+            ))
+        }
+        Some(section) => Some(ban(section, &s.name, i)?),
+    };
     Ok(Limit {
         id: xxhash_rust::xxh3::xxh3_64(s.name.as_bytes()),
         name: LimitName::new(&s.name),
@@ -143,10 +165,131 @@ fn validate_limit(
         matcher,
         shadow: s.shadow,
         on_failure: s.on_failure.map(Into::into),
-        count: match &s.count {
-            None => None,
-            Some(count) => Some(statuses(count, &rule, i)?),
-        },
+        after_response,
+        ban,
+    })
+}
+
+/// `cost_from_response`: on the algorithms whose balance can be owed (not
+/// a log of stamps, not a schedule of departures).
+fn response_cost(
+    section: &ResponseCostSection,
+    rule: &Rule,
+    i: usize,
+) -> Result<ResponseCost, Invalid> {
+    let here = |key: &'static str| -> Vec<Segment> {
+        vec![
+            Segment::Key("limits".into()),
+            Segment::Index(i),
+            Segment::Key("cost_from_response".into()),
+            Segment::Key(key.into()),
+        ]
+    };
+    let algorithm = match rule {
+        Rule::Rate(algorithm)
+            if !matches!(algorithm.kind(), Kind::LeakyBucket | Kind::SlidingLog) =>
+        {
+            algorithm
+        }
+        Rule::Rate(algorithm) => {
+            return Err(at(
+                &[&"limits", &i, &"cost_from_response"],
+                format!(
+                    "`cost_from_response` does not apply to {}; use token_bucket, fixed_window, sliding_window or quota",
+                    algorithm.name()
+                ),
+            ))
+        }
+        Rule::Concurrency(_) => {
+            return Err(at(
+                &[&"limits", &i, &"cost_from_response"],
+                format!("`cost_from_response` does not apply to {CONCURRENCY}"),
+            ))
+        }
+    };
+    let header = HeaderName::from_bytes(section.header.as_bytes()).map_err(|_| {
+        (
+            here("header"),
+            format!("\"{}\" is not a valid header name", section.header),
+        )
+    })?;
+    // One response's cost is owed in full: the arithmetic must hold it.
+    let most = algorithm.without_ceiling().quota();
+    let whole = |key: &'static str, value: i64| -> Result<u64, Invalid> {
+        u64::try_from(value)
+            .ok()
+            .filter(|&v| v <= most)
+            .ok_or_else(|| {
+                (
+                    here(key),
+                    format!("must be a whole number from 0 to {most}"),
+                )
+            })
+    };
+    let max = whole("max", section.max)?;
+    if max == 0 {
+        return Err((here("max"), "must be at least 1".into()));
+    }
+    let default = whole("default", section.default.unwrap_or(1))?.min(max);
+    Ok(ResponseCost {
+        header,
+        max,
+        default,
+        expose: section.expose,
+    })
+}
+
+/// `ban`: its strikes and its penalty as limits of their own, named after
+/// the limit with a ':' (which a limit's name cannot hold) so that their
+/// state never meets a limit's.
+fn ban(section: &BanSection, limit: &str, i: usize) -> Result<Ban, Invalid> {
+    let here = |key: &'static str| -> Vec<Segment> {
+        vec![
+            Segment::Key("limits".into()),
+            Segment::Index(i),
+            Segment::Key("ban".into()),
+            Segment::Key(key.into()),
+        ]
+    };
+    let after = u64::try_from(section.after)
+        .ok()
+        .filter(|a| (1..=MAX_SLIDING_LOG).contains(a))
+        .ok_or_else(|| {
+            (
+                here("after"),
+                format!("must be a whole number from 1 to {MAX_SLIDING_LOG}"),
+            )
+        })?;
+    let span = |key: &'static str, text: &str| -> Result<u64, Invalid> {
+        let d = duration::parse(text).map_err(|m| (here(key), m))?;
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        if d < Duration::from_secs(1) || us > MAX_EXACT / 4 / MAX_SLIDING_LOG {
+            return Err((here(key), "must be from 1s to 260 days".into()));
+        }
+        Ok(us)
+    };
+    let within_us = span("within", &section.within)?;
+    let duration_us = span("duration", &section.duration)?;
+    let strikes =
+        Algorithm::sliding_log(after, within_us).map_err(|e| (here("after"), e.to_string()))?;
+    let penalty =
+        Algorithm::token_bucket(1, duration_us).map_err(|e| (here("duration"), e.to_string()))?;
+    let named = |suffix: &str| {
+        let name = format!("{limit}:{suffix}");
+        (
+            LimitName::new(&name),
+            xxhash_rust::xxh3::xxh3_64(name.as_bytes()),
+        )
+    };
+    let (strikes_name, strikes_id) = named("strikes");
+    let (penalty_name, penalty_id) = named("ban");
+    Ok(Ban {
+        strikes,
+        strikes_name,
+        strikes_id,
+        penalty,
+        penalty_name,
+        penalty_id,
     })
 }
 
@@ -235,6 +378,19 @@ fn rule_of(
                     format!("`{name}` does not apply to {}", kind.name()),
                 ));
             }
+            if kind == Kind::Quota {
+                return calendar_quota(s, own, base, path).map(Rule::Rate);
+            }
+            let quota_only = [
+                ("timezone", s.timezone.is_some()),
+                ("week_starts", s.week_starts.is_some()),
+            ];
+            if let Some((name, _)) = quota_only.iter().find(|(_, given)| *given) {
+                return Err((
+                    field(name),
+                    format!("`{name}` does not apply to {}", kind.name()),
+                ));
+            }
             numbers(kind, own, base, path).map(Rule::Rate)
         }
         AlgorithmName::Concurrency => {
@@ -272,6 +428,82 @@ fn rule_of(
             }))
         }
     }
+}
+
+/// `algorithm = "quota"`: a limit per calendar period of a zone.
+fn calendar_quota(
+    s: &LimitSection,
+    own: &Numbers,
+    base: Option<&Numbers>,
+    path: &[&dyn AsSegment],
+) -> Result<Algorithm, Invalid> {
+    let field = |name: &str| key_path(path, name);
+    let name = Kind::Quota.name();
+    if let Some(&foreign) = Parameter::ALL
+        .iter()
+        .find(|&&p| p != Parameter::Limit && p != Parameter::Period && own.has(p))
+    {
+        return Err((
+            field(foreign.name()),
+            format!("`{}` does not apply to {name}", foreign.name()),
+        ));
+    }
+    let limit = own
+        .limit
+        .or_else(|| base.and_then(|b| b.limit))
+        .ok_or_else(|| (field("limit"), format!("{name} needs `limit`")))?;
+    if limit.fract() != 0.0 || limit < 1.0 || limit > (MAX_EXACT / 4) as f64 {
+        return Err((
+            field("limit"),
+            format!("must be a whole number of at least 1 (got {limit})"),
+        ));
+    }
+    let period_name = own
+        .period
+        .as_ref()
+        .or_else(|| base.and_then(|b| b.period.as_ref()))
+        .ok_or_else(|| (field("period"), format!("{name} needs `period`")))?;
+    let period = Period::from_name(period_name).ok_or_else(|| {
+        (
+            field("period"),
+            format!(
+                "\"{period_name}\" is not a calendar period (expected one of: {})",
+                Period::NAMES.join(", ")
+            ),
+        )
+    })?;
+    // Zone and week are the limit's, whichever tier is being read.
+    let limit_path = |key: &str| key_path(&path[..path.len().min(2)], key);
+    let timezone = match &s.timezone {
+        None => chrono_tz::UTC,
+        Some(zone) => zone.parse().map_err(|_| {
+            (
+                limit_path("timezone"),
+                format!(
+                    "\"{zone}\" is not an IANA time zone name like \"Europe/Paris\" or \"UTC\""
+                ),
+            )
+        })?,
+    };
+    let week_starts = match s.week_starts.as_deref() {
+        None => chrono::Weekday::Mon,
+        Some(day) => day
+            .parse::<chrono::Weekday>()
+            .ok()
+            .filter(|_| day.len() > 3)
+            .ok_or_else(|| {
+                (
+                    limit_path("week_starts"),
+                    format!("\"{day}\" is not a day of the week like \"monday\""),
+                )
+            })?,
+    };
+    let calendar = Calendar {
+        period,
+        timezone,
+        week_starts,
+    };
+    Algorithm::calendar_quota(limit as u64, calendar).map_err(|e| (field("limit"), e.to_string()))
 }
 
 /// How long a concurrency slot is held unless renewed: long enough that
@@ -401,9 +633,11 @@ pub(super) fn validate_limits(
     Ok(limits)
 }
 
-/// Every `[[costs]]` table, in order (the first that matches applies).
+/// Every `[[costs]]` table, in order (for each limit, the first that
+/// matches and prices it applies).
 pub(super) fn validate_costs(
     sections: &[CostSection],
+    limits: &[Limit],
     compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,
 ) -> Result<Vec<CostRule>, Invalid> {
     let mut costs = Vec::new();
@@ -414,9 +648,37 @@ pub(super) fn validate_costs(
                 "must be a whole number from 0 (a free request) upwards",
             ));
         }
+        let mut priced = Vec::new();
+        for (j, name) in c.limits.iter().enumerate() {
+            let here = [&"costs" as &dyn AsSegment, &i, &"limits", &j];
+            let Some(layer) = limits.iter().position(|l| l.name.as_str() == name) else {
+                let known: Vec<&str> = limits.iter().map(|l| l.name.as_str()).collect();
+                return Err(at(
+                    &here,
+                    format!(
+                        "no limit is named \"{name}\" (limits: {})",
+                        known.join(", ")
+                    ),
+                ));
+            };
+            let limit = &limits[layer];
+            let why_not = match (&limit.rule, &limit.after_response) {
+                (Rule::Concurrency(_), _) => Some("counts requests in flight"),
+                (_, Some(AfterResponse::Cost(_))) => Some("is charged what the response says"),
+                _ => None,
+            };
+            if let Some(why) = why_not {
+                return Err(at(
+                    &here,
+                    format!("\"{name}\" has no cost to set: it {why}"),
+                ));
+            }
+            priced.push(layer);
+        }
         costs.push(CostRule {
             matcher: validate_match(&c.matcher, &[&"costs", &i, &"match"], compile_pattern)?,
             cost: c.cost as u64,
+            limits: priced,
         });
     }
     Ok(costs)

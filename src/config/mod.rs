@@ -224,7 +224,7 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
     let (exempt_paths, exempt_tiers) =
         limits::validate_exempt(&raw.exempt, &clients.tiers, &compile_pattern)?;
     let limits = limits::validate_limits(&raw.limits, &clients.tiers, &compile_pattern)?;
-    let costs = limits::validate_costs(&raw.costs, &compile_pattern)?;
+    let costs = limits::validate_costs(&raw.costs, &limits, &compile_pattern)?;
     let tls = raw
         .server
         .tls

@@ -82,7 +82,7 @@ fn errors_name_line_and_key() {
         ),
         (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"token_bucket\"\ncapcity = 5\n"),
-            "t.toml:9: limits[0].capcity: unknown field `capcity`, expected one of `name`, `key`, `algorithm`, `capacity`, `refill_rate`, `limit`, `window`, `rate`, `max`, `lease`, `upgrades`, `count`, `on_failure`, `shadow`, `match`, `tiers`",
+            "t.toml:9: limits[0].capcity: unknown field `capcity`, expected one of `name`, `key`, `algorithm`, `capacity`, `refill_rate`, `limit`, `window`, `rate`, `period`, `timezone`, `week_starts`, `max`, `lease`, `upgrades`, `count`, `cost_from_response`, `ban`, `on_failure`, `shadow`, `match`, `tiers`",
         ),
         (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"token_bucket\"\ncapacity = -5\nrefill_rate = 1\n"),
@@ -118,7 +118,55 @@ fn errors_name_line_and_key() {
         ),
         (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"token_buckt\"\ncapacity = 5\nrefill_rate = 1\n"),
-            "t.toml:8: limits[0].algorithm: unknown variant `token_buckt`, expected one of `token_bucket`, `sliding_window`, `fixed_window`, `sliding_log`, `leaky_bucket`, `concurrency`",
+            "t.toml:8: limits[0].algorithm: unknown variant `token_buckt`, expected one of `token_bucket`, `sliding_window`, `fixed_window`, `sliding_log`, `leaky_bucket`, `quota`, `concurrency`",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"quota\"\nlimit = 5\nperiod = \"year\"\n"),
+            "t.toml:10: limits[0].period: \"year\" is not a calendar period (expected one of: day, week, month)",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"quota\"\nlimit = 5\nperiod = \"month\"\ntimezone = \"Europe/Pariss\"\n"),
+            "t.toml:11: limits[0].timezone: \"Europe/Pariss\" is not an IANA time zone name like \"Europe/Paris\" or \"UTC\"",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"quota\"\nlimit = 5\nperiod = \"week\"\nweek_starts = \"mon\"\n"),
+            "t.toml:11: limits[0].week_starts: \"mon\" is not a day of the week like \"monday\"",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"quota\"\nlimit = 5\nwindow = \"1m\"\n"),
+            "t.toml:10: limits[0].window: `window` does not apply to quota",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\ntimezone = \"UTC\"\n"),
+            "t.toml:11: limits[0].timezone: `timezone` does not apply to fixed_window",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"sliding_log\"\nlimit = 5\nwindow = \"1m\"\ncost_from_response = {{ header = \"X-Cost\", max = 10 }}\n"),
+            "t.toml:11: limits[0].cost_from_response: `cost_from_response` does not apply to sliding_log; use token_bucket, fixed_window, sliding_window or quota",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"quota\"\nlimit = 5\nperiod = \"day\"\ncost_from_response = {{ header = \"X-Cost\", max = 0 }}\n"),
+            "t.toml:11: limits[0].cost_from_response.max: must be at least 1",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"quota\"\nlimit = 5\nperiod = \"day\"\ncount = {{ statuses = [401] }}\ncost_from_response = {{ header = \"X-Cost\", max = 9 }}\n"),
+            "t.toml:12: limits[0].cost_from_response: a limit is charged by `count` or by `cost_from_response`, not both",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\nban = {{ after = 0, within = \"1m\", duration = \"1h\" }}\n"),
+            "t.toml:11: limits[0].ban.after: must be a whole number from 1 to 100000",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\nban = {{ after = 3, within = \"1m\", duration = \"500ms\" }}\n"),
+            "t.toml:11: limits[0].ban.duration: must be from 1s to 260 days",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\nshadow = true\nban = {{ after = 3, within = \"1m\", duration = \"1h\" }}\n"),
+            "t.toml:12: limits[0].ban: a shadow limit refuses nobody, so it can ban nobody",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\n[[costs]]\nmatch = {{ paths = [\"/x\"] }}\ncost = 2\nlimits = [\"b\"]\n"),
+            "t.toml:14: costs[0].limits[0]: no limit is named \"b\" (limits: a)",
         ),
     ];
     for (text, expected) in cases {
@@ -226,4 +274,52 @@ fn certificates_are_read_through_the_inputs() {
         err.to_string(),
         "t.toml:7: server.tls.cert_file: /in-memory/cert.pem holds no certificate"
     );
+}
+
+#[test]
+fn quotas_response_costs_bans_and_per_layer_costs_resolve() {
+    let text = format!(
+        "{MINIMAL}[[limits]]\nname = \"monthly\"\nkey = \"api_key\"\nalgorithm = \"quota\"\nlimit = 1000000\nperiod = \"month\"\ntimezone = \"Europe/Paris\"\ncost_from_response = {{ header = \"X-Tokens-Used\", max = 100000, default = 500 }}\n\
+         [[limits]]\nname = \"per-ip\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1m\"\nban = {{ after = 3, within = \"10m\", duration = \"1h\" }}\n\
+         [[limits]]\nname = \"weekly\"\nkey = \"ip\"\nalgorithm = \"quota\"\nlimit = 50\nperiod = \"week\"\nweek_starts = \"sunday\"\n\
+         [[costs]]\nmatch = {{ paths = [\"/search\"] }}\ncost = 10\nlimits = [\"weekly\"]\n"
+    );
+    let c = parse(&text).unwrap_or_else(|e| panic!("{e}"));
+    let limits = &c.policy.limits;
+    let Rule::Rate(monthly) = limits[0].rule else {
+        panic!("a rate")
+    };
+    let calendar = monthly.calendar().expect("a calendar");
+    assert_eq!(calendar.period, crate::algorithm::Period::Month);
+    assert_eq!(calendar.timezone, chrono_tz::Europe::Paris);
+    assert_eq!(monthly.quota(), 1_000_000);
+    let Some(crate::policy::AfterResponse::Cost(priced)) = &limits[0].after_response else {
+        panic!("a response cost")
+    };
+    assert_eq!(
+        (
+            priced.header.as_str(),
+            priced.max,
+            priced.default,
+            priced.expose
+        ),
+        ("x-tokens-used", 100_000, 500, false)
+    );
+    let ban = limits[1].ban.as_ref().expect("a ban");
+    assert_eq!(ban.strikes.quota(), 3);
+    assert_eq!(ban.strikes.window_us(), 600_000_000);
+    assert_eq!(ban.penalty.window_us(), 3_600_000_000);
+    assert_eq!(ban.penalty_name.as_str(), "per-ip:ban");
+    let Rule::Rate(weekly) = limits[2].rule else {
+        panic!("a rate")
+    };
+    assert_eq!(
+        weekly.calendar().map(|c| c.week_starts),
+        Some(chrono::Weekday::Sun)
+    );
+    // /search costs 10 from the weekly quota and 1 from the others.
+    let post = Method::POST;
+    assert_eq!(c.policy.cost_of(2, &post, "/search"), 10);
+    assert_eq!(c.policy.cost_of(1, &post, "/search"), 1);
+    assert_eq!(c.policy.cost_of(2, &post, "/other"), 1);
 }

@@ -11,7 +11,7 @@ use super::verdict::Verdict;
 use crate::connection::clock::HeadClock;
 use crate::identity::Client;
 use crate::limiter::Check;
-use crate::policy::Statuses;
+use crate::policy::AfterResponse;
 use crate::state::{InFlight, Runtime};
 
 pub struct RequestCtx {
@@ -35,8 +35,8 @@ pub struct RequestCtx {
     pub(super) upstream_took: Option<Duration>,
     /// The concurrency slots this request holds.
     pub(super) slots: Option<HeldSlots>,
-    /// Layers counted by response, to charge once the upstream answers.
-    pub(super) counted: Vec<(Check, Statuses)>,
+    /// Layers charged by the response, to charge once it is known.
+    pub(super) counted: Vec<(Check, AfterResponse)>,
     /// The upstream's status, once it answered.
     pub(super) upstream_status: Option<u16>,
     /// What the limits said, once decided.

@@ -27,8 +27,9 @@ use super::verdict::{Outcome, Verdict};
 
 use crate::connection::clock::HeadClock;
 use crate::headers;
-use crate::limiter::Check;
-use crate::policy::{Plan, RequestView};
+use crate::identity::{Client, StateKey};
+use crate::limiter::{Check, LimitName};
+use crate::policy::{AfterResponse, Plan, RequestView};
 use crate::state::AppState;
 
 pub struct Gateway {
@@ -40,26 +41,69 @@ impl Gateway {
         Gateway { state }
     }
 
-    /// Charges the layers counted by response whose statuses include the
-    /// upstream's answer, each on its own (one spent layer does not keep
-    /// another from counting). A layer already spent stays spent.
-    async fn charge_by_response(&self, ctx: &mut RequestCtx) {
-        let Some(status) = ctx.upstream_status else {
-            return;
-        };
-        for (check, statuses) in std::mem::take(&mut ctx.counted) {
-            if statuses.contains(status) {
-                self.charge(&check, status).await;
+    /// Charges the layers charged by the response: a listed status charges
+    /// the request's cost, each layer on its own (one spent layer does not
+    /// keep another from counting; a spent layer stays spent); a reported
+    /// cost is owed in full, whatever is left. The cost header is read
+    /// before any layer removes it from what the client sees.
+    async fn charge_by_response(&self, ctx: &mut RequestCtx, response: &mut ResponseHeader) {
+        let status = response.status.as_u16();
+        let mut owed = Vec::new();
+        let mut hidden = Vec::new();
+        for (check, charge) in std::mem::take(&mut ctx.counted) {
+            match charge {
+                AfterResponse::Status(statuses) if statuses.contains(status) => {
+                    self.charge(&check, status).await;
+                }
+                AfterResponse::Status(_) => {}
+                AfterResponse::Cost(priced) => {
+                    let counters = &ctx.runtime.counters[check.layer];
+                    let cost = match reported_cost(response.headers.get(&priced.header)) {
+                        Some(cost) if cost > priced.max => {
+                            counters.cost_above_max.inc();
+                            priced.max
+                        }
+                        Some(cost) => cost,
+                        None => {
+                            counters.cost_unread.inc();
+                            priced.default
+                        }
+                    };
+                    if !priced.expose {
+                        hidden.push(priced.header);
+                    }
+                    owed.push(owed_check(check, cost));
+                }
             }
         }
+        for name in hidden {
+            response.remove_header(&name);
+        }
+        self.debit(&owed, status).await;
     }
 
-    /// Charges every layer counted by response of a request the upstream
-    /// never answered through.
-    async fn charge_unanswered(&self, ctx: &mut RequestCtx) {
-        for (check, _) in std::mem::take(&mut ctx.counted) {
-            self.charge(&check, 0).await;
+    /// Charges every layer charged by the response of a request that got
+    /// none: `client_left` (it hung up while the upstream worked) charges
+    /// as if the status were listed and the cost the most a response may
+    /// report, so that hanging up is no way to dodge either; otherwise (the
+    /// upstream failed) a cost layer is charged its default.
+    async fn charge_unanswered(&self, ctx: &mut RequestCtx, client_left: bool) {
+        let mut owed = Vec::new();
+        for (check, charge) in std::mem::take(&mut ctx.counted) {
+            match charge {
+                AfterResponse::Status(_) if client_left => self.charge(&check, 0).await,
+                AfterResponse::Status(_) => {}
+                AfterResponse::Cost(priced) => {
+                    let cost = if client_left {
+                        priced.max
+                    } else {
+                        priced.default
+                    };
+                    owed.push(owed_check(check, cost));
+                }
+            }
         }
+        self.debit(&owed, 0).await;
     }
 
     async fn charge(&self, check: &Check, status: u16) {
@@ -67,6 +111,106 @@ impl Gateway {
             warn!("could not count a {status} against {}: {e}", check.name);
         }
     }
+
+    /// Charges costs that are owed (`owed_check`): one call for them all,
+    /// since none can be refused.
+    async fn debit(&self, owed: &[Check], status: u16) {
+        if owed.is_empty() {
+            return;
+        }
+        if let Err(e) = self.state.store.decide(owed).await {
+            warn!(
+                "could not charge the cost of a {status} response against {}: {e}",
+                owed[0].name
+            );
+        }
+    }
+
+    /// After a refusal by limits that ban: one strike on each refused key,
+    /// and a ban for a key whose strikes are full. Each ban is taken once
+    /// (its one token), so it is counted and logged once, by the instance
+    /// that took it.
+    async fn strike(&self, ctx: &RequestCtx) {
+        let Some(verdict) = ctx.verdict.as_ref().filter(|v| v.refused) else {
+            return;
+        };
+        let policy = &ctx.runtime.policy;
+        for o in &verdict.outcomes {
+            if o.shadow || o.banned || o.decision.allowed() {
+                continue;
+            }
+            let limit = &policy.limits[o.layer];
+            let Some(ban) = &limit.ban else {
+                continue;
+            };
+            let on_failure = limit.on_failure.unwrap_or(policy.default_on_failure);
+            let on_key = |name: &LimitName, algorithm, id| Check {
+                layer: o.layer,
+                name: name.clone(),
+                algorithm,
+                key: StateKey {
+                    limit: id,
+                    identity: o.identity,
+                },
+                cost: 1,
+                shadow: false,
+                on_failure,
+            };
+            let strike = on_key(&ban.strikes_name, ban.strikes, ban.strikes_id);
+            let struck = match self.state.store.decide(std::slice::from_ref(&strike)).await {
+                Ok(d) => d[0],
+                Err(e) => {
+                    warn!("could not count a refusal toward {}'s ban: {e}", limit.name);
+                    continue;
+                }
+            };
+            // Full after this strike (or already full): `after` refusals
+            // within `within`.
+            if struck.allowed() && struck.remaining() > 0 {
+                continue;
+            }
+            let penalty = on_key(&ban.penalty_name, ban.penalty, ban.penalty_id);
+            match self
+                .state
+                .store
+                .decide(std::slice::from_ref(&penalty))
+                .await
+            {
+                Ok(d) if d[0].allowed() => {
+                    ctx.runtime.counters[o.layer].bans.inc();
+                    warn!(
+                        "banned: {} limit={} for {}s after {} refusals within {}s request_id={}",
+                        ctx.client
+                            .as_ref()
+                            .map_or_else(String::new, Client::log_label),
+                        limit.name,
+                        headers::ceil_secs(ban.penalty.window_us()),
+                        ban.strikes.quota(),
+                        headers::ceil_secs(ban.strikes.window_us()),
+                        ctx.request_id
+                    );
+                }
+                Ok(_) => {}
+                Err(e) => warn!("could not ban a key of {}: {e}", limit.name),
+            }
+        }
+    }
+}
+
+/// The cost a response reports: a whole number, nothing else.
+fn reported_cost(value: Option<&http::HeaderValue>) -> Option<u64> {
+    let text = value?.to_str().ok()?.trim();
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+/// `check` charged `cost` whatever is left (see `Algorithm::without_ceiling`).
+fn owed_check(mut check: Check, cost: u64) -> Check {
+    check.algorithm = check.algorithm.without_ceiling();
+    check.cost = cost;
+    check
 }
 
 #[async_trait]
@@ -105,8 +249,8 @@ impl ProxyHttp for Gateway {
         let client_left_mid_request = ctx.upstream_sent.is_some()
             && ctx.upstream_status.is_none()
             && e.is_some_and(|e| matches!(e.esource(), ErrorSource::Downstream));
-        if client_left_mid_request {
-            self.charge_unanswered(ctx).await;
+        if ctx.upstream_sent.is_some() && ctx.upstream_status.is_none() {
+            self.charge_unanswered(ctx, client_left_mid_request).await;
         }
         if let Some(mut slots) = ctx.slots.take() {
             if client_left_mid_request {
@@ -127,6 +271,7 @@ impl ProxyHttp for Gateway {
         if let Some(verdict) = &ctx.verdict {
             verdict.account(&ctx.runtime, ctx.client.as_ref(), &ctx.request_id);
         }
+        self.strike(ctx).await;
         if let Some(log) = &self.state.access_log {
             log.write(access_line(session, ctx, status, took));
         }
@@ -212,13 +357,33 @@ impl ProxyHttp for Gateway {
             Ok(Plan::Check(layers)) => layers,
             Err(e) => return bad_request(session, ctx, e.code(), &e.to_string()).await,
         };
-        // Slots first: a request refused for want of one charges no rate.
+        let refused =
+            |outcomes: &[Outcome]| outcomes.iter().any(|o| !o.shadow && !o.decision.allowed());
+        // A banned key is refused before it takes or charges anything.
         let mut outcomes = Vec::new();
-        if !layers.slots.is_empty() {
+        if !layers.bans.is_empty() {
+            let peeked = match self.state.store.peek(&layers.bans).await {
+                Ok(d) => d,
+                Err(e) => return limiter_failed(session, ctx, e).await,
+            };
+            outcomes.extend(
+                layers
+                    .bans
+                    .into_iter()
+                    .zip(peeked)
+                    .filter(|(_, decision)| !decision.allowed())
+                    .map(|(check, decision)| {
+                        let name = policy.limits[check.layer].name.clone();
+                        Outcome::of_ban(name, check, decision)
+                    }),
+            );
+        }
+        // Slots next: a request refused for want of one charges no rate.
+        if !refused(&outcomes) && !layers.slots.is_empty() {
             match HeldSlots::acquire(self.state.store.clone(), layers.slots).await {
                 Ok((held, slot_outcomes)) => {
                     ctx.slots = Some(held);
-                    outcomes = slot_outcomes;
+                    outcomes.extend(slot_outcomes);
                     // A client that stops reading (an HTTP/2 window kept
                     // shut) must not hold its slots forever.
                     session
@@ -228,10 +393,8 @@ impl ProxyHttp for Gateway {
                 Err(e) => return limiter_failed(session, ctx, e).await,
             }
         }
-        let refused =
-            |outcomes: &[Outcome]| outcomes.iter().any(|o| !o.shadow && !o.decision.allowed());
-        // Layers counted by response: refused now only when already spent,
-        // charged in the logging phase if the upstream's status is listed.
+        // Layers charged by the response: refused now only when already
+        // spent, charged once the response is known.
         if !refused(&outcomes) && !layers.counted.is_empty() {
             let counted: Vec<Check> = layers.counted.iter().map(|(c, _)| c.clone()).collect();
             let peeked = match self.state.store.peek(&counted).await {
@@ -461,7 +624,7 @@ impl ProxyHttp for Gateway {
         ctx.upstream_status = Some(upstream_response.status.as_u16());
         // Charged before the client sees the status: a client that learns
         // the outcome and then holds the stream open is counted all the same.
-        self.charge_by_response(ctx).await;
+        self.charge_by_response(ctx, upstream_response).await;
         if upstream_response.status == http::StatusCode::SWITCHING_PROTOCOLS {
             if let Some(slots) = &mut ctx.slots {
                 slots.upgraded();

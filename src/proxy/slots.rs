@@ -54,6 +54,8 @@ impl HeldSlots {
                 window_us: layer.slot.lease_us(),
                 shadow: layer.shadow,
                 concurrency: true,
+                banned: false,
+                identity: layer.slot.key().identity,
                 decision,
             });
             if decision.allowed() {

@@ -19,6 +19,10 @@ pub(super) struct Outcome {
     /// A concurrency layer's slot: it refuses like any layer, but its state
     /// (slots free, a lease) is no rate to advertise in the headers.
     pub(super) concurrency: bool,
+    /// A ban that refused: the limit's key is shut out on every route.
+    pub(super) banned: bool,
+    /// The client's identity under this limit's key: a refusal strikes it.
+    pub(super) identity: u128,
     pub(super) decision: Decision,
 }
 
@@ -31,7 +35,18 @@ impl Outcome {
             name: check.name,
             shadow: check.shadow,
             concurrency: false,
+            banned: false,
+            identity: check.key.identity,
             decision,
+        }
+    }
+
+    /// A ban on the key of limit `name`.
+    pub(super) fn of_ban(name: LimitName, check: Check, decision: Decision) -> Outcome {
+        Outcome {
+            name,
+            banned: true,
+            ..Outcome::of_check(check, decision)
         }
     }
 }
@@ -70,6 +85,7 @@ impl Verdict {
                 quota: o.quota,
                 window_us: o.window_us,
                 decision: o.decision,
+                banned: o.banned,
             })
             .collect()
     }
@@ -98,6 +114,7 @@ impl Verdict {
             let decision = &o.decision;
             let counters = &runtime.counters[o.layer];
             match (o.shadow, decision.allowed(), self.refused) {
+                _ if o.banned => counters.banned.inc(),
                 (true, false, _) => counters.shadow_refused.inc(),
                 (false, false, _) => counters.refused.inc(),
                 (_, true, false) => {
@@ -121,7 +138,8 @@ impl Verdict {
         if let Some(i) = self.decisive.filter(|_| self.refused) {
             let o = &self.outcomes[i];
             info!(
-                "rate limited: {} limit={} retry_after_ms={}{} request_id={request_id}",
+                "{}: {} limit={} retry_after_ms={}{} request_id={request_id}",
+                if o.banned { "banned" } else { "rate limited" },
                 label(),
                 o.name,
                 headers::ceil_ms(o.decision.retry_after_us()),

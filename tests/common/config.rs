@@ -298,7 +298,14 @@ impl Limit {
             .line(&format!("capacity = {capacity}"))
     }
 
-    /// `match = { <what> }`, e.g. `paths = ["/login"]`.
+    /// At most `limit` per calendar `period` ("day", "week", "month"), UTC
+    /// unless a `timezone` line follows.
+    pub fn quota(name: &str, key: &str, limit: u64, period: &str) -> Limit {
+        Limit::new(name, key, "quota")
+            .line(&format!("limit = {limit}"))
+            .line(&format!("period = \"{period}\""))
+    }
+
     /// At most `max` requests in flight per key, each slot leased for
     /// `lease`.
     pub fn concurrency(name: &str, key: &str, max: u64, lease: &str) -> Limit {
@@ -307,6 +314,7 @@ impl Limit {
             .line(&format!("lease = \"{lease}\""))
     }
 
+    /// `match = { <what> }`, e.g. `paths = ["/login"]`.
     pub fn matching(self, what: &str) -> Limit {
         self.line(&format!("match = {{ {what} }}"))
     }

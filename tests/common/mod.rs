@@ -151,6 +151,7 @@ fn serve_upstream(stream: TcpStream, seen: Arc<Mutex<Vec<Seen>>>, gate: Arc<Gate
         let mut headers = Vec::new();
         let mut content_length = 0usize;
         let mut answer_status: Option<u16> = None;
+        let mut answer_headers = String::new();
         loop {
             let Some(h) = read_line_lossy(&mut reader) else {
                 return;
@@ -166,6 +167,11 @@ fn serve_upstream(stream: TcpStream, seen: Arc<Mutex<Vec<Seen>>>, gate: Arc<Gate
                 }
                 if k == "x-answer-status" {
                     answer_status = v.parse::<u16>().ok();
+                }
+                // `X-Answer-Header: Name: value` puts that header in the answer.
+                if k == "x-answer-header" {
+                    answer_headers.push_str(&v);
+                    answer_headers.push_str("\r\n");
                 }
                 headers.push((k, v));
             }
@@ -185,10 +191,11 @@ fn serve_upstream(stream: TcpStream, seen: Arc<Mutex<Vec<Seen>>>, gate: Arc<Gate
         if path.starts_with("/hold") {
             gate.wait();
         }
-        // A test chooses the answer's status with `X-Answer-Status`.
+        // A test chooses the answer's status with `X-Answer-Status`, and
+        // its headers with `X-Answer-Header`.
         let status = answer_status.unwrap_or(200);
         let reply = format!(
-            "HTTP/1.1 {status} Test\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
+            "HTTP/1.1 {status} Test\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n{answer_headers}\r\nok"
         );
         if writer.write_all(reply.as_bytes()).is_err() {
             return;

@@ -31,6 +31,7 @@ pub fn script_source() -> String {
         include_str!("../../../lua/fixed_window.lua"),
         include_str!("../../../lua/sliding_window.lua"),
         include_str!("../../../lua/sliding_log.lua"),
+        include_str!("../../../lua/quota.lua"),
         include_str!("../../../lua/decide.lua"),
     ] {
         source.push_str(part);
@@ -135,13 +136,21 @@ impl<C: Connect> Scripted<C> {
         checks: impl IntoIterator<Item = &'a Check>,
         peek: bool,
     ) -> Vec<ScriptLayer> {
+        // A calendar quota's period ends where the proxy's calendar says:
+        // read once, for all the layers.
+        let mut now_us = None;
         checks
             .into_iter()
             .map(|check| ScriptLayer {
                 key: self.key(check),
                 code: check.algorithm.kind().code(),
                 quota: check.algorithm.quota(),
-                period_us: check.algorithm.period_us(),
+                period_us: match check.algorithm.calendar() {
+                    Some(_) => check
+                        .algorithm
+                        .script_period_at(*now_us.get_or_insert_with(|| self.clock.now_us())),
+                    None => check.algorithm.period_us(),
+                },
                 cost: check.cost,
                 mode: match (peek, check.shadow) {
                     (true, _) => Mode::Peek,

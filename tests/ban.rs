@@ -1,0 +1,151 @@
+//! The penalty box (`ban`): a key refused `after` times within `within` is
+//! refused on every route for `duration`, on one proxy or on all that share
+//! a Redis; each ban is counted and logged once.
+
+mod common;
+
+use std::time::Duration;
+
+use common::redis_server::RedisServer;
+use common::{wait_until, ConfigBuilder, Limit, Proxy, TestClock, Upstream};
+
+/// Two logins per hour per address; three refusals within ten minutes ban
+/// the address for an hour.
+fn login() -> Limit {
+    Limit::fixed_window("login", "ip", 2, "1h")
+        .matching("paths = [\"/login\"]")
+        .line("ban = { after = 3, within = \"10m\", duration = \"1h\" }")
+}
+
+const BANS: &str = "floodgate_bans_total{limit=\"login\"}";
+const BANNED: &str = "floodgate_decisions_total{limit=\"login\",outcome=\"banned\"}";
+
+fn bans(proxies: &[&Proxy]) -> f64 {
+    proxies.iter().map(|p| p.metric(BANS)).sum()
+}
+
+/// Refusals through `proxies` in turn until the third bans the address.
+fn hammer_until_banned(proxies: &[&Proxy]) {
+    for n in 0..2 {
+        assert_eq!(
+            proxies[n % proxies.len()]
+                .send("POST", "/login", &[])
+                .status,
+            200
+        );
+    }
+    for n in 0..3 {
+        let proxy = proxies[n % proxies.len()];
+        assert_eq!(bans(proxies), 0.0, "not banned before the third refusal");
+        let r = proxy.send("POST", "/login", &[]);
+        assert_eq!(r.status, 429);
+        assert!(r.body.contains("\"error\":\"rate_limited\""), "{}", r.body);
+    }
+    // Strikes are counted once each answer is out.
+    assert!(
+        wait_until(Duration::from_secs(5), || bans(proxies) == 1.0),
+        "one ban, counted once: {}",
+        bans(proxies)
+    );
+}
+
+fn logged_bans(proxy: &Proxy) -> usize {
+    proxy.log().matches(" after 3 refusals within ").count()
+}
+
+/// A minute's first second, so that minute and hour windows start with
+/// the test.
+const MINUTE_START_US: u64 = 1_803_859_201_000_000;
+
+fn assert_banned_everywhere(proxy: &Proxy, upstream: &Upstream) {
+    let seen = upstream.count();
+    for path in ["/login", "/", "/api/orders"] {
+        let r = proxy.send("GET", path, &[]);
+        assert_eq!(r.status, 429, "{path}");
+        assert!(
+            r.body
+                .starts_with("{\"error\":\"banned\",\"limit\":\"login\",\"retry_after_ms\":"),
+            "{}",
+            r.body
+        );
+        let retry = r.retry_after_ms().expect("a retry time");
+        assert!((3_590_000..=3_600_000).contains(&retry), "{retry} ms");
+        assert_eq!(r.header("Retry-After"), Some("3600"));
+    }
+    assert_eq!(upstream.count(), seen, "nothing reached the app");
+}
+
+#[test]
+fn three_refusals_ban_the_address_on_every_route_for_the_duration() {
+    let upstream = Upstream::start();
+    let clock = TestClock::new();
+    clock.set_now_us(MINUTE_START_US);
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .clock(&clock)
+        .limit(login())
+        .start();
+    hammer_until_banned(&[&proxy]);
+    assert_banned_everywhere(&proxy, &upstream);
+    assert!(wait_until(Duration::from_secs(5), || proxy.metric(BANNED) == 3.0));
+    assert_eq!(logged_bans(&proxy), 1, "{}", proxy.log());
+    // A minute before the end, still banned; at the end, free on every
+    // route (the login window of an hour has passed too).
+    clock.advance(Duration::from_secs(3540));
+    assert_eq!(proxy.get("/").status, 429);
+    clock.advance(Duration::from_secs(61));
+    assert_eq!(proxy.get("/").status, 200);
+    assert_eq!(proxy.send("POST", "/login", &[]).status, 200);
+    assert_eq!(proxy.metric(BANS), 1.0, "still one ban");
+}
+
+#[test]
+fn refusals_spread_over_time_do_not_ban() {
+    let upstream = Upstream::start();
+    let clock = TestClock::new();
+    clock.set_now_us(MINUTE_START_US);
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .clock(&clock)
+        .limit(
+            Limit::fixed_window("login", "ip", 1, "1m")
+                .matching("paths = [\"/login\"]")
+                .line("ban = { after = 3, within = \"10m\", duration = \"1h\" }"),
+        )
+        .start();
+    // Two refusals, then 11 minutes (past `within`), then two more: never
+    // three within ten minutes.
+    for round in 0..2 {
+        assert_eq!(
+            proxy.send("POST", "/login", &[]).status,
+            200,
+            "round {round}"
+        );
+        for _ in 0..2 {
+            assert_eq!(proxy.send("POST", "/login", &[]).status, 429);
+        }
+        clock.advance(Duration::from_secs(11 * 60));
+    }
+    assert_eq!(proxy.get("/").status, 200, "not banned");
+    assert_eq!(proxy.metric(BANS), 0.0);
+}
+
+#[test]
+fn a_ban_on_redis_is_shared_by_proxies() {
+    let upstream = Upstream::start();
+    let redis = RedisServer::start();
+    let config = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .redis(&redis.url())
+        .limit(login());
+    let (a, b) = (config.start(), config.start());
+    // Refusals through both proxies add up to one ban.
+    hammer_until_banned(&[&a, &b]);
+    assert_banned_everywhere(&a, &upstream);
+    assert_banned_everywhere(&b, &upstream);
+    assert_eq!(
+        logged_bans(&a) + logged_bans(&b),
+        1,
+        "the ban is logged once"
+    );
+}

@@ -1,0 +1,168 @@
+//! Limits charged what the response says it cost (`cost_from_response`),
+//! and costs that differ per limit (`[[costs]] limits = [...]`).
+
+mod common;
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use common::redis_server::RedisServer;
+use common::{wait_until, ConfigBuilder, Limit, Proxy, Response, Upstream};
+
+/// 1,000 tokens per account, one back every 100 ms; a response's
+/// `X-Tokens-Used` is charged, at most 1,000, 300 when it says nothing.
+fn tokens() -> Limit {
+    Limit::token_bucket("tokens", "header:X-Account", 1000, 10.0)
+        .line("cost_from_response = { header = \"X-Tokens-Used\", max = 1000, default = 300 }")
+}
+
+fn call(proxy: &Proxy, account: &str, used: Option<&str>) -> Response {
+    let reported = used.map(|u| format!("X-Tokens-Used: {u}"));
+    let mut headers = vec![("X-Account", account)];
+    if let Some(reported) = &reported {
+        headers.push(("X-Answer-Header", reported.as_str()));
+    }
+    proxy.send("POST", "/v1/chat", &headers)
+}
+
+const UNREAD: &str =
+    "floodgate_response_cost_fallbacks_total{limit=\"tokens\",reason=\"missing_or_malformed\"}";
+const ABOVE_MAX: &str =
+    "floodgate_response_cost_fallbacks_total{limit=\"tokens\",reason=\"above_max\"}";
+
+#[test]
+fn the_reported_cost_is_charged_hidden_and_owed_until_paid_back() {
+    let upstream = Upstream::start();
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .limit(tokens())
+        .start();
+    // Admitted while the balance is positive: 1000, 600, 200, then -200.
+    // The bucket refills from the first charge on.
+    let first_charge = Instant::now();
+    for n in 1..=3 {
+        let r = call(&proxy, "alice", Some("400"));
+        assert_eq!(r.status, 200, "call {n}");
+        assert_eq!(r.header("X-Tokens-Used"), None, "the client never sees it");
+    }
+    let refused = call(&proxy, "alice", Some("400"));
+    assert_eq!(refused.status, 429, "{}", refused.body);
+    assert_eq!(
+        upstream.count(),
+        3,
+        "the refused call never reached the app"
+    );
+    // Back to +1 once 1,201 tokens have come back: 120.1 s after the first
+    // charge, 100 s of which the bucket's capacity covers.
+    let retry_ms = refused.retry_after_ms().expect("a retry time");
+    let elapsed_ms = first_charge.elapsed().as_millis() as u64 + 1;
+    assert!(
+        retry_ms <= 20_100 && retry_ms + elapsed_ms >= 20_100,
+        "retry after {retry_ms} ms, at most {elapsed_ms} ms after the first charge"
+    );
+    assert_eq!(refused.header("Retry-After"), Some("21"));
+    assert!(refused.body.contains("\"limit\":\"tokens\""));
+
+    // Missing and unreadable costs are charged the default, and counted;
+    // one above `max` is charged `max`.
+    for (n, used) in [None, Some("many"), Some("-3"), None]
+        .into_iter()
+        .enumerate()
+    {
+        assert_eq!(call(&proxy, "bob", used).status, 200, "bob's call {n}");
+    }
+    assert_eq!(call(&proxy, "bob", None).status, 429, "4 x 300 > 1000");
+    assert_eq!(proxy.metric(UNREAD), 4.0);
+    assert_eq!(call(&proxy, "carol", Some("999999")).status, 200);
+    assert_eq!(call(&proxy, "carol", Some("1")).status, 429, "charged max");
+    assert_eq!(proxy.metric(ABOVE_MAX), 1.0);
+}
+
+#[test]
+fn exposed_costs_reach_the_client() {
+    let upstream = Upstream::start();
+    let proxy =
+        ConfigBuilder::new(upstream.addr)
+            .limit(Limit::fixed_window("tokens", "ip", 100, "1h").line(
+                "cost_from_response = { header = \"X-Tokens-Used\", max = 100, expose = true }",
+            ))
+            .start();
+    let r = call(&proxy, "alice", Some("60"));
+    assert_eq!(r.header("X-Tokens-Used"), Some("60"));
+    assert_eq!(r.header("RateLimit-Remaining"), Some("99"), "peeked at 1");
+    assert_eq!(call(&proxy, "alice", Some("60")).status, 200);
+    assert_eq!(call(&proxy, "alice", Some("60")).status, 429);
+}
+
+/// Two proxies on one Redis owe against one balance.
+#[test]
+fn a_balance_on_redis_is_shared_by_proxies() {
+    let upstream = Upstream::start();
+    let redis = RedisServer::start();
+    let config = ConfigBuilder::new(upstream.addr)
+        .redis(&redis.url())
+        .limit(tokens());
+    let (a, b) = (config.start(), config.start());
+    assert_eq!(call(&a, "alice", Some("700")).status, 200);
+    assert_eq!(call(&b, "alice", Some("400")).status, 200, "300 left");
+    assert_eq!(call(&a, "alice", Some("1")).status, 429, "owing 100");
+    assert_eq!(call(&b, "alice", Some("1")).status, 429, "owing 100");
+    assert_eq!(upstream.count(), 2);
+}
+
+/// A client that hangs up while the application works cannot dodge the
+/// bill: it is charged the most a response may report.
+#[test]
+fn hanging_up_before_the_answer_is_charged_the_maximum() {
+    let upstream = Upstream::start();
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .limit(tokens())
+        .start();
+    let mut client = std::net::TcpStream::connect(proxy.addr).expect("connect");
+    client
+        .write_all(b"POST /hold/chat HTTP/1.1\r\nHost: test\r\nX-Account: mallory\r\nContent-Length: 0\r\n\r\n")
+        .expect("send");
+    assert!(wait_until(Duration::from_secs(10), || upstream.holding() == 1));
+    drop(client);
+    let hung_up = "floodgate_requests_total{status_class=\"none\"}";
+    assert!(wait_until(Duration::from_secs(5), || proxy.metric(hung_up) >= 1.0));
+    let r = call(&proxy, "mallory", Some("1"));
+    assert_eq!(r.status, 429, "charged 1000 for the call it left");
+    upstream.release();
+}
+
+/// `[[costs]]` naming a limit prices that limit alone: a search costs 10
+/// from the quota and 1 from the per-address limit.
+#[test]
+fn a_cost_can_apply_to_one_limit_only() {
+    let upstream = Upstream::start();
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .limit(Limit::fixed_window("quota", "header:X-Account", 35, "1h"))
+        .limit(Limit::fixed_window("per-ip", "ip", 12, "1h"))
+        .raw("[[costs]]\nmatch = { paths = [\"/search\"] }\ncost = 10\nlimits = [\"quota\"]\n")
+        .start();
+    let search = || proxy.send("GET", "/search", &[("X-Account", "alice")]);
+    // Were per-ip charged 10, the second search would pass 12.
+    for n in 1..=3 {
+        assert_eq!(search().status, 200, "search {n}");
+    }
+    let refused = search();
+    assert_eq!(refused.status, 429);
+    assert!(
+        refused.body.contains("\"limit\":\"quota\""),
+        "{}",
+        refused.body
+    );
+    // 5 left in the quota at 1 each; per-ip has used 3 + 5 of its 12.
+    for n in 1..=5 {
+        let r = proxy.send("GET", "/other", &[("X-Account", "alice")]);
+        assert_eq!(r.status, 200, "other {n}");
+    }
+    let refused = proxy.send("GET", "/other", &[("X-Account", "alice")]);
+    assert!(
+        refused.body.contains("\"limit\":\"quota\""),
+        "{}",
+        refused.body
+    );
+}
