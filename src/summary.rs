@@ -169,11 +169,21 @@ pub fn describe(config: &Config) -> String {
         );
     }
     for cost in &policy.costs {
+        let priced: Vec<&str> = cost
+            .limits
+            .iter()
+            .map(|&layer| policy.limits[layer].name.as_str())
+            .collect();
         let _ = writeln!(
             out,
-            "cost      {} on {}",
+            "cost      {} on {}{}",
             cost.cost,
-            cost.matcher.describe()
+            cost.matcher.describe(),
+            if priced.is_empty() {
+                String::new()
+            } else {
+                format!(" to {}", priced.join(", "))
+            }
         );
     }
     if !policy.exempt_paths.is_empty() || !policy.exempt_tiers.is_empty() {

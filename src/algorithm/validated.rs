@@ -3,7 +3,7 @@
 
 use super::calendar::Calendar;
 use super::decision::Evaluation;
-use super::kind::Kind;
+use super::kind::{Kind, Parameter};
 use super::sliding_log::LogState;
 use super::state::State;
 use super::{fixed_window, leaky_bucket, quota, sliding_log, sliding_window, token_bucket};
@@ -157,8 +157,7 @@ impl Algorithm {
     /// The ceiling that remains (some 71 years of debt for a bucket) keeps
     /// the arithmetic exact.
     pub fn without_ceiling(&self) -> Algorithm {
-        let quota = if self.kind.is_bucket() || self.kind.spec().period == super::Parameter::Window
-        {
+        let quota = if self.kind.is_bucket() || self.kind.spec().period == Parameter::Window {
             (MAX_EXACT / 4 / self.period_us).max(1)
         } else {
             MAX_EXACT / 4

@@ -19,17 +19,18 @@ use super::answer::{
     add_request_id, bad_request, grpc_refusal, is_grpc, limiter_failed, respond, respond_grpc,
     too_many_in_flight, GrpcStatus,
 };
+use super::charges;
 use super::ctx::{peer_ip, RequestCtx};
 use super::forwarding::{request_id_of, tell_the_upstream_who_asked};
 use super::framing::{canonicalise_target, framing_problem, request_has_body};
 use super::slots::HeldSlots;
+use super::strikes;
 use super::verdict::{Outcome, Verdict};
 
 use crate::connection::clock::HeadClock;
 use crate::headers;
-use crate::identity::{Client, StateKey};
-use crate::limiter::{Check, LimitName};
-use crate::policy::{AfterResponse, Plan, RequestView};
+use crate::limiter::Check;
+use crate::policy::{Plan, RequestView};
 use crate::state::AppState;
 
 pub struct Gateway {
@@ -40,177 +41,6 @@ impl Gateway {
     pub fn new(state: Arc<AppState>) -> Self {
         Gateway { state }
     }
-
-    /// Charges the layers charged by the response: a listed status charges
-    /// the request's cost, each layer on its own (one spent layer does not
-    /// keep another from counting; a spent layer stays spent); a reported
-    /// cost is owed in full, whatever is left. The cost header is read
-    /// before any layer removes it from what the client sees.
-    async fn charge_by_response(&self, ctx: &mut RequestCtx, response: &mut ResponseHeader) {
-        let status = response.status.as_u16();
-        let mut owed = Vec::new();
-        let mut hidden = Vec::new();
-        for (check, charge) in std::mem::take(&mut ctx.counted) {
-            match charge {
-                AfterResponse::Status(statuses) if statuses.contains(status) => {
-                    self.charge(&check, status).await;
-                }
-                AfterResponse::Status(_) => {}
-                AfterResponse::Cost(priced) => {
-                    let counters = &ctx.runtime.counters[check.layer];
-                    let cost = match reported_cost(response.headers.get(&priced.header)) {
-                        Some(cost) if cost > priced.max => {
-                            counters.cost_above_max.inc();
-                            priced.max
-                        }
-                        Some(cost) => cost,
-                        None => {
-                            counters.cost_unread.inc();
-                            priced.default
-                        }
-                    };
-                    if !priced.expose {
-                        hidden.push(priced.header);
-                    }
-                    owed.push(owed_check(check, cost));
-                }
-            }
-        }
-        for name in hidden {
-            response.remove_header(&name);
-        }
-        self.debit(&owed, status).await;
-    }
-
-    /// Charges every layer charged by the response of a request that got
-    /// none: `client_left` (it hung up while the upstream worked) charges
-    /// as if the status were listed and the cost the most a response may
-    /// report, so that hanging up is no way to dodge either; otherwise (the
-    /// upstream failed) a cost layer is charged its default.
-    async fn charge_unanswered(&self, ctx: &mut RequestCtx, client_left: bool) {
-        let mut owed = Vec::new();
-        for (check, charge) in std::mem::take(&mut ctx.counted) {
-            match charge {
-                AfterResponse::Status(_) if client_left => self.charge(&check, 0).await,
-                AfterResponse::Status(_) => {}
-                AfterResponse::Cost(priced) => {
-                    let cost = if client_left {
-                        priced.max
-                    } else {
-                        priced.default
-                    };
-                    owed.push(owed_check(check, cost));
-                }
-            }
-        }
-        self.debit(&owed, 0).await;
-    }
-
-    async fn charge(&self, check: &Check, status: u16) {
-        if let Err(e) = self.state.store.decide(std::slice::from_ref(check)).await {
-            warn!("could not count a {status} against {}: {e}", check.name);
-        }
-    }
-
-    /// Charges costs that are owed (`owed_check`): one call for them all,
-    /// since none can be refused.
-    async fn debit(&self, owed: &[Check], status: u16) {
-        if owed.is_empty() {
-            return;
-        }
-        if let Err(e) = self.state.store.decide(owed).await {
-            warn!(
-                "could not charge the cost of a {status} response against {}: {e}",
-                owed[0].name
-            );
-        }
-    }
-
-    /// After a refusal by limits that ban: one strike on each refused key,
-    /// and a ban for a key whose strikes are full. Each ban is taken once
-    /// (its one token), so it is counted and logged once, by the instance
-    /// that took it.
-    async fn strike(&self, ctx: &RequestCtx) {
-        let Some(verdict) = ctx.verdict.as_ref().filter(|v| v.refused) else {
-            return;
-        };
-        let policy = &ctx.runtime.policy;
-        for o in &verdict.outcomes {
-            if o.shadow || o.banned || o.decision.allowed() {
-                continue;
-            }
-            let limit = &policy.limits[o.layer];
-            let Some(ban) = &limit.ban else {
-                continue;
-            };
-            let on_failure = limit.on_failure.unwrap_or(policy.default_on_failure);
-            let on_key = |name: &LimitName, algorithm, id| Check {
-                layer: o.layer,
-                name: name.clone(),
-                algorithm,
-                key: StateKey {
-                    limit: id,
-                    identity: o.identity,
-                },
-                cost: 1,
-                shadow: false,
-                on_failure,
-            };
-            let strike = on_key(&ban.strikes_name, ban.strikes, ban.strikes_id);
-            let struck = match self.state.store.decide(std::slice::from_ref(&strike)).await {
-                Ok(d) => d[0],
-                Err(e) => {
-                    warn!("could not count a refusal toward {}'s ban: {e}", limit.name);
-                    continue;
-                }
-            };
-            // Full after this strike (or already full): `after` refusals
-            // within `within`.
-            if struck.allowed() && struck.remaining() > 0 {
-                continue;
-            }
-            let penalty = on_key(&ban.penalty_name, ban.penalty, ban.penalty_id);
-            match self
-                .state
-                .store
-                .decide(std::slice::from_ref(&penalty))
-                .await
-            {
-                Ok(d) if d[0].allowed() => {
-                    ctx.runtime.counters[o.layer].bans.inc();
-                    warn!(
-                        "banned: {} limit={} for {}s after {} refusals within {}s request_id={}",
-                        ctx.client
-                            .as_ref()
-                            .map_or_else(String::new, Client::log_label),
-                        limit.name,
-                        headers::ceil_secs(ban.penalty.window_us()),
-                        ban.strikes.quota(),
-                        headers::ceil_secs(ban.strikes.window_us()),
-                        ctx.request_id
-                    );
-                }
-                Ok(_) => {}
-                Err(e) => warn!("could not ban a key of {}: {e}", limit.name),
-            }
-        }
-    }
-}
-
-/// The cost a response reports: a whole number, nothing else.
-fn reported_cost(value: Option<&http::HeaderValue>) -> Option<u64> {
-    let text = value?.to_str().ok()?.trim();
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    text.parse().ok()
-}
-
-/// `check` charged `cost` whatever is left (see `Algorithm::without_ceiling`).
-fn owed_check(mut check: Check, cost: u64) -> Check {
-    check.algorithm = check.algorithm.without_ceiling();
-    check.cost = cost;
-    check
 }
 
 #[async_trait]
@@ -250,7 +80,8 @@ impl ProxyHttp for Gateway {
             && ctx.upstream_status.is_none()
             && e.is_some_and(|e| matches!(e.esource(), ErrorSource::Downstream));
         if ctx.upstream_sent.is_some() && ctx.upstream_status.is_none() {
-            self.charge_unanswered(ctx, client_left_mid_request).await;
+            charges::charge_unanswered(self.state.store.as_ref(), ctx, client_left_mid_request)
+                .await;
         }
         if let Some(mut slots) = ctx.slots.take() {
             if client_left_mid_request {
@@ -271,7 +102,7 @@ impl ProxyHttp for Gateway {
         if let Some(verdict) = &ctx.verdict {
             verdict.account(&ctx.runtime, ctx.client.as_ref(), &ctx.request_id);
         }
-        self.strike(ctx).await;
+        strikes::strike(self.state.store.as_ref(), ctx).await;
         if let Some(log) = &self.state.access_log {
             log.write(access_line(session, ctx, status, took));
         }
@@ -624,7 +455,7 @@ impl ProxyHttp for Gateway {
         ctx.upstream_status = Some(upstream_response.status.as_u16());
         // Charged before the client sees the status: a client that learns
         // the outcome and then holds the stream open is counted all the same.
-        self.charge_by_response(ctx, upstream_response).await;
+        charges::charge_by_response(self.state.store.as_ref(), ctx, upstream_response).await;
         if upstream_response.status == http::StatusCode::SWITCHING_PROTOCOLS {
             if let Some(slots) = &mut ctx.slots {
                 slots.upgraded();

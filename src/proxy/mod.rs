@@ -4,29 +4,37 @@
 //! (connection)     caps and head deadlines: see `connection`
 //! request_filter   strict framing: a Content-Length list, CL with TE, no Host: 400
 //!                  (`framing`); canonical path (the upstream gets it too)
-//!                  identify -> plan layers -> one store call (`limiter::Store`)
+//!                  identify -> plan layers -> bans peeked, slots taken
+//!                  (`slots`), layers charged by response peeked, the rest
+//!                  decided in one store call (`limiter::Store`)
 //!                  refused: 429 written here (`answer`), upstream never touched
 //!                  leaky bucket: wait for the slot, then go on
 //! upstream_peer    round robin over [upstream].servers, each server at most
 //!                  once per request (fail_to_connect decides the retry)
 //! upstream_request_filter  Host for HTTP/1.0 requests that had none;
 //!                  X-Forwarded-* and the request id (`forwarding`)
-//! response_filter  rate-limit headers of the most constrained layer
+//! response_filter  layers charged by the response charged (`charges`): a
+//!                  listed status, a reported cost (its header hidden);
+//!                  rate-limit headers of the most constrained layer
 //! fail_to_proxy    upstream down or slow: 502 / 504 with a JSON body, one
 //!                  warn line per failed request (Pingora's own are off: they
 //!                  carry query strings)
-//! logging          the verdict counted per layer, one line per refusal
-//!                  (`verdict`), the access log line (`access`), metrics; the
+//! logging          what a request that got no response owes (`charges`),
+//!                  slots given back, the verdict counted per layer, one line
+//!                  per refusal (`verdict`), a refusal's strike toward a ban
+//!                  (`strikes`), the access log line (`access`), metrics; the
 //!                  connection's head clock starts again
 //! ```
 
 mod access;
 mod answer;
+mod charges;
 mod ctx;
 mod forwarding;
 mod framing;
 mod gateway;
 mod slots;
+mod strikes;
 mod verdict;
 
 pub use gateway::Gateway;

@@ -1,0 +1,73 @@
+//! A refusal's strike toward its limit's ban, and the ban it completes.
+
+use log::warn;
+
+use super::ctx::RequestCtx;
+use crate::headers;
+use crate::identity::{Client, StateKey};
+use crate::limiter::{Check, LimitName, Store};
+
+/// After a refusal by limits that ban: one strike on each refused key,
+/// and a ban for a key whose strikes are full. Each ban is taken once
+/// (its one token), so it is counted and logged once, by the instance
+/// that took it.
+pub(super) async fn strike(store: &dyn Store, ctx: &RequestCtx) {
+    let Some(verdict) = ctx.verdict.as_ref().filter(|v| v.refused) else {
+        return;
+    };
+    let policy = &ctx.runtime.policy;
+    for o in &verdict.outcomes {
+        if o.shadow || o.banned || o.decision.allowed() {
+            continue;
+        }
+        let limit = &policy.limits[o.layer];
+        let Some(ban) = &limit.ban else {
+            continue;
+        };
+        let on_failure = limit.on_failure.unwrap_or(policy.default_on_failure);
+        let on_key = |name: &LimitName, algorithm, id| Check {
+            layer: o.layer,
+            name: name.clone(),
+            algorithm,
+            key: StateKey {
+                limit: id,
+                identity: o.identity,
+            },
+            cost: 1,
+            shadow: false,
+            on_failure,
+        };
+        let strike = on_key(&ban.strikes_name, ban.strikes, ban.strikes_id);
+        let struck = match store.decide(std::slice::from_ref(&strike)).await {
+            Ok(d) => d[0],
+            Err(e) => {
+                warn!("could not count a refusal toward {}'s ban: {e}", limit.name);
+                continue;
+            }
+        };
+        // Full after this strike (or already full): `after` refusals
+        // within `within`.
+        if struck.allowed() && struck.remaining() > 0 {
+            continue;
+        }
+        let penalty = on_key(&ban.penalty_name, ban.penalty, ban.penalty_id);
+        match store.decide(std::slice::from_ref(&penalty)).await {
+            Ok(d) if d[0].allowed() => {
+                ctx.runtime.counters[o.layer].bans.inc();
+                warn!(
+                    "banned: {} limit={} for {}s after {} refusals within {}s request_id={}",
+                    ctx.client
+                        .as_ref()
+                        .map_or_else(String::new, Client::log_label),
+                    limit.name,
+                    headers::ceil_secs(ban.penalty.window_us()),
+                    ban.strikes.quota(),
+                    headers::ceil_secs(ban.strikes.window_us()),
+                    ctx.request_id
+                );
+            }
+            Ok(_) => {}
+            Err(e) => warn!("could not ban a key of {}: {e}", limit.name),
+        }
+    }
+}
