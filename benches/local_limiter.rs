@@ -22,6 +22,7 @@ fn checks(identity: u128) -> [Check; 2] {
         key: StateKey { limit, identity },
         cost: 1,
         shadow: false,
+        peek: false,
         on_failure: OnFailure::Local,
     };
     [

@@ -68,6 +68,7 @@ fn measure(which: usize) {
                 },
                 cost: 1,
                 shadow: false,
+                peek: false,
                 on_failure: OnFailure::Local,
             };
             store.decide_now(std::slice::from_ref(&check));

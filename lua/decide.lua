@@ -9,8 +9,9 @@
 -- ARGV[2]  r, the number of requests; then for each request: n, its number
 --          of layers, then 5 values per layer: algorithm (its code in
 --          CODE, which the proxy prepends from its algorithm table), its two
---          numbers (capacity and interval_us, or limit and window_us), cost,
---          mode (0 enforce, 1 shadow, 2 peek)
+--          numbers (capacity and interval_us, limit and window_us, or limit
+--          and the calendar period's end), cost, mode (0 enforce, 1 shadow,
+--          2 peek, 3 shadow peek)
 -- Reply    one string: 7 integers per layer, request after request,
 --          separated by spaces: allowed, cost_exceeds_limit, limit,
 --          remaining, reset_after_us, retry_after_us, delay_us. (One string
@@ -19,7 +20,8 @@
 --
 -- For each request, nothing is written unless every enforcing (non-shadow)
 -- layer admits; then every admitting layer, shadow ones included, is charged.
--- A peek layer is decided like an enforcing one and never written.
+-- A peek layer is decided like an enforcing one (a shadow peek like a shadow
+-- one) and never written.
 
 local now = tonumber(ARGV[1])
 if now < 0 then
@@ -41,8 +43,8 @@ local function decide_request(first_key, first_arg, n)
     local key = KEYS[first_key + i - 1]
     local d = algorithm.evaluate(a, b, algorithm.load(key), now, cost)
     local mode = ARGV[base + 4]
-    layers[i] = { algorithm = algorithm, decision = d, key = key, peek = mode == '2' }
-    if mode ~= '1' and d.allowed == 0 then
+    layers[i] = { algorithm = algorithm, decision = d, key = key, peek = mode == '2' or mode == '3' }
+    if mode ~= '1' and mode ~= '3' and d.allowed == 0 then
       blocked = true
     end
   end

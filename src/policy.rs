@@ -395,6 +395,7 @@ impl Policy {
                     },
                     cost: 1,
                     shadow: false,
+                    peek: true,
                     on_failure,
                 });
             }
@@ -414,17 +415,19 @@ impl Policy {
                         key,
                         cost: self.cost_of(layer, method, path),
                         shadow: limit.shadow,
+                        peek: false,
                         on_failure,
                     };
                     match &limit.after_response {
-                        Some(AfterResponse::Cost(priced)) => {
-                            // Admitted while the balance is positive.
-                            check.cost = 1;
-                            layers
-                                .counted
-                                .push((check, AfterResponse::Cost(priced.clone())));
+                        Some(charge) => {
+                            // Checked now, charged once the response is known.
+                            check.peek = true;
+                            if let AfterResponse::Cost(_) = charge {
+                                // Admitted while the balance is positive.
+                                check.cost = 1;
+                            }
+                            layers.counted.push((check, charge.clone()));
                         }
-                        Some(charge) => layers.counted.push((check, charge.clone())),
                         None => layers.checks.push(check),
                     }
                 }

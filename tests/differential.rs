@@ -78,7 +78,7 @@ fn step_us(rng: &mut Rng, algorithm: &Algorithm, last: Option<&Decision>) -> u64
 }
 
 /// One request of `client` through `layers` (limit i keyed by layer i); the
-/// second layer is sometimes a shadow one.
+/// second layer is sometimes a shadow one, and any may be a peek.
 fn request(rng: &mut Rng, name: &str, layers: &[Algorithm], client: u128, cost: u64) -> Vec<Check> {
     layers
         .iter()
@@ -93,6 +93,9 @@ fn request(rng: &mut Rng, name: &str, layers: &[Algorithm], client: u128, cost: 
             },
             cost,
             shadow: layer == 1 && rng.below(4) == 0,
+            // A layer looked up with the others (a ban, a limit charged by
+            // the response): decided, never charged.
+            peek: rng.below(6) == 0,
             on_failure: OnFailure::Deny,
         })
         .collect()
@@ -153,6 +156,7 @@ fn lua_scripts_match_their_rust_twins() {
                         checks.truncate(1);
                         checks[0].algorithm = checks[0].algorithm.without_ceiling();
                         checks[0].cost = rng.below(3 * layers[0].quota() + 1);
+                        checks[0].peek = false;
                     }
                     checks
                 }

@@ -414,6 +414,7 @@ fn concurrent_decisions_share_one_script_run() {
         },
         cost: 1,
         shadow: false,
+        peek: false,
         on_failure: OnFailure::Deny,
     };
     let requests = vec![vec![check]; 50];

@@ -32,6 +32,7 @@ fn check(name: &str, limit: u64, identity: u128, cost: u64) -> Check {
         },
         cost,
         shadow: false,
+        peek: false,
         on_failure: OnFailure::Deny,
     }
 }

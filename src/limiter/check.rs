@@ -49,6 +49,10 @@ pub struct Check {
     pub key: StateKey,
     pub cost: u64,
     pub shadow: bool,
+    /// Decided like any layer (an enforcing one can refuse the request) and
+    /// never charged: a ban looked up, a limit charged by the response
+    /// checked before it.
+    pub peek: bool,
     /// What decides this layer when the shared store cannot.
     pub on_failure: OnFailure,
 }

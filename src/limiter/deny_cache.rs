@@ -73,13 +73,18 @@ impl<S: Store> KnownRefusals<S> {
 
     /// Decisions for a request one of whose layers the store is known to
     /// refuse still: that layer refuses, the others are reported as open
-    /// (nothing is charged, as the store would charge nothing).
+    /// (nothing is charged, as the store would charge nothing). A lookup
+    /// (`peek`) ahead of it that is not known is asked of the store: the
+    /// caller puts first what it reports first (a ban before a rate).
     fn known_refusal(&self, checks: &[Check], now_us: u64) -> Option<Vec<Decision>> {
         // Most requests have no known refusal: look before building anything.
         let (at, refusal) = checks
             .iter()
             .enumerate()
             .find_map(|(i, c)| Some((i, self.refusal(c, now_us)?)))?;
+        if checks[..at].iter().any(|c| c.peek && !c.shadow) {
+            return None;
+        }
         Some(
             checks
                 .iter()
@@ -247,6 +252,45 @@ mod tests {
         // The same key under other numbers (a reload): asked too.
         cache.decide(&[check(0, 5, 7, 3)]).await.expect("decided");
         assert_eq!(store.decisions(), calls + 2);
+    }
+
+    /// A ban looked up ahead of a remembered rate refusal: the store is
+    /// asked, so that a ban imposed meanwhile (by another instance) is what
+    /// the client is told; once that refusal is known, the cache answers it.
+    #[tokio::test]
+    async fn an_unknown_lookup_ahead_of_a_known_refusal_asks_the_store() {
+        let (_, store, cache) = cached(1000);
+        let login = check(1, 1, 7, 1);
+        cache
+            .decide(std::slice::from_ref(&login))
+            .await
+            .expect("decided");
+        assert!(!cache
+            .decide(std::slice::from_ref(&login))
+            .await
+            .expect("decided")[0]
+            .allowed());
+        // Someone else takes the ban's one token: the key is banned.
+        let ban = check(0, 1, 7, 1);
+        store
+            .decide(std::slice::from_ref(&ban))
+            .await
+            .expect("banned");
+        let lookup = Check { peek: true, ..ban };
+        let request = [lookup.clone(), login.clone()];
+        let calls = store.decisions();
+        let answer = cache.decide(&request).await.expect("decided");
+        assert!(!answer[0].allowed(), "the ban, from the store");
+        assert_eq!(store.decisions(), calls + 1);
+        let again = cache.decide(&request).await.expect("decided");
+        assert!(!again[0].allowed());
+        assert_eq!(store.decisions(), calls + 1, "now known: not asked");
+        // A lookup behind the known refusal changes nothing: not asked.
+        cache
+            .decide(&[login, Check { layer: 2, ..lookup }])
+            .await
+            .expect("decided");
+        assert_eq!(store.decisions(), calls + 1);
     }
 
     #[tokio::test]

@@ -29,6 +29,7 @@ pub fn check(layer: usize, capacity: u64, identity: u128, cost: u64) -> Check {
         },
         cost,
         shadow: false,
+        peek: false,
         on_failure: OnFailure::Local,
     }
 }

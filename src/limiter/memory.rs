@@ -173,7 +173,10 @@ impl MemoryStore {
         let decisions: Vec<Decision> = evaluations.iter().map(|e| e.decision).collect();
         if admitted(checks, &decisions) {
             for ((check, home), evaluation) in checks.iter().zip(&homes).zip(&evaluations) {
-                if !evaluation.decision.allowed() || evaluation.update == Update::Unchanged {
+                if check.peek
+                    || !evaluation.decision.allowed()
+                    || evaluation.update == Update::Unchanged
+                {
                     continue;
                 }
                 match home {

@@ -19,6 +19,7 @@ fn check(layer: usize, algorithm: Algorithm, identity: u128, cost: u64) -> Check
         },
         cost,
         shadow: false,
+        peek: false,
         on_failure: OnFailure::Local,
     }
 }

@@ -30,7 +30,8 @@ impl Deciding {
 /// Contract for `decide`: one decision per check, in order, applied
 /// all-or-nothing: if any enforcing (non-shadow) check refuses, no layer is
 /// charged. Shadow checks never refuse the request; one that would have
-/// refused is not charged, one that admits is charged with the rest.
+/// refused is not charged, one that admits is charged with the rest. A
+/// `peek` check is decided with the others and never charged.
 #[async_trait]
 pub trait Store: Send + Sync {
     /// Decides and charges a request's layers.

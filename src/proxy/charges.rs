@@ -25,7 +25,7 @@ pub(super) async fn charge_by_response(
     for (check, when) in std::mem::take(&mut ctx.counted) {
         match when {
             AfterResponse::Status(statuses) if statuses.contains(status) => {
-                charge(store, &check, status).await;
+                charge(store, check, status).await;
             }
             AfterResponse::Status(_) => {}
             AfterResponse::Cost(priced) => {
@@ -63,7 +63,7 @@ pub(super) async fn charge_unanswered(store: &dyn Store, ctx: &mut RequestCtx, c
     let mut owed = Vec::new();
     for (check, when) in std::mem::take(&mut ctx.counted) {
         match when {
-            AfterResponse::Status(_) if client_left => charge(store, &check, 0).await,
+            AfterResponse::Status(_) if client_left => charge(store, check, 0).await,
             AfterResponse::Status(_) => {}
             AfterResponse::Cost(priced) => {
                 let cost = if client_left {
@@ -78,8 +78,9 @@ pub(super) async fn charge_unanswered(store: &dyn Store, ctx: &mut RequestCtx, c
     debit(store, &owed, 0).await;
 }
 
-async fn charge(store: &dyn Store, check: &Check, status: u16) {
-    if let Err(e) = store.decide(std::slice::from_ref(check)).await {
+async fn charge(store: &dyn Store, mut check: Check, status: u16) {
+    check.peek = false;
+    if let Err(e) = store.decide(std::slice::from_ref(&check)).await {
         warn!("could not count a {status} against {}: {e}", check.name);
     }
 }
@@ -111,5 +112,6 @@ fn reported_cost(value: Option<&http::HeaderValue>) -> Option<u64> {
 fn owed_check(mut check: Check, cost: u64) -> Check {
     check.algorithm = check.algorithm.without_ceiling();
     check.cost = cost;
+    check.peek = false;
     check
 }

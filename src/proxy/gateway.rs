@@ -29,7 +29,6 @@ use super::verdict::{Outcome, Verdict};
 
 use crate::connection::clock::HeadClock;
 use crate::headers;
-use crate::limiter::Check;
 use crate::policy::{Plan, RequestView};
 use crate::state::AppState;
 
@@ -190,31 +189,13 @@ impl ProxyHttp for Gateway {
         };
         let refused =
             |outcomes: &[Outcome]| outcomes.iter().any(|o| !o.shadow && !o.decision.allowed());
-        // A banned key is refused before it takes or charges anything.
+        // Slots first: a request refused for want of one charges no rate.
         let mut outcomes = Vec::new();
-        if !layers.bans.is_empty() {
-            let peeked = match self.state.store.peek(&layers.bans).await {
-                Ok(d) => d,
-                Err(e) => return limiter_failed(session, ctx, e).await,
-            };
-            outcomes.extend(
-                layers
-                    .bans
-                    .into_iter()
-                    .zip(peeked)
-                    .filter(|(_, decision)| !decision.allowed())
-                    .map(|(check, decision)| {
-                        let name = policy.limits[check.layer].name.clone();
-                        Outcome::of_ban(name, check, decision)
-                    }),
-            );
-        }
-        // Slots next: a request refused for want of one charges no rate.
-        if !refused(&outcomes) && !layers.slots.is_empty() {
+        if !layers.slots.is_empty() {
             match HeldSlots::acquire(self.state.store.clone(), layers.slots).await {
                 Ok((held, slot_outcomes)) => {
                     ctx.slots = Some(held);
-                    outcomes.extend(slot_outcomes);
+                    outcomes = slot_outcomes;
                     // A client that stops reading (an HTTP/2 window kept
                     // shut) must not hold its slots forever.
                     session
@@ -224,34 +205,43 @@ impl ProxyHttp for Gateway {
                 Err(e) => return limiter_failed(session, ctx, e).await,
             }
         }
-        // Layers charged by the response: refused now only when already
-        // spent, charged once the response is known.
-        if !refused(&outcomes) && !layers.counted.is_empty() {
-            let counted: Vec<Check> = layers.counted.iter().map(|(c, _)| c.clone()).collect();
-            let peeked = match self.state.store.peek(&counted).await {
+        // Then one store call, all or nothing: the bans of the limits that
+        // ban, looked up first (a banned key is refused on every route, and
+        // a store that remembers refusals answers a ban before a rate); the
+        // rate layers, decided; the layers charged by the response, checked
+        // (refused only when already spent).
+        let (bans, counted) = (layers.bans.len(), layers.counted.len());
+        if !refused(&outcomes) && bans + counted + layers.checks.len() > 0 {
+            let checks = if bans + counted == 0 {
+                layers.checks
+            } else {
+                let mut all = layers.bans;
+                all.reserve(counted + layers.checks.len());
+                all.extend(layers.checks);
+                all.extend(layers.counted.iter().map(|(c, _)| c.clone()));
+                all
+            };
+            let decisions = match self.state.store.decide(&checks).await {
                 Ok(d) => d,
                 Err(e) => return limiter_failed(session, ctx, e).await,
             };
-            outcomes.extend(
-                counted
-                    .into_iter()
-                    .zip(peeked)
-                    .map(|(check, decision)| Outcome::of_check(check, decision)),
-            );
-            ctx.counted = layers.counted;
-        }
-        if !refused(&outcomes) && !layers.checks.is_empty() {
-            let decisions = match self.state.store.decide(&layers.checks).await {
-                Ok(d) => d,
-                Err(e) => return limiter_failed(session, ctx, e).await,
-            };
-            outcomes.extend(
-                layers
-                    .checks
-                    .into_iter()
-                    .zip(decisions)
-                    .map(|(check, decision)| Outcome::of_check(check, decision)),
-            );
+            let mut decided = checks.into_iter().zip(decisions);
+            let banned: Vec<Outcome> = decided
+                .by_ref()
+                .take(bans)
+                .filter(|(_, decision)| !decision.allowed())
+                .map(|(check, decision)| {
+                    let name = policy.limits[check.layer].name.clone();
+                    Outcome::of_ban(name, check, decision)
+                })
+                .collect();
+            if banned.is_empty() {
+                outcomes.extend(decided.map(|(check, d)| Outcome::of_check(check, d)));
+                ctx.counted = layers.counted;
+            } else {
+                // The ban is the answer, whatever else the layers said.
+                outcomes = banned;
+            }
         }
         let verdict = ctx
             .verdict

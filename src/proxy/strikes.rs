@@ -35,6 +35,7 @@ pub(super) async fn strike(store: &dyn Store, ctx: &RequestCtx) {
             },
             cost: 1,
             shadow: false,
+            peek: false,
             on_failure,
         };
         let strike = on_key(&ban.strikes_name, ban.strikes, ban.strikes_id);

@@ -52,8 +52,10 @@ pub(super) enum Mode {
     Enforce = 0,
     /// Never refuses; charged when it admits and the request goes through.
     Shadow = 1,
-    /// Decided, never charged.
+    /// Decided, never charged; refuses the request when it refuses.
     Peek = 2,
+    /// Decided, never charged, never refuses.
+    ShadowPeek = 3,
 }
 
 /// One layer as the script takes it.
@@ -152,8 +154,9 @@ impl<C: Connect> Scripted<C> {
                     None => check.algorithm.period_us(),
                 },
                 cost: check.cost,
-                mode: match (peek, check.shadow) {
-                    (true, _) => Mode::Peek,
+                mode: match (peek || check.peek, check.shadow) {
+                    (true, false) => Mode::Peek,
+                    (true, true) => Mode::ShadowPeek,
                     (false, true) => Mode::Shadow,
                     (false, false) => Mode::Enforce,
                 },
@@ -435,6 +438,7 @@ mod tests {
                 key: StateKey { limit: 0, identity },
                 cost: 1,
                 shadow: false,
+                peek: false,
                 on_failure: OnFailure::Deny,
             };
             assert_eq!(store.key(&check), format!("fg:per-ip:{{{identity:032x}}}"));
