@@ -380,8 +380,13 @@ impl Policy {
             if !matches && limit.ban.is_none() {
                 continue;
             }
-            let Some(identity) = self.clients.identity_of(&limit.key, client, headers)? else {
-                continue;
+            let identity = match self.clients.identity_of(&limit.key, client, headers) {
+                Ok(Some(identity)) => identity,
+                Ok(None) => continue,
+                // A key this route's limit never reads (only its ban looks
+                // it up) is no reason to refuse the request.
+                Err(_) if !matches => continue,
+                Err(e) => return Err(e),
             };
             let on_failure = limit.on_failure.unwrap_or(self.default_on_failure);
             if let Some(ban) = &limit.ban {
@@ -396,7 +401,9 @@ impl Policy {
                     cost: 1,
                     shadow: false,
                     peek: true,
-                    on_failure,
+                    // Without the store, no ban is known: a ban never
+                    // fails closed (every route would answer "banned").
+                    on_failure: OnFailure::Allow,
                 });
             }
             if !matches {

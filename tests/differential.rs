@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::redis_server::RedisServer;
 use common::Rng;
-use floodgate::algorithm::{Algorithm, Calendar, Decision, Kind, Period};
+use floodgate::algorithm::{Algorithm, Calendar, Decision, Period};
 use floodgate::clock::ManualClock;
 use floodgate::identity::StateKey;
 use floodgate::limiter::redis::Topology;
@@ -51,11 +51,6 @@ fn random_algorithm(rng: &mut Rng, which: u64) -> Algorithm {
         )
         .expect("valid numbers"),
     }
-}
-
-/// Whether a response's reported cost can be owed on this algorithm.
-fn owes(algorithm: &Algorithm) -> bool {
-    !matches!(algorithm.kind(), Kind::LeakyBucket | Kind::SlidingLog)
 }
 
 /// Random steps, and steps that land exactly on (or next to) the instants
@@ -152,7 +147,7 @@ fn lua_scripts_match_their_rust_twins() {
                     let mut checks = request(&mut rng, name, &layers[..count], client, cost);
                     // Now and then a cost the response reported: owed in
                     // full whatever is left (the balance may go below 0).
-                    if owes(&layers[0]) && rng.below(8) == 0 {
+                    if layers[0].owes_costs() && rng.below(8) == 0 {
                         checks.truncate(1);
                         checks[0].algorithm = checks[0].algorithm.without_ceiling();
                         checks[0].cost = rng.below(3 * layers[0].quota() + 1);

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use common::redis_server::RedisServer;
 use common::{wait_until, ConfigBuilder, Limit, Proxy, Response, Upstream};
 
-/// 1,000 tokens per account, one back every 100 ms; a response's
+/// 1,000 tokens per account, one back every second; a response's
 /// `X-Tokens-Used` is charged, at most 1,000, 300 when it says nothing.
 fn tokens() -> Limit {
-    Limit::token_bucket("tokens", "header:X-Account", 1000, 10.0)
+    Limit::token_bucket("tokens", "header:X-Account", 1000, 1.0)
         .line("cost_from_response = { header = \"X-Tokens-Used\", max = 1000, default = 300 }")
 }
 
@@ -52,15 +52,15 @@ fn the_reported_cost_is_charged_hidden_and_owed_until_paid_back() {
         3,
         "the refused call never reached the app"
     );
-    // Back to +1 once 1,201 tokens have come back: 120.1 s after the first
-    // charge, 100 s of which the bucket's capacity covers.
+    // Back to +1 once 1,201 tokens have come back: 1,201 s after the first
+    // charge, 1,000 s of which the bucket's capacity covers.
     let retry_ms = refused.retry_after_ms().expect("a retry time");
     let elapsed_ms = first_charge.elapsed().as_millis() as u64 + 1;
     assert!(
-        retry_ms <= 20_100 && retry_ms + elapsed_ms >= 20_100,
+        retry_ms <= 201_000 && retry_ms + elapsed_ms >= 201_000,
         "retry after {retry_ms} ms, at most {elapsed_ms} ms after the first charge"
     );
-    assert_eq!(refused.header("Retry-After"), Some("21"));
+    assert_eq!(refused.header("Retry-After"), Some("201"));
     assert!(refused.body.contains("\"limit\":\"tokens\""));
 
     // Missing and unreadable costs are charged the default, and counted;
@@ -164,5 +164,55 @@ fn a_cost_can_apply_to_one_limit_only() {
         refused.body.contains("\"limit\":\"quota\""),
         "{}",
         refused.body
+    );
+}
+
+/// An interim answer (100 Continue, 103 Early Hints) before the final one
+/// is no outcome: the final answer's cost and status are charged.
+#[test]
+fn an_interim_answer_charges_nothing_the_final_one_does() {
+    let upstream = Upstream::start();
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .limit(tokens())
+        .limit(Limit::fixed_window("failures", "ip", 1, "1h").line("count = { statuses = [401] }"))
+        .start();
+    let interim = |account: &str, code: &str, used: &str, status: &str| {
+        let used = format!("X-Tokens-Used: {used}");
+        proxy.send(
+            "POST",
+            "/v1/chat",
+            &[
+                ("X-Account", account),
+                ("X-Answer-Interim", code),
+                ("X-Answer-Header", used.as_str()),
+                ("X-Answer-Status", status),
+            ],
+        )
+    };
+    let r = interim("alice", "100", "1000", "200");
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header("X-Tokens-Used"),
+        None,
+        "hidden in the final answer"
+    );
+    assert_eq!(
+        proxy.metric(UNREAD),
+        0.0,
+        "the 100 was not read as a response"
+    );
+    let spent = call(&proxy, "alice", Some("1"));
+    assert!(
+        spent.body.contains("\"limit\":\"tokens\""),
+        "{}",
+        spent.body
+    );
+    assert_eq!(interim("carol", "103", "1", "401").status, 401);
+    let counted = call(&proxy, "dave", Some("1"));
+    assert!(
+        counted.body.contains("\"limit\":\"failures\""),
+        "{}",
+        counted.body
     );
 }

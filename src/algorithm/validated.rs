@@ -3,7 +3,7 @@
 
 use super::calendar::Calendar;
 use super::decision::Evaluation;
-use super::kind::{Kind, Parameter};
+use super::kind::Kind;
 use super::sliding_log::LogState;
 use super::state::State;
 use super::{fixed_window, leaky_bucket, quota, sliding_log, sliding_window, token_bucket};
@@ -154,15 +154,27 @@ impl Algorithm {
     /// The same limit without its ceiling, on the same state: a cost
     /// decided against it is charged whatever is left, so the balance may
     /// go below zero (a cost the response reports is owed, not asked for).
-    /// The ceiling that remains (some 71 years of debt for a bucket) keeps
-    /// the arithmetic exact.
+    /// What remains of a ceiling keeps the arithmetic exact: 2^51 units for
+    /// a window or a quota, whose counts are only added; 2^51 µs of debt
+    /// (71 years) for a bucket. A sliding window multiplies its counts by
+    /// its window, so its ceiling would be low enough to be reached: it is
+    /// not offered this (`owes_costs`).
     pub fn without_ceiling(&self) -> Algorithm {
-        let quota = if self.kind.is_bucket() || self.kind.spec().period == Parameter::Window {
-            (MAX_EXACT / 4 / self.period_us).max(1)
-        } else {
-            MAX_EXACT / 4
+        let quota = match self.kind {
+            Kind::FixedWindow | Kind::Quota => MAX_EXACT / 4,
+            _ => (MAX_EXACT / 4 / self.period_us).max(1),
         };
         Algorithm { quota, ..*self }
+    }
+
+    /// Whether a cost can be owed to it (`without_ceiling`): a bucket's
+    /// debt and a window's count can be; not a log of stamps, a schedule
+    /// of departures, or a sliding window's weighted counts.
+    pub fn owes_costs(&self) -> bool {
+        matches!(
+            self.kind,
+            Kind::TokenBucket | Kind::FixedWindow | Kind::Quota
+        )
     }
 
     /// The quota's time window in microseconds (`w=`): for the buckets, the time

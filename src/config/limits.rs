@@ -143,7 +143,11 @@ fn validate_limit(
             ))
         }
         (Some(count), None) => Some(AfterResponse::Status(statuses(count, &rule, i)?)),
-        (None, Some(priced)) => Some(AfterResponse::Cost(response_cost(priced, &rule, i)?)),
+        (None, Some(priced)) => {
+            let mut rules = vec![rule];
+            rules.extend(tiers.iter().map(|(_, r)| *r));
+            Some(AfterResponse::Cost(response_cost(priced, &rules, i)?))
+        }
         (None, None) => None,
     };
     let ban = match &s.ban {
@@ -154,6 +158,10 @@ fn validate_limit(
                 "a shadow limit refuses nobody, so it can ban nobody",
             ))
         }
+        Some(_) if key == KeySource::Global => return Err(at(
+            &[&"limits", &i, &"ban"],
+            "a limit keyed \"global\" has one key for everyone: its ban would shut everyone out",
+        )),
         Some(section) => Some(ban(section, &s.name, i)?),
     };
     Ok(Limit {
@@ -174,7 +182,7 @@ fn validate_limit(
 /// a log of stamps, not a schedule of departures).
 fn response_cost(
     section: &ResponseCostSection,
-    rule: &Rule,
+    rules: &[Rule],
     i: usize,
 ) -> Result<ResponseCost, Invalid> {
     let here = |key: &'static str| -> Vec<Segment> {
@@ -185,36 +193,57 @@ fn response_cost(
             Segment::Key(key.into()),
         ]
     };
-    let algorithm = match rule {
-        Rule::Rate(algorithm)
-            if !matches!(algorithm.kind(), Kind::LeakyBucket | Kind::SlidingLog) =>
-        {
-            algorithm
+    let mut most = MAX_EXACT / 4;
+    // The limit and each tier: one response's cost must fit under each's
+    // ceiling, so that it is always owed in full.
+    for rule in rules {
+        match rule {
+            Rule::Rate(algorithm) if algorithm.owes_costs() => {
+                most = most.min(algorithm.without_ceiling().quota());
+            }
+            Rule::Rate(algorithm) => {
+                return Err(at(
+                    &[&"limits", &i, &"cost_from_response"],
+                    format!(
+                        "`cost_from_response` does not apply to {}; use token_bucket, fixed_window or quota",
+                        algorithm.name()
+                    ),
+                ))
+            }
+            Rule::Concurrency(_) => {
+                return Err(at(
+                    &[&"limits", &i, &"cost_from_response"],
+                    format!("`cost_from_response` does not apply to {CONCURRENCY}"),
+                ))
+            }
         }
-        Rule::Rate(algorithm) => {
-            return Err(at(
-                &[&"limits", &i, &"cost_from_response"],
-                format!(
-                    "`cost_from_response` does not apply to {}; use token_bucket, fixed_window, sliding_window or quota",
-                    algorithm.name()
-                ),
-            ))
-        }
-        Rule::Concurrency(_) => {
-            return Err(at(
-                &[&"limits", &i, &"cost_from_response"],
-                format!("`cost_from_response` does not apply to {CONCURRENCY}"),
-            ))
-        }
-    };
+    }
     let header = HeaderName::from_bytes(section.header.as_bytes()).map_err(|_| {
         (
             here("header"),
             format!("\"{}\" is not a valid header name", section.header),
         )
     })?;
-    // One response's cost is owed in full: the arithmetic must hold it.
-    let most = algorithm.without_ceiling().quota();
+    // Removing one of these from a response would break its framing.
+    const FRAMING: [&str; 8] = [
+        "connection",
+        "content-length",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    ];
+    if FRAMING.contains(&header.as_str()) {
+        return Err((
+            here("header"),
+            format!(
+                "\"{}\" frames the response; name a header of its own",
+                section.header
+            ),
+        ));
+    }
     let whole = |key: &'static str, value: i64| -> Result<u64, Invalid> {
         u64::try_from(value)
             .ok()
@@ -230,7 +259,10 @@ fn response_cost(
     if max == 0 {
         return Err((here("max"), "must be at least 1".into()));
     }
-    let default = whole("default", section.default.unwrap_or(1))?.min(max);
+    let default = whole("default", section.default.unwrap_or(1))?;
+    if default > max {
+        return Err((here("default"), format!("must be at most `max` ({max})")));
+    }
     Ok(ResponseCost {
         header,
         max,
@@ -239,9 +271,10 @@ fn response_cost(
     })
 }
 
-/// `ban`: its strikes and its penalty as limits of their own, named after
-/// the limit with a ':' (which a limit's name cannot hold) so that their
-/// state never meets a limit's.
+/// `ban`: its strikes and its penalty as limits of their own, named
+/// `strikes:<limit>` and `ban:<limit>` (a ':' no limit's name can hold), so
+/// that their state never meets a limit's, nor a concurrency limit's
+/// (`slots:<limit>`).
 fn ban(section: &BanSection, limit: &str, i: usize) -> Result<Ban, Invalid> {
     let here = |key: &'static str| -> Vec<Segment> {
         vec![
@@ -260,22 +293,30 @@ fn ban(section: &BanSection, limit: &str, i: usize) -> Result<Ban, Invalid> {
                 format!("must be a whole number from 1 to {MAX_SLIDING_LOG}"),
             )
         })?;
+    const YEAR: Duration = Duration::from_secs(365 * 86_400);
     let span = |key: &'static str, text: &str| -> Result<u64, Invalid> {
         let d = duration::parse(text).map_err(|m| (here(key), m))?;
-        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-        if d < Duration::from_secs(1) || us > MAX_EXACT / 4 / MAX_SLIDING_LOG {
-            return Err((here(key), "must be from 1s to 260 days".into()));
+        if d < Duration::from_secs(1) || d > YEAR {
+            return Err((here(key), "must be from 1s to 365d".into()));
         }
-        Ok(us)
+        Ok(d.as_micros() as u64)
     };
     let within_us = span("within", &section.within)?;
     let duration_us = span("duration", &section.duration)?;
-    let strikes =
-        Algorithm::sliding_log(after, within_us).map_err(|e| (here("after"), e.to_string()))?;
+    // One stamp per strike: `after` of them must stay exact over `within`.
+    let strikes = Algorithm::sliding_log(after, within_us).map_err(|_| {
+        (
+            here("within"),
+            format!(
+                "too long for {after} strikes: at most {}s",
+                MAX_EXACT / 4 / after / 1_000_000
+            ),
+        )
+    })?;
     let penalty =
         Algorithm::token_bucket(1, duration_us).map_err(|e| (here("duration"), e.to_string()))?;
-    let named = |suffix: &str| {
-        let name = format!("{limit}:{suffix}");
+    let named = |kind: &str| {
+        let name = format!("{kind}:{limit}");
         (
             LimitName::new(&name),
             xxhash_rust::xxh3::xxh3_64(name.as_bytes()),
@@ -394,6 +435,16 @@ fn rule_of(
             numbers(kind, own, base, path).map(Rule::Rate)
         }
         AlgorithmName::Concurrency => {
+            let quota_only = [
+                ("timezone", s.timezone.is_some()),
+                ("week_starts", s.week_starts.is_some()),
+            ];
+            if let Some((name, _)) = quota_only.iter().find(|(_, given)| *given) {
+                return Err((
+                    field(name),
+                    format!("`{name}` does not apply to {CONCURRENCY}"),
+                ));
+            }
             if let Some(&foreign) = Parameter::ALL.iter().find(|&&p| own.has(p)) {
                 return Err((
                     field(foreign.name()),
@@ -486,6 +537,12 @@ fn calendar_quota(
         })?,
     };
     let week_starts = match s.week_starts.as_deref() {
+        Some(_) if period != Period::Week => {
+            return Err((
+                limit_path("week_starts"),
+                "applies to period = \"week\" only".into(),
+            ))
+        }
         None => chrono::Weekday::Mon,
         Some(day) => day
             .parse::<chrono::Weekday>()

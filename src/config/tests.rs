@@ -142,7 +142,7 @@ fn errors_name_line_and_key() {
         ),
         (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"sliding_log\"\nlimit = 5\nwindow = \"1m\"\ncost_from_response = {{ header = \"X-Cost\", max = 10 }}\n"),
-            "t.toml:11: limits[0].cost_from_response: `cost_from_response` does not apply to sliding_log; use token_bucket, fixed_window, sliding_window or quota",
+            "t.toml:11: limits[0].cost_from_response: `cost_from_response` does not apply to sliding_log; use token_bucket, fixed_window or quota",
         ),
         (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"quota\"\nlimit = 5\nperiod = \"day\"\ncost_from_response = {{ header = \"X-Cost\", max = 0 }}\n"),
@@ -158,11 +158,43 @@ fn errors_name_line_and_key() {
         ),
         (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\nban = {{ after = 3, within = \"1m\", duration = \"500ms\" }}\n"),
-            "t.toml:11: limits[0].ban.duration: must be from 1s to 260 days",
+            "t.toml:11: limits[0].ban.duration: must be from 1s to 365d",
         ),
         (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\nshadow = true\nban = {{ after = 3, within = \"1m\", duration = \"1h\" }}\n"),
             "t.toml:12: limits[0].ban: a shadow limit refuses nobody, so it can ban nobody",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\nban = {{ after = 100000, within = \"30d\", duration = \"1d\" }}\n"),
+            "t.toml:11: limits[0].ban.within: too long for 100000 strikes: at most 22517s",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"global\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\nban = {{ after = 3, within = \"1m\", duration = \"1h\" }}\n"),
+            "t.toml:11: limits[0].ban: a limit keyed \"global\" has one key for everyone: its ban would shut everyone out",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"quota\"\nlimit = 5\nperiod = \"month\"\nweek_starts = \"sunday\"\n"),
+            "t.toml:11: limits[0].week_starts: applies to period = \"week\" only",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"concurrency\"\nmax = 2\ntimezone = \"UTC\"\n"),
+            "t.toml:10: limits[0].timezone: `timezone` does not apply to concurrency",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\ncost_from_response = {{ header = \"X-Cost\", max = 10, default = 11 }}\n"),
+            "t.toml:11: limits[0].cost_from_response.default: must be at most `max` (10)",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\ncost_from_response = {{ header = \"Content-Length\", max = 10 }}\n"),
+            "t.toml:11: limits[0].cost_from_response.header: \"Content-Length\" frames the response; name a header of its own",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"sliding_window\"\nlimit = 5\nwindow = \"1m\"\ncost_from_response = {{ header = \"X-Cost\", max = 10 }}\n"),
+            "t.toml:11: limits[0].cost_from_response: `cost_from_response` does not apply to sliding_window; use token_bucket, fixed_window or quota",
+        ),
+        (
+            &format!("{MINIMAL}[clients.api_keys]\n\"k\" = \"free\"\n[[limits]]\nname = \"a\"\nkey = \"api_key\"\nalgorithm = \"token_bucket\"\ncapacity = 10\nrefill_rate = 1000\ncost_from_response = {{ header = \"X-Cost\", max = 3000000000 }}\n[limits.tiers.free]\nrefill_rate = 0.001\n"),
+            "t.toml:13: limits[0].cost_from_response.max: must be a whole number from 0 to 2251799",
         ),
         (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\n[[costs]]\nmatch = {{ paths = [\"/x\"] }}\ncost = 2\nlimits = [\"b\"]\n"),
@@ -309,7 +341,7 @@ fn quotas_response_costs_bans_and_per_layer_costs_resolve() {
     assert_eq!(ban.strikes.quota(), 3);
     assert_eq!(ban.strikes.window_us(), 600_000_000);
     assert_eq!(ban.penalty.window_us(), 3_600_000_000);
-    assert_eq!(ban.penalty_name.as_str(), "per-ip:ban");
+    assert_eq!(ban.penalty_name.as_str(), "ban:per-ip");
     let Rule::Rate(weekly) = limits[2].rule else {
         panic!("a rate")
     };

@@ -136,7 +136,13 @@ pub(super) async fn bad_request(
 
 /// What a gRPC client is told when a limit refuses it.
 pub(super) fn grpc_refusal(refused: &Layer<'_>) -> String {
-    if refused.decision.cost_exceeds_limit() {
+    if refused.banned {
+        format!(
+            "banned by {}; retry after {} ms",
+            refused.name,
+            headers::ceil_ms(refused.decision.retry_after_us())
+        )
+    } else if refused.decision.cost_exceeds_limit() {
         format!(
             "rate limited by {}: the cost exceeds the limit",
             refused.name

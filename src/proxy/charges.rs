@@ -55,18 +55,25 @@ pub(super) async fn charge_by_response(
 }
 
 /// Charges every layer charged by the response of a request that got
-/// none: `client_left` (it hung up while the upstream worked) charges
-/// as if the status were listed and the cost the most a response may
-/// report, so that hanging up is no way to dodge either; otherwise (the
-/// upstream failed) a cost layer is charged its default.
-pub(super) async fn charge_unanswered(store: &dyn Store, ctx: &mut RequestCtx, client_left: bool) {
+/// none. `client_left` (it hung up while the upstream worked) charges as
+/// if the status were listed, so that hanging up is no way to dodge the
+/// count. A cost is charged the most a response may report when the client
+/// left or the upstream ran out of time (it may have done the work: a
+/// request made to run long must not go free), its default otherwise (the
+/// upstream failed).
+pub(super) async fn charge_unanswered(
+    store: &dyn Store,
+    ctx: &mut RequestCtx,
+    client_left: bool,
+    upstream_timed_out: bool,
+) {
     let mut owed = Vec::new();
     for (check, when) in std::mem::take(&mut ctx.counted) {
         match when {
             AfterResponse::Status(_) if client_left => charge(store, check, 0).await,
             AfterResponse::Status(_) => {}
             AfterResponse::Cost(priced) => {
-                let cost = if client_left {
+                let cost = if client_left || upstream_timed_out {
                     priced.max
                 } else {
                     priced.default
@@ -99,13 +106,14 @@ async fn debit(store: &dyn Store, owed: &[Check], status: u16) {
     }
 }
 
-/// The cost a response reports: a whole number, nothing else.
+/// The cost a response reports: a whole number, nothing else (one too
+/// large to read is more than any `max`).
 fn reported_cost(value: Option<&http::HeaderValue>) -> Option<u64> {
     let text = value?.to_str().ok()?.trim();
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    text.parse().ok()
+    Some(text.parse().unwrap_or(u64::MAX))
 }
 
 /// `check` charged `cost` whatever is left (see `Algorithm::without_ceiling`).
@@ -114,4 +122,23 @@ fn owed_check(mut check: Check, cost: u64) -> Check {
     check.cost = cost;
     check.peek = false;
     check
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reported_cost;
+
+    #[test]
+    fn a_reported_cost_is_a_whole_number_or_nothing() {
+        let read = |text: &str| reported_cost(Some(&http::HeaderValue::from_str(text).unwrap()));
+        assert_eq!(read("400"), Some(400));
+        assert_eq!(read(" 7 "), Some(7));
+        assert_eq!(read("0"), Some(0));
+        for unreadable in ["", "-3", "1e3", "4.5", "12 tokens", "0x10"] {
+            assert_eq!(read(unreadable), None, "{unreadable:?}");
+        }
+        // Too large to read: more than any max, so charged the max.
+        assert_eq!(read("99999999999999999999999"), Some(u64::MAX));
+        assert_eq!(reported_cost(None), None);
+    }
 }

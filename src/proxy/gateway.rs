@@ -79,8 +79,17 @@ impl ProxyHttp for Gateway {
             && ctx.upstream_status.is_none()
             && e.is_some_and(|e| matches!(e.esource(), ErrorSource::Downstream));
         if ctx.upstream_sent.is_some() && ctx.upstream_status.is_none() {
-            charges::charge_unanswered(self.state.store.as_ref(), ctx, client_left_mid_request)
-                .await;
+            let upstream_timed_out = e.is_some_and(|e| {
+                matches!(e.esource(), ErrorSource::Upstream)
+                    && matches!(e.etype(), ErrorType::ReadTimedout)
+            });
+            charges::charge_unanswered(
+                self.state.store.as_ref(),
+                ctx,
+                client_left_mid_request,
+                upstream_timed_out,
+            )
+            .await;
         }
         if let Some(mut slots) = ctx.slots.take() {
             if client_left_mid_request {
@@ -441,12 +450,19 @@ impl ProxyHttp for Gateway {
         upstream_response: &mut ResponseHeader,
         ctx: &mut Self::CTX,
     ) -> Result<()> {
+        let status = upstream_response.status;
+        // An interim answer (100 Continue, 103 Early Hints) is no outcome:
+        // what is charged, and the headers, wait for the final one. (A 101
+        // is final: the connection is the WebSocket's from then on.)
+        if status.is_informational() && status != http::StatusCode::SWITCHING_PROTOCOLS {
+            return Ok(());
+        }
         ctx.upstream_took = ctx.upstream_sent.map(|sent| sent.elapsed());
-        ctx.upstream_status = Some(upstream_response.status.as_u16());
+        ctx.upstream_status = Some(status.as_u16());
         // Charged before the client sees the status: a client that learns
         // the outcome and then holds the stream open is counted all the same.
         charges::charge_by_response(self.state.store.as_ref(), ctx, upstream_response).await;
-        if upstream_response.status == http::StatusCode::SWITCHING_PROTOCOLS {
+        if status == http::StatusCode::SWITCHING_PROTOCOLS {
             if let Some(slots) = &mut ctx.slots {
                 slots.upgraded();
             }

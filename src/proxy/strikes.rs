@@ -5,26 +5,34 @@ use log::warn;
 use super::ctx::RequestCtx;
 use crate::headers;
 use crate::identity::{Client, StateKey};
-use crate::limiter::{Check, LimitName, Store};
+use crate::limiter::{Check, Deciding, LimitName, OnFailure, Store};
 
 /// After a refusal by limits that ban: one strike on each refused key,
 /// and a ban for a key whose strikes are full. Each ban is taken once
 /// (its one token), so it is counted and logged once, by the instance
 /// that took it.
+///
+/// Not while the shared store is away: a strike or a ban kept by one
+/// instance alone (on its share of the numbers) would ban for what the
+/// others never saw. Nor for a request whose cost exceeds the limit: no
+/// wait helps it, so its retries are a misconfigured client, not a
+/// hammering one.
 pub(super) async fn strike(store: &dyn Store, ctx: &RequestCtx) {
     let Some(verdict) = ctx.verdict.as_ref().filter(|v| v.refused) else {
         return;
     };
+    if store.deciding() == Deciding::Fallback {
+        return;
+    }
     let policy = &ctx.runtime.policy;
     for o in &verdict.outcomes {
-        if o.shadow || o.banned || o.decision.allowed() {
+        if o.shadow || o.banned || o.decision.allowed() || o.decision.cost_exceeds_limit() {
             continue;
         }
         let limit = &policy.limits[o.layer];
         let Some(ban) = &limit.ban else {
             continue;
         };
-        let on_failure = limit.on_failure.unwrap_or(policy.default_on_failure);
         let on_key = |name: &LimitName, algorithm, id| Check {
             layer: o.layer,
             name: name.clone(),
@@ -36,7 +44,7 @@ pub(super) async fn strike(store: &dyn Store, ctx: &RequestCtx) {
             cost: 1,
             shadow: false,
             peek: false,
-            on_failure,
+            on_failure: OnFailure::Allow,
         };
         let strike = on_key(&ban.strikes_name, ban.strikes, ban.strikes_id);
         let struck = match store.decide(std::slice::from_ref(&strike)).await {

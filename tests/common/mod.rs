@@ -152,6 +152,7 @@ fn serve_upstream(stream: TcpStream, seen: Arc<Mutex<Vec<Seen>>>, gate: Arc<Gate
         let mut content_length = 0usize;
         let mut answer_status: Option<u16> = None;
         let mut answer_headers = String::new();
+        let mut interim: Option<u16> = None;
         loop {
             let Some(h) = read_line_lossy(&mut reader) else {
                 return;
@@ -169,11 +170,21 @@ fn serve_upstream(stream: TcpStream, seen: Arc<Mutex<Vec<Seen>>>, gate: Arc<Gate
                     answer_status = v.parse::<u16>().ok();
                 }
                 // `X-Answer-Header: Name: value` puts that header in the answer.
+                // `X-Answer-Interim: 100` sends that 1xx before the answer.
+                if k == "x-answer-interim" {
+                    interim = v.parse::<u16>().ok();
+                }
                 if k == "x-answer-header" {
                     answer_headers.push_str(&v);
                     answer_headers.push_str("\r\n");
                 }
                 headers.push((k, v));
+            }
+        }
+        if let Some(code) = interim {
+            let head = format!("HTTP/1.1 {code} Interim\r\n\r\n");
+            if writer.write_all(head.as_bytes()).is_err() {
+                return;
             }
         }
         let mut body = vec![0u8; content_length];
@@ -593,33 +604,39 @@ pub fn raw_request(addr: SocketAddr, raw: &[u8]) -> Response {
         return failed;
     }
     let mut reader = BufReader::new(stream);
-    let mut status_line = String::new();
-    if reader.read_line(&mut status_line).unwrap_or(0) == 0 {
-        return failed;
-    }
-    let status = status_line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let mut headers = Vec::new();
-    let mut content_length = None;
-    loop {
-        let mut h = String::new();
-        if reader.read_line(&mut h).unwrap_or(0) == 0 {
-            break;
+    // Interim answers (100, 103) come before the response, as clients expect.
+    let (status, headers, content_length) = loop {
+        let mut status_line = String::new();
+        if reader.read_line(&mut status_line).unwrap_or(0) == 0 {
+            return failed;
         }
-        let h = h.trim_end();
-        if h.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = h.split_once(':') {
-            if k.eq_ignore_ascii_case("content-length") {
-                content_length = v.trim().parse::<usize>().ok();
+        let status: u16 = status_line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let mut headers = Vec::new();
+        let mut content_length = None;
+        loop {
+            let mut h = String::new();
+            if reader.read_line(&mut h).unwrap_or(0) == 0 {
+                break;
             }
-            headers.push((k.trim().to_string(), v.trim().to_string()));
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                if k.eq_ignore_ascii_case("content-length") {
+                    content_length = v.trim().parse::<usize>().ok();
+                }
+                headers.push((k.trim().to_string(), v.trim().to_string()));
+            }
         }
-    }
+        if !(100..200).contains(&status) || status == 101 {
+            break (status, headers, content_length);
+        }
+    };
     let mut body = Vec::new();
     match content_length {
         Some(n) => {
