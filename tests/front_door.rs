@@ -479,6 +479,40 @@ fn a_websocket_lives_while_it_talks_and_ends_after_its_idle_timeout() {
     );
 }
 
+/// A WebSocket holds its concurrency slot while it is open; with
+/// `upgrades = "exclude"` the slot is given back at the 101.
+#[test]
+fn a_websocket_holds_its_slot_unless_upgrades_are_excluded() {
+    let (_server, server_addr) = serve("ws_echo.py");
+    for (upgrades, second) in [("include", "refused"), ("exclude", "echo")] {
+        let proxy = ConfigBuilder::new(server_addr)
+            .limit(
+                Limit::concurrency("sockets", "ip", 1, "60s")
+                    .line(&format!("upgrades = \"{upgrades}\"")),
+            )
+            .start();
+        let url = format!("ws://{}/chat", proxy.addr);
+        // The first socket talks at once, stays open 2 s, and talks again.
+        let mut first = Command::new("python3")
+            .arg(script("ws_echo.py"))
+            .args(["talk", &url, "0", "2"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3");
+        let mut said = BufReader::new(first.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        let _ = said.read_line(&mut line);
+        assert_eq!(line.trim(), "echo", "{upgrades}: the first socket is open");
+        let other = run_client("ws_echo.py", &["talk", &url, "0"]);
+        assert_eq!(other, [second], "{upgrades}: a second socket meanwhile");
+        line.clear();
+        let _ = said.read_line(&mut line);
+        assert_eq!(line.trim(), "echo", "{upgrades}: the first lived on");
+        let _ = first.wait();
+    }
+}
+
 #[test]
 fn tls_handshakes_count_against_the_caps_and_the_head_deadline() {
     let upstream = Upstream::start();

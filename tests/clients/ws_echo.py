@@ -8,7 +8,9 @@ end-to-end tests.
                                    stops when the connection is gone; a last
                                    QUIET_S of "close" stays silent until the
                                    other side closes (at most 10 s) and prints
-                                   "closed after SECONDS", or "open"
+                                   "closed after SECONDS", or "open"; prints
+                                   "refused" when the handshake is answered
+                                   with anything but 101
 """
 import asyncio
 import sys
@@ -28,7 +30,12 @@ async def serve(port):
 
 
 async def talk(url, quiet):
-    async with websockets.connect(url, ping_interval=None, close_timeout=1) as ws:
+    try:
+        ws = await websockets.connect(url, ping_interval=None, close_timeout=1)
+    except websockets.exceptions.InvalidHandshake:
+        print("refused", flush=True)
+        return
+    async with ws:
         silent_since = time.monotonic()
         for seconds in quiet:
             if seconds == "close":
