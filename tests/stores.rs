@@ -100,6 +100,36 @@ async fn holds_the_contract(store: &dyn Store) {
         "the other identity kept its state"
     );
 
+    // A lookup that refuses on one identity (a ban on the address) keeps
+    // a layer of another identity (the account) from being charged: the
+    // decision is all-or-nothing across identities too.
+    let spent = check("ban", 1, 9, 1);
+    store
+        .decide(std::slice::from_ref(&spent))
+        .await
+        .expect("decide");
+    let lookup = Check {
+        peek: true,
+        ..spent
+    };
+    let victim = check("per-account", 2, 10, 1);
+    for _ in 0..3 {
+        let d = store
+            .decide(&[lookup.clone(), victim.clone()])
+            .await
+            .expect("decide");
+        assert!(!d[0].allowed(), "banned");
+    }
+    let untouched = store
+        .peek(std::slice::from_ref(&victim))
+        .await
+        .expect("peek");
+    assert_eq!(
+        remaining(&untouched),
+        vec![1],
+        "the account was not charged"
+    );
+
     store.probe().await.expect("probe");
 }
 

@@ -100,6 +100,7 @@ fn validate_limit(
     i: usize,
     s: &LimitSection,
     known_tiers: &Tiers,
+    instances: u64,
     compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,
 ) -> Result<Limit, Invalid> {
     let name_ok = !s.name.is_empty()
@@ -146,7 +147,9 @@ fn validate_limit(
         (None, Some(priced)) => {
             let mut rules = vec![rule];
             rules.extend(tiers.iter().map(|(_, r)| *r));
-            Some(AfterResponse::Cost(response_cost(priced, &rules, i)?))
+            Some(AfterResponse::Cost(response_cost(
+                priced, &rules, instances, i,
+            )?))
         }
         (None, None) => None,
     };
@@ -183,6 +186,7 @@ fn validate_limit(
 fn response_cost(
     section: &ResponseCostSection,
     rules: &[Rule],
+    instances: u64,
     i: usize,
 ) -> Result<ResponseCost, Invalid> {
     let here = |key: &'static str| -> Vec<Segment> {
@@ -195,11 +199,13 @@ fn response_cost(
     };
     let mut most = MAX_EXACT / 4;
     // The limit and each tier: one response's cost must fit under each's
-    // ceiling, so that it is always owed in full.
+    // ceiling, so that it is always owed in full, on an instance's share
+    // too (the local fallback divides a bucket's rate among `instances`).
     for rule in rules {
         match rule {
             Rule::Rate(algorithm) if algorithm.owes_costs() => {
-                most = most.min(algorithm.without_ceiling().quota());
+                let owed = algorithm.without_ceiling();
+                most = most.min(owed.quota()).min(owed.divided(instances).quota());
             }
             Rule::Rate(algorithm) => {
                 return Err(at(
@@ -673,12 +679,13 @@ pub(super) fn validate_exempt(
 pub(super) fn validate_limits(
     sections: &[LimitSection],
     known_tiers: &Tiers,
+    instances: u64,
     compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,
 ) -> Result<Vec<Limit>, Invalid> {
     let mut limits = Vec::new();
     let mut names = HashSet::new();
     for (i, section) in sections.iter().enumerate() {
-        let limit = validate_limit(i, section, known_tiers, compile_pattern)?;
+        let limit = validate_limit(i, section, known_tiers, instances, compile_pattern)?;
         if !names.insert(limit.name.clone()) {
             return Err(at(
                 &[&"limits", &i, &"name"],

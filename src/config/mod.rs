@@ -223,7 +223,8 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
     let compile_pattern = limits::pattern_compiler(&paths);
     let (exempt_paths, exempt_tiers) =
         limits::validate_exempt(&raw.exempt, &clients.tiers, &compile_pattern)?;
-    let limits = limits::validate_limits(&raw.limits, &clients.tiers, &compile_pattern)?;
+    let instances = redis.as_ref().map_or(1, |r| r.instances);
+    let limits = limits::validate_limits(&raw.limits, &clients.tiers, instances, &compile_pattern)?;
     let costs = limits::validate_costs(&raw.costs, &limits, &compile_pattern)?;
     let tls = raw
         .server

@@ -74,15 +74,20 @@ impl<S: Store> KnownRefusals<S> {
     /// Decisions for a request one of whose layers the store is known to
     /// refuse still: that layer refuses, the others are reported as open
     /// (nothing is charged, as the store would charge nothing). A lookup
-    /// (`peek`) ahead of it that is not known is asked of the store: the
-    /// caller puts first what it reports first (a ban before a rate).
+    /// (`peek`) of the same limit ahead of it that is not known (the ban of
+    /// the limit that keeps refusing) is asked of the store: the caller puts
+    /// first what it reports first, and that refusal is what leads to it.
     fn known_refusal(&self, checks: &[Check], now_us: u64) -> Option<Vec<Decision>> {
         // Most requests have no known refusal: look before building anything.
         let (at, refusal) = checks
             .iter()
             .enumerate()
             .find_map(|(i, c)| Some((i, self.refusal(c, now_us)?)))?;
-        if checks[..at].iter().any(|c| c.peek && !c.shadow) {
+        let layer = checks[at].layer;
+        if checks[..at]
+            .iter()
+            .any(|c| c.peek && !c.shadow && c.layer == layer)
+        {
             return None;
         }
         Some(
@@ -254,9 +259,9 @@ mod tests {
         assert_eq!(store.decisions(), calls + 2);
     }
 
-    /// A ban looked up ahead of a remembered rate refusal: the store is
-    /// asked, so that a ban imposed meanwhile (by another instance) is what
-    /// the client is told; once that refusal is known, the cache answers it.
+    /// A limit's ban looked up ahead of the limit's remembered refusal: the
+    /// store is asked, so that a ban imposed meanwhile (by another
+    /// instance) is what the client is told; once known, the cache answers.
     #[tokio::test]
     async fn an_unknown_lookup_ahead_of_a_known_refusal_asks_the_store() {
         let (_, store, cache) = cached(1000);
@@ -271,7 +276,14 @@ mod tests {
             .expect("decided")[0]
             .allowed());
         // Someone else takes the ban's one token: the key is banned.
-        let ban = check(0, 1, 7, 1);
+        // The login limit's own ban: the same layer, its own key.
+        let ban = Check {
+            key: StateKey {
+                limit: 500,
+                identity: 7,
+            },
+            ..check(1, 1, 7, 1)
+        };
         store
             .decide(std::slice::from_ref(&ban))
             .await
@@ -285,11 +297,21 @@ mod tests {
         let again = cache.decide(&request).await.expect("decided");
         assert!(!again[0].allowed());
         assert_eq!(store.decisions(), calls + 1, "now known: not asked");
-        // A lookup behind the known refusal changes nothing: not asked.
+        // An unknown lookup behind the known refusal, or another limit's
+        // ahead of it, changes nothing: not asked.
+        let other = |layer| Check {
+            layer,
+            key: StateKey {
+                limit: 900 + layer as u64,
+                identity: 7,
+            },
+            ..lookup.clone()
+        };
         cache
-            .decide(&[login, Check { layer: 2, ..lookup }])
+            .decide(&[login.clone(), other(5)])
             .await
             .expect("decided");
+        cache.decide(&[other(6), login]).await.expect("decided");
         assert_eq!(store.decisions(), calls + 1);
     }
 

@@ -69,6 +69,10 @@ enum Home {
     Shard(usize),
     /// Its limit's shared overflow entry.
     Overflow,
+    /// Not held, and a lookup (`peek`): read as fresh. It reserves no room,
+    /// and a lookup never reads the overflow entry, which newcomers share:
+    /// a ban taken there must not shut out every newcomer.
+    Absent,
 }
 
 impl MemoryStore {
@@ -148,6 +152,9 @@ impl MemoryStore {
                 if guard.contains(&check.key) {
                     return Home::Shard(slot);
                 }
+                if check.peek {
+                    return Home::Absent;
+                }
                 if make_room(guard, pending[slot] + 1, now_us, checks) {
                     pending[slot] += 1;
                     Home::Shard(slot)
@@ -166,6 +173,7 @@ impl MemoryStore {
                 let entry = match home {
                     Home::Shard(slot) => guards[*slot].peek(&check.key),
                     Home::Overflow => overflow.as_ref().and_then(|o| o.get(&check.key.limit)),
+                    Home::Absent => None,
                 };
                 evaluate(check, entry, now_us)
             })
@@ -181,6 +189,7 @@ impl MemoryStore {
                 }
                 match home {
                     Home::Shard(slot) => store(&mut guards[*slot], check, evaluation, now_us),
+                    Home::Absent => {}
                     Home::Overflow => {
                         if let Some(map) = overflow.as_mut() {
                             let entry = map.entry(check.key.limit).or_insert_with(|| Entry {

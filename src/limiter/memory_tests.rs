@@ -232,3 +232,39 @@ fn a_peek_answers_as_the_decision_would_and_changes_nothing() {
     assert!(peeked[0].allowed() && !peeked[1].allowed(), "{peeked:?}");
     assert_eq!(peeked, l.decide_now(&both));
 }
+
+#[test]
+fn a_lookup_without_room_reads_fresh_never_the_shared_overflow() {
+    // One key per shard: limit 65's identity 68 takes shard 5, identity 4
+    // finds no room and takes the overflow bucket's one token (a ban taken
+    // on the bucket newcomers share).
+    let (_, l) = limiter(64);
+    let in_shard_5 = |identity| Check {
+        key: StateKey {
+            limit: 65,
+            identity,
+        },
+        ..check(1, bucket(1), identity, 1)
+    };
+    assert!(l.decide_now(&[in_shard_5(68)])[0].allowed());
+    assert!(
+        l.decide_now(&[in_shard_5(4)])[0].allowed(),
+        "on the overflow"
+    );
+    // Another newcomer's lookup is not answered by that shared token.
+    let lookup = Check {
+        peek: true,
+        ..in_shard_5(132)
+    };
+    let looked = l.decide_now(std::slice::from_ref(&lookup));
+    assert!(looked[0].allowed(), "read fresh: {looked:?}");
+    assert_eq!(
+        l.decide_now(std::slice::from_ref(&lookup)),
+        looked,
+        "nothing charged"
+    );
+    assert!(
+        !l.decide_now(&[in_shard_5(132)])[0].allowed(),
+        "a decision still shares it"
+    );
+}

@@ -54,6 +54,18 @@ pub(super) async fn charge_by_response(
     debit(store, &owed, status).await;
 }
 
+/// Removes the cost headers the client must not see from an answer that
+/// charges nothing itself (an interim 1xx).
+pub(super) fn hide_costs(ctx: &RequestCtx, response: &mut ResponseHeader) {
+    for (_, when) in &ctx.counted {
+        if let AfterResponse::Cost(priced) = when {
+            if !priced.expose {
+                response.remove_header(&priced.header);
+            }
+        }
+    }
+}
+
 /// Charges every layer charged by the response of a request that got
 /// none. `client_left` (it hung up while the upstream worked) charges as
 /// if the status were listed, so that hanging up is no way to dodge the

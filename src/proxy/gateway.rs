@@ -27,13 +27,26 @@ use super::slots::HeldSlots;
 use super::strikes;
 use super::verdict::{Outcome, Verdict};
 
+use crate::algorithm::Decision;
 use crate::connection::clock::HeadClock;
 use crate::headers;
-use crate::policy::{Plan, RequestView};
+use crate::limiter::Check;
+use crate::policy::{Plan, Policy, RequestView};
 use crate::state::AppState;
 
 pub struct Gateway {
     state: Arc<AppState>,
+}
+
+/// The bans among looked-up bans that refuse, as the limits that ban name
+/// them.
+fn ban_refusals(policy: &Policy, bans: impl Iterator<Item = (Check, Decision)>) -> Vec<Outcome> {
+    bans.filter(|(_, decision)| !decision.allowed())
+        .map(|(check, decision)| {
+            let name = policy.limits[check.layer].name.clone();
+            Outcome::of_ban(name, check, decision)
+        })
+        .collect()
 }
 
 impl Gateway {
@@ -187,7 +200,7 @@ impl ProxyHttp for Gateway {
             headers: &request.headers,
             client,
         };
-        let layers = match policy.plan(&view) {
+        let mut layers = match policy.plan(&view) {
             Ok(Plan::Exempt) => {
                 self.state.metrics.exempt.inc();
                 return Ok(false);
@@ -198,9 +211,18 @@ impl ProxyHttp for Gateway {
         };
         let refused =
             |outcomes: &[Outcome]| outcomes.iter().any(|o| !o.shadow && !o.decision.allowed());
-        // Slots first: a request refused for want of one charges no rate.
         let mut outcomes = Vec::new();
-        if !layers.slots.is_empty() {
+        // A banned key takes no slot: where there are slots to take, its
+        // bans are looked up first, on their own.
+        if !layers.slots.is_empty() && !layers.bans.is_empty() {
+            let bans = std::mem::take(&mut layers.bans);
+            match self.state.store.peek(&bans).await {
+                Ok(decisions) => outcomes = ban_refusals(policy, bans.into_iter().zip(decisions)),
+                Err(e) => return limiter_failed(session, ctx, e).await,
+            }
+        }
+        // Slots first: a request refused for want of one charges no rate.
+        if !refused(&outcomes) && !layers.slots.is_empty() {
             match HeldSlots::acquire(self.state.store.clone(), layers.slots).await {
                 Ok((held, slot_outcomes)) => {
                     ctx.slots = Some(held);
@@ -235,15 +257,7 @@ impl ProxyHttp for Gateway {
                 Err(e) => return limiter_failed(session, ctx, e).await,
             };
             let mut decided = checks.into_iter().zip(decisions);
-            let banned: Vec<Outcome> = decided
-                .by_ref()
-                .take(bans)
-                .filter(|(_, decision)| !decision.allowed())
-                .map(|(check, decision)| {
-                    let name = policy.limits[check.layer].name.clone();
-                    Outcome::of_ban(name, check, decision)
-                })
-                .collect();
+            let banned = ban_refusals(policy, decided.by_ref().take(bans));
             if banned.is_empty() {
                 outcomes.extend(decided.map(|(check, d)| Outcome::of_check(check, d)));
                 ctx.counted = layers.counted;
@@ -455,6 +469,7 @@ impl ProxyHttp for Gateway {
         // what is charged, and the headers, wait for the final one. (A 101
         // is final: the connection is the WebSocket's from then on.)
         if status.is_informational() && status != http::StatusCode::SWITCHING_PROTOCOLS {
+            charges::hide_costs(ctx, upstream_response);
             return Ok(());
         }
         ctx.upstream_took = ctx.upstream_sent.map(|sent| sent.elapsed());

@@ -21,7 +21,10 @@ pub(super) async fn strike(store: &dyn Store, ctx: &RequestCtx) {
     let Some(verdict) = ctx.verdict.as_ref().filter(|v| v.refused) else {
         return;
     };
-    if store.deciding() == Deciding::Fallback {
+    // Decided without the shared store, or answered without it now (an
+    // open answer is no strike, and no ban was taken).
+    let away = || store.deciding() == Deciding::Fallback;
+    if verdict.deciding == Deciding::Fallback || away() {
         return;
     }
     let policy = &ctx.runtime.policy;
@@ -56,12 +59,12 @@ pub(super) async fn strike(store: &dyn Store, ctx: &RequestCtx) {
         };
         // Full after this strike (or already full): `after` refusals
         // within `within`.
-        if struck.allowed() && struck.remaining() > 0 {
+        if away() || (struck.allowed() && struck.remaining() > 0) {
             continue;
         }
         let penalty = on_key(&ban.penalty_name, ban.penalty, ban.penalty_id);
         match store.decide(std::slice::from_ref(&penalty)).await {
-            Ok(d) if d[0].allowed() => {
+            Ok(d) if d[0].allowed() && !away() => {
                 ctx.runtime.counters[o.layer].bans.inc();
                 warn!(
                     "banned: {} limit={} for {}s after {} refusals within {}s request_id={}",

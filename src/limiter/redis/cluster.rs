@@ -17,6 +17,7 @@ use super::settings::{RedisSettings, Topology};
 use crate::algorithm::Decision;
 use crate::clock::Clock;
 use crate::limiter::check::{Check, Slot};
+use crate::limiter::deny_cache::open_decision;
 use crate::limiter::error::LimiterError;
 use crate::limiter::store::{Deciding, Store};
 
@@ -104,8 +105,38 @@ impl RedisCluster {
 
 #[async_trait]
 impl Store for RedisCluster {
+    /// Each identity's layers are decided all-or-nothing in one script
+    /// run; across identities, a refusing lookup (a ban on the address)
+    /// must still keep the others' layers (the account's) uncharged, so
+    /// when a request has lookups on more than one identity they run
+    /// first, and the rest only when no enforcing one refused.
     async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
-        self.run_grouped(checks, false).await
+        let identities_differ = checks
+            .iter()
+            .any(|c| c.key.identity != checks[0].key.identity);
+        if !identities_differ || !checks.iter().any(|c| c.peek) {
+            return self.run_grouped(checks, false).await;
+        }
+        let (lookups, rest): (Vec<usize>, Vec<usize>) =
+            (0..checks.len()).partition(|&i| checks[i].peek);
+        let pick = |indices: &[usize]| -> Vec<Check> {
+            indices.iter().map(|&i| checks[i].clone()).collect()
+        };
+        let looked = self.run_grouped(&pick(&lookups), true).await?;
+        let refused = lookups
+            .iter()
+            .zip(&looked)
+            .any(|(&i, d)| !checks[i].shadow && !d.allowed());
+        let decided = if refused || rest.is_empty() {
+            rest.iter().map(|&i| open_decision(&checks[i])).collect()
+        } else {
+            self.run_grouped(&pick(&rest), false).await?
+        };
+        let mut decisions = vec![None; checks.len()];
+        for (&i, d) in lookups.iter().zip(looked).chain(rest.iter().zip(decided)) {
+            decisions[i] = Some(d);
+        }
+        Ok(decisions.into_iter().flatten().collect())
     }
 
     async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
