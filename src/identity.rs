@@ -113,6 +113,17 @@ pub enum KeySource {
     ApiKey,
     Header(HeaderName),
     Global,
+    /// A cookie's value (`cookie:<name>`).
+    Cookie(Box<str>),
+    /// A query parameter's value, percent-decoded (`query:<name>`).
+    Query(Box<str>),
+    /// The host asked for, without port, lower case.
+    Host,
+    /// The path pattern of the limit that matched (in a composite key):
+    /// /users/1 and /users/2 are one route under `/users/*`.
+    Route,
+    /// Several of the above, all of which must be present.
+    Composite(Vec<KeySource>),
 }
 
 impl KeySource {
@@ -122,8 +133,39 @@ impl KeySource {
             KeySource::ApiKey => "api_key".into(),
             KeySource::Header(h) => format!("header:{h}"),
             KeySource::Global => "global".into(),
+            KeySource::Cookie(name) => format!("cookie:{name}"),
+            KeySource::Query(name) => format!("query:{name}"),
+            KeySource::Host => "host".into(),
+            KeySource::Route => "route".into(),
+            KeySource::Composite(parts) => {
+                let parts: Vec<String> = parts.iter().map(KeySource::describe).collect();
+                format!("[{}]", parts.join(", "))
+            }
         }
     }
+
+    /// Whether the client chooses this value freely (and may leave it out):
+    /// a limit on it alone is no limit on who sends many different ones.
+    pub fn client_asserted(&self) -> bool {
+        match self {
+            KeySource::Header(_) | KeySource::Cookie(_) | KeySource::Query(_) => true,
+            KeySource::Composite(parts) => parts.iter().all(KeySource::client_asserted),
+            _ => false,
+        }
+    }
+}
+
+/// What of a request a key may read, beyond the identified client.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyInputs<'a> {
+    pub headers: &'a HeaderMap,
+    /// The raw query string, if any.
+    pub query: Option<&'a str>,
+    /// The host asked for, if any (as sent: `identity` normalises it).
+    pub host: Option<&'a str>,
+    /// The matching path pattern of the limit being keyed ("" when it
+    /// matches every path).
+    pub route: &'a str,
 }
 
 /// `[clients].forwarded_header`: the one header trusted proxies write.
@@ -177,6 +219,11 @@ enum Kind {
     Ip = 1,
     ApiKey = 2,
     Header = 3,
+    Cookie = 4,
+    Query = 5,
+    Host = 6,
+    Route = 7,
+    Composite = 8,
 }
 
 impl IdentityHasher {
@@ -250,6 +297,12 @@ pub enum IdentityError {
     UnreadableForwardedEntry,
     #[error("more than one value of the header {0}, which a limit is keyed on")]
     AmbiguousKeyHeader(HeaderName),
+    #[error("more than one cookie {0}, which a limit is keyed on")]
+    AmbiguousKeyCookie(Box<str>),
+    #[error("more than one query parameter {0}, which a limit is keyed on")]
+    AmbiguousKeyQuery(Box<str>),
+    #[error("the request lacks what limit {0} is keyed on")]
+    MissingKey(Box<str>),
 }
 
 impl IdentityError {
@@ -259,6 +312,9 @@ impl IdentityError {
             IdentityError::AmbiguousApiKey => "ambiguous_api_key",
             IdentityError::UnreadableForwardedEntry => "bad_forwarded_header",
             IdentityError::AmbiguousKeyHeader(_) => "ambiguous_key_header",
+            IdentityError::AmbiguousKeyCookie(_) => "ambiguous_key_cookie",
+            IdentityError::AmbiguousKeyQuery(_) => "ambiguous_key_query",
+            IdentityError::MissingKey(_) => "missing_key",
         }
     }
 }
@@ -307,6 +363,83 @@ impl Client {
             None => format!("ip={ip} tier={}", self.tier),
         }
     }
+}
+
+/// A host as limits compare it: lower case, without port or final dot.
+pub fn normalize_host(host: &str) -> String {
+    let host = match host.rsplit_once(':') {
+        // Not an IPv6 literal's colon: a port.
+        Some((name, port)) if !name.ends_with(':') && port.bytes().all(|b| b.is_ascii_digit()) => {
+            name
+        }
+        _ => host,
+    };
+    host.trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// The value of cookie `name` among the request's `Cookie` headers; two
+/// cookies of that name are ambiguous (the application may read either).
+fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a [u8]>, IdentityError> {
+    let mut found = None;
+    for header in headers.get_all(http::header::COOKIE) {
+        for pair in header.as_bytes().split(|&b| b == b';') {
+            let pair = pair.trim_ascii();
+            let (key, value) = match pair.iter().position(|&b| b == b'=') {
+                Some(at) => (&pair[..at], &pair[at + 1..]),
+                None => continue,
+            };
+            if key.trim_ascii() != name.as_bytes() {
+                continue;
+            }
+            if found.is_some() {
+                return Err(IdentityError::AmbiguousKeyCookie(name.into()));
+            }
+            found = Some(value.trim_ascii());
+        }
+    }
+    Ok(found)
+}
+
+/// The value of query parameter `name`, percent-decoded (and `+` read as
+/// a space), as applications read it: `user=a%62` and `user=ab` are one
+/// value, and a parameter spelled twice (`user`, `us%65r`) is ambiguous.
+fn query_parameter(query: Option<&str>, name: &str) -> Result<Option<Vec<u8>>, IdentityError> {
+    let mut found = None;
+    for pair in query.unwrap_or("").split('&') {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if form_decode(key) != name.as_bytes() {
+            continue;
+        }
+        if found.is_some() {
+            return Err(IdentityError::AmbiguousKeyQuery(name.into()));
+        }
+        found = Some(form_decode(value));
+    }
+    Ok(found)
+}
+
+/// `application/x-www-form-urlencoded` decoding; an escape that is not one
+/// stays as written.
+fn form_decode(text: &str) -> Vec<u8> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 2;
+                }
+                _ => out.push(b'%'),
+            },
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    out
 }
 
 /// An IPv4-mapped IPv6 address is the IPv4 client it carries.
@@ -382,13 +515,13 @@ impl ClientRules {
         &self,
         key: &KeySource,
         client: &Client,
-        headers: &HeaderMap,
+        inputs: &KeyInputs<'_>,
     ) -> Result<Option<u128>, IdentityError> {
         Ok(match key {
             KeySource::Ip => Some(client.ip_hash),
             KeySource::ApiKey => client.api_key.as_ref().map(|k| k.hash),
             KeySource::Header(name) => {
-                let mut values = headers.get_all(name).iter();
+                let mut values = inputs.headers.get_all(name).iter();
                 let value = values.next();
                 if values.next().is_some() {
                     return Err(IdentityError::AmbiguousKeyHeader(name.clone()));
@@ -396,6 +529,28 @@ impl ClientRules {
                 value.map(|v| self.hasher.hash(Kind::Header, v.as_bytes()))
             }
             KeySource::Global => Some(0),
+            KeySource::Cookie(name) => {
+                cookie(inputs.headers, name)?.map(|v| self.hasher.hash(Kind::Cookie, v))
+            }
+            KeySource::Query(name) => {
+                query_parameter(inputs.query, name)?.map(|v| self.hasher.hash(Kind::Query, &v))
+            }
+            KeySource::Host => inputs
+                .host
+                .map(normalize_host)
+                .filter(|h| !h.is_empty())
+                .map(|h| self.hasher.hash(Kind::Host, h.as_bytes())),
+            KeySource::Route => Some(self.hasher.hash(Kind::Route, inputs.route.as_bytes())),
+            KeySource::Composite(parts) => {
+                let mut joined = Vec::with_capacity(16 * parts.len());
+                for part in parts {
+                    match self.identity_of(part, client, inputs)? {
+                        Some(identity) => joined.extend_from_slice(&identity.to_le_bytes()),
+                        None => return Ok(None),
+                    }
+                }
+                Some(self.hasher.hash(Kind::Composite, &joined))
+            }
         })
     }
 
@@ -759,10 +914,84 @@ mod tests {
         let name = HeaderName::from_static("x-tenant");
         let twice = headers(&[("x-tenant", b"a"), ("x-tenant", b"b")]);
         assert_eq!(
-            a.identity_of(&KeySource::Header(name.clone()), &ca, &twice),
+            a.identity_of(&KeySource::Header(name.clone()), &ca, &inputs(&twice, None)),
             Err(IdentityError::AmbiguousKeyHeader(name))
         );
         assert_ne!(IdentityHasher::per_process(), IdentityHasher::public());
         assert_eq!(IdentityHasher::per_process(), IdentityHasher::per_process());
+    }
+
+    fn inputs<'a>(headers: &'a HeaderMap, query: Option<&'a str>) -> KeyInputs<'a> {
+        KeyInputs {
+            headers,
+            query,
+            host: None,
+            route: "/users/*",
+        }
+    }
+
+    #[test]
+    fn cookies_queries_and_composites_are_read_as_applications_read_them() {
+        let r = rules();
+        let client = r.identify(ip("203.0.113.9"), &HeaderMap::new()).unwrap();
+        let none = HeaderMap::new();
+        let id = |key: &KeySource, headers: &HeaderMap, query: Option<&str>| {
+            r.identity_of(key, &client, &inputs(headers, query))
+        };
+        let session = KeySource::Cookie("session".into());
+        let a = headers(&[("cookie", b"theme=dark; session=abc")]);
+        let split = headers(&[("cookie", b"theme=dark"), ("cookie", b"session=abc")]);
+        assert!(id(&session, &a, None).unwrap().is_some());
+        assert_eq!(id(&session, &a, None), id(&session, &split, None));
+        assert_eq!(id(&session, &none, None), Ok(None));
+        let twice = headers(&[("cookie", b"session=abc; session=def")]);
+        assert_eq!(
+            id(&session, &twice, None),
+            Err(IdentityError::AmbiguousKeyCookie("session".into()))
+        );
+        // One value however it is spelled; a name spelled twice is ambiguous.
+        let user = KeySource::Query("user".into());
+        let plain = id(&user, &none, Some("user=ann+lee&x=1")).unwrap();
+        assert!(plain.is_some());
+        assert_eq!(id(&user, &none, Some("x=1&user=ann%20lee")).unwrap(), plain);
+        assert_eq!(id(&user, &none, Some("us%65r=ann+lee")).unwrap(), plain);
+        assert_eq!(
+            id(&user, &none, Some("user=a&us%65r=b")),
+            Err(IdentityError::AmbiguousKeyQuery("user".into()))
+        );
+        assert_eq!(id(&user, &none, Some("username=x")), Ok(None));
+        assert_eq!(id(&user, &none, None), Ok(None));
+        // A cookie's value and a query parameter's are different identities.
+        let same = headers(&[("cookie", b"user=ann")]);
+        assert_ne!(
+            id(&KeySource::Cookie("user".into()), &same, None),
+            id(&user, &none, Some("user=ann"))
+        );
+        // Composite: all parts or nothing; the route is the pattern.
+        let both = KeySource::Composite(vec![session.clone(), KeySource::Route]);
+        assert!(id(&both, &a, None).unwrap().is_some());
+        assert_ne!(id(&both, &a, None), id(&session, &a, None));
+        assert_eq!(id(&both, &none, None), Ok(None));
+        let other_route = KeyInputs {
+            route: "/orders",
+            ..inputs(&a, None)
+        };
+        assert_ne!(
+            r.identity_of(&both, &client, &other_route),
+            id(&both, &a, None)
+        );
+    }
+
+    #[test]
+    fn hosts_compare_without_port_case_or_final_dot() {
+        for (host, expected) in [
+            ("API.Example.com", "api.example.com"),
+            ("api.example.com:8443", "api.example.com"),
+            ("api.example.com.", "api.example.com"),
+            ("[::1]:8080", "[::1]"),
+            ("127.0.0.1:80", "127.0.0.1"),
+        ] {
+            assert_eq!(normalize_host(host), expected, "{host}");
+        }
     }
 }

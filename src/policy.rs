@@ -4,7 +4,9 @@
 use http::{HeaderMap, HeaderName, Method};
 
 use crate::algorithm::Algorithm;
-use crate::identity::{Client, ClientRules, IdentityError, StateKey, Tier};
+use crate::identity::{
+    normalize_host, Client, ClientRules, IdentityError, KeyInputs, StateKey, Tier,
+};
 use crate::limiter::{Check, LimitName, OnFailure, Slot};
 use crate::path::PathRules;
 use crate::request_id::lease_id;
@@ -21,6 +23,13 @@ pub struct PathPattern {
 }
 
 impl PathPattern {
+    /// A glob matched as it is written (a header value's).
+    pub fn glob(pattern: &str) -> Self {
+        PathPattern {
+            pattern: pattern.to_string(),
+        }
+    }
+
     pub fn new(pattern: &str) -> Self {
         let pattern = match pattern.strip_suffix('/') {
             Some(stem) if !stem.is_empty() => stem,
@@ -38,7 +47,8 @@ impl PathPattern {
                 .is_some_and(|stem| !stem.is_empty() && self.matches_exactly(stem))
     }
 
-    fn matches_exactly(&self, path: &str) -> bool {
+    /// The glob against `text` as it is (no trailing-slash leniency).
+    pub fn matches_exactly(&self, path: &str) -> bool {
         let mut parts = self.pattern.split('*');
         let first = parts.next().unwrap_or("");
         let Some(mut rest) = path.strip_prefix(first) else {
@@ -62,16 +72,70 @@ impl PathPattern {
     }
 }
 
-/// `match = { methods = [...], paths = [...] }`; an empty list matches all.
+/// A host pattern: a name, or `*.` and a domain for its subdomains (not the
+/// domain itself). Lower case, no port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPattern(String);
+
+impl HostPattern {
+    pub fn new(pattern: &str) -> HostPattern {
+        HostPattern(normalize_host(pattern))
+    }
+
+    /// `host` as `normalize_host` gives it.
+    pub fn matches(&self, host: &str) -> bool {
+        match self.0.strip_prefix("*.") {
+            Some(domain) => host
+                .strip_suffix(domain)
+                .is_some_and(|sub| sub.len() > 1 && sub.ends_with('.')),
+            None => self.0 == host,
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// `match = { methods, paths, hosts, headers }`; an empty list matches all.
 /// A limit on GET also limits HEAD, which routers answer with the GET handler;
-/// methods match ignoring case.
+/// methods match ignoring case. A header matches when any of its values
+/// matches its glob (`*` for any run of characters).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Matcher {
     pub methods: Vec<Method>,
     pub paths: Vec<PathPattern>,
+    pub hosts: Vec<HostPattern>,
+    pub headers: Vec<(HeaderName, PathPattern)>,
 }
 
 impl Matcher {
+    /// Whether the request is one this matcher applies to.
+    pub fn applies(&self, request: &RequestView<'_>) -> bool {
+        self.matches(request.method, request.path)
+            && (self.hosts.is_empty()
+                || request
+                    .host
+                    .is_some_and(|h| self.hosts.iter().any(|p| p.matches(h))))
+            && self.headers.iter().all(|(name, glob)| {
+                request
+                    .headers
+                    .get_all(name)
+                    .iter()
+                    .any(|v| v.to_str().is_ok_and(|v| glob.matches_exactly(v)))
+            })
+    }
+
+    /// The path pattern a matching path matched ("" when any path does):
+    /// what a `route` key names.
+    pub fn route(&self, path: &str) -> &str {
+        self.paths
+            .iter()
+            .find(|p| p.matches(path))
+            .map_or("", |p| p.as_str())
+    }
+
+    /// Method and path only.
     pub fn matches(&self, method: &Method, path: &str) -> bool {
         // Methods are case-sensitive in HTTP, but some frameworks (Werkzeug)
         // route `post` as POST.
@@ -112,6 +176,13 @@ impl Matcher {
         if !self.paths.is_empty() {
             let p: Vec<&str> = self.paths.iter().map(|p| p.as_str()).collect();
             parts.push(p.join(" "));
+        }
+        if !self.hosts.is_empty() {
+            let h: Vec<&str> = self.hosts.iter().map(|h| h.as_str()).collect();
+            parts.push(format!("on {}", h.join(" ")));
+        }
+        for (name, glob) in &self.headers {
+            parts.push(format!("with {name}: {}", glob.as_str()));
         }
         if parts.is_empty() {
             "all requests".into()
@@ -247,6 +318,18 @@ pub struct Ban {
     pub penalty_id: u64,
 }
 
+/// What a limit does with a request that lacks its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnMissing {
+    /// The limit does not apply.
+    #[default]
+    Skip,
+    /// 400 `missing_key`.
+    Deny,
+    /// Keyed on the client's address instead.
+    Ip,
+}
+
 /// One `[[limits]]` entry, validated.
 #[derive(Debug, Clone)]
 pub struct Limit {
@@ -264,6 +347,7 @@ pub struct Limit {
     /// request arrives, charged once the upstream answers.
     pub after_response: Option<AfterResponse>,
     pub ban: Option<Ban>,
+    pub on_missing: OnMissing,
 }
 
 impl Limit {
@@ -291,6 +375,10 @@ pub struct RequestView<'a> {
     /// Normalised (`path`), and lower-cased when `paths.case_insensitive`.
     pub path: &'a str,
     pub headers: &'a HeaderMap,
+    /// The raw query string.
+    pub query: Option<&'a str>,
+    /// The host asked for, normalised (`identity::normalize_host`).
+    pub host: Option<&'a str>,
     pub client: &'a Client,
 }
 
@@ -346,17 +434,50 @@ pub struct Policy {
     pub costs: Vec<CostRule>,
     /// `[redis].on_failure`, for limits that do not set their own.
     pub default_on_failure: OnFailure,
+    /// Whether any limit or cost reads the host (most read none, and a
+    /// request's host is then not worked out).
+    pub reads_host: bool,
 }
 
 impl Policy {
+    pub fn new(
+        clients: ClientRules,
+        paths: PathRules,
+        (exempt_paths, exempt_tiers): (Vec<PathPattern>, Vec<Tier>),
+        limits: Vec<Limit>,
+        costs: Vec<CostRule>,
+        default_on_failure: OnFailure,
+    ) -> Policy {
+        fn reads_host(key: &KeySource) -> bool {
+            match key {
+                KeySource::Host => true,
+                KeySource::Composite(parts) => parts.iter().any(reads_host),
+                _ => false,
+            }
+        }
+        let reads_host = limits
+            .iter()
+            .any(|l| !l.matcher.hosts.is_empty() || reads_host(&l.key))
+            || costs.iter().any(|c| !c.matcher.hosts.is_empty());
+        Policy {
+            clients,
+            paths,
+            exempt_paths,
+            exempt_tiers,
+            limits,
+            costs,
+            default_on_failure,
+            reads_host,
+        }
+    }
+
     /// What a request costs limit `layer`: the first `[[costs]]` entry that
     /// matches it and prices that limit, else 1.
-    pub fn cost_of(&self, layer: usize, method: &Method, path: &str) -> u64 {
+    pub fn cost_of(&self, layer: usize, request: &RequestView<'_>) -> u64 {
         self.costs
             .iter()
             .find(|c| {
-                (c.limits.is_empty() || c.limits.contains(&layer))
-                    && c.matcher.matches(method, path)
+                (c.limits.is_empty() || c.limits.contains(&layer)) && c.matcher.applies(request)
             })
             .map_or(1, |c| c.cost)
     }
@@ -364,10 +485,12 @@ impl Policy {
     /// The layers that apply to a request.
     pub fn plan(&self, request: &RequestView<'_>) -> Result<Plan, IdentityError> {
         let RequestView {
-            method,
             path,
             headers,
+            query,
+            host,
             client,
+            ..
         } = *request;
         if self.exempt_paths.iter().any(|p| p.matches(path))
             || self.exempt_tiers.contains(&client.tier)
@@ -376,16 +499,28 @@ impl Policy {
         }
         let mut layers = Layers::default();
         for (layer, limit) in self.limits.iter().enumerate() {
-            let matches = limit.matcher.matches(method, path);
+            let matches = limit.matcher.applies(request);
             if !matches && limit.ban.is_none() {
                 continue;
             }
-            let identity = match self.clients.identity_of(&limit.key, client, headers) {
+            let inputs = KeyInputs {
+                headers,
+                query,
+                host,
+                route: limit.matcher.route(path),
+            };
+            let identity = match self.clients.identity_of(&limit.key, client, &inputs) {
                 Ok(Some(identity)) => identity,
-                Ok(None) => continue,
                 // A key this route's limit never reads (only its ban looks
                 // it up) is no reason to refuse the request.
-                Err(_) if !matches => continue,
+                Ok(None) | Err(_) if !matches => continue,
+                Ok(None) => match limit.on_missing {
+                    OnMissing::Skip => continue,
+                    OnMissing::Deny => {
+                        return Err(IdentityError::MissingKey(limit.name.as_str().into()))
+                    }
+                    OnMissing::Ip => client.ip_hash,
+                },
                 Err(e) => return Err(e),
             };
             let on_failure = limit.on_failure.unwrap_or(self.default_on_failure);
@@ -420,7 +555,7 @@ impl Policy {
                         name: limit.name.clone(),
                         algorithm,
                         key,
-                        cost: self.cost_of(layer, method, path),
+                        cost: self.cost_of(layer, request),
                         shadow: limit.shadow,
                         peek: false,
                         on_failure,

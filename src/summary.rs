@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use crate::algorithm::ALGORITHMS;
-use crate::policy::{AfterResponse, Rule};
+use crate::policy::{AfterResponse, KeySource, OnMissing, Rule};
 
 use crate::config::Config;
 use crate::identity::IdentityKeySource;
@@ -152,6 +152,22 @@ pub fn describe(config: &Config) -> String {
                     algorithm.quota()
                 );
             }
+        }
+        // A key the client may leave out, skipped when it does, with no
+        // other limit but by address on its routes: leaving it out is a
+        // way around it.
+        let dodged = limit.key.client_asserted()
+            && limit.on_missing == OnMissing::Skip
+            && !policy.limits.iter().enumerate().any(|(other, l)| {
+                other != layer && l.key != KeySource::Ip && l.matcher.may_overlap(&limit.matcher)
+            });
+        if dodged {
+            let _ = writeln!(
+                out,
+                "  warning: a request without {} skips this limit, and no other limit but by address applies on {}: set on_missing = \"deny\" or \"ip\"",
+                limit.key.describe(),
+                limit.matcher.describe()
+            );
         }
     }
     // What each algorithm in use guarantees, from the algorithm table.

@@ -213,3 +213,28 @@ fn check_warns_about_a_redis_store_without_an_identity_secret() {
         "{stdout}"
     );
 }
+
+#[test]
+fn check_warns_about_a_key_a_client_can_leave_out() {
+    let dir = common::temp_dir();
+    let path = dir.join("proxy.toml");
+    let limit = |on_missing: &str| {
+        format!(
+            "[server]\nlisten = \"127.0.0.1:8080\"\n[upstream]\nservers = [\"127.0.0.1:8000\"]\n\
+             [[limits]]\nname = \"per-ip\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1m\"\n\
+             [[limits]]\nname = \"per-tenant\"\nkey = \"header:X-Tenant\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1m\"\n{on_missing}"
+        )
+    };
+    let warning = "warning: a request without header:x-tenant skips this limit";
+    for (on_missing, warned) in [("", true), ("on_missing = \"ip\"\n", false)] {
+        std::fs::write(&path, limit(on_missing)).expect("write config");
+        let out = Command::new(binary())
+            .arg("check")
+            .arg(&path)
+            .output()
+            .expect("run check");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{stdout}");
+        assert_eq!(stdout.contains(warning), warned, "{stdout}");
+    }
+}

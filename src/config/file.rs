@@ -223,6 +223,15 @@ impl<'de> Deserialize<'de> for AlgorithmName {
     }
 }
 
+/// `on_missing` of a limit.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum OnMissingName {
+    Skip,
+    Deny,
+    Ip,
+}
+
 /// `upgrades` of a concurrency limit.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -250,7 +259,7 @@ pub(super) struct Numbers {
 #[serde(deny_unknown_fields)]
 pub(super) struct LimitSection {
     pub(super) name: String,
-    pub(super) key: String,
+    pub(super) key: OneOrMany,
     pub(super) algorithm: AlgorithmName,
     pub(super) capacity: Option<f64>,
     pub(super) refill_rate: Option<f64>,
@@ -266,6 +275,7 @@ pub(super) struct LimitSection {
     pub(super) count: Option<CountSection>,
     pub(super) cost_from_response: Option<ResponseCostSection>,
     pub(super) ban: Option<BanSection>,
+    pub(super) on_missing: Option<OnMissingName>,
     pub(super) on_failure: Option<FailureMode>,
     #[serde(default)]
     pub(super) shadow: bool,
@@ -351,6 +361,10 @@ pub(super) struct MatchSection {
     pub(super) methods: Vec<String>,
     #[serde(default)]
     pub(super) paths: Vec<String>,
+    #[serde(default)]
+    pub(super) hosts: Vec<String>,
+    #[serde(default)]
+    pub(super) headers: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -10,7 +10,8 @@ use http::{HeaderName, Method};
 use super::duration;
 use super::file::{
     AlgorithmName, BanSection, CostSection, CountSection, ExemptSection, LimitSection,
-    MatchSection, Numbers, ResponseCostSection, StatusName, UpgradesName, CONCURRENCY,
+    MatchSection, Numbers, OnMissingName, OneOrMany, ResponseCostSection, StatusName, UpgradesName,
+    CONCURRENCY,
 };
 use super::source::Segment;
 use super::{at, AsSegment, Invalid};
@@ -20,8 +21,8 @@ use crate::limiter::LimitName;
 use crate::limiter::MAX_LEASE_US;
 use crate::path::{EscapedSlashes, PathRules};
 use crate::policy::{
-    AfterResponse, Ban, Concurrency, CostRule, KeySource, Limit, Matcher, PathPattern,
-    ResponseCost, Rule, Statuses, Upgrades,
+    AfterResponse, Ban, Concurrency, CostRule, HostPattern, KeySource, Limit, Matcher, OnMissing,
+    PathPattern, ResponseCost, Rule, Statuses, Upgrades,
 };
 
 fn sorted(tiers: &Tiers) -> String {
@@ -77,22 +78,100 @@ fn validate_match(
         .enumerate()
         .map(|(i, p)| compile_pattern(p).map_err(|msg| (sub("paths", i), msg)))
         .collect::<Result<_, _>>()?;
-    Ok(Matcher { methods, paths })
+    let hosts = m
+        .hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let name = h.strip_prefix("*.").unwrap_or(h);
+            let valid = !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-.:[]".contains(&b));
+            if valid {
+                Ok(HostPattern::new(h))
+            } else {
+                Err((
+                    sub("hosts", i),
+                    format!("\"{h}\" is not a host name (or \"*.\" and a domain)"),
+                ))
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    let headers = m
+        .headers
+        .iter()
+        .map(|(name, glob)| {
+            let mut at: Vec<Segment> = path.iter().map(|s| s.segment()).collect();
+            at.push(Segment::Key("headers".into()));
+            at.push(Segment::Key(name.clone()));
+            let name = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| (at, format!("\"{name}\" is not a valid header name")))?;
+            Ok((name, PathPattern::glob(glob)))
+        })
+        .collect::<Result<_, Invalid>>()?;
+    Ok(Matcher {
+        methods,
+        paths,
+        hosts,
+        headers,
+    })
 }
 
 fn validate_key(key: &str) -> Result<KeySource, String> {
+    let named = |prefix: &str| {
+        key.strip_prefix(prefix)
+            .filter(|name| !name.is_empty() && !name.contains(['=', ';', '&', ' ']))
+    };
     match key {
         "ip" => Ok(KeySource::Ip),
         "api_key" => Ok(KeySource::ApiKey),
         "global" => Ok(KeySource::Global),
-        other => match other.strip_prefix("header:") {
-            Some(name) => HeaderName::from_bytes(name.as_bytes())
+        "host" => Ok(KeySource::Host),
+        "route" => Ok(KeySource::Route),
+        other if other.starts_with("header:") => {
+            let name = &other["header:".len()..];
+            HeaderName::from_bytes(name.as_bytes())
                 .map(KeySource::Header)
-                .map_err(|_| format!("\"{name}\" is not a valid header name")),
-            None => Err(format!(
-                "unknown key \"{other}\" (expected \"ip\", \"api_key\", \"header:<Name>\" or \"global\")"
-            )),
-        },
+                .map_err(|_| format!("\"{name}\" is not a valid header name"))
+        }
+        other if other.starts_with("cookie:") => named("cookie:")
+            .map(|name| KeySource::Cookie(name.into()))
+            .ok_or_else(|| format!("\"{other}\" needs a cookie name after \"cookie:\"")),
+        other if other.starts_with("query:") => named("query:")
+            .map(|name| KeySource::Query(name.into()))
+            .ok_or_else(|| format!("\"{other}\" needs a parameter name after \"query:\"")),
+        other => Err(format!(
+            "unknown key \"{other}\" (expected \"ip\", \"api_key\", \"header:<Name>\", \"cookie:<name>\", \"query:<name>\", \"host\", \"route\", \"global\", or a list of them)"
+        )),
+    }
+}
+
+/// `key = "..."` or a composite `key = ["...", "..."]`.
+fn validate_keys(key: &OneOrMany, i: usize) -> Result<KeySource, Invalid> {
+    match key {
+        OneOrMany::One(key) => validate_key(key).map_err(|m| at(&[&"limits", &i, &"key"], m)),
+        OneOrMany::Many(keys) => {
+            if keys.len() < 2 {
+                return Err(at(
+                    &[&"limits", &i, &"key"],
+                    "a composite key names two or more keys",
+                ));
+            }
+            let parts = keys
+                .iter()
+                .enumerate()
+                .map(|(j, k)| match validate_key(k) {
+                    Ok(KeySource::Global) => Err(at(
+                        &[&"limits", &i, &"key", &j],
+                        "\"global\" adds nothing to a composite key",
+                    )),
+                    Ok(part) => Ok(part),
+                    Err(m) => Err(at(&[&"limits", &i, &"key", &j], m)),
+                })
+                .collect::<Result<_, _>>()?;
+            Ok(KeySource::Composite(parts))
+        }
     }
 }
 
@@ -117,7 +196,7 @@ fn validate_limit(
             ),
         ));
     }
-    let key = validate_key(&s.key).map_err(|m| at(&[&"limits", &i, &"key"], m))?;
+    let key = validate_keys(&s.key, i)?;
     let own = s.numbers();
     let path: [&dyn AsSegment; 2] = [&"limits", &i];
     let rule = rule_of(s, &own, None, &path)?;
@@ -178,6 +257,11 @@ fn validate_limit(
         on_failure: s.on_failure.map(Into::into),
         after_response,
         ban,
+        on_missing: match s.on_missing {
+            None | Some(OnMissingName::Skip) => OnMissing::Skip,
+            Some(OnMissingName::Deny) => OnMissing::Deny,
+            Some(OnMissingName::Ip) => OnMissing::Ip,
+        },
     })
 }
 

@@ -240,15 +240,14 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
         upstream,
         max_keys: usize::try_from(max_keys).unwrap_or(usize::MAX),
         redis,
-        policy: Arc::new(Policy {
+        policy: Arc::new(Policy::new(
             clients,
             paths,
-            exempt_paths,
-            exempt_tiers,
+            (exempt_paths, exempt_tiers),
             limits,
             costs,
             default_on_failure,
-        }),
+        )),
         headers: raw.response.headers.unwrap_or(HeaderStyle::Both),
         tls,
         access_log,

@@ -82,7 +82,7 @@ fn errors_name_line_and_key() {
         ),
         (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"token_bucket\"\ncapcity = 5\n"),
-            "t.toml:9: limits[0].capcity: unknown field `capcity`, expected one of `name`, `key`, `algorithm`, `capacity`, `refill_rate`, `limit`, `window`, `rate`, `period`, `timezone`, `week_starts`, `max`, `lease`, `upgrades`, `count`, `cost_from_response`, `ban`, `on_failure`, `shadow`, `match`, `tiers`",
+            "t.toml:9: limits[0].capcity: unknown field `capcity`, expected one of `name`, `key`, `algorithm`, `capacity`, `refill_rate`, `limit`, `window`, `rate`, `period`, `timezone`, `week_starts`, `max`, `lease`, `upgrades`, `count`, `cost_from_response`, `ban`, `on_missing`, `on_failure`, `shadow`, `match`, `tiers`",
         ),
         (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"token_bucket\"\ncapacity = -5\nrefill_rate = 1\n"),
@@ -351,7 +351,21 @@ fn quotas_response_costs_bans_and_per_layer_costs_resolve() {
     );
     // /search costs 10 from the weekly quota and 1 from the others.
     let post = Method::POST;
-    assert_eq!(c.policy.cost_of(2, &post, "/search"), 10);
-    assert_eq!(c.policy.cost_of(1, &post, "/search"), 1);
-    assert_eq!(c.policy.cost_of(2, &post, "/other"), 1);
+    let client = c
+        .policy
+        .clients
+        .identify("192.0.2.1".parse().unwrap(), &http::HeaderMap::new())
+        .unwrap();
+    let headers = http::HeaderMap::new();
+    let view = |path| crate::policy::RequestView {
+        method: &post,
+        path,
+        headers: &headers,
+        query: None,
+        host: None,
+        client: &client,
+    };
+    assert_eq!(c.policy.cost_of(2, &view("/search")), 10);
+    assert_eq!(c.policy.cost_of(1, &view("/search")), 1);
+    assert_eq!(c.policy.cost_of(2, &view("/other")), 1);
 }

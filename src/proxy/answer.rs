@@ -134,6 +134,22 @@ pub(super) async fn bad_request(
     Ok(true)
 }
 
+/// 400 for a request without what a limit with `on_missing = "deny"` is
+/// keyed on.
+pub(super) async fn missing_key(
+    session: &mut Session,
+    ctx: &RequestCtx,
+    limit: &str,
+) -> Result<bool> {
+    debug!("400 missing_key for {limit} request_id={}", ctx.request_id);
+    let body = format!(
+        "{{\"error\":\"missing_key\",\"limit\":\"{limit}\",\"request_id\":\"{}\"}}",
+        ctx.request_id
+    );
+    respond(session, ctx, 400, headers::json_headers(), body).await?;
+    Ok(true)
+}
+
 /// What a gRPC client is told when a limit refuses it.
 pub(super) fn grpc_refusal(refused: &Layer<'_>) -> String {
     if refused.banned {

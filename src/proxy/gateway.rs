@@ -16,8 +16,8 @@ use pingora::{Error, ErrorSource, ErrorType, Result};
 
 use super::access::access_line;
 use super::answer::{
-    add_request_id, bad_request, grpc_refusal, is_grpc, limiter_failed, respond, respond_grpc,
-    too_many_in_flight, GrpcStatus,
+    add_request_id, bad_request, grpc_refusal, is_grpc, limiter_failed, missing_key, respond,
+    respond_grpc, too_many_in_flight, GrpcStatus,
 };
 use super::charges;
 use super::ctx::{peer_ip, RequestCtx};
@@ -30,6 +30,7 @@ use super::verdict::{Outcome, Verdict};
 use crate::algorithm::Decision;
 use crate::connection::clock::HeadClock;
 use crate::headers;
+use crate::identity::{normalize_host, IdentityError};
 use crate::limiter::Check;
 use crate::policy::{Plan, Policy, RequestView};
 use crate::state::AppState;
@@ -194,10 +195,26 @@ impl ProxyHttp for Gateway {
         } else {
             Cow::Borrowed(path)
         };
+        let host = if policy.reads_host {
+            request
+                .uri
+                .host()
+                .or_else(|| {
+                    request
+                        .headers
+                        .get(http::header::HOST)
+                        .and_then(|h| h.to_str().ok())
+                })
+                .map(normalize_host)
+        } else {
+            None
+        };
         let view = RequestView {
             method: &request.method,
             path: &path,
             headers: &request.headers,
+            query: request.uri.query(),
+            host: host.as_deref(),
             client,
         };
         let mut layers = match policy.plan(&view) {
@@ -207,6 +224,9 @@ impl ProxyHttp for Gateway {
             }
             Ok(Plan::Check(layers)) if layers.is_empty() => return Ok(false),
             Ok(Plan::Check(layers)) => layers,
+            Err(IdentityError::MissingKey(limit)) => {
+                return missing_key(session, ctx, &limit).await
+            }
             Err(e) => return bad_request(session, ctx, e.code(), &e.to_string()).await,
         };
         let refused =

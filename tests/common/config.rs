@@ -258,11 +258,17 @@ pub struct Limit {
 }
 
 impl Limit {
+    /// `key` as a string, or as it is when it is a TOML list (`[...]`).
     fn new(name: &str, key: &str, algorithm: &str) -> Limit {
+        let key = if key.starts_with('[') {
+            key.to_string()
+        } else {
+            format!("\"{key}\"")
+        };
         Limit {
             lines: vec![
                 format!("name = \"{name}\""),
-                format!("key = \"{key}\""),
+                format!("key = {key}"),
                 format!("algorithm = \"{algorithm}\""),
             ],
         }

@@ -576,8 +576,13 @@ pub fn request(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> Response {
-    let mut raw =
-        format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n").into_bytes();
+    // A Host given by the test replaces the default one.
+    let host = if headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        ""
+    } else {
+        "Host: test\r\n"
+    };
+    let mut raw = format!("{method} {path} HTTP/1.1\r\n{host}Connection: close\r\n").into_bytes();
     for (k, v) in headers {
         raw.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
     }

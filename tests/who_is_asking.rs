@@ -1,0 +1,154 @@
+//! Who is asking, precisely: composite keys, cookies and query parameters,
+//! a policy for requests without the key, host and header matching.
+
+mod common;
+
+use common::{ConfigBuilder, Limit, Proxy, Upstream};
+
+fn get(proxy: &Proxy, path: &str, headers: &[(&str, &str)]) -> common::Response {
+    proxy.send("GET", path, headers)
+}
+
+fn refused_by(r: &common::Response, limit: &str) -> bool {
+    r.status == 429 && r.body.contains(&format!("\"limit\":\"{limit}\""))
+}
+
+/// `key = ["header:X-User", "route"]` on `/users/*` and `/orders`: one
+/// budget per user per route pattern, not per raw path.
+#[test]
+fn a_composite_key_counts_per_user_per_route() {
+    let upstream = Upstream::start();
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .limit(
+            Limit::fixed_window("per-user-route", "[\"header:X-User\", \"route\"]", 3, "1h")
+                .matching("paths = [\"/users/*\", \"/orders\"]"),
+        )
+        .start();
+    let ann = [("X-User", "ann")];
+    // /users/1 and /users/2 share one budget of 3.
+    for path in ["/users/1", "/users/2", "/users/3"] {
+        assert_eq!(get(&proxy, path, &ann).status, 200, "{path}");
+    }
+    assert!(refused_by(&get(&proxy, "/users/4", &ann), "per-user-route"));
+    // /orders has its own; another user has hers.
+    assert_eq!(get(&proxy, "/orders", &ann).status, 200);
+    assert_eq!(get(&proxy, "/users/1", &[("X-User", "bea")]).status, 200);
+}
+
+#[test]
+fn cookies_and_query_parameters_key_limits_however_they_are_spelled() {
+    let upstream = Upstream::start();
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .limit(
+            Limit::fixed_window("per-session", "cookie:session", 2, "1h")
+                .matching("paths = [\"/cart\"]"),
+        )
+        .limit(
+            Limit::fixed_window("per-user", "query:user", 2, "1h").matching("paths = [\"/feed\"]"),
+        )
+        .start();
+    let with = |cookie: &str| get(&proxy, "/cart", &[("Cookie", cookie)]).status;
+    assert_eq!(with("theme=dark; session=abc"), 200);
+    assert_eq!(with("session=abc"), 200);
+    assert_eq!(with("session=abc; lang=en"), 429);
+    assert_eq!(with("session=xyz"), 200, "another session");
+    // Two cookies of that name: the application may read either.
+    let twice = get(&proxy, "/cart", &[("Cookie", "session=new; session=abc")]);
+    assert_eq!(twice.status, 400);
+    assert!(
+        twice.body.contains("ambiguous_key_cookie"),
+        "{}",
+        twice.body
+    );
+
+    assert_eq!(get(&proxy, "/feed?user=ann+lee", &[]).status, 200);
+    assert_eq!(get(&proxy, "/feed?page=2&user=ann%20lee", &[]).status, 200);
+    assert_eq!(
+        get(&proxy, "/feed?us%65r=ann+lee", &[]).status,
+        429,
+        "one user"
+    );
+    let twice = get(&proxy, "/feed?user=bob&user=ann+lee", &[]);
+    assert_eq!(twice.status, 400);
+    assert!(twice.body.contains("ambiguous_key_query"), "{}", twice.body);
+}
+
+/// Leaving the key out is no way around a limit that says what to do
+/// without it.
+#[test]
+fn a_request_without_the_key_is_refused_or_counted_by_its_address() {
+    let upstream = Upstream::start();
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .limit(
+            Limit::fixed_window("accounts", "header:X-Account", 2, "1h")
+                .matching("paths = [\"/strict\"]")
+                .line("on_missing = \"deny\""),
+        )
+        .limit(
+            Limit::fixed_window("tenants", "header:X-Tenant", 2, "1h")
+                .matching("paths = [\"/lenient\"]")
+                .line("on_missing = \"ip\""),
+        )
+        .limit(
+            Limit::fixed_window("skipped", "header:X-Team", 2, "1h")
+                .matching("paths = [\"/open\"]"),
+        )
+        .start();
+    let missing = get(&proxy, "/strict", &[]);
+    assert_eq!(missing.status, 400);
+    assert!(
+        missing
+            .body
+            .starts_with("{\"error\":\"missing_key\",\"limit\":\"accounts\","),
+        "{}",
+        missing.body
+    );
+    assert_eq!(get(&proxy, "/strict", &[("X-Account", "a")]).status, 200);
+    // Without the header: keyed on the address, so it runs out.
+    for _ in 0..2 {
+        assert_eq!(get(&proxy, "/lenient", &[]).status, 200);
+    }
+    assert!(refused_by(&get(&proxy, "/lenient", &[]), "tenants"));
+    assert_eq!(get(&proxy, "/lenient", &[("X-Tenant", "t")]).status, 200);
+    // The default, skip: the limit does not apply (`floodgate check` warns).
+    for _ in 0..4 {
+        assert_eq!(get(&proxy, "/open", &[]).status, 200);
+    }
+}
+
+#[test]
+fn limits_match_hosts_and_header_values() {
+    let upstream = Upstream::start();
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .limit(
+            Limit::fixed_window("api-host", "ip", 1, "1h")
+                .matching("hosts = [\"api.example.com\"]"),
+        )
+        .limit(
+            Limit::fixed_window("tenant-hosts", "host", 1, "1h")
+                .matching("hosts = [\"*.tenants.example.com\"]"),
+        )
+        .limit(
+            Limit::fixed_window("mobile", "ip", 1, "1h")
+                .matching("headers = { \"X-Client\" = \"mobile*\" }"),
+        )
+        .start();
+    let host = |h: &str| get(&proxy, "/", &[("Host", h)]);
+    assert_eq!(host("API.example.com:8080").status, 200);
+    assert!(
+        refused_by(&host("api.example.com"), "api-host"),
+        "port and case aside"
+    );
+    assert_eq!(host("www.example.com").status, 200, "not that host");
+    // One budget per tenant host; the bare domain is not a subdomain.
+    assert_eq!(host("a.tenants.example.com").status, 200);
+    assert!(refused_by(&host("a.tenants.example.com."), "tenant-hosts"));
+    assert_eq!(host("b.tenants.example.com").status, 200);
+    assert_eq!(host("tenants.example.com").status, 200);
+    assert_eq!(host("tenants.example.com").status, 200);
+    // Header globs.
+    let client = |c: &str| get(&proxy, "/", &[("Host", "x"), ("X-Client", c)]);
+    assert_eq!(client("mobile-ios/2.1").status, 200);
+    assert!(refused_by(&client("mobile-android/9"), "mobile"));
+    assert_eq!(client("web/1.0").status, 200);
+}
