@@ -224,6 +224,7 @@ enum Kind {
     Host = 6,
     Route = 7,
     Composite = 8,
+    Subject = 9,
 }
 
 impl IdentityHasher {
@@ -349,6 +350,8 @@ pub struct Client {
     pub ip_hash: u128,
     pub api_key: Option<ApiKey>,
     pub tier: Tier,
+    /// The keyed hash of a verified token's subject, when there is one.
+    pub subject_hash: Option<u128>,
 }
 
 impl Client {
@@ -490,7 +493,18 @@ impl ClientRules {
             ip_hash: self.ip_hash(ip, ip_prefix),
             api_key,
             tier,
+            subject_hash: None,
         })
+    }
+
+    /// The keyed hash of an API key as sent (known to `api_keys` or not).
+    pub fn api_key_hash(&self, key: &[u8]) -> u128 {
+        self.hasher.hash(Kind::ApiKey, key)
+    }
+
+    /// The keyed hash of a token's subject.
+    pub fn subject_hash(&self, subject: &[u8]) -> u128 {
+        self.hasher.hash(Kind::Subject, subject)
     }
 
     fn ip_hash(&self, ip: IpAddr, prefix: u8) -> u128 {

@@ -4,6 +4,7 @@
 pub mod access_log;
 pub mod admin;
 pub mod algorithm;
+pub mod blocklist;
 pub mod clock;
 pub mod config;
 pub mod connection;

@@ -69,6 +69,8 @@ pub struct Metrics {
     bans: IntCounterVec,
     response_costs: IntCounterVec,
     pub exempt: IntCounter,
+    /// Requests refused by `[block]`, by `BlockReason` (in its order).
+    pub blocked: [IntCounter; 3],
     pub redis: RedisMetrics,
     pub fallback_active: IntGauge,
     pub local_keys: IntGauge,
@@ -112,6 +114,18 @@ impl Metrics {
                 &["limit", "reason"],
             ),
         );
+        let blocked_total = registered(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "floodgate_blocked_requests_total",
+                    "Requests refused by [block], by what matched (address, api_key, jwt_subject)",
+                ),
+                &["reason"],
+            ),
+        );
+        let blocked = crate::blocklist::BlockReason::ALL
+            .map(|reason| blocked_total.with_label_values(&[reason.as_str()]));
         let exempt = registered(
             &registry,
             IntCounter::new(
@@ -231,6 +245,7 @@ impl Metrics {
             decisions,
             bans,
             response_costs,
+            blocked,
             exempt,
             redis: RedisMetrics {
                 call_seconds,

@@ -4,6 +4,7 @@
 use http::{HeaderMap, HeaderName, Method};
 
 use crate::algorithm::Algorithm;
+use crate::blocklist::Blocklist;
 use crate::identity::{
     normalize_host, Client, ClientRules, IdentityError, KeyInputs, StateKey, Tier,
 };
@@ -426,6 +427,8 @@ pub struct SlotLayer {
 #[derive(Debug, Clone)]
 pub struct Policy {
     pub clients: ClientRules,
+    /// `[block]`: refused before anything else.
+    pub block: Blocklist,
     /// How request paths are normalised and matched.
     pub paths: PathRules,
     pub exempt_paths: Vec<PathPattern>,
@@ -444,6 +447,7 @@ impl Policy {
         clients: ClientRules,
         paths: PathRules,
         (exempt_paths, exempt_tiers): (Vec<PathPattern>, Vec<Tier>),
+        block: Blocklist,
         limits: Vec<Limit>,
         costs: Vec<CostRule>,
         default_on_failure: OnFailure,
@@ -461,6 +465,7 @@ impl Policy {
             || costs.iter().any(|c| !c.matcher.hosts.is_empty());
         Policy {
             clients,
+            block,
             paths,
             exempt_paths,
             exempt_tiers,

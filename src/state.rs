@@ -55,6 +55,8 @@ pub struct AppState {
     pub access_log: Option<AccessLog>,
     /// HTTP/2 requests in flight per client address.
     pub streams: Arc<crate::connection::caps::StreamCaps>,
+    /// When each blocked client was last logged (kept across reloads).
+    pub block_log: crate::blocklist::BlockLog,
     /// `[server].header_timeout`: also the grace before a body's pace counts.
     pub header_timeout: std::time::Duration,
     /// What the TLS listeners serve; swapped on reload.
@@ -95,6 +97,7 @@ impl AppState {
             metrics,
             access_log,
             streams: crate::connection::caps::StreamCaps::new(config.server.max_connections_per_ip),
+            block_log: crate::blocklist::BlockLog::new(10_000),
             header_timeout: config.server.header_timeout,
             certificates: config
                 .tls

@@ -152,3 +152,62 @@ fn limits_match_hosts_and_header_values() {
     assert!(refused_by(&client("mobile-android/9"), "mobile"));
     assert_eq!(client("web/1.0").status, 200);
 }
+
+/// `[block]`: by address and by API key (known or not), answered before
+/// anything else, counted, logged once a minute per client, and changed by
+/// a reload.
+#[test]
+fn blocked_clients_never_reach_the_limits_or_the_upstream() {
+    let upstream = Upstream::start();
+    let config = |block: &str| {
+        ConfigBuilder::new(upstream.addr)
+            .admin()
+            .raw("[clients]\ntrusted_proxies = [\"127.0.0.1/32\"]\n")
+            .limit(Limit::fixed_window("per-ip", "ip", 100, "1h"))
+            .raw(block)
+    };
+    let first = config(
+        "[block]\ncidrs = [\"203.0.113.0/24\"]\napi_keys = [\"stolen-key\"]\nstatus = 451\n",
+    );
+    let proxy = first.start();
+    let from = |ip: &str, key: Option<&str>| {
+        let mut headers = vec![("X-Forwarded-For", ip)];
+        if let Some(key) = key {
+            headers.push(("X-API-Key", key));
+        }
+        get(&proxy, "/", &headers)
+    };
+    for _ in 0..5 {
+        let r = from("203.0.113.7", None);
+        assert_eq!(r.status, 451);
+        assert!(r.body.starts_with("{\"error\":\"blocked\""), "{}", r.body);
+    }
+    assert_eq!(from("198.51.100.1", Some("stolen-key")).status, 451);
+    assert_eq!(from("198.51.100.1", None).status, 200);
+    assert_eq!(upstream.count(), 1, "nothing blocked reached the upstream");
+    let metric = |reason: &str| {
+        proxy.metric(&format!(
+            "floodgate_blocked_requests_total{{reason=\"{reason}\"}}"
+        ))
+    };
+    assert_eq!((metric("address"), metric("api_key")), (5.0, 1.0));
+    assert_eq!(
+        proxy.log().matches("blocked (address)").count(),
+        1,
+        "{}",
+        proxy.log()
+    );
+    assert!(!proxy.log().contains("stolen-key"), "keys are never logged");
+    // A reload lifts the address block and blocks another.
+    config("[block]\ncidrs = [\"198.51.100.0/24\"]\n")
+        .listen(proxy.addr)
+        .admin_at(proxy.admin.expect("admin"))
+        .write_to(&proxy.config_path);
+    proxy.signal("-HUP");
+    assert!(common::wait_until(
+        std::time::Duration::from_secs(5),
+        || proxy.log().contains("reloaded")
+    ));
+    assert_eq!(from("203.0.113.7", None).status, 200);
+    assert_eq!(from("198.51.100.1", None).status, 403, "the default status");
+}

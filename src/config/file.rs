@@ -25,6 +25,8 @@ pub(super) struct FileConfig {
     #[serde(default)]
     pub(super) exempt: ExemptSection,
     #[serde(default)]
+    pub(super) block: BlockSection,
+    #[serde(default)]
     pub(super) limits: Vec<LimitSection>,
     #[serde(default)]
     pub(super) costs: Vec<CostSection>,
@@ -178,6 +180,18 @@ pub(super) struct ClientsSection {
     pub(super) api_keys: BTreeMap<String, String>,
     pub(super) forwarded_header: Option<ForwardedHeaderName>,
     pub(super) identity_secret_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct BlockSection {
+    #[serde(default)]
+    pub(super) cidrs: Vec<String>,
+    #[serde(default)]
+    pub(super) api_keys: Vec<String>,
+    #[serde(default)]
+    pub(super) jwt_subjects: Vec<String>,
+    pub(super) status: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

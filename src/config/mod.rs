@@ -3,6 +3,7 @@
 //! settings in which bad values cannot exist. Every error names the file, the
 //! line and the key.
 
+mod block;
 mod clients;
 mod duration;
 mod file;
@@ -223,6 +224,7 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
     let compile_pattern = limits::pattern_compiler(&paths);
     let (exempt_paths, exempt_tiers) =
         limits::validate_exempt(&raw.exempt, &clients.tiers, &compile_pattern)?;
+    let block = block::validate_block(&raw.block, &clients)?;
     let instances = redis.as_ref().map_or(1, |r| r.instances);
     let limits = limits::validate_limits(&raw.limits, &clients.tiers, instances, &compile_pattern)?;
     let costs = limits::validate_costs(&raw.costs, &limits, &compile_pattern)?;
@@ -244,6 +246,7 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
             clients,
             paths,
             (exempt_paths, exempt_tiers),
+            block,
             limits,
             costs,
             default_on_failure,

@@ -134,6 +134,17 @@ pub(super) async fn bad_request(
     Ok(true)
 }
 
+/// The answer to a client `[block]` refuses: no reason given beyond that.
+pub(super) async fn blocked(session: &mut Session, ctx: &RequestCtx, status: u16) -> Result<bool> {
+    let body = format!(
+        "{{\"error\":\"blocked\",\"request_id\":\"{}\"}}",
+        ctx.request_id
+    );
+    session.set_keepalive(None);
+    respond(session, ctx, status, headers::json_headers(), body).await?;
+    Ok(true)
+}
+
 /// 400 for a request without what a limit with `on_missing = "deny"` is
 /// keyed on.
 pub(super) async fn missing_key(

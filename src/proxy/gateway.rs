@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use log::{debug, warn};
+use log::{debug, info, warn};
 use pingora::http::ResponseHeader;
 use pingora::modules::http::HttpModules;
 use pingora::prelude::HttpPeer;
@@ -16,8 +16,8 @@ use pingora::{Error, ErrorSource, ErrorType, Result};
 
 use super::access::access_line;
 use super::answer::{
-    add_request_id, bad_request, grpc_refusal, is_grpc, limiter_failed, missing_key, respond,
-    respond_grpc, too_many_in_flight, GrpcStatus,
+    add_request_id, bad_request, blocked, grpc_refusal, is_grpc, limiter_failed, missing_key,
+    respond, respond_grpc, too_many_in_flight, GrpcStatus,
 };
 use super::charges;
 use super::ctx::{peer_ip, RequestCtx};
@@ -28,6 +28,7 @@ use super::strikes;
 use super::verdict::{Outcome, Verdict};
 
 use crate::algorithm::Decision;
+use crate::clock::{Clock, SystemClock};
 use crate::connection::clock::HeadClock;
 use crate::headers;
 use crate::identity::{normalize_host, IdentityError};
@@ -189,6 +190,24 @@ impl ProxyHttp for Gateway {
             Ok(client) => ctx.client.insert(client),
             Err(e) => return bad_request(session, ctx, e.code(), &e.to_string()).await,
         };
+        if !policy.block.is_empty() {
+            if let Some(reason) = policy
+                .block
+                .blocks(client, &policy.clients, &request.headers)
+            {
+                self.state.metrics.blocked[reason as usize].inc();
+                let now_s = SystemClock.now_us() / 1_000_000;
+                if self.state.block_log.due(client.ip_hash, now_s) {
+                    info!(
+                        "blocked ({}): {} request_id={} (once a minute per client)",
+                        reason.as_str(),
+                        client.log_label(),
+                        ctx.request_id
+                    );
+                }
+                return blocked(session, ctx, policy.block.status).await;
+            }
+        }
         let path = request.uri.path();
         let path = if policy.paths.case_insensitive {
             Cow::Owned(path.to_ascii_lowercase())

@@ -1,0 +1,134 @@
+//! `[block]`: clients refused before anything else, by address, API key or
+//! (verified) JWT subject. Keys and subjects are kept as their keyed
+//! hashes, never in the clear.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use http::HeaderMap;
+use ipnet::IpNet;
+use lru::LruCache;
+
+use crate::identity::{Client, ClientRules};
+
+/// Why a request is blocked (the metric's label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockReason {
+    Address,
+    ApiKey,
+    JwtSubject,
+}
+
+impl BlockReason {
+    pub const ALL: [BlockReason; 3] = [
+        BlockReason::Address,
+        BlockReason::ApiKey,
+        BlockReason::JwtSubject,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BlockReason::Address => "address",
+            BlockReason::ApiKey => "api_key",
+            BlockReason::JwtSubject => "jwt_subject",
+        }
+    }
+}
+
+/// The validated `[block]` section.
+#[derive(Debug, Clone, Default)]
+pub struct Blocklist {
+    pub cidrs: Vec<IpNet>,
+    /// Keyed hashes of the blocked API keys (`ClientRules::api_key_hash`).
+    pub api_keys: HashSet<u128>,
+    /// Keyed hashes of the blocked subjects (`ClientRules::subject_hash`).
+    pub jwt_subjects: HashSet<u128>,
+    /// The answer's status (default 403).
+    pub status: u16,
+}
+
+impl Blocklist {
+    pub fn is_empty(&self) -> bool {
+        self.cidrs.is_empty() && self.api_keys.is_empty() && self.jwt_subjects.is_empty()
+    }
+
+    /// Why this request is blocked, if it is: its client address, the API
+    /// key it sends (known to `[clients.api_keys]` or not), or the subject
+    /// of its verified token.
+    pub fn blocks(
+        &self,
+        client: &Client,
+        rules: &ClientRules,
+        headers: &HeaderMap,
+    ) -> Option<BlockReason> {
+        if self.cidrs.iter().any(|net| net.contains(&client.address)) {
+            return Some(BlockReason::Address);
+        }
+        if !self.api_keys.is_empty()
+            && headers
+                .get_all(&rules.api_key_header)
+                .iter()
+                .any(|key| self.api_keys.contains(&rules.api_key_hash(key.as_bytes())))
+        {
+            return Some(BlockReason::ApiKey);
+        }
+        if client
+            .subject_hash
+            .is_some_and(|subject| self.jwt_subjects.contains(&subject))
+        {
+            return Some(BlockReason::JwtSubject);
+        }
+        None
+    }
+}
+
+/// At most one log line per blocked client per minute: a blocked client
+/// that keeps knocking must not fill the log.
+pub struct BlockLog {
+    last_logged_s: Mutex<LruCache<u128, u64>>,
+}
+
+const LOG_EVERY_S: u64 = 60;
+
+impl BlockLog {
+    pub fn new(clients: usize) -> BlockLog {
+        let size = std::num::NonZeroUsize::new(clients).unwrap_or(std::num::NonZeroUsize::MIN);
+        BlockLog {
+            last_logged_s: Mutex::new(LruCache::new(size)),
+        }
+    }
+
+    /// Whether `client` (its identity hash) is due a line at `now_s`; if so
+    /// it is not again for a minute.
+    pub fn due(&self, client: u128, now_s: u64) -> bool {
+        let mut last = self
+            .last_logged_s
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match last.get(&client) {
+            Some(&at) if now_s < at + LOG_EVERY_S => false,
+            _ => {
+                last.put(client, now_s);
+                true
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_blocked_client_is_logged_once_a_minute() {
+        let log = BlockLog::new(2);
+        assert!(log.due(1, 100));
+        assert!(!log.due(1, 159));
+        assert!(log.due(2, 120));
+        assert!(log.due(1, 160));
+        // Forgetting (the oldest of more clients than it holds) only logs
+        // one more line.
+        assert!(log.due(3, 161));
+        assert!(log.due(2, 162));
+    }
+}

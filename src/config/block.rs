@@ -1,0 +1,50 @@
+//! `[block]`: the clients refused before anything else.
+
+use ipnet::IpNet;
+
+use super::file::BlockSection;
+use super::{at, Invalid};
+use crate::blocklist::Blocklist;
+use crate::identity::ClientRules;
+
+pub(super) fn validate_block(
+    b: &BlockSection,
+    clients: &ClientRules,
+) -> Result<Blocklist, Invalid> {
+    let cidrs = b
+        .cidrs
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            text.parse::<IpNet>()
+                .or_else(|_| text.parse::<std::net::IpAddr>().map(IpNet::from))
+                .map_err(|_| {
+                    at(
+                        &[&"block", &"cidrs", &i],
+                        format!("\"{text}\" is not an address or a CIDR like \"203.0.113.0/24\""),
+                    )
+                })
+        })
+        .collect::<Result<_, _>>()?;
+    let status = match b.status {
+        None => 403,
+        Some(code) => u16::try_from(code)
+            .ok()
+            .filter(|c| (400..=599).contains(c))
+            .ok_or_else(|| at(&[&"block", &"status"], "must be a status from 400 to 599"))?,
+    };
+    Ok(Blocklist {
+        cidrs,
+        api_keys: b
+            .api_keys
+            .iter()
+            .map(|key| clients.api_key_hash(key.as_bytes()))
+            .collect(),
+        jwt_subjects: b
+            .jwt_subjects
+            .iter()
+            .map(|subject| clients.subject_hash(subject.as_bytes()))
+            .collect(),
+        status,
+    })
+}
