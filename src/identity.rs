@@ -8,6 +8,8 @@ use std::net::IpAddr;
 use std::sync::{Arc, OnceLock};
 
 use http::{HeaderMap, HeaderName};
+
+use crate::jwt::{ClaimPath, JwtRules, TokenCheck};
 use ipnet::IpNet;
 use siphasher::sip128::{Hasher128, SipHasher13};
 use smallvec::SmallVec;
@@ -122,6 +124,8 @@ pub enum KeySource {
     /// The path pattern of the limit that matched (in a composite key):
     /// /users/1 and /users/2 are one route under `/users/*`.
     Route,
+    /// A claim of the verified token (`jwt:sub`, `jwt:org.id`).
+    Jwt(ClaimPath),
     /// Several of the above, all of which must be present.
     Composite(Vec<KeySource>),
 }
@@ -137,6 +141,7 @@ impl KeySource {
             KeySource::Query(name) => format!("query:{name}"),
             KeySource::Host => "host".into(),
             KeySource::Route => "route".into(),
+            KeySource::Jwt(path) => format!("jwt:{}", path.describe()),
             KeySource::Composite(parts) => {
                 let parts: Vec<String> = parts.iter().map(KeySource::describe).collect();
                 format!("[{}]", parts.join(", "))
@@ -225,6 +230,7 @@ enum Kind {
     Route = 7,
     Composite = 8,
     Subject = 9,
+    Claim = 10,
 }
 
 impl IdentityHasher {
@@ -287,6 +293,8 @@ pub struct ClientRules {
     /// Every tier the configuration names, anonymous and internal included.
     pub tiers: Tiers,
     pub hasher: IdentityHasher,
+    /// `[clients.jwt]`, when set.
+    pub jwt: Option<Arc<JwtRules>>,
 }
 
 /// A request whose client cannot be told for sure: answered with 400.
@@ -352,6 +360,8 @@ pub struct Client {
     pub tier: Tier,
     /// The keyed hash of a verified token's subject, when there is one.
     pub subject_hash: Option<u128>,
+    /// What the request's token came to, when `[clients.jwt]` is set.
+    pub token: Option<TokenCheck>,
 }
 
 impl Client {
@@ -367,6 +377,10 @@ impl Client {
         }
     }
 }
+
+/// The claim `[block].jwt_subjects` and `jwt:sub` read.
+static SUBJECT: std::sync::LazyLock<ClaimPath> =
+    std::sync::LazyLock::new(|| ClaimPath::parse("sub").unwrap_or_else(|| unreachable!()));
 
 /// A host as limits compare it: lower case, without port or final dot.
 pub fn normalize_host(host: &str) -> String {
@@ -478,13 +492,26 @@ impl ClientRules {
                 tier: tier.clone(),
             })
         });
+        let token = self.jwt.as_ref().map(|jwt| jwt.check(headers));
+        let claims = token.as_ref().and_then(TokenCheck::claims);
+        // A verified token's tier claim names the tier before an API key.
+        let token_tier = self.jwt.as_ref().and_then(|jwt| {
+            let value = claims?.get(jwt.tier_claim.as_ref()?)?;
+            self.tiers
+                .get(jwt.tiers.get(std::str::from_utf8(&value).ok()?)?)
+        });
         let tier = if self.internal.iter().any(|n| n.contains(&client_ip)) {
             self.tiers.internal()
+        } else if let Some(tier) = token_tier {
+            tier
         } else {
             api_key
                 .as_ref()
                 .map_or_else(|| self.tiers.anonymous(), |k| k.tier.clone())
         };
+        let subject_hash = claims
+            .and_then(|c| c.get(&SUBJECT))
+            .map(|subject| self.subject_hash(&subject));
         Ok(Client {
             address: client_ip,
             via,
@@ -493,7 +520,8 @@ impl ClientRules {
             ip_hash: self.ip_hash(ip, ip_prefix),
             api_key,
             tier,
-            subject_hash: None,
+            subject_hash,
+            token,
         })
     }
 
@@ -555,6 +583,12 @@ impl ClientRules {
                 .filter(|h| !h.is_empty())
                 .map(|h| self.hasher.hash(Kind::Host, h.as_bytes())),
             KeySource::Route => Some(self.hasher.hash(Kind::Route, inputs.route.as_bytes())),
+            KeySource::Jwt(path) => client
+                .token
+                .as_ref()
+                .and_then(TokenCheck::claims)
+                .and_then(|claims| claims.get(path))
+                .map(|value| self.hasher.hash(Kind::Claim, &value)),
             KeySource::Composite(parts) => {
                 let mut joined = Vec::with_capacity(16 * parts.len());
                 for part in parts {
@@ -737,6 +771,7 @@ mod tests {
             api_keys,
             tiers,
             hasher: IdentityHasher::from_secret(b"test secret of sixteen bytes"),
+            jwt: None,
         }
     }
 

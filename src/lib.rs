@@ -10,6 +10,7 @@ pub mod config;
 pub mod connection;
 pub mod headers;
 pub mod identity;
+pub mod jwt;
 pub mod limiter;
 pub mod metrics;
 pub mod path;

@@ -45,6 +45,29 @@ impl RequestMetrics {
     }
 }
 
+/// What became of requests' tokens (`[clients.jwt]`).
+#[derive(Clone)]
+pub struct TokenMetrics {
+    /// Signatures checked and found good.
+    pub verified: IntCounter,
+    /// Answered from the tokens verified before.
+    pub remembered: IntCounter,
+    /// By `jwt::Rejection`, in its order.
+    pub rejected: [IntCounter; 9],
+}
+
+impl TokenMetrics {
+    pub fn count(&self, token: &crate::jwt::TokenCheck) {
+        use crate::jwt::TokenCheck;
+        match token {
+            TokenCheck::Absent => {}
+            TokenCheck::Remembered(_) => self.remembered.inc(),
+            TokenCheck::Verified(_) => self.verified.inc(),
+            TokenCheck::Rejected(why) => self.rejected[*why as usize].inc(),
+        }
+    }
+}
+
 /// What the Redis store reports.
 #[derive(Clone)]
 pub struct RedisMetrics {
@@ -71,6 +94,7 @@ pub struct Metrics {
     pub exempt: IntCounter,
     /// Requests refused by `[block]`, by `BlockReason` (in its order).
     pub blocked: [IntCounter; 3],
+    pub tokens: TokenMetrics,
     pub redis: RedisMetrics,
     pub fallback_active: IntGauge,
     pub local_keys: IntGauge,
@@ -126,6 +150,22 @@ impl Metrics {
         );
         let blocked = crate::blocklist::BlockReason::ALL
             .map(|reason| blocked_total.with_label_values(&[reason.as_str()]));
+        let tokens_total = registered(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "floodgate_jwt_tokens_total",
+                    "Bearer tokens seen, by result: verified (signature checked now), remembered (verified before), or why one was refused (expired, bad_signature, wrong_algorithm, wrong_issuer, wrong_audience, unknown_key, ...): a refused token counts as no token",
+                ),
+                &["result"],
+            ),
+        );
+        let tokens = TokenMetrics {
+            verified: tokens_total.with_label_values(&["verified"]),
+            remembered: tokens_total.with_label_values(&["remembered"]),
+            rejected: crate::jwt::Rejection::ALL
+                .map(|why| tokens_total.with_label_values(&[why.as_str()])),
+        };
         let exempt = registered(
             &registry,
             IntCounter::new(
@@ -246,6 +286,7 @@ impl Metrics {
             bans,
             response_costs,
             blocked,
+            tokens,
             exempt,
             redis: RedisMetrics {
                 call_seconds,

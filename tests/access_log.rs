@@ -127,6 +127,9 @@ fn the_file_is_reopened_on_sighup_after_a_rotation() {
     let rotated = dir.join("access.log.1");
     std::fs::rename(&access, &rotated).expect("rotate");
     proxy.get("/between");
+    // Written (by the log's own thread) to the file still open, before the
+    // reload reopens it.
+    assert!(wait_until(Duration::from_secs(5), || lines(&rotated).len() == 2));
     proxy.signal("-HUP");
     assert!(wait_until(Duration::from_secs(5), || proxy
         .log()

@@ -26,6 +26,12 @@ pub(super) fn validate_block(
                 })
         })
         .collect::<Result<_, _>>()?;
+    if !b.jwt_subjects.is_empty() && clients.jwt.is_none() {
+        return Err(at(
+            &[&"block", &"jwt_subjects"],
+            "a subject is read from a verified token: configure [clients.jwt]",
+        ));
+    }
     let status = match b.status {
         None => 403,
         Some(code) => u16::try_from(code)

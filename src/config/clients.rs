@@ -57,6 +57,7 @@ pub(super) fn identity_hasher(
 pub(super) fn validate_clients(
     c: &ClientsSection,
     hasher: IdentityHasher,
+    inputs: &Inputs,
 ) -> Result<ClientRules, Invalid> {
     let header = c.api_key_header.as_deref().unwrap_or("X-API-Key");
     let api_key_header = HeaderName::from_bytes(header.as_bytes()).map_err(|_| {
@@ -109,7 +110,14 @@ pub(super) fn validate_clients(
             tiers.intern(tier),
         );
     }
+    let jwt = c
+        .jwt
+        .as_ref()
+        .map(|j| super::jwt::validate_jwt(j, inputs, &mut tiers))
+        .transpose()?
+        .map(std::sync::Arc::new);
     Ok(ClientRules {
+        jwt,
         api_key_header,
         trusted_proxies: nets(&c.trusted_proxies, "trusted_proxies")?,
         forwarded_header: match c.forwarded_header {

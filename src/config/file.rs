@@ -180,6 +180,23 @@ pub(super) struct ClientsSection {
     pub(super) api_keys: BTreeMap<String, String>,
     pub(super) forwarded_header: Option<ForwardedHeaderName>,
     pub(super) identity_secret_file: Option<PathBuf>,
+    pub(super) jwt: Option<JwtSection>,
+}
+
+/// `[clients.jwt]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct JwtSection {
+    pub(super) header: Option<String>,
+    pub(super) jwks_file: Option<PathBuf>,
+    pub(super) public_key_file: Option<PathBuf>,
+    pub(super) algorithms: Vec<String>,
+    pub(super) issuer: Option<String>,
+    pub(super) audience: Option<String>,
+    pub(super) leeway: Option<String>,
+    pub(super) tier_claim: Option<String>,
+    #[serde(default)]
+    pub(super) tiers: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -17,6 +17,7 @@ use super::source::Segment;
 use super::{at, AsSegment, Invalid};
 use crate::algorithm::{Algorithm, Calendar, Kind, Parameter, Period, MAX_EXACT, MAX_SLIDING_LOG};
 use crate::identity::{Tier, Tiers};
+use crate::jwt::ClaimPath;
 use crate::limiter::LimitName;
 use crate::limiter::MAX_LEASE_US;
 use crate::path::{EscapedSlashes, PathRules};
@@ -129,6 +130,9 @@ fn validate_key(key: &str) -> Result<KeySource, String> {
         "global" => Ok(KeySource::Global),
         "host" => Ok(KeySource::Host),
         "route" => Ok(KeySource::Route),
+        other if other.starts_with("jwt:") => ClaimPath::parse(&other["jwt:".len()..])
+            .map(KeySource::Jwt)
+            .ok_or_else(|| format!("\"{other}\" needs a claim after \"jwt:\", like \"jwt:sub\" or \"jwt:org.id\"")),
         other if other.starts_with("header:") => {
             let name = &other["header:".len()..];
             HeaderName::from_bytes(name.as_bytes())
@@ -142,13 +146,32 @@ fn validate_key(key: &str) -> Result<KeySource, String> {
             .map(|name| KeySource::Query(name.into()))
             .ok_or_else(|| format!("\"{other}\" needs a parameter name after \"query:\"")),
         other => Err(format!(
-            "unknown key \"{other}\" (expected \"ip\", \"api_key\", \"header:<Name>\", \"cookie:<name>\", \"query:<name>\", \"host\", \"route\", \"global\", or a list of them)"
+            "unknown key \"{other}\" (expected \"ip\", \"api_key\", \"header:<Name>\", \"cookie:<name>\", \"query:<name>\", \"jwt:<claim>\", \"host\", \"route\", \"global\", or a list of them)"
         )),
     }
 }
 
-/// `key = "..."` or a composite `key = ["...", "..."]`.
-fn validate_keys(key: &OneOrMany, i: usize) -> Result<KeySource, Invalid> {
+/// `key = "..."` or a composite `key = ["...", "..."]`; a claim only
+/// where tokens are verified.
+fn validate_keys(key: &OneOrMany, i: usize, jwt: bool) -> Result<KeySource, Invalid> {
+    let key_source = validate_keys_unchecked(key, i)?;
+    fn reads_claims(key: &KeySource) -> bool {
+        match key {
+            KeySource::Jwt(_) => true,
+            KeySource::Composite(parts) => parts.iter().any(reads_claims),
+            _ => false,
+        }
+    }
+    if reads_claims(&key_source) && !jwt {
+        return Err(at(
+            &[&"limits", &i, &"key"],
+            "a claim is read from a verified token: configure [clients.jwt]",
+        ));
+    }
+    Ok(key_source)
+}
+
+fn validate_keys_unchecked(key: &OneOrMany, i: usize) -> Result<KeySource, Invalid> {
     match key {
         OneOrMany::One(key) => validate_key(key).map_err(|m| at(&[&"limits", &i, &"key"], m)),
         OneOrMany::Many(keys) => {
@@ -179,6 +202,7 @@ fn validate_limit(
     i: usize,
     s: &LimitSection,
     known_tiers: &Tiers,
+    jwt: bool,
     instances: u64,
     compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,
 ) -> Result<Limit, Invalid> {
@@ -196,7 +220,7 @@ fn validate_limit(
             ),
         ));
     }
-    let key = validate_keys(&s.key, i)?;
+    let key = validate_keys(&s.key, i, jwt)?;
     let own = s.numbers();
     let path: [&dyn AsSegment; 2] = [&"limits", &i];
     let rule = rule_of(s, &own, None, &path)?;
@@ -763,13 +787,14 @@ pub(super) fn validate_exempt(
 pub(super) fn validate_limits(
     sections: &[LimitSection],
     known_tiers: &Tiers,
+    jwt: bool,
     instances: u64,
     compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,
 ) -> Result<Vec<Limit>, Invalid> {
     let mut limits = Vec::new();
     let mut names = HashSet::new();
     for (i, section) in sections.iter().enumerate() {
-        let limit = validate_limit(i, section, known_tiers, instances, compile_pattern)?;
+        let limit = validate_limit(i, section, known_tiers, jwt, instances, compile_pattern)?;
         if !names.insert(limit.name.clone()) {
             return Err(at(
                 &[&"limits", &i, &"name"],

@@ -8,6 +8,7 @@ mod clients;
 mod duration;
 mod file;
 mod inputs;
+mod jwt;
 mod limits;
 mod log;
 mod redis;
@@ -219,14 +220,20 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
         .transpose()?;
     let default_on_failure = redis.as_ref().map_or(OnFailure::Local, |r| r.on_failure);
     let (hasher, identity_key) = clients::identity_hasher(&raw.clients, inputs, redis.is_some())?;
-    let clients = clients::validate_clients(&raw.clients, hasher)?;
+    let clients = clients::validate_clients(&raw.clients, hasher, inputs)?;
     let paths = server::path_rules(&raw.server);
     let compile_pattern = limits::pattern_compiler(&paths);
     let (exempt_paths, exempt_tiers) =
         limits::validate_exempt(&raw.exempt, &clients.tiers, &compile_pattern)?;
     let block = block::validate_block(&raw.block, &clients)?;
     let instances = redis.as_ref().map_or(1, |r| r.instances);
-    let limits = limits::validate_limits(&raw.limits, &clients.tiers, instances, &compile_pattern)?;
+    let limits = limits::validate_limits(
+        &raw.limits,
+        &clients.tiers,
+        clients.jwt.is_some(),
+        instances,
+        &compile_pattern,
+    )?;
     let costs = limits::validate_costs(&raw.costs, &limits, &compile_pattern)?;
     let tls = raw
         .server

@@ -197,6 +197,26 @@ fn errors_name_line_and_key() {
             "t.toml:13: limits[0].cost_from_response.max: must be a whole number from 0 to 2251799",
         ),
         (
+            &format!("{MINIMAL}[clients.jwt]\njwks_file = \"/nowhere\"\nalgorithms = [\"RS256\", \"none\"]\n"),
+            "t.toml:7: clients.jwt.algorithms[1]: \"none\": an unsigned token proves nothing",
+        ),
+        (
+            &format!("{MINIMAL}[clients.jwt]\njwks_file = \"/nowhere\"\nalgorithms = [\"HS256\"]\n"),
+            "t.toml:7: clients.jwt.algorithms[0]: \"HS256\": HMAC takes a shared secret, and these keys are public: anyone could sign",
+        ),
+        (
+            &format!("{MINIMAL}[clients.jwt]\nalgorithms = [\"RS256\"]\n"),
+            "t.toml:5: clients.jwt.jwks_file: name the keys: `jwks_file` or `public_key_file`, one of them",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"jwt:sub\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\n"),
+            "t.toml:7: limits[0].key: a claim is read from a verified token: configure [clients.jwt]",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = [\"ip\", \"global\"]\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\n"),
+            "t.toml:7: limits[0].key[1]: \"global\" adds nothing to a composite key",
+        ),
+        (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\n[[costs]]\nmatch = {{ paths = [\"/x\"] }}\ncost = 2\nlimits = [\"b\"]\n"),
             "t.toml:14: costs[0].limits[0]: no limit is named \"b\" (limits: a)",
         ),

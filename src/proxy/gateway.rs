@@ -190,6 +190,9 @@ impl ProxyHttp for Gateway {
             Ok(client) => ctx.client.insert(client),
             Err(e) => return bad_request(session, ctx, e.code(), &e.to_string()).await,
         };
+        if let Some(token) = &client.token {
+            self.state.metrics.tokens.count(token);
+        }
         if !policy.block.is_empty() {
             if let Some(reason) = policy
                 .block

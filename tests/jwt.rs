@@ -1,0 +1,302 @@
+//! Limits per verified JWT claim: keys and tokens made by the test
+//! (openssl keys, tokens signed with them), the real binary in between.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::{wait_until, ConfigBuilder, Limit, Proxy, Upstream};
+use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+use serde_json::json;
+
+const ISSUER: &str = "https://issuer.test";
+const AUDIENCE: &str = "floodgate-tests";
+
+fn openssl(dir: &Path, args: &[&str]) -> Vec<u8> {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl");
+    assert!(out.status.success(), "openssl {args:?}: {:?}", out);
+    out.stdout
+}
+
+fn base64url(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | (u32::from(b) << (16 - 8 * i)));
+        for i in 0..=chunk.len() {
+            out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
+/// A key pair made with openssl: the private key (PEM) to sign with, and
+/// the public key as a JWK.
+struct Key {
+    private_pem: Vec<u8>,
+    jwk: serde_json::Value,
+    algorithm: Algorithm,
+    kid: String,
+}
+
+impl Key {
+    fn rsa(dir: &Path, kid: &str) -> Key {
+        let file = format!("{kid}.pem");
+        openssl(
+            dir,
+            &[
+                "genpkey",
+                "-algorithm",
+                "RSA",
+                "-pkeyopt",
+                "rsa_keygen_bits:2048",
+                "-out",
+                &file,
+            ],
+        );
+        let modulus = String::from_utf8(openssl(dir, &["rsa", "-in", &file, "-noout", "-modulus"]))
+            .expect("modulus");
+        let hex = modulus.trim().trim_start_matches("Modulus=");
+        let n: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+            .collect();
+        Key {
+            private_pem: std::fs::read(dir.join(&file)).expect("key"),
+            jwk: json!({"kty": "RSA", "kid": kid, "use": "sig", "n": base64url(&n), "e": "AQAB"}),
+            algorithm: Algorithm::RS256,
+            kid: kid.into(),
+        }
+    }
+
+    fn ec(dir: &Path, kid: &str) -> Key {
+        let file = format!("{kid}.pem");
+        openssl(
+            dir,
+            &[
+                "genpkey",
+                "-algorithm",
+                "EC",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-out",
+                &file,
+            ],
+        );
+        // The public key's DER ends with the point: 0x04, x, y.
+        let der = openssl(dir, &["pkey", "-in", &file, "-pubout", "-outform", "DER"]);
+        let point = &der[der.len() - 64..];
+        Key {
+            private_pem: std::fs::read(dir.join(&file)).expect("key"),
+            jwk: json!({"kty": "EC", "kid": kid, "crv": "P-256", "x": base64url(&point[..32]), "y": base64url(&point[32..])}),
+            algorithm: Algorithm::ES256,
+            kid: kid.into(),
+        }
+    }
+
+    fn sign(&self, claims: &serde_json::Value) -> String {
+        let mut header = Header::new(self.algorithm);
+        header.kid = Some(self.kid.clone());
+        let key = match self.algorithm {
+            Algorithm::ES256 => EncodingKey::from_ec_pem(&self.private_pem),
+            _ => EncodingKey::from_rsa_pem(&self.private_pem),
+        }
+        .expect("signing key");
+        encode(&header, claims, &key).expect("token")
+    }
+}
+
+fn now_s() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("time")
+        .as_secs()
+}
+
+fn claims(sub: &str) -> serde_json::Value {
+    json!({"sub": sub, "iss": ISSUER, "aud": AUDIENCE, "exp": now_s() + 3600, "plan": "basic"})
+}
+
+fn write_jwks(path: &Path, keys: &[&Key]) {
+    let jwks = json!({"keys": keys.iter().map(|k| k.jwk.clone()).collect::<Vec<_>>()});
+    std::fs::write(path, jwks.to_string()).expect("jwks");
+}
+
+struct Setup {
+    dir: PathBuf,
+    rsa: Key,
+    ec: Key,
+    jwks: PathBuf,
+}
+
+fn setup() -> Setup {
+    let dir = common::temp_dir();
+    let rsa = Key::rsa(&dir, "rsa-1");
+    let ec = Key::ec(&dir, "ec-1");
+    let jwks = dir.join("jwks.json");
+    write_jwks(&jwks, &[&rsa, &ec]);
+    Setup { dir, rsa, ec, jwks }
+}
+
+fn jwt_section(jwks: &Path) -> String {
+    format!(
+        "[clients.jwt]\njwks_file = \"{}\"\nalgorithms = [\"RS256\", \"ES256\"]\nissuer = \"{ISSUER}\"\naudience = \"{AUDIENCE}\"\ntier_claim = \"plan\"\n[clients.jwt.tiers]\ngold = \"pro\"\n",
+        jwks.display()
+    )
+}
+
+fn with_token(proxy: &Proxy, path: &str, token: &str) -> common::Response {
+    let bearer = format!("Bearer {token}");
+    proxy.send("GET", path, &[("Authorization", bearer.as_str())])
+}
+
+const VERIFIED: &str = "floodgate_jwt_tokens_total{result=\"verified\"}";
+
+#[test]
+fn a_limit_per_subject_follows_the_verified_token_not_the_address() {
+    let s = setup();
+    let upstream = Upstream::start();
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .raw(&jwt_section(&s.jwks))
+        .limit(
+            Limit::fixed_window("per-user", "jwt:sub", 2, "1h")
+                .line("on_missing = \"deny\"")
+                .line("[limits.tiers.pro]\nlimit = 4"),
+        )
+        .start();
+    // RS256 and ES256, one budget per subject, whatever key signed it.
+    let alice = s.rsa.sign(&claims("alice"));
+    let alice_ec = s.ec.sign(&claims("alice"));
+    assert_eq!(with_token(&proxy, "/", &alice).status, 200);
+    assert_eq!(with_token(&proxy, "/", &alice_ec).status, 200);
+    assert_eq!(with_token(&proxy, "/", &alice).status, 429);
+    assert_eq!(
+        with_token(&proxy, "/", &s.ec.sign(&claims("bob"))).status,
+        200
+    );
+    // A tier from a claim: plan "gold" is the pro tier, 4 per hour.
+    let mut gold = claims("carol");
+    gold["plan"] = json!("gold");
+    let carol = s.rsa.sign(&gold);
+    let first = with_token(&proxy, "/", &carol);
+    assert_eq!(
+        first.header("RateLimit-Limit"),
+        Some("4"),
+        "{:?}",
+        first.headers
+    );
+
+    // Tokens that prove nothing are no token: 400 missing_key here.
+    let mut expired = claims("alice");
+    expired["exp"] = json!(now_s() - 3600);
+    let stranger = Key::rsa(&s.dir, "rsa-1"); // the right kid, another key
+    let mut wrong_issuer = claims("dave");
+    wrong_issuer["iss"] = json!("https://evil.test");
+    let payload = base64url(claims("eve").to_string().as_bytes());
+    let unsigned = format!("{}.{payload}.", base64url(br#"{"alg":"none","typ":"JWT"}"#));
+    // HS256 "signed" with the public key: the classic confusion.
+    let public_pem = openssl(&s.dir, &["pkey", "-in", "rsa-1.pem", "-pubout"]);
+    let mut hs_header = Header::new(Algorithm::HS256);
+    hs_header.kid = Some("rsa-1".into());
+    let confused = encode(
+        &hs_header,
+        &claims("eve"),
+        &EncodingKey::from_secret(&public_pem),
+    )
+    .expect("token");
+    for (token, why) in [
+        (s.rsa.sign(&expired), "expired"),
+        (stranger.sign(&claims("eve")), "bad_signature"),
+        (s.rsa.sign(&wrong_issuer), "wrong_issuer"),
+        (unsigned, "malformed"),
+        (confused, "wrong_algorithm"),
+    ] {
+        let r = with_token(&proxy, "/", &token);
+        assert_eq!(r.status, 400, "{why}: {}", r.body);
+        assert!(r.body.contains("missing_key"), "{why}: {}", r.body);
+        let counted = proxy.metric(&format!("floodgate_jwt_tokens_total{{result=\"{why}\"}}"));
+        assert_eq!(counted, 1.0, "{why}");
+    }
+    assert!(!proxy.log().contains(&alice), "tokens are never logged");
+}
+
+#[test]
+fn per_user_per_endpoint_and_blocked_subjects() {
+    let s = setup();
+    let upstream = Upstream::start();
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .raw(&jwt_section(&s.jwks))
+        .raw("[block]\njwt_subjects = [\"mallory\"]\n")
+        .limit(
+            Limit::fixed_window("per-user-route", "[\"jwt:sub\", \"route\"]", 2, "1h")
+                .matching("paths = [\"/users/*\", \"/orders\"]"),
+        )
+        .start();
+    let ann = s.rsa.sign(&claims("ann"));
+    assert_eq!(with_token(&proxy, "/users/1", &ann).status, 200);
+    assert_eq!(with_token(&proxy, "/users/2", &ann).status, 200);
+    assert_eq!(
+        with_token(&proxy, "/users/3", &ann).status,
+        429,
+        "one budget for /users/*"
+    );
+    assert_eq!(with_token(&proxy, "/orders", &ann).status, 200, "its own");
+    let blocked = with_token(&proxy, "/orders", &s.ec.sign(&claims("mallory")));
+    assert_eq!(blocked.status, 403);
+    assert!(blocked.body.contains("blocked"), "{}", blocked.body);
+}
+
+#[test]
+fn a_new_key_set_is_read_on_sighup() {
+    let s = setup();
+    let upstream = Upstream::start();
+    let config = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .raw(&jwt_section(&s.jwks))
+        .limit(Limit::fixed_window("per-user", "jwt:sub", 100, "1h").line("on_missing = \"deny\""));
+    let proxy = config.start();
+    let rotated = Key::rsa(&s.dir, "rsa-2");
+    let old = s.rsa.sign(&claims("ann"));
+    let new = rotated.sign(&claims("ann"));
+    assert_eq!(with_token(&proxy, "/", &old).status, 200);
+    assert_eq!(with_token(&proxy, "/", &new).status, 400, "not yet known");
+    write_jwks(&s.jwks, &[&rotated, &s.ec]);
+    proxy.signal("-HUP");
+    assert!(wait_until(Duration::from_secs(5), || proxy
+        .log()
+        .contains("reloaded")));
+    assert_eq!(with_token(&proxy, "/", &new).status, 200);
+    assert_eq!(with_token(&proxy, "/", &old).status, 400, "the retired key");
+}
+
+/// A busy client's token is verified once: 10,000 requests, one check of
+/// its signature.
+#[test]
+fn a_token_is_verified_once_for_many_requests() {
+    let s = setup();
+    let upstream = Upstream::start();
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .raw(&jwt_section(&s.jwks))
+        .limit(Limit::fixed_window("per-user", "jwt:sub", 100_000, "1h"))
+        .start();
+    let bearer = format!("Bearer {}", s.rsa.sign(&claims("ann")));
+    let requests = vec![vec![("Authorization".to_string(), bearer)]; 10_000];
+    let statuses = common::keepalive_gets(proxy.addr, "/", requests);
+    assert_eq!(common::count_status(statuses.iter().copied(), 200), 10_000);
+    assert_eq!(proxy.metric(VERIFIED), 1.0);
+    assert_eq!(
+        proxy.metric("floodgate_jwt_tokens_total{result=\"remembered\"}"),
+        9_999.0
+    );
+}
