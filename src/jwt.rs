@@ -188,6 +188,43 @@ pub enum DecodingKeyKind {
 }
 
 impl JwtRules {
+    /// For `floodgate check`: the keys and what they verify.
+    pub fn describe(&self) -> String {
+        let mut algorithms: Vec<&str> = Vec::new();
+        for key in &self.keys {
+            for alg in &key.validation.algorithms {
+                let name = match alg {
+                    Algorithm::RS256 => "RS256",
+                    Algorithm::RS384 => "RS384",
+                    Algorithm::RS512 => "RS512",
+                    Algorithm::PS256 => "PS256",
+                    Algorithm::PS384 => "PS384",
+                    Algorithm::PS512 => "PS512",
+                    Algorithm::ES256 => "ES256",
+                    Algorithm::ES384 => "ES384",
+                    Algorithm::EdDSA => "EdDSA",
+                    _ => "HMAC",
+                };
+                if !algorithms.contains(&name) {
+                    algorithms.push(name);
+                }
+            }
+        }
+        format!(
+            "{} key(s) verifying {} from {}; leeway {}s{}",
+            self.keys.len(),
+            algorithms.join(", "),
+            self.header,
+            self.leeway_s,
+            self.tier_claim
+                .as_ref()
+                .map_or_else(String::new, |c| format!(
+                    "; tier from claim {}",
+                    c.describe()
+                ))
+        )
+    }
+
     pub fn new(
         header: HeaderName,
         keys: Vec<VerifyingKey>,

@@ -180,7 +180,7 @@ impl Matcher {
         }
         if !self.hosts.is_empty() {
             let h: Vec<&str> = self.hosts.iter().map(|h| h.as_str()).collect();
-            parts.push(format!("on {}", h.join(" ")));
+            parts.push(format!("host {}", h.join(" ")));
         }
         for (name, glob) in &self.headers {
             parts.push(format!("with {name}: {}", glob.as_str()));

@@ -74,6 +74,20 @@ pub fn describe(config: &Config) -> String {
         clients.forwarded_header.name(),
         clients.trusted_proxies.len()
     );
+    if let Some(jwt) = &clients.jwt {
+        let _ = writeln!(out, "jwt       {}", jwt.describe());
+    }
+    let block = &policy.block;
+    if !block.is_empty() {
+        let _ = writeln!(
+            out,
+            "block     {} range(s), {} API key(s), {} subject(s), answered {}",
+            block.cidrs.len(),
+            block.api_keys.len(),
+            block.jwt_subjects.len(),
+            block.status
+        );
+    }
     if config.identity_key == IdentityKeySource::Public {
         let _ = writeln!(
             out,
