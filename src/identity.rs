@@ -149,12 +149,34 @@ impl KeySource {
         }
     }
 
-    /// Whether the client chooses this value freely (and may leave it out):
-    /// a limit on it alone is no limit on who sends many different ones.
-    pub fn client_asserted(&self) -> bool {
+    /// Whether a client may leave this key out (a composite: any part).
+    pub fn omittable(&self) -> bool {
         match self {
-            KeySource::Header(_) | KeySource::Cookie(_) | KeySource::Query(_) => true,
-            KeySource::Composite(parts) => parts.iter().all(KeySource::client_asserted),
+            KeySource::Header(_)
+            | KeySource::Cookie(_)
+            | KeySource::Query(_)
+            | KeySource::ApiKey
+            | KeySource::Jwt(_) => true,
+            KeySource::Composite(parts) => parts.iter().any(KeySource::omittable),
+            _ => false,
+        }
+    }
+
+    /// Whether the key tells one client from another (a composite: some
+    /// part does); `global`, `host` and `route` are everyone's.
+    pub fn per_client(&self) -> bool {
+        match self {
+            KeySource::Global | KeySource::Host | KeySource::Route => false,
+            KeySource::Composite(parts) => parts.iter().any(KeySource::per_client),
+            _ => true,
+        }
+    }
+
+    /// Whether the key reads the limit's route (which is then worked out).
+    pub fn reads_route(&self) -> bool {
+        match self {
+            KeySource::Route => true,
+            KeySource::Composite(parts) => parts.iter().any(KeySource::reads_route),
             _ => false,
         }
     }
@@ -166,7 +188,8 @@ pub struct KeyInputs<'a> {
     pub headers: &'a HeaderMap,
     /// The raw query string, if any.
     pub query: Option<&'a str>,
-    /// The host asked for, if any (as sent: `identity` normalises it).
+    /// The host asked for, if any and not empty, normalised
+    /// (`normalize_host`).
     pub host: Option<&'a str>,
     /// The matching path pattern of the limit being keyed ("" when it
     /// matches every path).
@@ -394,9 +417,12 @@ pub fn normalize_host(host: &str) -> String {
     host.trim_end_matches('.').to_ascii_lowercase()
 }
 
-/// The value of cookie `name` among the request's `Cookie` headers; two
-/// cookies of that name are ambiguous (the application may read either).
-fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a [u8]>, IdentityError> {
+/// The value of cookie `name` among the request's `Cookie` headers, as
+/// frameworks read it: one pair of surrounding quotes dropped and
+/// percent-escapes decoded (`"abc"`, `%61bc` and `abc` are one session).
+/// Two cookies of that name (however spelled) are ambiguous: the
+/// application may read either.
+fn cookie(headers: &HeaderMap, name: &str) -> Result<Option<Vec<u8>>, IdentityError> {
     let mut found = None;
     for header in headers.get_all(http::header::COOKIE) {
         for pair in header.as_bytes().split(|&b| b == b';') {
@@ -405,13 +431,18 @@ fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a [u8]>, Id
                 Some(at) => (&pair[..at], &pair[at + 1..]),
                 None => continue,
             };
-            if key.trim_ascii() != name.as_bytes() {
+            if percent_decode(key.trim_ascii(), false) != name.as_bytes() {
                 continue;
             }
             if found.is_some() {
                 return Err(IdentityError::AmbiguousKeyCookie(name.into()));
             }
-            found = Some(value.trim_ascii());
+            let value = value.trim_ascii();
+            let value = match value {
+                [b'"', inner @ .., b'"'] => inner,
+                _ => value,
+            };
+            found = Some(percent_decode(value, false));
         }
     }
     Ok(found)
@@ -437,14 +468,19 @@ fn query_parameter(query: Option<&str>, name: &str) -> Result<Option<Vec<u8>>, I
 
 /// `application/x-www-form-urlencoded` decoding; an escape that is not one
 /// stays as written.
-fn form_decode(text: &str) -> Vec<u8> {
-    let bytes = text.as_bytes();
+pub fn form_decode(text: &str) -> Vec<u8> {
+    percent_decode(text.as_bytes(), true)
+}
+
+/// Percent-escapes decoded (and `+` as a space when `plus_is_space`); an
+/// escape that is not one stays as written.
+fn percent_decode(bytes: &[u8], plus_is_space: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
         let hex = |b: u8| (b as char).to_digit(16);
         match bytes[i] {
-            b'+' => out.push(b' '),
+            b'+' if plus_is_space => out.push(b' '),
             b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
                 (Some(h), Some(l)) => {
                     out.push((h * 16 + l) as u8);
@@ -572,15 +608,13 @@ impl ClientRules {
             }
             KeySource::Global => Some(0),
             KeySource::Cookie(name) => {
-                cookie(inputs.headers, name)?.map(|v| self.hasher.hash(Kind::Cookie, v))
+                cookie(inputs.headers, name)?.map(|v| self.hasher.hash(Kind::Cookie, &v))
             }
             KeySource::Query(name) => {
                 query_parameter(inputs.query, name)?.map(|v| self.hasher.hash(Kind::Query, &v))
             }
             KeySource::Host => inputs
                 .host
-                .map(normalize_host)
-                .filter(|h| !h.is_empty())
                 .map(|h| self.hasher.hash(Kind::Host, h.as_bytes())),
             KeySource::Route => Some(self.hasher.hash(Kind::Route, inputs.route.as_bytes())),
             KeySource::Jwt(path) => client
@@ -992,6 +1026,15 @@ mod tests {
         let split = headers(&[("cookie", b"theme=dark"), ("cookie", b"session=abc")]);
         assert!(id(&session, &a, None).unwrap().is_some());
         assert_eq!(id(&session, &a, None), id(&session, &split, None));
+        // Quoted or escaped, as frameworks read it: one session.
+        for spelling in [
+            &b"session=\"abc\""[..],
+            b"session=%61bc",
+            b"s%65ssion=a%62c",
+        ] {
+            let spelled = headers(&[("cookie", spelling)]);
+            assert_eq!(id(&session, &spelled, None), id(&session, &a, None));
+        }
         assert_eq!(id(&session, &none, None), Ok(None));
         let twice = headers(&[("cookie", b"session=abc; session=def")]);
         assert_eq!(

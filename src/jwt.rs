@@ -140,6 +140,11 @@ pub struct VerifyingKey {
 /// How many verified tokens are remembered.
 const REMEMBERED: usize = 4096;
 
+/// How many refused tokens are remembered, and for how long: a client
+/// that repeats a bad token does not cost a signature check each time.
+const REFUSED: usize = 1024;
+const REFUSED_FOR_S: u64 = 10;
+
 /// The validated `[clients.jwt]`.
 pub struct JwtRules {
     /// Where the token comes from (`Authorization: Bearer <token>` unless
@@ -152,6 +157,7 @@ pub struct JwtRules {
     pub tier_claim: Option<ClaimPath>,
     pub tiers: HashMap<String, String>,
     remembered: Mutex<LruCache<Box<str>, Arc<Claims>>>,
+    refused: Mutex<LruCache<Box<str>, (Rejection, u64)>>,
 }
 
 impl std::fmt::Debug for JwtRules {
@@ -241,6 +247,9 @@ impl JwtRules {
             remembered: Mutex::new(LruCache::new(
                 std::num::NonZeroUsize::new(REMEMBERED).unwrap_or(std::num::NonZeroUsize::MIN),
             )),
+            refused: Mutex::new(LruCache::new(
+                std::num::NonZeroUsize::new(REFUSED).unwrap_or(std::num::NonZeroUsize::MIN),
+            )),
         }
     }
 
@@ -272,6 +281,15 @@ impl JwtRules {
         if let Some(claims) = self.remembered(token, now_s) {
             return TokenCheck::Remembered(claims);
         }
+        if let Ok(mut refused) = self.refused.lock() {
+            match refused.get(token) {
+                Some(&(why, until)) if now_s < until => return TokenCheck::Rejected(why),
+                Some(_) => {
+                    refused.pop(token);
+                }
+                None => {}
+            }
+        }
         match self.verify(token) {
             Ok(claims) => {
                 let claims = Arc::new(claims);
@@ -280,7 +298,12 @@ impl JwtRules {
                 }
                 TokenCheck::Verified(claims)
             }
-            Err(rejection) => TokenCheck::Rejected(rejection),
+            Err(rejection) => {
+                if let Ok(mut refused) = self.refused.lock() {
+                    refused.put(token.into(), (rejection, now_s + REFUSED_FOR_S));
+                }
+                TokenCheck::Rejected(rejection)
+            }
         }
     }
 
@@ -288,7 +311,7 @@ impl JwtRules {
         let mut remembered = self.remembered.lock().ok()?;
         let claims = remembered.get(token)?.clone();
         match claims.expires_at() {
-            Some(exp) if exp + self.leeway_s >= now_s => Some(claims),
+            Some(exp) if exp.saturating_add(self.leeway_s) >= now_s => Some(claims),
             // Expired since: verified again (and refused as expired).
             _ => {
                 remembered.pop(token);

@@ -114,10 +114,13 @@ impl Matcher {
     /// Whether the request is one this matcher applies to.
     pub fn applies(&self, request: &RequestView<'_>) -> bool {
         self.matches(request.method, request.path)
+            // A request that names no host may be for any: host limits
+            // apply to it (an HTTP/1.0 request without Host is no way
+            // around them).
             && (self.hosts.is_empty()
                 || request
                     .host
-                    .is_some_and(|h| self.hosts.iter().any(|p| p.matches(h))))
+                    .is_none_or(|h| self.hosts.iter().any(|p| p.matches(h))))
             && self.headers.iter().all(|(name, glob)| {
                 request
                     .headers
@@ -512,13 +515,20 @@ impl Policy {
                 headers,
                 query,
                 host,
-                route: limit.matcher.route(path),
+                route: if limit.key.reads_route() {
+                    limit.matcher.route(path)
+                } else {
+                    ""
+                },
             };
             let identity = match self.clients.identity_of(&limit.key, client, &inputs) {
                 Ok(Some(identity)) => identity,
+                // Banned by its address: looked up by it on every route.
+                Ok(None) if !matches && limit.on_missing == OnMissing::Ip => client.ip_hash,
                 // A key this route's limit never reads (only its ban looks
-                // it up) is no reason to refuse the request.
-                Ok(None) | Err(_) if !matches => continue,
+                // it up), or a shadow limit's, is no reason to refuse the
+                // request.
+                Ok(None) | Err(_) if !matches || limit.shadow => continue,
                 Ok(None) => match limit.on_missing {
                     OnMissing::Skip => continue,
                     OnMissing::Deny => {

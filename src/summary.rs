@@ -170,10 +170,16 @@ pub fn describe(config: &Config) -> String {
         // A key the client may leave out, skipped when it does, with no
         // other limit but by address on its routes: leaving it out is a
         // way around it.
-        let dodged = limit.key.client_asserted()
-            && limit.on_missing == OnMissing::Skip
+        let can_dodge = |l: &crate::policy::Limit| {
+            l.shadow || (l.key.omittable() && l.on_missing == OnMissing::Skip)
+        };
+        let dodged = !limit.shadow
+            && can_dodge(limit)
             && !policy.limits.iter().enumerate().any(|(other, l)| {
-                other != layer && l.key != KeySource::Ip && l.matcher.may_overlap(&limit.matcher)
+                other != layer
+                    && l.key != KeySource::Ip
+                    && !can_dodge(l)
+                    && l.matcher.may_overlap(&limit.matcher)
             });
         if dodged {
             let _ = writeln!(

@@ -199,13 +199,13 @@ fn a_limit_per_subject_follows_the_verified_token_not_the_address() {
     // Tokens that prove nothing are no token: 400 missing_key here.
     let mut expired = claims("alice");
     expired["exp"] = json!(now_s() - 3600);
+    // HS256 "signed" with the configured public key: the classic confusion.
+    let public_pem = openssl(&s.dir, &["pkey", "-in", "rsa-1.pem", "-pubout"]);
     let stranger = Key::rsa(&s.dir, "rsa-1"); // the right kid, another key
     let mut wrong_issuer = claims("dave");
     wrong_issuer["iss"] = json!("https://evil.test");
     let payload = base64url(claims("eve").to_string().as_bytes());
     let unsigned = format!("{}.{payload}.", base64url(br#"{"alg":"none","typ":"JWT"}"#));
-    // HS256 "signed" with the public key: the classic confusion.
-    let public_pem = openssl(&s.dir, &["pkey", "-in", "rsa-1.pem", "-pubout"]);
     let mut hs_header = Header::new(Algorithm::HS256);
     hs_header.kid = Some("rsa-1".into());
     let confused = encode(
@@ -214,7 +214,16 @@ fn a_limit_per_subject_follows_the_verified_token_not_the_address() {
         &EncodingKey::from_secret(&public_pem),
     )
     .expect("token");
+    let mut early = claims("frank");
+    early["nbf"] = json!(now_s() + 3600);
+    let mut endless = claims("gina");
+    endless.as_object_mut().expect("claims").remove("exp");
+    let mut elsewhere = claims("hank");
+    elsewhere["aud"] = json!("another-api");
     for (token, why) in [
+        (s.rsa.sign(&early), "not_yet_valid"),
+        (s.rsa.sign(&endless), "missing_claim"),
+        (s.rsa.sign(&elsewhere), "wrong_audience"),
         (s.rsa.sign(&expired), "expired"),
         (stranger.sign(&claims("eve")), "bad_signature"),
         (s.rsa.sign(&wrong_issuer), "wrong_issuer"),
@@ -227,6 +236,19 @@ fn a_limit_per_subject_follows_the_verified_token_not_the_address() {
         let counted = proxy.metric(&format!("floodgate_jwt_tokens_total{{result=\"{why}\"}}"));
         assert_eq!(counted, 1.0, "{why}");
     }
+    // Another scheme is no token; two tokens are none either.
+    let basic = proxy.send("GET", "/", &[("Authorization", "Basic YWxpY2U6cHc=")]);
+    assert_eq!(basic.status, 400);
+    let bearer = format!("Bearer {alice}");
+    let twice = proxy.send(
+        "GET",
+        "/",
+        &[
+            ("Authorization", bearer.as_str()),
+            ("Authorization", bearer.as_str()),
+        ],
+    );
+    assert_eq!(twice.status, 400, "{}", twice.body);
     assert!(!proxy.log().contains(&alice), "tokens are never logged");
 }
 

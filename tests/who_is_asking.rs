@@ -50,7 +50,8 @@ fn cookies_and_query_parameters_key_limits_however_they_are_spelled() {
     let with = |cookie: &str| get(&proxy, "/cart", &[("Cookie", cookie)]).status;
     assert_eq!(with("theme=dark; session=abc"), 200);
     assert_eq!(with("session=abc"), 200);
-    assert_eq!(with("session=abc; lang=en"), 429);
+    assert_eq!(with("session=\"abc\"; lang=en"), 429, "quoted, one session");
+    assert_eq!(with("session=%61bc"), 429, "escaped, one session");
     assert_eq!(with("session=xyz"), 200, "another session");
     // Two cookies of that name: the application may read either.
     let twice = get(&proxy, "/cart", &[("Cookie", "session=new; session=abc")]);
@@ -151,6 +152,9 @@ fn limits_match_hosts_and_header_values() {
     assert_eq!(client("mobile-ios/2.1").status, 200);
     assert!(refused_by(&client("mobile-android/9"), "mobile"));
     assert_eq!(client("web/1.0").status, 200);
+    // No host named (HTTP/1.0 without Host): host limits apply.
+    let hostless = common::raw_request(proxy.addr, b"GET / HTTP/1.0\r\n\r\n");
+    assert!(refused_by(&hostless, "api-host"), "{}", hostless.body);
 }
 
 /// `[block]`: by address and by API key (known or not), answered before

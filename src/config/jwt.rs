@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use http::HeaderName;
-use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet};
+use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet, PublicKeyUse};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 
 use super::file::JwtSection;
@@ -63,6 +63,9 @@ pub(super) fn validate_jwt(
         None => Duration::from_secs(60),
         Some(text) => duration::parse(text).map_err(|m| (here("leeway"), m))?,
     };
+    if leeway > Duration::from_secs(3600) || leeway.subsec_nanos() != 0 {
+        return Err((here("leeway"), "must be whole seconds, at most 1h".into()));
+    }
     let validation = |kind: DecodingKeyKind| -> Option<Validation> {
         let allowed: Vec<Algorithm> = algorithms
             .iter()
@@ -110,6 +113,10 @@ pub(super) fn validate_jwt(
             })?;
             let mut keys = Vec::new();
             for (i, jwk) in set.keys.iter().enumerate() {
+                // A key published for encryption signs nothing.
+                if jwk.common.public_key_use == Some(PublicKeyUse::Encryption) {
+                    continue;
+                }
                 let kind = match jwk.algorithm {
                     AlgorithmParameters::RSA(_) => DecodingKeyKind::Rsa,
                     AlgorithmParameters::EllipticCurve(_) => DecodingKeyKind::Ec,
@@ -127,8 +134,15 @@ pub(super) fn validate_jwt(
                         format!("key {i} of {} cannot be read: {e}", file.display()),
                     )
                 })?;
-                // A key of a family no configured algorithm uses verifies nothing.
-                if let Some(validation) = validation(kind) {
+                // A key of a family no configured algorithm uses verifies
+                // nothing; one that names its algorithm verifies that one.
+                let validation = validation(kind).and_then(|mut v| {
+                    if let Some(own) = jwk.common.key_algorithm {
+                        v.algorithms.retain(|a| format!("{a:?}") == own.to_string());
+                    }
+                    (!v.algorithms.is_empty()).then_some(v)
+                });
+                if let Some(validation) = validation {
                     keys.push(VerifyingKey {
                         kid: jwk.common.key_id.clone(),
                         key,
@@ -201,6 +215,12 @@ pub(super) fn validate_jwt(
             )
         })?),
     };
+    if j.tier_claim.is_none() != j.tiers.is_empty() {
+        return Err((
+            here("tier_claim"),
+            "`tier_claim` and [clients.jwt.tiers] go together: the claim, and the tier of each of its values".into(),
+        ));
+    }
     let mut claim_tiers = HashMap::new();
     for (value, tier) in &j.tiers {
         if tier == ANONYMOUS || tier == INTERNAL || tier.is_empty() {

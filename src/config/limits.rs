@@ -85,16 +85,18 @@ fn validate_match(
         .enumerate()
         .map(|(i, h)| {
             let name = h.strip_prefix("*.").unwrap_or(h);
+            // No port: hosts are compared without one.
             let valid = !name.is_empty()
-                && name
+                && (name
                     .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-.:[]".contains(&b));
+                    .all(|b| b.is_ascii_alphanumeric() || b"-.".contains(&b))
+                    || (name.starts_with('[') && name.ends_with(']')));
             if valid {
                 Ok(HostPattern::new(h))
             } else {
                 Err((
                     sub("hosts", i),
-                    format!("\"{h}\" is not a host name (or \"*.\" and a domain)"),
+                    format!("\"{h}\" is not a host name without port (or \"*.\" and a domain)"),
                 ))
             }
         })
@@ -142,8 +144,11 @@ fn validate_key(key: &str) -> Result<KeySource, String> {
         other if other.starts_with("cookie:") => named("cookie:")
             .map(|name| KeySource::Cookie(name.into()))
             .ok_or_else(|| format!("\"{other}\" needs a cookie name after \"cookie:\"")),
+        // Names are compared as requests' are read: decoded.
         other if other.starts_with("query:") => named("query:")
-            .map(|name| KeySource::Query(name.into()))
+            .map(|name| {
+                KeySource::Query(String::from_utf8_lossy(&crate::identity::form_decode(name)).into())
+            })
             .ok_or_else(|| format!("\"{other}\" needs a parameter name after \"query:\"")),
         other => Err(format!(
             "unknown key \"{other}\" (expected \"ip\", \"api_key\", \"header:<Name>\", \"cookie:<name>\", \"query:<name>\", \"jwt:<claim>\", \"host\", \"route\", \"global\", or a list of them)"
@@ -264,10 +269,15 @@ fn validate_limit(
                 "a shadow limit refuses nobody, so it can ban nobody",
             ))
         }
-        Some(_) if key == KeySource::Global => return Err(at(
-            &[&"limits", &i, &"ban"],
-            "a limit keyed \"global\" has one key for everyone: its ban would shut everyone out",
-        )),
+        Some(_) if !key.per_client() => {
+            return Err(at(
+                &[&"limits", &i, &"ban"],
+                format!(
+                    "a limit keyed {} has one key for everyone: its ban would shut everyone out",
+                    key.describe()
+                ),
+            ))
+        }
         Some(section) => Some(ban(section, &s.name, i)?),
     };
     Ok(Limit {
@@ -281,10 +291,16 @@ fn validate_limit(
         on_failure: s.on_failure.map(Into::into),
         after_response,
         ban,
-        on_missing: match s.on_missing {
-            None | Some(OnMissingName::Skip) => OnMissing::Skip,
-            Some(OnMissingName::Deny) => OnMissing::Deny,
-            Some(OnMissingName::Ip) => OnMissing::Ip,
+        on_missing: match (s.on_missing, s.shadow) {
+            (Some(OnMissingName::Deny), true) => {
+                return Err(at(
+                    &[&"limits", &i, &"on_missing"],
+                    "a shadow limit refuses nobody: \"deny\" would refuse for it",
+                ))
+            }
+            (None | Some(OnMissingName::Skip), _) => OnMissing::Skip,
+            (Some(OnMissingName::Deny), _) => OnMissing::Deny,
+            (Some(OnMissingName::Ip), _) => OnMissing::Ip,
         },
     })
 }

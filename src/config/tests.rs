@@ -170,7 +170,7 @@ fn errors_name_line_and_key() {
         ),
         (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"global\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\nban = {{ after = 3, within = \"1m\", duration = \"1h\" }}\n"),
-            "t.toml:11: limits[0].ban: a limit keyed \"global\" has one key for everyone: its ban would shut everyone out",
+            "t.toml:11: limits[0].ban: a limit keyed global has one key for everyone: its ban would shut everyone out",
         ),
         (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"quota\"\nlimit = 5\nperiod = \"month\"\nweek_starts = \"sunday\"\n"),
@@ -195,6 +195,22 @@ fn errors_name_line_and_key() {
         (
             &format!("{MINIMAL}[clients.api_keys]\n\"k\" = \"free\"\n[[limits]]\nname = \"a\"\nkey = \"api_key\"\nalgorithm = \"token_bucket\"\ncapacity = 10\nrefill_rate = 1000\ncost_from_response = {{ header = \"X-Cost\", max = 3000000000 }}\n[limits.tiers.free]\nrefill_rate = 0.001\n"),
             "t.toml:13: limits[0].cost_from_response.max: must be a whole number from 0 to 2251799",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = [\"route\", \"host\"]\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\nban = {{ after = 3, within = \"1m\", duration = \"1h\" }}\n"),
+            "t.toml:11: limits[0].ban: a limit keyed [route, host] has one key for everyone: its ban would shut everyone out",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"cookie:s\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\nshadow = true\non_missing = \"deny\"\n"),
+            "t.toml:12: limits[0].on_missing: a shadow limit refuses nobody: \"deny\" would refuse for it",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\nmatch = {{ hosts = [\"api.example.com:8443\"] }}\n"),
+            "t.toml:11: limits[0].match.hosts[0]: \"api.example.com:8443\" is not a host name without port (or \"*.\" and a domain)",
+        ),
+        (
+            &format!("{MINIMAL}[clients.jwt]\njwks_file = \"/nowhere\"\nalgorithms = [\"RS256\"]\nleeway = \"2h\"\n"),
+            "t.toml:8: clients.jwt.leeway: must be whole seconds, at most 1h",
         ),
         (
             &format!("{MINIMAL}[clients.jwt]\njwks_file = \"/nowhere\"\nalgorithms = [\"RS256\", \"none\"]\n"),

@@ -228,6 +228,7 @@ impl ProxyHttp for Gateway {
                         .and_then(|h| h.to_str().ok())
                 })
                 .map(normalize_host)
+                .filter(|h| !h.is_empty())
         } else {
             None
         };
