@@ -6,10 +6,12 @@
 
 use std::hint::black_box;
 use std::path::Path;
-use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use criterion::{criterion_group, criterion_main, Criterion};
+
+#[path = "../tests/common/keys.rs"]
+mod keys;
 use floodgate::config::{Config, Inputs};
 use http::{HeaderMap, HeaderValue};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
@@ -17,65 +19,12 @@ use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 /// More than the tokens remembered (4,096), used in turn: none is found.
 const FRESH_TOKENS: usize = 5_000;
 
-fn base64url(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, &b)| n | (u32::from(b) << (16 - 8 * i)));
-        for i in 0..=chunk.len() {
-            out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
-        }
-    }
-    out
-}
-
-fn openssl(dir: &Path, args: &[&str]) -> Vec<u8> {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("openssl");
-    assert!(out.status.success(), "openssl {args:?}");
-    out.stdout
-}
-
 fn identify(c: &mut Criterion) {
     let dir = std::env::temp_dir().join(format!("floodgate-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
-    openssl(
-        &dir,
-        &[
-            "genpkey",
-            "-algorithm",
-            "RSA",
-            "-pkeyopt",
-            "rsa_keygen_bits:2048",
-            "-out",
-            "k.pem",
-        ],
-    );
-    let modulus = String::from_utf8(openssl(
-        &dir,
-        &["rsa", "-in", "k.pem", "-noout", "-modulus"],
-    ))
-    .expect("modulus");
-    let hex = modulus.trim().trim_start_matches("Modulus=");
-    let n: Vec<u8> = (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
-        .collect();
+    let (private, jwk) = keys::rsa(&dir, "k");
     let jwks = dir.join("jwks.json");
-    std::fs::write(
-        &jwks,
-        format!(
-            r#"{{"keys":[{{"kty":"RSA","kid":"k","n":"{}","e":"AQAB"}}]}}"#,
-            base64url(&n)
-        ),
-    )
-    .expect("jwks");
+    std::fs::write(&jwks, format!(r#"{{"keys":[{jwk}]}}"#)).expect("jwks");
     let text = format!(
         "[server]\nlisten = \"127.0.0.1:1\"\n[upstream]\nservers = [\"127.0.0.1:2\"]\n\
          [clients.api_keys]\n\"bench-key\" = \"pro\"\n\
@@ -84,7 +33,6 @@ fn identify(c: &mut Criterion) {
     );
     let config = Config::parse(Path::new("bench.toml"), &text, &Inputs::default()).expect("config");
     let clients = &config.policy.clients;
-    let private = std::fs::read(dir.join("k.pem")).expect("key");
     let signing = EncodingKey::from_rsa_pem(&private).expect("signing key");
     let exp = SystemTime::now()
         .duration_since(UNIX_EPOCH)

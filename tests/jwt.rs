@@ -4,40 +4,15 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use common::keys::{self, base64url, openssl};
 use common::{wait_until, ConfigBuilder, Limit, Proxy, Upstream};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::json;
 
 const ISSUER: &str = "https://issuer.test";
 const AUDIENCE: &str = "floodgate-tests";
-
-fn openssl(dir: &Path, args: &[&str]) -> Vec<u8> {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("openssl");
-    assert!(out.status.success(), "openssl {args:?}: {:?}", out);
-    out.stdout
-}
-
-fn base64url(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, &b)| n | (u32::from(b) << (16 - 8 * i)));
-        for i in 0..=chunk.len() {
-            out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
-        }
-    }
-    out
-}
 
 /// A key pair made with openssl: the private key (PEM) to sign with, and
 /// the public key as a JWK.
@@ -50,29 +25,10 @@ struct Key {
 
 impl Key {
     fn rsa(dir: &Path, kid: &str) -> Key {
-        let file = format!("{kid}.pem");
-        openssl(
-            dir,
-            &[
-                "genpkey",
-                "-algorithm",
-                "RSA",
-                "-pkeyopt",
-                "rsa_keygen_bits:2048",
-                "-out",
-                &file,
-            ],
-        );
-        let modulus = String::from_utf8(openssl(dir, &["rsa", "-in", &file, "-noout", "-modulus"]))
-            .expect("modulus");
-        let hex = modulus.trim().trim_start_matches("Modulus=");
-        let n: Vec<u8> = (0..hex.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
-            .collect();
+        let (private_pem, jwk) = keys::rsa(dir, kid);
         Key {
-            private_pem: std::fs::read(dir.join(&file)).expect("key"),
-            jwk: json!({"kty": "RSA", "kid": kid, "use": "sig", "n": base64url(&n), "e": "AQAB"}),
+            private_pem,
+            jwk: serde_json::from_str(&jwk).expect("jwk"),
             algorithm: Algorithm::RS256,
             kid: kid.into(),
         }

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 mod config;
+pub mod keys;
 pub mod redis_server;
 
 // Not every test file builds a config.
