@@ -19,6 +19,7 @@ pub mod proxy;
 pub mod request_id;
 pub mod server;
 pub mod signals;
+pub mod simulate;
 pub mod state;
 pub mod summary;
 pub mod tls;

@@ -23,6 +23,13 @@ floodgate: an edge rate-limiting reverse proxy
 usage:
   floodgate --config FILE    run the proxy with FILE (e.g. proxy.toml)
   floodgate check FILE       validate FILE and print the resolved limits
+  floodgate simulate --config FILE --limit NAME --pattern PATTERN
+            [--out chart.svg] [--compare token_bucket,sliding_window,...]
+                             run limit NAME's algorithm over PATTERN (burst:100@0s,
+                             steady:5/s@0s-60s, boundary:100@60s, joined with
+                             commas; or a file of arrival times in seconds) and
+                             print what it admitted; --compare runs the same
+                             numbers through other algorithms
   floodgate --version
 
 Logging follows RUST_LOG (default: info).";
@@ -30,12 +37,53 @@ Logging follows RUST_LOG (default: info).";
 enum Command {
     Run(PathBuf),
     Check(PathBuf),
+    Simulate(Simulation),
     Help,
     Version,
 }
 
+/// `floodgate simulate`'s arguments.
+struct Simulation {
+    config: PathBuf,
+    limit: String,
+    pattern: String,
+    out: Option<PathBuf>,
+    compare: Vec<String>,
+}
+
+fn parse_simulation(args: &[String]) -> Result<Command, String> {
+    let mut config = None;
+    let mut limit = None;
+    let mut pattern = None;
+    let mut out = None;
+    let mut compare = Vec::new();
+    let mut rest = args.iter();
+    while let Some(flag) = rest.next() {
+        let value = rest
+            .next()
+            .ok_or_else(|| format!("{flag} needs a value"))?
+            .clone();
+        match flag.as_str() {
+            "--config" | "-c" => config = Some(PathBuf::from(value)),
+            "--limit" => limit = Some(value),
+            "--pattern" => pattern = Some(value),
+            "--out" => out = Some(PathBuf::from(value)),
+            "--compare" => compare = value.split(',').map(str::to_string).collect(),
+            other => return Err(format!("unexpected argument: {other}")),
+        }
+    }
+    Ok(Command::Simulate(Simulation {
+        config: config.ok_or("simulate needs --config FILE")?,
+        limit: limit.ok_or("simulate needs --limit NAME")?,
+        pattern: pattern.ok_or("simulate needs --pattern PATTERN")?,
+        out,
+        compare,
+    }))
+}
+
 fn parse_args(args: &[String]) -> Result<Command, String> {
     match args {
+        [cmd, rest @ ..] if cmd == "simulate" => parse_simulation(rest),
         [flag, file] if flag == "--config" || flag == "-c" => Ok(Command::Run(file.into())),
         [cmd, file] if cmd == "check" => Ok(Command::Check(file.into())),
         [flag] if flag == "--help" || flag == "-h" => Ok(Command::Help),
@@ -65,6 +113,7 @@ fn main() -> ExitCode {
             Ok(())
         }
         Command::Check(file) => check(&file),
+        Command::Simulate(simulation) => simulate(&simulation),
         Command::Run(file) => run(&file),
     };
     match result {
@@ -185,4 +234,71 @@ fn run(file: &std::path::Path) -> anyhow::Result<()> {
         file.display()
     );
     server.run()
+}
+
+/// `floodgate simulate`: the limit's algorithm (and those compared) over
+/// the pattern, the summary printed, the chart written.
+fn simulate(s: &Simulation) -> anyhow::Result<()> {
+    use floodgate::algorithm::Kind;
+    use floodgate::policy::Rule;
+    use floodgate::simulate::{parse_arrivals, parse_pattern, simulate, svg, translate};
+
+    let config = Config::load(&s.config, &Inputs::from_process())?;
+    let limit = config
+        .policy
+        .limits
+        .iter()
+        .find(|l| l.name.as_str() == s.limit)
+        .with_context(|| {
+            let names: Vec<&str> = config
+                .policy
+                .limits
+                .iter()
+                .map(|l| l.name.as_str())
+                .collect();
+            format!(
+                "no limit named {} in {} (limits: {})",
+                s.limit,
+                s.config.display(),
+                names.join(", ")
+            )
+        })?;
+    let Rule::Rate(algorithm) = limit.rule else {
+        anyhow::bail!(
+            "{} counts requests in flight, which depends on how long each lasts: simulate a rate limit",
+            s.limit
+        );
+    };
+    let arrivals = match parse_pattern(&s.pattern) {
+        Ok(arrivals) => arrivals,
+        Err(pattern_error) => match std::fs::read_to_string(&s.pattern) {
+            Ok(text) => parse_arrivals(&text)
+                .with_context(|| format!("reading arrival times from {}", s.pattern))?,
+            Err(_) => return Err(pattern_error.into()),
+        },
+    };
+    let mut runs = vec![simulate(algorithm, &arrivals)];
+    for name in &s.compare {
+        let kind = Kind::from_name(name)
+            .with_context(|| format!("--compare: {name} is not an algorithm"))?;
+        if kind == algorithm.kind() {
+            continue;
+        }
+        let other = translate(&algorithm, kind)
+            .with_context(|| format!("--compare: {name} cannot take {algorithm}'s numbers"))?;
+        runs.push(simulate(other, &arrivals));
+    }
+    for (i, run) in runs.iter().enumerate() {
+        if runs.len() > 1 {
+            if i > 0 {
+                println!();
+            }
+            println!("# {}", run.algorithm);
+        }
+        print!("{}", run.summary());
+    }
+    if let Some(out) = &s.out {
+        std::fs::write(out, svg(&runs)).with_context(|| format!("writing {}", out.display()))?;
+    }
+    Ok(())
 }

@@ -1,0 +1,386 @@
+//! `floodgate simulate`: what a limit does to a pattern of arrivals, run
+//! through the real algorithm code (the Rust twins) on a manual clock that
+//! starts at a window boundary, drawn as an SVG chart with a text summary.
+
+use std::fmt::Write;
+
+use crate::algorithm::{Algorithm, AlgorithmError, Kind, MAX_SLIDING_LOG};
+
+const SEC_US: u64 = 1_000_000;
+
+/// The simulation's t = 0: a multiple of a week (so of a day, an hour and
+/// a minute too), so every aligned window starts at 0.
+const EPOCH_US: u64 = 2_976 * 7 * 86_400 * SEC_US;
+
+/// Why a pattern cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PatternError {
+    #[error("\"{0}\" is not a pattern part: use burst:N@Ts, steady:R/s@As-Bs or boundary:N@Ts")]
+    Unknown(String),
+    #[error("\"{0}\": {1}")]
+    Bad(String, &'static str),
+    #[error("the pattern has no arrivals")]
+    Empty,
+    #[error("more than {MAX_ARRIVALS} arrivals")]
+    TooMany,
+}
+
+/// The most arrivals one simulation takes.
+pub const MAX_ARRIVALS: usize = 1_000_000;
+
+fn seconds(text: &str) -> Option<f64> {
+    let number = text.strip_suffix('s').unwrap_or(text);
+    number
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0)
+}
+
+fn to_us(seconds: f64) -> u64 {
+    (seconds * SEC_US as f64).round() as u64
+}
+
+/// Arrival times in µs from t = 0, sorted: `burst:100@0s` (100 at 0 s),
+/// `steady:5/s@0s-60s` (evenly spaced), `boundary:100@60s` (100 in the
+/// last second before 60 s and 100 in the first from it), joined with
+/// commas.
+pub fn parse_pattern(pattern: &str) -> Result<Vec<u64>, PatternError> {
+    let mut arrivals = Vec::new();
+    for part in pattern.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let bad = |why| PatternError::Bad(part.to_string(), why);
+        let (kind, rest) = part
+            .split_once(':')
+            .ok_or_else(|| PatternError::Unknown(part.into()))?;
+        let (amount, at) = rest
+            .split_once('@')
+            .ok_or_else(|| bad("needs @ and a time"))?;
+        match kind {
+            "burst" | "boundary" => {
+                let n: usize = amount.parse().map_err(|_| bad("needs a whole number"))?;
+                let at = seconds(at).ok_or_else(|| bad("needs a time like 60s"))?;
+                if n > MAX_ARRIVALS {
+                    return Err(PatternError::TooMany);
+                }
+                if kind == "burst" {
+                    arrivals.extend(std::iter::repeat_n(to_us(at), n));
+                } else {
+                    if at < 1.0 {
+                        return Err(bad("needs a time of at least 1s"));
+                    }
+                    let step = 1.0 / n.max(1) as f64;
+                    for i in 0..n {
+                        arrivals.push(to_us(at - 1.0 + i as f64 * step));
+                        arrivals.push(to_us(at + i as f64 * step));
+                    }
+                }
+            }
+            "steady" => {
+                let rate = amount
+                    .strip_suffix("/s")
+                    .and_then(|r| r.parse::<f64>().ok())
+                    .filter(|r| r.is_finite() && *r > 0.0)
+                    .ok_or_else(|| bad("needs a rate like 5/s"))?;
+                let (from, to) = at
+                    .split_once('-')
+                    .ok_or_else(|| bad("needs a span like 0s-60s"))?;
+                let (from, to) = match (seconds(from), seconds(to)) {
+                    (Some(a), Some(b)) if b > a => (a, b),
+                    _ => return Err(bad("needs a span like 0s-60s")),
+                };
+                let count = ((to - from) * rate).floor() as usize;
+                if count > MAX_ARRIVALS {
+                    return Err(PatternError::TooMany);
+                }
+                arrivals.extend((0..count).map(|i| to_us(from + i as f64 / rate)));
+            }
+            _ => return Err(PatternError::Unknown(part.into())),
+        }
+        if arrivals.len() > MAX_ARRIVALS {
+            return Err(PatternError::TooMany);
+        }
+    }
+    if arrivals.is_empty() {
+        return Err(PatternError::Empty);
+    }
+    arrivals.sort_unstable();
+    Ok(arrivals)
+}
+
+/// Arrival times from a file: seconds, one per line (blank lines and `#`
+/// comments skipped).
+pub fn parse_arrivals(text: &str) -> Result<Vec<u64>, PatternError> {
+    let mut arrivals = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let at = seconds(line)
+            .ok_or_else(|| PatternError::Bad(line.into(), "is not a time in seconds"))?;
+        arrivals.push(to_us(at));
+        if arrivals.len() > MAX_ARRIVALS {
+            return Err(PatternError::TooMany);
+        }
+    }
+    if arrivals.is_empty() {
+        return Err(PatternError::Empty);
+    }
+    arrivals.sort_unstable();
+    Ok(arrivals)
+}
+
+/// What happened to each arrival.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    pub at_us: u64,
+    pub admitted: bool,
+    /// A leaky bucket's wait before the request leaves.
+    pub wait_us: u64,
+}
+
+/// One run of an algorithm over the arrivals.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub algorithm: Algorithm,
+    pub outcomes: Vec<Outcome>,
+}
+
+impl Run {
+    pub fn admitted(&self) -> usize {
+        self.outcomes.iter().filter(|o| o.admitted).count()
+    }
+
+    pub fn refused(&self) -> usize {
+        self.outcomes.len() - self.admitted()
+    }
+
+    pub fn longest_wait_us(&self) -> u64 {
+        self.outcomes.iter().map(|o| o.wait_us).max().unwrap_or(0)
+    }
+
+    /// The most admitted in any span of the limit's window (sliding, not
+    /// aligned): what a client can get through in the worst window.
+    pub fn most_in_any_window(&self) -> usize {
+        let window = self.algorithm.window_us().max(1);
+        let admitted: Vec<u64> = self
+            .outcomes
+            .iter()
+            .filter(|o| o.admitted)
+            .map(|o| o.at_us + o.wait_us)
+            .collect();
+        let mut most = 0;
+        let mut start = 0;
+        for end in 0..admitted.len() {
+            while admitted[end] - admitted[start] >= window {
+                start += 1;
+            }
+            most = most.max(end - start + 1);
+        }
+        most
+    }
+
+    /// `admitted: N, refused: M` first, then the rest.
+    pub fn summary(&self) -> String {
+        format!(
+            "admitted: {}, refused: {}\nlongest wait: {} ms\nmost admitted in any {}: {}\n",
+            self.admitted(),
+            self.refused(),
+            self.longest_wait_us().div_ceil(1000),
+            window_text(self.algorithm.window_us()),
+            self.most_in_any_window()
+        )
+    }
+}
+
+fn window_text(us: u64) -> String {
+    let ms = us / 1000;
+    match ms {
+        0 => format!("{us}µs"),
+        ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+        ms if ms % 1_000 == 0 => format!("{}s", ms / 1_000),
+        ms => format!("{ms}ms"),
+    }
+}
+
+/// Runs `algorithm` over `arrivals` (µs from t = 0), one key, cost 1 each.
+pub fn simulate(algorithm: Algorithm, arrivals: &[u64]) -> Run {
+    let mut state = algorithm.fresh_state();
+    let outcomes = arrivals
+        .iter()
+        .map(|&at_us| {
+            let evaluation = algorithm.evaluate(&state, EPOCH_US + at_us, 1);
+            let admitted = evaluation.decision.allowed();
+            if admitted {
+                state.apply(&evaluation.update);
+            }
+            Outcome {
+                at_us,
+                admitted,
+                wait_us: evaluation.decision.delay_us(),
+            }
+        })
+        .collect();
+    Run {
+        algorithm,
+        outcomes,
+    }
+}
+
+/// `algorithm`'s numbers in another algorithm's terms: the same quota over
+/// the same window (a bucket refills it in that window).
+pub fn translate(algorithm: &Algorithm, to: Kind) -> Result<Algorithm, AlgorithmError> {
+    let quota = algorithm.quota();
+    let window_us = algorithm.window_us();
+    let interval_us = (window_us / quota).max(1);
+    match to {
+        Kind::TokenBucket => Algorithm::token_bucket(quota, interval_us),
+        Kind::LeakyBucket => Algorithm::leaky_bucket(quota, interval_us),
+        Kind::FixedWindow => Algorithm::fixed_window(quota, window_us),
+        Kind::SlidingWindow => Algorithm::sliding_window(quota, window_us),
+        Kind::SlidingLog => Algorithm::sliding_log(quota.min(MAX_SLIDING_LOG), window_us),
+        Kind::Quota => match algorithm.calendar() {
+            Some(calendar) => Algorithm::calendar_quota(quota, *calendar),
+            None => Err(AlgorithmError::NeedsCalendar),
+        },
+    }
+}
+
+/// The chart: per time slice, arrivals admitted (green) and refused (red)
+/// stacked, one row per run, on a shared time axis.
+pub fn svg(runs: &[Run]) -> String {
+    const WIDTH: f64 = 900.0;
+    const ROW: f64 = 160.0;
+    const LEFT: f64 = 150.0;
+    const SLICES: usize = 120;
+    let end_us = runs
+        .iter()
+        .flat_map(|r| r.outcomes.last())
+        .map(|o| o.at_us)
+        .max()
+        .unwrap_or(0)
+        + 1;
+    let slice_us = end_us.div_ceil(SLICES as u64).max(1);
+    let height = ROW * runs.len() as f64 + 40.0;
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{height}" font-family="sans-serif" font-size="12">"#,
+        WIDTH + LEFT + 20.0
+    );
+    let bar = (WIDTH / SLICES as f64).max(1.0);
+    for (row, run) in runs.iter().enumerate() {
+        let mut admitted = [0usize; SLICES];
+        let mut refused = [0usize; SLICES];
+        for o in &run.outcomes {
+            let slice = ((o.at_us / slice_us) as usize).min(SLICES - 1);
+            if o.admitted {
+                admitted[slice] += 1;
+            } else {
+                refused[slice] += 1;
+            }
+        }
+        let top = row as f64 * ROW + 10.0;
+        let base = top + ROW - 30.0;
+        let tallest = (0..SLICES)
+            .map(|i| admitted[i] + refused[i])
+            .max()
+            .unwrap_or(1)
+            .max(1) as f64;
+        let scale = (ROW - 50.0) / tallest;
+        let _ = write!(
+            out,
+            r#"<text x="10" y="{}">{}</text><text x="10" y="{}">admitted {} refused {}</text>"#,
+            top + 20.0,
+            escape(&run.algorithm.to_string().replace(' ', "\u{a0}")),
+            top + 38.0,
+            run.admitted(),
+            run.refused()
+        );
+        for i in 0..SLICES {
+            let x = LEFT + i as f64 * bar;
+            let a = admitted[i] as f64 * scale;
+            let r = refused[i] as f64 * scale;
+            if a > 0.0 {
+                let _ = write!(
+                    out,
+                    r##"<rect x="{x:.1}" y="{:.1}" width="{bar:.1}" height="{a:.1}" fill="#2e9d4f"/>"##,
+                    base - a
+                );
+            }
+            if r > 0.0 {
+                let _ = write!(
+                    out,
+                    r##"<rect x="{x:.1}" y="{:.1}" width="{bar:.1}" height="{r:.1}" fill="#d0453a"/>"##,
+                    base - a - r
+                );
+            }
+        }
+        let _ = write!(
+            out,
+            r#"<line x1="{LEFT}" y1="{base}" x2="{}" y2="{base}" stroke="black"/>"#,
+            LEFT + WIDTH
+        );
+    }
+    let axis = ROW * runs.len() as f64 + 25.0;
+    for tick in 0..=4 {
+        let x = LEFT + WIDTH * tick as f64 / 4.0;
+        let at = end_us as f64 * tick as f64 / 4.0 / SEC_US as f64;
+        let _ = write!(out, r#"<text x="{x:.1}" y="{axis}">{at:.1}s</text>"#);
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_read_as_documented() {
+        assert_eq!(parse_pattern("burst:3@2s").unwrap(), vec![2_000_000; 3]);
+        assert_eq!(
+            parse_pattern("steady:2/s@0s-2s").unwrap(),
+            vec![0, 500_000, 1_000_000, 1_500_000]
+        );
+        let boundary = parse_pattern("boundary:2@60s").unwrap();
+        assert_eq!(
+            boundary,
+            vec![59_000_000, 59_500_000, 60_000_000, 60_500_000]
+        );
+        assert_eq!(
+            parse_pattern("burst:1@1s, burst:1@0s").unwrap(),
+            vec![0, 1_000_000]
+        );
+        assert!(matches!(
+            parse_pattern("wave:3@1s"),
+            Err(PatternError::Unknown(_))
+        ));
+        assert!(matches!(
+            parse_pattern("steady:5@0s-1s"),
+            Err(PatternError::Bad(..))
+        ));
+        assert_eq!(parse_pattern(""), Err(PatternError::Empty));
+        assert_eq!(parse_arrivals("# t\n0.5\n0\n").unwrap(), vec![0, 500_000]);
+    }
+
+    #[test]
+    fn a_fixed_window_admits_twice_its_limit_across_a_boundary() {
+        let arrivals = parse_pattern("boundary:100@60s").unwrap();
+        let fixed = Algorithm::fixed_window(100, 60 * SEC_US).unwrap();
+        let run = simulate(fixed, &arrivals);
+        assert_eq!((run.admitted(), run.refused()), (200, 0));
+        assert_eq!(run.most_in_any_window(), 200);
+        let sliding = simulate(translate(&fixed, Kind::SlidingWindow).unwrap(), &arrivals);
+        assert!(sliding.admitted() < 200, "{}", sliding.admitted());
+        let log = simulate(translate(&fixed, Kind::SlidingLog).unwrap(), &arrivals);
+        assert_eq!(log.most_in_any_window(), 100, "exact");
+        let leaky = simulate(translate(&fixed, Kind::LeakyBucket).unwrap(), &arrivals);
+        assert!(leaky.longest_wait_us() > 0, "a leaky bucket holds requests");
+    }
+}
