@@ -13,6 +13,8 @@ if [ "${FLOODGATE_NEEDS_REDIS:-0}" = 1 ]; then
   command -v nghttp >/dev/null 2>&1 || need+=(nghttp2-client)
   command -v prlimit >/dev/null 2>&1 || need+=(util-linux)
   command -v python3 >/dev/null 2>&1 || need+=(python3 python3-pip)
+  # The alert rules' check reads YAML.
+  python3 -c 'import yaml' >/dev/null 2>&1 || need+=(python3-yaml)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
