@@ -18,6 +18,7 @@ pub(super) fn validate_block(
         .map(|(i, text)| {
             text.parse::<IpNet>()
                 .or_else(|_| text.parse::<std::net::IpAddr>().map(IpNet::from))
+                .map(ipv4_if_mapped)
                 .map_err(|_| {
                     at(
                         &[&"block", &"cidrs", &i],
@@ -53,4 +54,40 @@ pub(super) fn validate_block(
             .collect(),
         status,
     })
+}
+
+/// Clients are matched as IPv4 when they come as IPv4-mapped IPv6
+/// (`identity::normalize`): a range written that way is read as IPv4 too.
+fn ipv4_if_mapped(net: IpNet) -> IpNet {
+    match net {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.network().to_ipv4_mapped() {
+            Some(v4) => ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96)
+                .map(IpNet::V4)
+                .unwrap_or(net),
+            None => net,
+        },
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ipv4_mapped_range_is_read_as_ipv4() {
+        let read = |t: &str| ipv4_if_mapped(t.parse().expect("a range"));
+        assert_eq!(
+            read("::ffff:203.0.113.0/120"),
+            "203.0.113.0/24".parse::<IpNet>().unwrap()
+        );
+        assert_eq!(
+            read("2001:db8::/32"),
+            "2001:db8::/32".parse::<IpNet>().unwrap()
+        );
+        assert_eq!(
+            read("198.51.100.0/24"),
+            "198.51.100.0/24".parse::<IpNet>().unwrap()
+        );
+    }
 }

@@ -12,7 +12,7 @@ pub use config::{ConfigBuilder, Limit};
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Condvar, Mutex};
@@ -539,6 +539,29 @@ impl Drop for Proxy {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(dir) = self.config_path.parent() {
+            remove_test_dir(dir);
+        }
+    }
+}
+
+/// Removes a directory `temp_dir` made, when the test passes: a failing
+/// one keeps it (logs, configs) to be read. Thousands of runs of the suite
+/// must not fill the disk.
+pub fn remove_test_dir(dir: &Path) {
+    let made_here = dir
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with("floodgate-test-"));
+    if made_here && !thread::panicking() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+impl Drop for TestClock {
+    fn drop(&mut self) {
+        if let Some(dir) = self.path.parent() {
+            remove_test_dir(dir);
+        }
     }
 }
 

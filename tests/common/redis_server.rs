@@ -183,6 +183,7 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+        super::remove_test_dir(&self.dir);
     }
 }
 
