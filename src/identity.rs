@@ -151,33 +151,32 @@ impl KeySource {
 
     /// Whether a client may leave this key out (a composite: any part).
     pub fn omittable(&self) -> bool {
-        match self {
-            KeySource::Header(_)
-            | KeySource::Cookie(_)
-            | KeySource::Query(_)
-            | KeySource::ApiKey
-            | KeySource::Jwt(_) => true,
-            KeySource::Composite(parts) => parts.iter().any(KeySource::omittable),
-            _ => false,
-        }
+        self.any_part(|part| {
+            matches!(
+                part,
+                KeySource::Header(_)
+                    | KeySource::Cookie(_)
+                    | KeySource::Query(_)
+                    | KeySource::ApiKey
+                    | KeySource::Jwt(_)
+            )
+        })
     }
 
     /// Whether the key tells one client from another (a composite: some
     /// part does); `global`, `host` and `route` are everyone's.
     pub fn per_client(&self) -> bool {
-        match self {
-            KeySource::Global | KeySource::Host | KeySource::Route => false,
-            KeySource::Composite(parts) => parts.iter().any(KeySource::per_client),
-            _ => true,
-        }
+        self.any_part(|part| {
+            !matches!(part, KeySource::Global | KeySource::Host | KeySource::Route)
+        })
     }
 
-    /// Whether the key reads the limit's route (which is then worked out).
-    pub fn reads_route(&self) -> bool {
+    /// Whether some part of the key (the key itself, or one of a
+    /// composite's, which holds no composite) is such.
+    pub fn any_part(&self, is: impl Fn(&KeySource) -> bool) -> bool {
         match self {
-            KeySource::Route => true,
-            KeySource::Composite(parts) => parts.iter().any(KeySource::reads_route),
-            _ => false,
+            KeySource::Composite(parts) => parts.iter().any(is),
+            one => is(one),
         }
     }
 }

@@ -196,24 +196,12 @@ pub enum DecodingKeyKind {
 impl JwtRules {
     /// For `floodgate check`: the keys and what they verify.
     pub fn describe(&self) -> String {
-        let mut algorithms: Vec<&str> = Vec::new();
-        for key in &self.keys {
-            for alg in &key.validation.algorithms {
-                let name = match alg {
-                    Algorithm::RS256 => "RS256",
-                    Algorithm::RS384 => "RS384",
-                    Algorithm::RS512 => "RS512",
-                    Algorithm::PS256 => "PS256",
-                    Algorithm::PS384 => "PS384",
-                    Algorithm::PS512 => "PS512",
-                    Algorithm::ES256 => "ES256",
-                    Algorithm::ES384 => "ES384",
-                    Algorithm::EdDSA => "EdDSA",
-                    _ => "HMAC",
-                };
-                if !algorithms.contains(&name) {
-                    algorithms.push(name);
-                }
+        // Algorithm's names are its variants' (RS256, ES256, EdDSA, ...).
+        let mut algorithms: Vec<String> = Vec::new();
+        for alg in self.keys.iter().flat_map(|k| &k.validation.algorithms) {
+            let name = format!("{alg:?}");
+            if !algorithms.contains(&name) {
+                algorithms.push(name);
             }
         }
         format!(

@@ -455,16 +455,9 @@ impl Policy {
         costs: Vec<CostRule>,
         default_on_failure: OnFailure,
     ) -> Policy {
-        fn reads_host(key: &KeySource) -> bool {
-            match key {
-                KeySource::Host => true,
-                KeySource::Composite(parts) => parts.iter().any(reads_host),
-                _ => false,
-            }
-        }
         let reads_host = limits
             .iter()
-            .any(|l| !l.matcher.hosts.is_empty() || reads_host(&l.key))
+            .any(|l| !l.matcher.hosts.is_empty() || l.key.any_part(|p| *p == KeySource::Host))
             || costs.iter().any(|c| !c.matcher.hosts.is_empty());
         Policy {
             clients,
@@ -515,7 +508,7 @@ impl Policy {
                 headers,
                 query,
                 host,
-                route: if limit.key.reads_route() {
+                route: if limit.key.any_part(|p| *p == KeySource::Route) {
                     limit.matcher.route(path)
                 } else {
                     ""

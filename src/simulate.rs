@@ -99,6 +99,11 @@ pub fn parse_pattern(pattern: &str) -> Result<Vec<u64>, PatternError> {
             return Err(PatternError::TooMany);
         }
     }
+    sorted(arrivals)
+}
+
+/// Arrivals in time order, when there are any.
+fn sorted(mut arrivals: Vec<u64>) -> Result<Vec<u64>, PatternError> {
     if arrivals.is_empty() {
         return Err(PatternError::Empty);
     }
@@ -121,11 +126,7 @@ pub fn parse_arrivals(text: &str) -> Result<Vec<u64>, PatternError> {
             return Err(PatternError::TooMany);
         }
     }
-    if arrivals.is_empty() {
-        return Err(PatternError::Empty);
-    }
-    arrivals.sort_unstable();
-    Ok(arrivals)
+    sorted(arrivals)
 }
 
 /// What happened to each arrival.

@@ -8,7 +8,7 @@ use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet, PublicKeyUse};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 
 use super::file::JwtSection;
-use super::{duration, Inputs, Invalid};
+use super::{duration, key_path, Inputs, Invalid};
 use crate::identity::{Tiers, ANONYMOUS, INTERNAL};
 use crate::jwt::{family_of, ClaimPath, DecodingKeyKind, JwtRules, VerifyingKey};
 
@@ -17,14 +17,7 @@ pub(super) fn validate_jwt(
     inputs: &Inputs,
     tiers: &mut Tiers,
 ) -> Result<JwtRules, Invalid> {
-    let here = |key: &str| -> Vec<super::source::Segment> {
-        use super::source::Segment;
-        vec![
-            Segment::Key("clients".into()),
-            Segment::Key("jwt".into()),
-            Segment::Key(key.into()),
-        ]
-    };
+    let here = |key: &str| key_path(&[&"clients", &"jwt"], key);
     let header_text = j.header.as_deref().unwrap_or("Authorization");
     let header = HeaderName::from_bytes(header_text.as_bytes()).map_err(|_| {
         (

@@ -14,7 +14,7 @@ use super::file::{
     CONCURRENCY,
 };
 use super::source::Segment;
-use super::{at, AsSegment, Invalid};
+use super::{at, key_path, AsSegment, Invalid};
 use crate::algorithm::{Algorithm, Calendar, Kind, Parameter, Period, MAX_EXACT, MAX_SLIDING_LOG};
 use crate::identity::{Tier, Tiers};
 use crate::jwt::ClaimPath;
@@ -160,14 +160,7 @@ fn validate_key(key: &str) -> Result<KeySource, String> {
 /// where tokens are verified.
 fn validate_keys(key: &OneOrMany, i: usize, jwt: bool) -> Result<KeySource, Invalid> {
     let key_source = validate_keys_unchecked(key, i)?;
-    fn reads_claims(key: &KeySource) -> bool {
-        match key {
-            KeySource::Jwt(_) => true,
-            KeySource::Composite(parts) => parts.iter().any(reads_claims),
-            _ => false,
-        }
-    }
-    if reads_claims(&key_source) && !jwt {
+    if key_source.any_part(|p| matches!(p, KeySource::Jwt(_))) && !jwt {
         return Err(at(
             &[&"limits", &i, &"key"],
             "a claim is read from a verified token: configure [clients.jwt]",
@@ -313,14 +306,7 @@ fn response_cost(
     instances: u64,
     i: usize,
 ) -> Result<ResponseCost, Invalid> {
-    let here = |key: &'static str| -> Vec<Segment> {
-        vec![
-            Segment::Key("limits".into()),
-            Segment::Index(i),
-            Segment::Key("cost_from_response".into()),
-            Segment::Key(key.into()),
-        ]
-    };
+    let here = |key: &str| key_path(&[&"limits", &i, &"cost_from_response"], key);
     let mut most = MAX_EXACT / 4;
     // The limit and each tier: one response's cost must fit under each's
     // ceiling, so that it is always owed in full, on an instance's share
@@ -406,14 +392,7 @@ fn response_cost(
 /// that their state never meets a limit's, nor a concurrency limit's
 /// (`slots:<limit>`).
 fn ban(section: &BanSection, limit: &str, i: usize) -> Result<Ban, Invalid> {
-    let here = |key: &'static str| -> Vec<Segment> {
-        vec![
-            Segment::Key("limits".into()),
-            Segment::Index(i),
-            Segment::Key("ban".into()),
-            Segment::Key(key.into()),
-        ]
-    };
+    let here = |key: &str| key_path(&[&"limits", &i, &"ban"], key);
     let after = u64::try_from(section.after)
         .ok()
         .filter(|a| (1..=MAX_SLIDING_LOG).contains(a))
@@ -518,13 +497,6 @@ fn statuses(count: &CountSection, rule: &Rule, i: usize) -> Result<Statuses, Inv
         })
         .collect::<Result<_, _>>()?;
     Ok(Statuses::new(ranges))
-}
-
-/// `path` with `name` under it: where an error about that key points.
-fn key_path(path: &[&dyn AsSegment], name: &str) -> Vec<Segment> {
-    let mut p: Vec<Segment> = path.iter().map(|s| s.segment()).collect();
-    p.push(Segment::Key(name.into()));
-    p
 }
 
 /// A limit's (or a tier's) rule: its algorithm's numbers, or a

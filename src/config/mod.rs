@@ -180,6 +180,13 @@ fn at(path: &[&dyn AsSegment], message: impl Into<String>) -> Invalid {
     (path.iter().map(|p| p.segment()).collect(), message.into())
 }
 
+/// `path` with `name` under it: where an error about that key points.
+fn key_path(path: &[&dyn AsSegment], name: &str) -> Vec<Segment> {
+    let mut p: Vec<Segment> = path.iter().map(|s| s.segment()).collect();
+    p.push(Segment::Key(name.into()));
+    p
+}
+
 trait AsSegment {
     fn segment(&self) -> Segment;
 }
