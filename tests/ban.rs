@@ -124,6 +124,11 @@ fn refusals_spread_over_time_do_not_ban() {
         for _ in 0..2 {
             assert_eq!(proxy.send("POST", "/login", &[]).status, 429);
         }
+        // The strikes are taken once the answers are out: all of them
+        // before the clock moves on.
+        let refused = "floodgate_decisions_total{limit=\"login\",outcome=\"refused\"}";
+        let struck = 2.0 * (round + 1) as f64;
+        assert!(wait_until(Duration::from_secs(5), || proxy.metric(refused) == struck));
         clock.advance(Duration::from_secs(11 * 60));
     }
     assert_eq!(proxy.get("/").status, 200, "not banned");

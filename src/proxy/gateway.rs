@@ -122,10 +122,12 @@ impl ProxyHttp for Gateway {
         if let Some(upstream) = ctx.upstream_took {
             requests.upstream_duration.observe(upstream.as_secs_f64());
         }
+        // Struck before it is counted: once a refusal shows in the metrics,
+        // its strike is in the store.
+        strikes::strike(self.state.store.as_ref(), ctx).await;
         if let Some(verdict) = &ctx.verdict {
             verdict.account(&ctx.runtime, ctx.client.as_ref(), &ctx.request_id);
         }
-        strikes::strike(self.state.store.as_ref(), ctx).await;
         if let Some(log) = &self.state.access_log {
             log.write(access_line(session, ctx, status, took));
         }
