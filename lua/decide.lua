@@ -11,7 +11,8 @@
 --          CODE, which the proxy prepends from its algorithm table), its two
 --          numbers (capacity and interval_us, limit and window_us, or limit
 --          and the calendar period's end), cost, mode (0 enforce, 1 shadow,
---          2 peek, 3 shadow peek)
+--          2 peek, 3 shadow peek, 4 credit: the cost is given back, see
+--          credit_layer)
 -- Reply    one string: 7 integers per layer, request after request,
 --          separated by spaces: allowed, cost_exceeds_limit, limit,
 --          remaining, reset_after_us, retry_after_us, delay_us. (One string
@@ -32,6 +33,19 @@ end
 local reply = {}
 local written = 0
 
+-- An operator's credit: the units given back (the algorithm's `credit`,
+-- for those that take one) are written whatever else the request holds,
+-- and the layer is reported as a request of cost 0 would see it after.
+local function credit_layer(algorithm, a, b, key, now, units)
+  local state = algorithm.load(key)
+  local credited = nil
+  if algorithm.credit ~= nil then credited = algorithm.credit(a, b, state, now, units) end
+  if credited == nil then return algorithm.evaluate(a, b, state, now, 0) end
+  local d = algorithm.evaluate(a, b, credited, now, 0)
+  algorithm.store(key, credited, d.idle_at, now)
+  return d
+end
+
 local function decide_request(first_key, first_arg, n)
   local layers = {}
   local blocked = false
@@ -41,9 +55,14 @@ local function decide_request(first_key, first_arg, n)
     local a, b = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
     local cost = tonumber(ARGV[base + 3])
     local key = KEYS[first_key + i - 1]
-    local d = algorithm.evaluate(a, b, algorithm.load(key), now, cost)
     local mode = ARGV[base + 4]
-    layers[i] = { algorithm = algorithm, decision = d, key = key, peek = mode == '2' or mode == '3' }
+    local d
+    if mode == '4' then
+      d = credit_layer(algorithm, a, b, key, now, cost)
+    else
+      d = algorithm.evaluate(a, b, algorithm.load(key), now, cost)
+    end
+    layers[i] = { algorithm = algorithm, decision = d, key = key, peek = mode ~= '0' and mode ~= '1' }
     if mode ~= '1' and mode ~= '3' and d.allowed == 0 then
       blocked = true
     end

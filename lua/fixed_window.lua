@@ -33,4 +33,11 @@ local function fixed_window_store(key, u, idle_at, now)
   redis.call('PEXPIRE', key, ttl_ms(idle_at, now))
 end
 
-ALGORITHMS[CODE.fixed_window] = { load = fixed_window_load, evaluate = fixed_window_evaluate, store = fixed_window_store }
+-- Units given back to the running window's count, down to zero; nil for
+-- no change (an older window is spent anyway).
+local function fixed_window_credit(limit, window, st, now, units)
+  if st.s < now - math.fmod(now, window) or st.n <= 0 then return nil end
+  return { s = st.s, n = math.max(st.n - units, 0) }
+end
+
+ALGORITHMS[CODE.fixed_window] = { load = fixed_window_load, evaluate = fixed_window_evaluate, store = fixed_window_store, credit = fixed_window_credit }

@@ -33,4 +33,11 @@ local function quota_store(key, u, idle_at, now)
   redis.call('PEXPIRE', key, ttl_ms(idle_at, now))
 end
 
-ALGORITHMS[CODE.quota] = { load = quota_load, evaluate = quota_evaluate, store = quota_store }
+-- Units given back to the running period's count, down to zero; nil for
+-- no change.
+local function quota_credit(limit, period_end, st, now, units)
+  if st.e < period_end or st.n <= 0 then return nil end
+  return { e = st.e, n = math.max(st.n - units, 0) }
+end
+
+ALGORITHMS[CODE.quota] = { load = quota_load, evaluate = quota_evaluate, store = quota_store, credit = quota_credit }

@@ -31,4 +31,11 @@ local function gcra_store(key, tat, idle_at, now)
   redis.call('SET', key, int(tat), 'PX', ttl_ms(idle_at, now))
 end
 
-ALGORITHMS[CODE.token_bucket] = { load = gcra_load, evaluate = token_bucket_evaluate, store = gcra_store }
+-- Units given back: tat moved back by their intervals, no earlier than now
+-- (a bucket holds no more than full). The new tat, or nil for no change.
+local function token_bucket_credit(capacity, interval, tat, now, units)
+  if tat <= now then return nil end
+  return math.max(tat - units * interval, now)
+end
+
+ALGORITHMS[CODE.token_bucket] = { load = gcra_load, evaluate = token_bucket_evaluate, store = gcra_store, credit = token_bucket_credit }

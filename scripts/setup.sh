@@ -15,6 +15,9 @@ if [ "${FLOODGATE_NEEDS_REDIS:-0}" = 1 ]; then
   command -v python3 >/dev/null 2>&1 || need+=(python3 python3-pip)
   # The alert rules' check reads YAML.
   python3 -c 'import yaml' >/dev/null 2>&1 || need+=(python3-yaml)
+  # The status page's test drives a real headless browser.
+  [ -x /usr/bin/chromium ] || need+=(chromium)
+  [ -x /usr/bin/chromedriver ] || need+=(chromium-driver)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
@@ -24,8 +27,8 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 command -v cargo >/dev/null 2>&1 || { echo "cargo is missing: install Rust from https://rustup.rs" >&2; exit 1; }
-if [ "${FLOODGATE_NEEDS_REDIS:-0}" = 1 ] && ! python3 -c 'import grpc, websockets' >/dev/null 2>&1; then
-  echo "installing: grpcio websockets (PyPI)"
-  python3 -m pip install --quiet grpcio websockets 2>/dev/null \
-    || python3 -m pip install --quiet --break-system-packages grpcio websockets
+if [ "${FLOODGATE_NEEDS_REDIS:-0}" = 1 ] && ! python3 -c 'import grpc, websockets, selenium' >/dev/null 2>&1; then
+  echo "installing: grpcio websockets selenium (PyPI)"
+  python3 -m pip install --quiet grpcio websockets selenium 2>/dev/null \
+    || python3 -m pip install --quiet --break-system-packages grpcio websockets selenium
 fi

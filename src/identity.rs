@@ -303,6 +303,17 @@ impl IdentityHasher {
     }
 }
 
+/// One thing a client is known by, as an operator names it.
+#[derive(Debug, Clone, Copy)]
+pub enum KnownPart<'a> {
+    Ip(IpAddr),
+    ApiKey(&'a [u8]),
+    Header(&'a HeaderName, &'a [u8]),
+    Cookie(&'a str, &'a [u8]),
+    Query(&'a str, &'a [u8]),
+    Claim(&'a ClaimPath, &'a [u8]),
+}
+
 /// Validated `[clients]` settings.
 #[derive(Debug, Clone)]
 pub struct ClientRules {
@@ -633,6 +644,53 @@ impl ClientRules {
                 Some(self.hasher.hash(Kind::Composite, &joined))
             }
         })
+    }
+
+    /// The identity a limit keyed on `key` gives a client known by `part`
+    /// alone (the admin API's lookups): none when the key reads something
+    /// else, or reads more than one thing (a composite key).
+    pub fn identity_for(&self, key: &KeySource, part: &KnownPart<'_>) -> Option<u128> {
+        let hash = |kind, value: &[u8]| Some(self.hasher.hash(kind, value));
+        match (key, part) {
+            (KeySource::Ip, KnownPart::Ip(ip)) => Some(self.address_identity(*ip)),
+            (KeySource::ApiKey, KnownPart::ApiKey(value)) => hash(Kind::ApiKey, value),
+            (KeySource::Header(name), KnownPart::Header(asked, value)) if name == *asked => {
+                hash(Kind::Header, value)
+            }
+            (KeySource::Cookie(name), KnownPart::Cookie(asked, value)) if **name == **asked => {
+                hash(Kind::Cookie, value)
+            }
+            (KeySource::Query(name), KnownPart::Query(asked, value)) if **name == **asked => {
+                hash(Kind::Query, value)
+            }
+            (KeySource::Jwt(path), KnownPart::Claim(asked, value)) if path == *asked => {
+                hash(Kind::Claim, value)
+            }
+            _ => None,
+        }
+    }
+
+    /// The identity of a client address as limits key it: IPv6 grouped by
+    /// `ipv6_prefix`.
+    pub fn address_identity(&self, ip: IpAddr) -> u128 {
+        let ip = normalize(ip);
+        match ip {
+            IpAddr::V4(_) => self.ip_hash(ip, 32),
+            IpAddr::V6(_) => {
+                let net = IpNet::new(ip, self.ipv6_prefix).map_or(ip, |n| n.trunc().network());
+                self.ip_hash(net, self.ipv6_prefix)
+            }
+        }
+    }
+
+    /// The tier a request from `ip` without key or token is in.
+    pub fn tier_of_address(&self, ip: IpAddr) -> Tier {
+        let ip = normalize(ip);
+        if self.internal.iter().any(|n| n.contains(&ip)) {
+            self.tiers.internal()
+        } else {
+            self.tiers.anonymous()
+        }
     }
 
     /// The address a connection from `peer` counts against for the

@@ -21,6 +21,7 @@ pub mod server;
 pub mod signals;
 pub mod simulate;
 pub mod state;
+pub mod status;
 pub mod summary;
 pub mod tls;
 pub mod upstream;

@@ -10,11 +10,13 @@ use arc_swap::ArcSwap;
 use log::{error, info, warn};
 
 use crate::access_log::AccessLog;
+use crate::admin::auth::AdminToken;
 use crate::config::{Config, Inputs};
 use crate::headers::HeaderStyle;
 use crate::limiter::{Deciding, Store};
 use crate::metrics::{LayerCounters, Metrics};
 use crate::policy::Policy;
+use crate::status::Status;
 use crate::tls::CertResolver;
 use crate::upstream::Upstreams;
 
@@ -26,6 +28,8 @@ pub struct Runtime {
     pub upstream: Upstreams,
     /// `counters[layer]` for `policy.limits[layer]`.
     pub counters: Vec<LayerCounters>,
+    /// `[admin].token_file`'s token (a reload rotates it).
+    pub admin_token: Option<AdminToken>,
 }
 
 impl Runtime {
@@ -40,6 +44,7 @@ impl Runtime {
                 .iter()
                 .map(|l| metrics.layer(l.name.as_str()))
                 .collect(),
+            admin_token: config.admin_token.clone(),
         })
     }
 }
@@ -62,6 +67,8 @@ pub struct AppState {
     /// What the TLS listeners serve; swapped on reload.
     pub certificates: Option<Arc<CertResolver>>,
     pub config_path: PathBuf,
+    /// The recent past the status page shows.
+    pub status: Status,
     /// The environment the process started with, and the disk: what a
     /// reload reads the file and the files it names with.
     inputs: Inputs,
@@ -92,6 +99,7 @@ impl AppState {
         access_log: Option<AccessLog>,
     ) -> AppState {
         AppState {
+            status: Status::new(store.deciding()),
             runtime: ArcSwap::from_pointee(runtime),
             store,
             metrics,
@@ -161,11 +169,13 @@ impl AppState {
                 }
                 self.runtime.store(Arc::new(runtime));
                 self.metrics.reload(true);
+                self.status.reloaded(true, None);
                 info!("reloaded {}", path.display());
                 true
             }
             Err(reason) => {
                 self.metrics.reload(false);
+                self.status.reloaded(false, Some(reason.clone()));
                 error!("reload refused, the previous configuration keeps serving: {reason}");
                 false
             }
@@ -181,6 +191,24 @@ impl AppState {
         } else {
             (200, "ready\n")
         }
+    }
+
+    /// Where the shared store is, for the status page: its address
+    /// without credentials; none for the memory store.
+    pub fn store_target(&self) -> Option<String> {
+        let redis = self.started_with.redis.as_ref()?;
+        let without_credentials = |url: &str| match (url.split_once("://"), url.rsplit_once('@')) {
+            (Some((scheme, _)), Some((_, host))) => format!("{scheme}://{host}"),
+            _ => url.to_string(),
+        };
+        Some(match &redis.topology {
+            crate::limiter::redis::Topology::Standalone(url) => without_credentials(url),
+            crate::limiter::redis::Topology::Cluster(nodes) => nodes
+                .iter()
+                .map(|n| without_credentials(n))
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
     }
 
     /// Values read at scrape time.

@@ -124,6 +124,7 @@ fn lua_scripts_match_their_rust_twins() {
         ];
         let mut steps = 0;
         let mut admitted = 0;
+        let mut credits = 0;
         let mut last: Option<Decision> = None;
         // A refused request, replayed at (or just before) its retry time: the
         // instants where decisions flip, which random steps would rarely hit.
@@ -168,6 +169,24 @@ fn lua_scripts_match_their_rust_twins() {
                     "{name} peek at step {steps}"
                 );
             }
+            // Now and then an operator's credit on the first layer (the
+            // script's credit mode): the same state after on both, which the
+            // decision below and the later ones compare.
+            if rng.below(12) == 0 {
+                let mut credit = checks[0].clone();
+                credit.algorithm = layers[0];
+                credit.cost = 1 + rng.below(layers[0].quota() + 2);
+                let credited = runtime
+                    .block_on(remote.credit(&credit))
+                    .unwrap_or_else(|e| panic!("{name}: redis failed at step {steps}: {e}"));
+                assert_eq!(
+                    credited,
+                    local.credit_at(&credit, clock_now(&clock)),
+                    "{name} credit of {} at step {steps}",
+                    credit.cost
+                );
+                credits += usize::from(layers[0].takes_credit());
+            }
             let expected: Vec<Decision> = local.decide_now(&checks);
             let got = runtime
                 .block_on(remote.decide(&checks))
@@ -196,6 +215,10 @@ fn lua_scripts_match_their_rust_twins() {
         assert!(
             admitted > 500 && admitted < 9_500,
             "{name}: admitted {admitted} of {steps}"
+        );
+        assert!(
+            credits > 500 || !layers[0].takes_credit(),
+            "{name}: {credits} credits"
         );
     }
 }

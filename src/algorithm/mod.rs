@@ -14,6 +14,7 @@
 
 pub mod calendar;
 pub mod concurrency;
+mod credit;
 mod decision;
 pub mod fixed_window;
 mod kind;
@@ -27,6 +28,7 @@ mod validated;
 
 pub use calendar::{Calendar, Period};
 pub use concurrency::Slots;
+pub use credit::takes_credit;
 pub use decision::{Decision, Evaluation, Update};
 pub use kind::{Kind, Parameter, Spec, ALGORITHMS, ALGORITHM_NAMES};
 pub use sliding_log::LogState;

@@ -6,7 +6,7 @@ use super::decision::Evaluation;
 use super::kind::Kind;
 use super::sliding_log::LogState;
 use super::state::State;
-use super::{fixed_window, leaky_bucket, quota, sliding_log, sliding_window, token_bucket};
+use super::{credit, fixed_window, leaky_bucket, quota, sliding_log, sliding_window, token_bucket};
 
 /// The largest product of two quantities any algorithm forms; Lua doubles stay
 /// exact below it.
@@ -175,6 +175,32 @@ impl Algorithm {
             self.kind,
             Kind::TokenBucket | Kind::FixedWindow | Kind::Quota
         )
+    }
+
+    /// Whether an operator can give units back (`credit`): a token
+    /// bucket, a fixed window or a quota.
+    pub fn takes_credit(&self) -> bool {
+        credit::takes_credit(self.kind)
+    }
+
+    /// `units` given back at `now_us` (see `credit`): the state's decision
+    /// at cost 0 afterwards, and the update that writes it.
+    pub fn credit(&self, state: &State, now_us: u64, units: u64) -> Evaluation {
+        let period_end_us = self.script_period_at(now_us);
+        match credit::credited(
+            self.kind,
+            self.period_us,
+            period_end_us,
+            state,
+            now_us,
+            units,
+        ) {
+            Some((state, update)) => Evaluation {
+                update,
+                ..self.evaluate(&state, now_us, 0)
+            },
+            None => self.evaluate(state, now_us, 0),
+        }
     }
 
     /// The quota's time window in microseconds (`w=`): for the buckets, the time

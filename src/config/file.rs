@@ -34,6 +34,14 @@ pub(super) struct FileConfig {
     pub(super) response: ResponseSection,
     #[serde(default)]
     pub(super) log: LogSection,
+    #[serde(default)]
+    pub(super) admin: AdminSection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AdminSection {
+    pub(super) token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]

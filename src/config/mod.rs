@@ -3,6 +3,7 @@
 //! settings in which bad values cannot exist. Every error names the file, the
 //! line and the key.
 
+mod admin;
 mod block;
 mod clients;
 mod duration;
@@ -22,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::access_log::AccessLogTarget;
+use crate::admin::auth::AdminToken;
 use crate::headers::HeaderStyle;
 use crate::identity::IdentityKeySource;
 use crate::limiter::{OnFailure, RedisSettings};
@@ -74,6 +76,8 @@ pub struct Config {
     pub headers: HeaderStyle,
     pub tls: Option<TlsListeners>,
     pub access_log: AccessLogTarget,
+    /// `[admin].token_file`'s token: without one the admin API is off.
+    pub admin_token: Option<AdminToken>,
 }
 
 impl Config {
@@ -249,6 +253,7 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
         .map(|t| server::validate_tls(t, inputs))
         .transpose()?;
     let access_log = log::validate_log(&raw.log)?;
+    let admin_token = admin::validate_admin(&raw.admin, server.admin_listen.is_some(), inputs)?;
     Ok(Config {
         file: file.to_path_buf(),
         identity_key,
@@ -268,6 +273,7 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
         headers: raw.response.headers.unwrap_or(HeaderStyle::Both),
         tls,
         access_log,
+        admin_token,
     })
 }
 

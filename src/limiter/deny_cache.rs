@@ -31,12 +31,58 @@ struct Refusal {
 
 pub struct KnownRefusals<S> {
     inner: S,
-    shards: Vec<Mutex<HashMap<StateKey, Refusal>>>,
+    remembered: Arc<Remembered>,
     per_shard: usize,
+    clock: Arc<dyn Clock>,
+}
+
+/// The refusals remembered, which another instance's reset (heard through
+/// `Forgetter`) must reach too.
+struct Remembered {
+    shards: Vec<Mutex<HashMap<StateKey, Refusal>>>,
     /// Bumped by every reset: a refusal the store gave before a reset, whose
     /// answer arrives after it, is not remembered.
     resets: AtomicU64,
-    clock: Arc<dyn Clock>,
+}
+
+impl Remembered {
+    fn shard(&self, key: &StateKey) -> &Mutex<HashMap<StateKey, Refusal>> {
+        &self.shards[key.shard(SHARDS)]
+    }
+
+    fn forget<'a>(&self, keys: impl IntoIterator<Item = &'a StateKey>) {
+        self.resets.fetch_add(1, Ordering::AcqRel);
+        for key in keys {
+            if let Ok(mut shard) = self.shard(key).lock() {
+                shard.remove(key);
+            }
+        }
+    }
+
+    fn forget_all(&self) {
+        self.resets.fetch_add(1, Ordering::AcqRel);
+        for shard in &self.shards {
+            if let Ok(mut shard) = shard.lock() {
+                shard.clear();
+            }
+        }
+    }
+}
+
+/// Forgets remembered refusals from outside the store: when another
+/// instance announces that an operator changed a key's state.
+#[derive(Clone)]
+pub struct Forgetter(Arc<Remembered>);
+
+impl Forgetter {
+    pub fn forget(&self, keys: &[StateKey]) {
+        self.0.forget(keys);
+    }
+
+    /// Everything: what was announced while nobody listened is unknown.
+    pub fn forget_all(&self) {
+        self.0.forget_all();
+    }
 }
 
 impl<S: Store> KnownRefusals<S> {
@@ -44,15 +90,21 @@ impl<S: Store> KnownRefusals<S> {
     pub fn new(inner: S, capacity: usize, clock: Arc<dyn Clock>) -> Self {
         KnownRefusals {
             inner,
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            remembered: Arc::new(Remembered {
+                shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+                resets: AtomicU64::new(0),
+            }),
             per_shard: (capacity / SHARDS).max(1),
-            resets: AtomicU64::new(0),
             clock,
         }
     }
 
     fn shard(&self, key: &StateKey) -> &Mutex<HashMap<StateKey, Refusal>> {
-        &self.shards[key.shard(SHARDS)]
+        self.remembered.shard(key)
+    }
+
+    pub fn forgetter(&self) -> Forgetter {
+        Forgetter(self.remembered.clone())
     }
 
     /// The refusal the store would give `check` at `now_us`, if one is known.
@@ -134,12 +186,7 @@ impl<S: Store> KnownRefusals<S> {
     }
 
     fn forget(&self, checks: &[Check]) {
-        self.resets.fetch_add(1, Ordering::AcqRel);
-        for check in checks {
-            if let Ok(mut shard) = self.shard(&check.key).lock() {
-                shard.remove(&check.key);
-            }
-        }
+        self.remembered.forget(checks.iter().map(|c| &c.key));
     }
 }
 
@@ -156,9 +203,9 @@ impl<S: Store> Store for KnownRefusals<S> {
         if let Some(known) = self.known_refusal(checks, now_us) {
             return Ok(known);
         }
-        let resets = self.resets.load(Ordering::Acquire);
+        let resets = self.remembered.resets.load(Ordering::Acquire);
         let decisions = self.inner.decide(checks).await?;
-        if self.resets.load(Ordering::Acquire) == resets {
+        if self.remembered.resets.load(Ordering::Acquire) == resets {
             self.remember(checks, &decisions, now_us);
         }
         Ok(decisions)
@@ -175,6 +222,14 @@ impl<S: Store> Store for KnownRefusals<S> {
         // may describe the state before it.
         self.forget(checks);
         reset
+    }
+
+    async fn credit(&self, check: &Check) -> Result<Decision, LimiterError> {
+        let checks = std::slice::from_ref(check);
+        self.forget(checks);
+        let credited = self.inner.credit(check).await;
+        self.forget(checks);
+        credited
     }
 
     async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
@@ -372,6 +427,7 @@ mod tests {
             assert!(!cache.decide(&one).await.expect("decided")[0].allowed());
         }
         let held: usize = cache
+            .remembered
             .shards
             .iter()
             .map(|s| s.lock().expect("shard").len())

@@ -132,6 +132,11 @@ impl Store for FakeStore {
         self.memory.reset(checks).await
     }
 
+    async fn credit(&self, check: &Check) -> Result<Decision, LimiterError> {
+        self.failure()?;
+        self.memory.credit(check).await
+    }
+
     async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
         self.failure()?;
         self.memory.acquire(slot).await

@@ -258,6 +258,17 @@ impl<S: Store + 'static> Store for Fallback<S> {
         reset
     }
 
+    /// Credited on the shared store, asked even while the breaker is open
+    /// (as a reset is); what was decided locally while it was away is left
+    /// as it is, and ends with the outage.
+    async fn credit(&self, check: &Check) -> Result<Decision, LimiterError> {
+        let credited = self.inner.shared.credit(check).await;
+        if let Err(e) = &credited {
+            self.inner.trip(e);
+        }
+        credited
+    }
+
     /// Without the shared store, a slot is taken as its `on_failure` says:
     /// locally from this instance's share of the slots, or admitted, or
     /// refused.

@@ -246,6 +246,24 @@ impl MemoryStore {
     /// Forgets the state of these checks' keys. An identity decided on its
     /// limit's overflow bucket (no room for its own key) shares that bucket
     /// with other newcomers; it is not reset for one of them.
+    /// Gives `check.cost` units back to the key's state, if it has any
+    /// live (an absent key is as fresh as it gets); the key as a request
+    /// of cost 0 sees it after.
+    pub fn credit_at(&self, check: &Check, now_us: u64) -> Decision {
+        let mut shard = self.lock(check.key.shard(self.shards.len()));
+        let Some(entry) = shard.get_mut(&check.key) else {
+            let fresh = check.algorithm.fresh_state();
+            return check.algorithm.evaluate(&fresh, now_us, 0).decision;
+        };
+        if entry.idle_at_us <= now_us {
+            entry.state = check.algorithm.fresh_state();
+        }
+        let credited = check.algorithm.credit(&entry.state, now_us, check.cost);
+        entry.state.apply(&credited.update);
+        entry.idle_at_us = credited.idle_at_us;
+        credited.decision
+    }
+
     pub fn forget(&self, checks: &[Check]) {
         for check in checks {
             self.lock(check.key.shard(self.shards.len()))
@@ -443,6 +461,10 @@ impl Store for MemoryStore {
     async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
         self.forget(checks);
         Ok(())
+    }
+
+    async fn credit(&self, check: &Check) -> Result<Decision, LimiterError> {
+        Ok(self.credit_at(check, self.clock.now_us()))
     }
 
     async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {

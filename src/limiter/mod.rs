@@ -22,7 +22,7 @@ mod store;
 mod fake;
 
 pub use check::{admitted, Check, LimitName, OnFailure, Slot, SlotError, MAX_LEASE_US};
-pub use deny_cache::KnownRefusals;
+pub use deny_cache::{Forgetter, KnownRefusals};
 pub use error::LimiterError;
 pub use fallback::Fallback;
 pub use memory::MemoryStore;

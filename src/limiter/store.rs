@@ -44,6 +44,10 @@ pub trait Store: Send + Sync {
     /// Forgets these layers' state: the identity starts afresh.
     async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError>;
 
+    /// Gives `check.cost` units back to the layer (`Algorithm::credit`);
+    /// answers what a request of cost 0 would see after.
+    async fn credit(&self, check: &Check) -> Result<Decision, LimiterError>;
+
     /// Takes one of the key's `max` slots under the slot's lease; refused
     /// with the time until a held lease ends when all are taken.
     async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError>;

@@ -127,6 +127,11 @@ impl ProxyHttp for Gateway {
         strikes::strike(self.state.store.as_ref(), ctx).await;
         if let Some(verdict) = &ctx.verdict {
             verdict.account(&ctx.runtime, ctx.client.as_ref(), &ctx.request_id);
+            if let (Some((limit, _)), Some(client), true) =
+                (verdict.decisive(), &ctx.client, verdict.refused)
+            {
+                self.state.status.refused(client, limit);
+            }
         }
         if let Some(log) = &self.state.access_log {
             log.write(access_line(session, ctx, status, took));

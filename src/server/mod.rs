@@ -21,9 +21,10 @@ use crate::clock::{Clock, OffsetClock, SystemClock};
 use crate::config::{Config, Inputs};
 use crate::connection::{AdminDoor, ConnectionCaps, ConnectionSettings, FrontDoor};
 use crate::identity::IdentityKeySource;
-use crate::limiter::redis::Topology;
+use crate::limiter::redis::{changes, Topology};
 use crate::limiter::{
-    Fallback, KnownRefusals, MemoryStore, RedisCluster, RedisSettings, RedisStandalone, Store,
+    Fallback, Forgetter, KnownRefusals, MemoryStore, RedisCluster, RedisSettings, RedisStandalone,
+    Store,
 };
 use crate::metrics::Metrics;
 use crate::proxy::Gateway;
@@ -65,6 +66,45 @@ impl BackgroundService for Sweeper {
                 _ = tick.tick() => { self.store.sweep(); }
                 _ = shutdown.changed() => return,
             }
+        }
+    }
+}
+
+/// Samples what the status page charts.
+struct StatusSampler {
+    state: Arc<AppState>,
+}
+
+#[async_trait::async_trait]
+impl BackgroundService for StatusSampler {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut tick = tokio::time::interval(crate::status::STEP);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    let runtime = self.state.runtime.load();
+                    self.state.status.tick(self.state.store.deciding(), &runtime.policy.limits, &runtime.counters);
+                }
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}
+
+/// Hears of the keys an operator reset or credited through another
+/// instance (`limiter::redis::changes`).
+struct ChangesListener {
+    settings: RedisSettings,
+    forgetter: Forgetter,
+}
+
+#[async_trait::async_trait]
+impl BackgroundService for ChangesListener {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let listen = changes::listen(self.settings.clone(), self.forgetter.clone());
+        tokio::select! {
+            _ = listen => {}
+            _ = shutdown.changed() => {}
         }
     }
 }
@@ -116,26 +156,31 @@ const KNOWN_REFUSALS: usize = 100_000;
 
 /// The shared store, with the refusals it gave remembered and `on_failure`
 /// (deciding in `memory` for "local") when it cannot answer.
+/// Also the handle that forgets remembered refusals when another instance
+/// announces an operator's change (`changes`).
 fn redis_store(
     settings: &RedisSettings,
     memory: Arc<MemoryStore>,
     metrics: &Metrics,
     clock: Arc<dyn Clock>,
-) -> Arc<dyn Store> {
+) -> (Arc<dyn Store>, Forgetter) {
     fn wrap<S: Store + 'static>(
         shared: S,
         settings: &RedisSettings,
         memory: Arc<MemoryStore>,
         metrics: &Metrics,
         clock: Arc<dyn Clock>,
-    ) -> Arc<dyn Store> {
-        Arc::new(Fallback::new(
-            KnownRefusals::new(shared, KNOWN_REFUSALS, clock.clone()),
+    ) -> (Arc<dyn Store>, Forgetter) {
+        let remembering = KnownRefusals::new(shared, KNOWN_REFUSALS, clock.clone());
+        let forgetter = remembering.forgetter();
+        let store = Arc::new(Fallback::new(
+            remembering,
             memory,
             settings.instances,
             metrics.redis.clone(),
             clock,
-        ))
+        ));
+        (store, forgetter)
     }
     let timer = metrics.redis.call_seconds.clone();
     match &settings.topology {
@@ -245,9 +290,12 @@ pub fn build(config: &Config, inputs: Inputs) -> Result<Floodgate, BuildError> {
         MemoryStore::new(config.max_keys, clock.clone())
             .with_overflow_metric(metrics.local_overflow.clone()),
     );
-    let store = match &config.redis {
-        None => memory as Arc<dyn Store>,
-        Some(settings) => redis_store(settings, memory, &metrics, clock),
+    let (store, changes) = match &config.redis {
+        None => (memory as Arc<dyn Store>, None),
+        Some(settings) => {
+            let (store, forgetter) = redis_store(settings, memory, &metrics, clock);
+            (store, Some((settings.clone(), forgetter)))
+        }
     };
     let runtime = Runtime::new(config, &metrics).map_err(|source| BuildError::Upstream {
         file: file.clone(),
@@ -372,6 +420,23 @@ pub fn build(config: &Config, inputs: Inputs) -> Result<Floodgate, BuildError> {
         server.add_service(admin);
     }
     server.add_service(background_service("memory sweeper", Sweeper { store }));
+    if config.server.admin_listen.is_some() {
+        server.add_service(background_service(
+            "status sampler",
+            StatusSampler {
+                state: state.clone(),
+            },
+        ));
+    }
+    if let Some((settings, forgetter)) = changes {
+        server.add_service(background_service(
+            "operators' changes",
+            ChangesListener {
+                settings,
+                forgetter,
+            },
+        ));
+    }
     Ok(Floodgate {
         server,
         signals: Signals::new(state.clone(), config.server.grace_period),

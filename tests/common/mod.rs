@@ -2,6 +2,7 @@
 //! floodgate binary on a free port, and a plain HTTP/1.1 client.
 #![allow(dead_code)]
 
+pub mod admin_token;
 mod config;
 pub mod keys;
 pub mod redis_server;
@@ -460,7 +461,11 @@ impl Proxy {
                 panic!("floodgate exited with {status}: {}", self.log());
             }
             // Listening, and the signal handlers are in place.
-            if TcpStream::connect(self.addr).is_ok() && self.log().contains("signals: SIGHUP") {
+            let admin_listens = self.admin.is_none_or(|a| TcpStream::connect(a).is_ok());
+            if TcpStream::connect(self.addr).is_ok()
+                && admin_listens
+                && self.log().contains("signals: SIGHUP")
+            {
                 return;
             }
             thread::sleep(Duration::from_millis(20));

@@ -147,6 +147,10 @@ impl Store for RedisCluster {
         self.scripted.delete(checks).await
     }
 
+    async fn credit(&self, check: &Check) -> Result<Decision, LimiterError> {
+        self.scripted.credit(check).await
+    }
+
     async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
         Ok(self.scripted.slots(SlotOp::Acquire, slot).await?.1)
     }

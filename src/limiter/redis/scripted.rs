@@ -56,6 +56,8 @@ pub(super) enum Mode {
     Peek = 2,
     /// Decided, never charged, never refuses.
     ShadowPeek = 3,
+    /// The cost is given back (an operator's credit).
+    Credit = 4,
 }
 
 /// One layer as the script takes it.
@@ -284,7 +286,7 @@ impl<C: Connect> Scripted<C> {
     }
 
     /// Deletes these layers' keys, one command per key (a cluster routes
-    /// each by its slot).
+    /// each by its slot), then tells the other instances (`announce`).
     pub(super) async fn delete(&self, checks: &[Check]) -> Result<(), LimiterError> {
         let keys: Vec<String> = checks.iter().map(|c| self.key(c)).collect();
         self.within_deadline(|mut connection| async move {
@@ -295,10 +297,78 @@ impl<C: Connect> Scripted<C> {
                     .await
                     .map_err(classify)?;
             }
-            Ok(())
+            self.announce(&mut connection, checks).await
         })
         .await
     }
+
+    /// Gives `check.cost` units back to its layer (an operator's credit),
+    /// then tells the other instances; the layer as a request of cost 0
+    /// sees it after.
+    pub(super) async fn credit(&self, check: &Check) -> Result<Decision, LimiterError> {
+        let mut layers = self.layers([check], true);
+        for layer in &mut layers {
+            layer.mode = Mode::Credit;
+        }
+        let requests = [layers.as_slice()];
+        let decided = self
+            .within_deadline(|mut connection| async move {
+                let decided = self.run(&mut connection, &requests).await?;
+                self.announce(&mut connection, std::slice::from_ref(check))
+                    .await?;
+                Ok(decided)
+            })
+            .await?;
+        decided
+            .into_iter()
+            .flatten()
+            .next()
+            .ok_or(LimiterError::WrongReplyLength {
+                values: 0,
+                layers: 1,
+            })
+    }
+
+    /// Publishes the layers whose state an operator changed on
+    /// `changes_channel`, so that every instance forgets the refusals it
+    /// remembers for them (`KnownRefusals`).
+    async fn announce(&self, connection: &mut C, checks: &[Check]) -> Result<(), LimiterError> {
+        let keys: Vec<StateKey> = checks.iter().map(|c| c.key).collect();
+        redis::cmd("PUBLISH")
+            .arg(changes_channel(&self.settings.key_prefix))
+            .arg(encode_state_keys(&keys))
+            .exec_async(connection)
+            .await
+            .map_err(classify)
+    }
+}
+
+/// The channel on which instances sharing a Redis (and a key prefix) hear
+/// of state an operator reset or credited.
+pub fn changes_channel(key_prefix: &str) -> String {
+    format!("{key_prefix}:changes")
+}
+
+/// `limit:identity` in hex, space-separated: what `changes_channel` carries.
+pub fn encode_state_keys(keys: &[StateKey]) -> String {
+    keys.iter()
+        .map(|k| format!("{:x}:{:x}", k.limit, k.identity))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The keys of a `changes_channel` message; what does not parse is left out.
+pub fn decode_state_keys(message: &str) -> Vec<StateKey> {
+    message
+        .split_ascii_whitespace()
+        .filter_map(|pair| {
+            let (limit, identity) = pair.split_once(':')?;
+            Some(StateKey {
+                limit: u64::from_str_radix(limit, 16).ok()?,
+                identity: u128::from_str_radix(identity, 16).ok()?,
+            })
+        })
+        .collect()
 }
 
 /// The script's reply: `REPLY_FIELDS` space-separated integers per layer.
@@ -443,6 +513,26 @@ mod tests {
             };
             assert_eq!(store.key(&check), format!("fg:per-ip:{{{identity:032x}}}"));
         }
+    }
+
+    #[test]
+    fn changed_keys_cross_the_channel_whole_and_garbage_is_left_out() {
+        let keys = [
+            StateKey {
+                limit: u64::MAX,
+                identity: u128::MAX,
+            },
+            StateKey {
+                limit: 7,
+                identity: 0,
+            },
+        ];
+        let message = encode_state_keys(&keys);
+        assert_eq!(decode_state_keys(&message), keys);
+        assert_eq!(
+            decode_state_keys(&format!("zz:1 7 {message} 1:2:3")),
+            keys.to_vec()
+        );
     }
 
     #[test]

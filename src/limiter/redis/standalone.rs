@@ -130,6 +130,10 @@ impl Store for RedisStandalone {
         self.scripted.delete(checks).await
     }
 
+    async fn credit(&self, check: &Check) -> Result<Decision, LimiterError> {
+        self.scripted.credit(check).await
+    }
+
     async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
         Ok(self.scripted.slots(SlotOp::Acquire, slot).await?.1)
     }

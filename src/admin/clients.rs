@@ -1,0 +1,525 @@
+//! `/v1/clients` and `/v1/limits`: one client's state under every limit
+//! keyed on what the operator knows of it, read, reset or credited on the
+//! store that holds it.
+
+use std::net::IpAddr;
+
+use http::HeaderName;
+use serde_json::{json, Value};
+
+use super::reply::ApiError;
+use crate::algorithm::Decision;
+use crate::identity::{ApiKey, KeySource, KnownPart, Tier};
+use crate::jwt::ClaimPath;
+use crate::limiter::{Check, OnFailure};
+use crate::policy::{OnMissing, Policy, Rule};
+
+/// What the operator named the client by.
+#[derive(Debug, Clone)]
+enum Selector {
+    Ip(IpAddr),
+    ApiKey(Vec<u8>),
+    Header(HeaderName, Vec<u8>),
+    Cookie(String, Vec<u8>),
+    Query(String, Vec<u8>),
+    Subject(Vec<u8>),
+}
+
+/// The parameters that name a client.
+const SELECTORS: &str = "ip, api_key, key_hash, header (Name:value), cookie (name:value), query (name:value) or jwt_sub";
+
+/// A client as the operator named it, with the tier its limits' numbers
+/// are read for.
+pub struct Lookup {
+    selector: Selector,
+    pub tier: Tier,
+    /// What logs and answers call the client (never a key in full).
+    pub label: String,
+    /// The claim path `jwt_sub` stands for.
+    subject: Option<ClaimPath>,
+}
+
+/// One limit that applies to the client, with its state's key.
+struct Applying {
+    layer: usize,
+    identity: u128,
+    /// Keyed on the address because the client lacks the limit's key.
+    by_address: bool,
+}
+
+fn split_pair<'a>(value: &'a str, what: &str) -> Result<(&'a str, &'a str), ApiError> {
+    value
+        .split_once(':')
+        .filter(|(name, _)| !name.is_empty())
+        .ok_or_else(|| ApiError::bad_request(format!("{what} takes name:value")))
+}
+
+impl Lookup {
+    /// The client named by `params` (exactly one selector, and an optional
+    /// `tier` that overrides the one the selector implies).
+    pub fn from_params(policy: &Policy, params: &[(String, String)]) -> Result<Lookup, ApiError> {
+        let clients = &policy.clients;
+        let mut named = params
+            .iter()
+            .filter(|(k, _)| !matches!(k.as_str(), "limit" | "tier" | "units"));
+        let (Some((kind, value)), None) = (named.next(), named.next()) else {
+            return Err(ApiError::bad_request(format!(
+                "name the client by exactly one of {SELECTORS}"
+            )));
+        };
+        let mut tier = None;
+        let (selector, label) = match kind.as_str() {
+            "ip" => {
+                let ip: IpAddr = value.trim().parse().map_err(|_| {
+                    ApiError::bad_request(format!("ip: {value:?} is not an address"))
+                })?;
+                tier = Some(clients.tier_of_address(ip));
+                (Selector::Ip(ip), format!("ip={ip}"))
+            }
+            "api_key" => {
+                let key = value.as_bytes();
+                let known = clients.api_keys.get(key).ok_or_else(|| {
+                    ApiError::not_found(
+                        "unknown_client",
+                        "no such key in [clients.api_keys]: requests with it are anonymous",
+                    )
+                })?;
+                tier = Some(known.clone());
+                (Selector::ApiKey(key.to_vec()), key_label(policy, key))
+            }
+            "key_hash" => {
+                // As logs print it (`key#1a2b3c4d`), or more of the hash.
+                let wanted = value.trim().trim_start_matches("key#").to_ascii_lowercase();
+                if wanted.len() < 8 || !wanted.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(ApiError::bad_request(
+                        "key_hash takes the label logs print (key#1a2b3c4d): at least 8 hex digits",
+                    ));
+                }
+                let mut matching = clients.api_keys.iter().filter(|(key, _)| {
+                    format!("{:032x}", clients.api_key_hash(key)).starts_with(&wanted)
+                });
+                let (key, known) = match (matching.next(), matching.next()) {
+                    (Some(found), None) => found,
+                    (None, _) => {
+                        return Err(ApiError::not_found(
+                            "unknown_client",
+                            "no key in [clients.api_keys] has this hash",
+                        ))
+                    }
+                    (Some(_), Some(_)) => {
+                        return Err(ApiError::bad_request(
+                            "more than one key has this hash prefix: give more digits",
+                        ))
+                    }
+                };
+                tier = Some(known.clone());
+                (Selector::ApiKey(key.to_vec()), key_label(policy, key))
+            }
+            "header" => {
+                let (name, v) = split_pair(value, "header")?;
+                let name = HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| {
+                    ApiError::bad_request(format!("header: {name:?} is not a header name"))
+                })?;
+                let label = format!("header {name}");
+                (Selector::Header(name, v.as_bytes().to_vec()), label)
+            }
+            "cookie" => {
+                let (name, v) = split_pair(value, "cookie")?;
+                let label = format!("cookie {name}");
+                (Selector::Cookie(name.into(), v.as_bytes().to_vec()), label)
+            }
+            "query" => {
+                let (name, v) = split_pair(value, "query")?;
+                let label = format!("query {name}");
+                (Selector::Query(name.into(), v.as_bytes().to_vec()), label)
+            }
+            "jwt_sub" => (
+                Selector::Subject(value.as_bytes().to_vec()),
+                format!(
+                    "jwt_sub #{:08x}",
+                    (clients.subject_hash(value.as_bytes()) >> 96) as u32
+                ),
+            ),
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "unknown parameter {other:?}: name the client by one of {SELECTORS}"
+                )))
+            }
+        };
+        if let Some((_, name)) = params.iter().find(|(k, _)| k == "tier") {
+            tier = Some(clients.tiers.get(name).ok_or_else(|| {
+                ApiError::bad_request(format!("tier: no tier {name:?} in this configuration"))
+            })?);
+        }
+        Ok(Lookup {
+            selector,
+            tier: tier.unwrap_or_else(|| clients.tiers.anonymous()),
+            label,
+            subject: ClaimPath::parse("sub"),
+        })
+    }
+
+    fn part(&self) -> Option<KnownPart<'_>> {
+        Some(match &self.selector {
+            Selector::Ip(ip) => KnownPart::Ip(*ip),
+            Selector::ApiKey(key) => KnownPart::ApiKey(key),
+            Selector::Header(name, value) => KnownPart::Header(name, value),
+            Selector::Cookie(name, value) => KnownPart::Cookie(name, value),
+            Selector::Query(name, value) => KnownPart::Query(name, value),
+            Selector::Subject(value) => KnownPart::Claim(self.subject.as_ref()?, value),
+        })
+    }
+
+    /// The limits keyed on this client, and those that key on it with
+    /// something else too (a composite key: one state per combination),
+    /// which cannot be shown.
+    fn applying(&self, policy: &Policy) -> (Vec<Applying>, Vec<Value>) {
+        let mut applying = Vec::new();
+        let mut hidden = Vec::new();
+        let Some(part) = self.part() else {
+            return (applying, hidden);
+        };
+        for (layer, limit) in policy.limits.iter().enumerate() {
+            if let Some(identity) = policy.clients.identity_for(&limit.key, &part) {
+                applying.push(Applying {
+                    layer,
+                    identity,
+                    by_address: false,
+                });
+            } else if let (Selector::Ip(ip), OnMissing::Ip) = (&self.selector, limit.on_missing) {
+                applying.push(Applying {
+                    layer,
+                    identity: policy.clients.address_identity(*ip),
+                    by_address: true,
+                });
+            } else if let KeySource::Composite(parts) = &limit.key {
+                if parts
+                    .iter()
+                    .any(|p| policy.clients.identity_for(p, &part).is_some())
+                {
+                    hidden.push(json!({
+                        "limit": limit.name.as_str(),
+                        "key": limit.key.describe(),
+                        "why": "a composite key: one state per combination of its parts",
+                    }));
+                }
+            }
+        }
+        (applying, hidden)
+    }
+
+    /// The limits to act on: all that apply, or the one named `limit`.
+    fn chosen(&self, policy: &Policy, limit: Option<&str>) -> Result<Vec<Applying>, ApiError> {
+        let (applying, _) = self.applying(policy);
+        let Some(name) = limit else {
+            return Ok(applying);
+        };
+        let layer = policy
+            .limits
+            .iter()
+            .position(|l| l.name.as_str() == name)
+            .ok_or_else(|| {
+                ApiError::not_found("unknown_limit", format!("no limit named {name:?}"))
+            })?;
+        let chosen: Vec<Applying> = applying.into_iter().filter(|a| a.layer == layer).collect();
+        if chosen.is_empty() {
+            return Err(ApiError::bad_request(format!(
+                "limit {name:?} is keyed on {}, not on {}",
+                policy.limits[layer].key.describe(),
+                self.label
+            )));
+        }
+        Ok(chosen)
+    }
+}
+
+fn key_label(policy: &Policy, key: &[u8]) -> String {
+    ApiKey {
+        hash: policy.clients.api_key_hash(key),
+        tier: policy.clients.tiers.anonymous(),
+    }
+    .log_label()
+}
+
+fn seconds(us: u64) -> f64 {
+    (us / 1_000) as f64 / 1_000.0
+}
+
+fn on_failure(policy: &Policy, layer: usize) -> OnFailure {
+    policy.limits[layer]
+        .on_failure
+        .unwrap_or(policy.default_on_failure)
+}
+
+/// A lookup of one key's state: decided, never charged.
+fn peek_check(
+    policy: &Policy,
+    layer: usize,
+    name: &crate::limiter::LimitName,
+    algorithm: crate::algorithm::Algorithm,
+    key: crate::identity::StateKey,
+    cost: u64,
+) -> Check {
+    Check {
+        layer,
+        name: name.clone(),
+        algorithm,
+        key,
+        cost,
+        shadow: false,
+        peek: true,
+        on_failure: on_failure(policy, layer),
+    }
+}
+
+/// The state keys one limit keeps for a client: its own (a rate limit's),
+/// and its ban's strikes and penalty.
+fn state_checks(policy: &Policy, lookup: &Lookup, a: &Applying, cost: u64) -> Vec<Check> {
+    let limit = &policy.limits[a.layer];
+    let mut checks = Vec::new();
+    if let Rule::Rate(algorithm) = limit.rule_for(&lookup.tier) {
+        let key = crate::identity::StateKey {
+            limit: limit.id,
+            identity: a.identity,
+        };
+        checks.push(peek_check(
+            policy,
+            a.layer,
+            &limit.name,
+            algorithm,
+            key,
+            cost,
+        ));
+    }
+    if let Some(ban) = &limit.ban {
+        for (name, algorithm, id) in [
+            (&ban.strikes_name, ban.strikes, ban.strikes_id),
+            (&ban.penalty_name, ban.penalty, ban.penalty_id),
+        ] {
+            let key = crate::identity::StateKey {
+                limit: id,
+                identity: a.identity,
+            };
+            // As requests look bans up: without the store, no ban is known.
+            checks.push(Check {
+                on_failure: OnFailure::Allow,
+                ..peek_check(policy, a.layer, name, algorithm, key, cost)
+            });
+        }
+    }
+    checks
+}
+
+/// `GET /v1/clients`: per limit keyed on the client, what is left, when it
+/// resets, how long a request waits, and the ban state; one store call.
+pub async fn show(
+    store: &dyn crate::limiter::Store,
+    policy: &Policy,
+    lookup: &Lookup,
+    limit: Option<&str>,
+) -> Result<Value, ApiError> {
+    let chosen = lookup.chosen(policy, limit)?;
+    let (_, hidden) = lookup.applying(policy);
+    // Each key twice: at cost 0 (what is left now) and at cost 1 (whether
+    // a request would pass, and when).
+    let mut checks = Vec::new();
+    let mut spans = Vec::new();
+    for a in &chosen {
+        let now = state_checks(policy, lookup, a, 0);
+        let next = state_checks(policy, lookup, a, 1);
+        spans.push(now.len());
+        checks.extend(now);
+        checks.extend(next);
+    }
+    let decisions = store
+        .peek(&checks)
+        .await
+        .map_err(|e| ApiError::unavailable(format!("the store cannot answer: {e}")))?;
+    let deciding = store.deciding().as_str();
+    let mut at = 0;
+    let mut limits = Vec::new();
+    for (a, span) in chosen.iter().zip(spans) {
+        let now: &[Decision] = &decisions[at..at + span];
+        let next: &[Decision] = &decisions[at + span..at + 2 * span];
+        at += 2 * span;
+        let limit = &policy.limits[a.layer];
+        let rule = limit.rule_for(&lookup.tier);
+        let mut entry = json!({
+            "limit": limit.name.as_str(),
+            "key": if a.by_address { "ip (on_missing)".to_string() } else { limit.key.describe() },
+            "rule": rule.to_string(),
+            "shadow": limit.shadow,
+            "store": deciding,
+        });
+        let mut rest = 0;
+        match rule {
+            Rule::Rate(_) => {
+                let (now, next) = (now[0], next[0]);
+                entry["quota"] = json!(now.limit());
+                entry["remaining"] = json!(now.remaining());
+                entry["reset_after_s"] = json!(seconds(now.reset_after_us()));
+                entry["allowed"] = json!(next.allowed());
+                entry["retry_after_s"] = json!(seconds(next.retry_after_us()));
+                rest = 1;
+            }
+            Rule::Concurrency(c) => {
+                entry["quota"] = json!(c.max);
+                entry["note"] = json!("slots follow the requests in flight: not read here");
+            }
+        }
+        if limit.ban.is_some() {
+            let (strikes, penalty) = (now[rest], next[rest + 1]);
+            entry["ban"] = json!({
+                "banned": !penalty.allowed(),
+                "retry_after_s": seconds(penalty.retry_after_us()),
+                "strikes_left": strikes.remaining(),
+            });
+        }
+        limits.push(entry);
+    }
+    Ok(json!({
+        "client": lookup.label,
+        "tier": lookup.tier.name(),
+        "store": deciding,
+        "limits": limits,
+        "not_shown": hidden,
+    }))
+}
+
+/// `DELETE /v1/clients`: the client starts afresh under the chosen limits
+/// (bans and strikes included), on the store that holds the state; with
+/// Redis, every instance forgets the refusals it remembered.
+pub async fn reset(
+    store: &dyn crate::limiter::Store,
+    policy: &Policy,
+    lookup: &Lookup,
+    limit: Option<&str>,
+) -> Result<Value, ApiError> {
+    let chosen = lookup.chosen(policy, limit)?;
+    let mut checks = Vec::new();
+    let mut names = Vec::new();
+    let mut skipped = Vec::new();
+    for a in &chosen {
+        let found = state_checks(policy, lookup, a, 0);
+        let name = policy.limits[a.layer].name.as_str();
+        if found.is_empty() {
+            skipped.push(json!({"limit": name, "why": "slots follow the requests in flight"}));
+        } else {
+            names.push(name);
+            checks.extend(found);
+        }
+    }
+    store.reset(&checks).await.map_err(|e| {
+        ApiError::unavailable(format!("the store cannot answer, nothing was reset: {e}"))
+    })?;
+    Ok(json!({
+        "client": lookup.label,
+        "reset": names,
+        "skipped": skipped,
+        "store": store.deciding().as_str(),
+    }))
+}
+
+/// `POST /v1/clients/credit`: `units` given back under one limit (a token
+/// bucket, a fixed window or a quota), up to a full budget.
+pub async fn credit(
+    store: &dyn crate::limiter::Store,
+    policy: &Policy,
+    lookup: &Lookup,
+    limit: Option<&str>,
+    units: Option<u64>,
+) -> Result<Value, ApiError> {
+    let Some(name) = limit else {
+        return Err(ApiError::bad_request("credit needs the limit to credit"));
+    };
+    let chosen = lookup.chosen(policy, Some(name))?;
+    let a = &chosen[0];
+    let limit = &policy.limits[a.layer];
+    let Rule::Rate(algorithm) = limit.rule_for(&lookup.tier) else {
+        return Err(ApiError::conflict(format!(
+            "limit {name:?} counts requests in flight: there is nothing to credit"
+        )));
+    };
+    if !algorithm.takes_credit() {
+        return Err(ApiError::conflict(format!(
+            "limit {name:?} is a {}: credit applies to token_bucket, fixed_window and quota",
+            algorithm.name()
+        )));
+    }
+    let units = match units {
+        Some(units) if (1..=algorithm.quota()).contains(&units) => units,
+        _ => {
+            return Err(ApiError::bad_request(format!(
+                "units: a whole number from 1 to the limit's {}",
+                algorithm.quota()
+            )))
+        }
+    };
+    let key = crate::identity::StateKey {
+        limit: limit.id,
+        identity: a.identity,
+    };
+    let check = peek_check(policy, a.layer, &limit.name, algorithm, key, units);
+    let unavailable = |e| {
+        ApiError::unavailable(format!(
+            "the store cannot answer, nothing was credited: {e}"
+        ))
+    };
+    let before = store
+        .peek(&[Check {
+            cost: 0,
+            ..check.clone()
+        }])
+        .await
+        .map_err(unavailable)?;
+    let after = store.credit(&check).await.map_err(unavailable)?;
+    Ok(json!({
+        "client": lookup.label,
+        "limit": name,
+        "units": units,
+        "remaining_before": before.first().map_or(0, Decision::remaining),
+        "remaining": after.remaining(),
+        "store": store.deciding().as_str(),
+    }))
+}
+
+/// `GET /v1/limits`: the running limits, with their numbers per tier.
+pub fn limits(policy: &Policy) -> Value {
+    let limits: Vec<Value> = policy
+        .limits
+        .iter()
+        .enumerate()
+        .map(|(layer, limit)| {
+            let tiers: serde_json::Map<String, Value> = limit
+                .tiers
+                .iter()
+                .map(|(tier, rule)| (tier.name().to_string(), json!(rule.to_string())))
+                .collect();
+            json!({
+                "name": limit.name.as_str(),
+                "key": limit.key.describe(),
+                "match": limit.matcher.describe(),
+                "rule": limit.rule.to_string(),
+                "quota": limit.rule.quota(),
+                "tiers": tiers,
+                "shadow": limit.shadow,
+                "on_failure": match on_failure(policy, layer) {
+                    OnFailure::Local => "local",
+                    OnFailure::Allow => "allow",
+                    OnFailure::Deny => "deny",
+                },
+                "on_missing": match limit.on_missing {
+                    OnMissing::Skip => "skip",
+                    OnMissing::Deny => "deny",
+                    OnMissing::Ip => "ip",
+                },
+                "ban": limit.ban.as_ref().map(|b| json!({
+                    "strikes": b.strikes.to_string(),
+                    "penalty": b.penalty.to_string(),
+                })),
+                "charged_after_response": limit.after_response.is_some(),
+            })
+        })
+        .collect();
+    json!({ "limits": limits, "tiers": policy.clients.tiers.names().collect::<Vec<_>>() })
+}

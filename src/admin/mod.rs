@@ -1,0 +1,339 @@
+//! The admin listener: `/metrics` (Prometheus text), `/healthz` (the process
+//! serves), `/readyz` (config loaded; store usable, degraded or draining),
+//! all open; and, behind `[admin].token_file`'s token, the admin API under
+//! `/v1/` and the status page at `/`.
+
+pub mod auth;
+mod clients;
+mod reply;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use http::{Method, Response};
+use log::{debug, info, warn};
+use pingora::apps::http_app::ServeHttp;
+use pingora::protocols::http::ServerSession;
+use serde_json::Value;
+
+use auth::{authenticate, Credential, COOKIE_NAME};
+use clients::Lookup;
+use reply::{error, html, json_reply, text, ApiError};
+
+use crate::identity::form_decode;
+use crate::state::AppState;
+use crate::status::Scene;
+
+const STATUS_PAGE: &str = include_str!("status.html");
+const LOGIN_PAGE: &str = include_str!("login.html");
+
+/// A request body the API reads at most (a credit is a few dozen bytes).
+const MAX_BODY: usize = 16 * 1024;
+
+pub struct Admin {
+    state: Arc<AppState>,
+}
+
+impl Admin {
+    pub fn new(state: Arc<AppState>) -> Self {
+        Admin { state }
+    }
+}
+
+fn api_off() -> ApiError {
+    ApiError::not_found(
+        "admin_api_off",
+        "the admin API is off: set [admin].token_file (and [server].admin_listen)",
+    )
+}
+
+/// `a=1&b=2`, each side form-decoded.
+fn query_params(query: Option<&str>) -> Params {
+    query
+        .unwrap_or("")
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let decode = |s: &str| String::from_utf8_lossy(&form_decode(s)).into_owned();
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+/// The request body, up to `MAX_BODY`.
+async fn read_body(session: &mut ServerSession) -> Result<Vec<u8>, ApiError> {
+    let mut body = Vec::new();
+    loop {
+        match session.read_request_body().await {
+            Ok(Some(chunk)) => {
+                if body.len() + chunk.len() > MAX_BODY {
+                    return Err(ApiError::bad_request(format!(
+                        "the body is over {MAX_BODY} bytes"
+                    )));
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(None) => return Ok(body),
+            Err(e) => return Err(ApiError::bad_request(format!("cannot read the body: {e}"))),
+        }
+    }
+}
+
+/// Named values, as a query string or a JSON body gives them.
+type Params = Vec<(String, String)>;
+
+/// A JSON object's fields as parameters; `units` as a number.
+fn body_params(body: &[u8]) -> Result<(Params, Option<u64>), ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the body is not JSON: {e}")))?;
+    let Value::Object(fields) = value else {
+        return Err(ApiError::bad_request("the body must be a JSON object"));
+    };
+    let mut params = Vec::new();
+    let mut units = None;
+    for (name, value) in fields {
+        match (name.as_str(), value) {
+            ("units", Value::Number(n)) => units = n.as_u64(),
+            ("units", _) => {}
+            (_, Value::String(s)) => params.push((name, s)),
+            (name, _) => {
+                return Err(ApiError::bad_request(format!(
+                    "{name}: a string is expected"
+                )))
+            }
+        }
+    }
+    Ok((params, units))
+}
+
+fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    params
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+impl Admin {
+    /// `/v1/...`, authenticated.
+    async fn api(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let runtime = self.state.runtime.load_full();
+        let Some(token) = &runtime.admin_token else {
+            return error(&api_off());
+        };
+        let request = session.req_header();
+        let (method, path) = (request.method.clone(), request.uri.path().to_string());
+        let query = request.uri.query().map(str::to_string);
+        let peer = session
+            .client_addr()
+            .map_or_else(|| "?".to_string(), |a| a.to_string());
+        let Some(credential) = authenticate(token, &request.headers) else {
+            warn!("admin: {method} {path} from {peer} refused: no valid token");
+            return error(&ApiError {
+                status: 401,
+                code: "unauthorized",
+                reason: "send the admin token: Authorization: Bearer <token>".into(),
+            });
+        };
+        let changes = method != Method::GET;
+        if changes && credential != Credential::Bearer {
+            return error(&ApiError {
+                status: 403,
+                code: "bearer_required",
+                reason: "a call that changes state needs the Authorization header, not the page's cookie".into(),
+            });
+        }
+        let policy = &runtime.policy;
+        let store = self.state.store.as_ref();
+        let result = match (&method, path.as_str()) {
+            (&Method::GET, "/v1/limits") => Ok(clients::limits(policy)),
+            (&Method::GET, "/v1/status") => Ok(self.status_json(&runtime)),
+            (&Method::GET | &Method::DELETE, "/v1/clients") => {
+                let params = query_params(query.as_deref());
+                match Lookup::from_params(policy, &params) {
+                    Ok(lookup) if method == Method::GET => {
+                        clients::show(store, policy, &lookup, param(&params, "limit")).await
+                    }
+                    Ok(lookup) => {
+                        let result =
+                            clients::reset(store, policy, &lookup, param(&params, "limit")).await;
+                        if let Ok(done) = &result {
+                            info!(
+                                "admin: reset {} ({}) under {} on {} (by {peer})",
+                                lookup.label, lookup.tier, done["reset"], done["store"]
+                            );
+                        }
+                        result
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            (&Method::POST, "/v1/clients/credit") => match read_body(session).await {
+                Ok(body) => match body_params(&body) {
+                    Ok((params, units)) => match Lookup::from_params(policy, &params) {
+                        Ok(lookup) => {
+                            let result = clients::credit(
+                                store,
+                                policy,
+                                &lookup,
+                                param(&params, "limit"),
+                                units,
+                            )
+                            .await;
+                            if let Ok(done) = &result {
+                                info!(
+                                    "admin: credited {} ({}) {} units under {} on {}: {} left, was {} (by {peer})",
+                                    lookup.label,
+                                    lookup.tier,
+                                    done["units"],
+                                    done["limit"],
+                                    done["store"],
+                                    done["remaining"],
+                                    done["remaining_before"]
+                                );
+                            }
+                            result
+                        }
+                        Err(e) => Err(e),
+                    },
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(e),
+            },
+            (_, "/v1/limits" | "/v1/status" | "/v1/clients" | "/v1/clients/credit") => {
+                Err(ApiError {
+                    status: 405,
+                    code: "method_not_allowed",
+                    reason: format!("{method} is not served on {path}"),
+                })
+            }
+            _ => Err(ApiError::not_found(
+                "not_found",
+                "try /v1/clients, /v1/clients/credit, /v1/limits or /v1/status",
+            )),
+        };
+        let status = result.as_ref().map_or_else(|e| e.status, |_| 200);
+        let shown = query.as_deref().map(redact_query).unwrap_or_default();
+        if path == "/v1/status" {
+            debug!("admin: {method} {path} by {peer}: {status}");
+        } else {
+            info!("admin: {method} {path}{shown} by {peer}: {status}");
+        }
+        match result {
+            Ok(body) => json_reply(200, &body),
+            Err(e) => error(&e),
+        }
+    }
+
+    fn status_json(&self, runtime: &crate::state::Runtime) -> Value {
+        let state = &self.state;
+        state.status.to_json(&Scene {
+            deciding: state.store.deciding(),
+            limits: &runtime.policy.limits,
+            counters: &runtime.counters,
+            config: state.config_path.display().to_string(),
+            store_target: state.store_target(),
+            connections_open: state.metrics.connections.open.get(),
+            in_flight: state.in_flight(),
+            admin_connections_open: state.metrics.admin_connections.open.get(),
+        })
+    }
+
+    /// `/`: the status page, or the login form.
+    fn page(&self, session: &ServerSession) -> Response<Vec<u8>> {
+        let runtime = self.state.runtime.load();
+        let Some(token) = &runtime.admin_token else {
+            return text(404, "the status page is off: set [admin].token_file\n");
+        };
+        match authenticate(token, &session.req_header().headers) {
+            Some(_) => html(200, STATUS_PAGE, &[]),
+            None => html(401, &LOGIN_PAGE.replace("<!--error-->", ""), &[]),
+        }
+    }
+
+    /// `POST /login`: the token from the form, kept as an HttpOnly cookie.
+    async fn login(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let runtime = self.state.runtime.load_full();
+        let Some(token) = &runtime.admin_token else {
+            return text(404, "the status page is off: set [admin].token_file\n");
+        };
+        if session.req_header().method != Method::POST {
+            return text(405, "log in with the form at /\n");
+        }
+        let body = read_body(session).await.unwrap_or_default();
+        let given = std::str::from_utf8(&body)
+            .unwrap_or("")
+            .split('&')
+            .find_map(|pair| pair.strip_prefix("token="))
+            .map(form_decode)
+            .unwrap_or_default();
+        if token.matches(given.trim_ascii()) {
+            let cookie = format!(
+                "{COOKIE_NAME}={}; Path=/; HttpOnly; SameSite=Strict",
+                token.as_str()
+            );
+            html(
+                303,
+                "<a href=\"/\">status</a>",
+                &[("Location", "/"), ("Set-Cookie", &cookie)],
+            )
+        } else {
+            let peer = session
+                .client_addr()
+                .map_or_else(|| "?".to_string(), |a| a.to_string());
+            warn!("admin: login from {peer} refused: wrong token");
+            html(
+                401,
+                &LOGIN_PAGE.replace(
+                    "<!--error-->",
+                    "<p class=\"error\">That is not the admin token.</p>",
+                ),
+                &[],
+            )
+        }
+    }
+}
+
+/// The query as logged: an API key's value never in full.
+fn redact_query(query: &str) -> String {
+    let parts: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some(("api_key", value)) => {
+                let shown: String = value.chars().take(4).collect();
+                format!("api_key={shown}…")
+            }
+            _ => pair.to_string(),
+        })
+        .collect();
+    format!("?{}", parts.join("&"))
+}
+
+#[async_trait]
+impl ServeHttp for Admin {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let path = session.req_header().uri.path().to_string();
+        match path.as_str() {
+            "/metrics" => {
+                self.state.refresh_gauges();
+                reply::reply(
+                    200,
+                    "text/plain; version=0.0.4",
+                    self.state.metrics.render().into_bytes(),
+                )
+            }
+            "/healthz" => text(200, "ok\n"),
+            "/readyz" => {
+                let (status, reason) = self.state.readiness();
+                text(status, reason)
+            }
+            "/" => self.page(session),
+            "/login" => self.login(session).await,
+            p if p == "/v1" || p.starts_with("/v1/") => self.api(session).await,
+            _ => text(
+                404,
+                "not found: try /metrics, /healthz, /readyz, / (status page) or /v1/\n",
+            ),
+        }
+    }
+}

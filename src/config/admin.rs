@@ -1,0 +1,53 @@
+//! `[admin]`: the bearer token of the admin API and status page.
+
+use super::file::AdminSection;
+use super::inputs::Inputs;
+use super::{at, AsSegment, Invalid};
+use crate::admin::auth::AdminToken;
+
+/// Shorter tokens are guessable over a network.
+const MIN_TOKEN_BYTES: usize = 16;
+
+/// The token, read from its file (again on every reload, so that it can be
+/// rotated); none when `token_file` is not set, and the API is off.
+pub(super) fn validate_admin(
+    a: &AdminSection,
+    admin_listen: bool,
+    inputs: &Inputs,
+) -> Result<Option<AdminToken>, Invalid> {
+    let path: [&dyn AsSegment; 2] = [&"admin", &"token_file"];
+    let Some(file) = &a.token_file else {
+        return Ok(None);
+    };
+    if !admin_listen {
+        return Err(at(
+            &path,
+            "the admin API is served on server.admin_listen, which is not set",
+        ));
+    }
+    let bytes = inputs
+        .read(file)
+        .map_err(|e| at(&path, format!("cannot read {}: {e}", file.display())))?;
+    // What a cookie and a header carry as they are: base64, hex, words.
+    let token = std::str::from_utf8(bytes.trim_ascii())
+        .ok()
+        .filter(|t| {
+            t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-._~+/=".contains(&b))
+        })
+        .ok_or_else(|| {
+            at(
+                &path,
+                "the token may hold letters, digits and - . _ ~ + / = only",
+            )
+        })?;
+    if token.len() < MIN_TOKEN_BYTES {
+        return Err(at(
+            &path,
+            format!(
+                "the token must hold at least {MIN_TOKEN_BYTES} characters (e.g. the output of `openssl rand -hex 32`)"
+            ),
+        ));
+    }
+    Ok(Some(AdminToken::new(token)))
+}

@@ -1,0 +1,67 @@
+//! Hearing of state an operator changed on another instance: an admin reset
+//! or credit deletes or rewrites the keys in Redis and announces them on
+//! `changes_channel`; every instance listens, and forgets the refusals it
+//! remembers for them, so that the client is admitted everywhere at once
+//! instead of when each instance's remembered retry time runs out.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use log::{info, warn};
+
+use super::scripted::{changes_channel, decode_state_keys, install_tls_provider};
+use super::settings::{RedisSettings, Topology};
+use crate::limiter::deny_cache::Forgetter;
+
+/// How long a lost subscription waits before it is tried again.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// Listens until the process ends. Whenever the subscription is (re)made,
+/// every remembered refusal is forgotten: what was announced while nobody
+/// listened is unknown. A cluster's classic pub/sub reaches every node, so
+/// one node (the first seed) is enough to listen on.
+pub async fn listen(settings: RedisSettings, forgetter: Forgetter) {
+    install_tls_provider();
+    let url = match &settings.topology {
+        Topology::Standalone(url) => url.clone(),
+        Topology::Cluster(nodes) => nodes.first().cloned().unwrap_or_default(),
+    };
+    let channel = changes_channel(&settings.key_prefix);
+    let mut lost_logged = false;
+    loop {
+        let subscribed = async {
+            let client = match settings.tls_certificates() {
+                Some(certificates) => redis::Client::build_with_tls(url.as_str(), certificates),
+                None => redis::Client::open(url.as_str()),
+            }?;
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        match tokio::time::timeout(settings.timeout.max(RETRY), subscribed).await {
+            Ok(Ok(pubsub)) => {
+                forgetter.forget_all();
+                if lost_logged {
+                    info!("listening again for operators' changes on {channel}");
+                }
+                let mut messages = pubsub.into_on_message();
+                while let Some(message) = messages.next().await {
+                    let text = String::from_utf8_lossy(message.get_payload_bytes());
+                    forgetter.forget(&decode_state_keys(&text));
+                }
+                warn!("lost the subscription to operators' changes on {channel}: remembered refusals are forgotten when it is back");
+                lost_logged = true;
+            }
+            Ok(Err(e)) if !lost_logged => {
+                warn!("cannot listen for operators' changes on {channel} ({e}): remembered refusals are forgotten when it can again");
+                lost_logged = true;
+            }
+            Err(_) if !lost_logged => {
+                warn!("cannot listen for operators' changes on {channel} (no answer): remembered refusals are forgotten when it can again");
+                lost_logged = true;
+            }
+            _ => {}
+        }
+        tokio::time::sleep(RETRY).await;
+    }
+}

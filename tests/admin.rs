@@ -1,0 +1,348 @@
+//! The admin API end to end, on the real binary: a refused client is seen
+//! with its retry time, reset (on every instance sharing Redis), credited
+//! exactly; no token, a wrong one, or a page's cookie changes nothing.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::admin_token::{TokenFile, TOKEN};
+use common::redis_server::RedisServer;
+use common::{request, wait_until, ConfigBuilder, Limit, Proxy, Response, Upstream};
+use serde_json::Value;
+
+/// Three requests, then one every 100 s, per address; two logins an hour,
+/// and three refusals in ten minutes ban the address for an hour; a
+/// sliding window (which takes no credit).
+fn builder(upstream: &Upstream, token: &TokenFile) -> ConfigBuilder {
+    ConfigBuilder::new(upstream.addr)
+        .admin()
+        .limit(Limit::token_bucket("per-ip", "ip", 3, 0.01))
+        .limit(
+            Limit::fixed_window("login", "ip", 2, "1h")
+                .matching("paths = [\"/login\"]")
+                .line("ban = { after = 3, within = \"10m\", duration = \"1h\" }"),
+        )
+        .limit(Limit::sliding_window("search", "ip", 50, "1m").matching("paths = [\"/search\"]"))
+        .raw(&token.section())
+}
+
+fn call(admin: SocketAddr, method: &str, path: &str, token: Option<&str>, body: &str) -> Response {
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let mut headers: Vec<(&str, &str)> = Vec::new();
+    if let Some(b) = &bearer {
+        headers.push(("Authorization", b));
+    }
+    if !body.is_empty() {
+        headers.push(("Content-Type", "application/json"));
+    }
+    request(admin, method, path, &headers, body.as_bytes())
+}
+
+fn json(response: &Response) -> Value {
+    serde_json::from_str(&response.body)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {} {}", response.status, response.body))
+}
+
+/// The entry of limit `name` in a `/v1/clients` answer.
+fn entry<'a>(answer: &'a Value, name: &str) -> &'a Value {
+    answer["limits"]
+        .as_array()
+        .and_then(|limits| limits.iter().find(|l| l["limit"] == name))
+        .unwrap_or_else(|| panic!("no {name} in {answer}"))
+}
+
+fn admin(proxy: &Proxy) -> SocketAddr {
+    proxy.admin.expect("admin listener")
+}
+
+#[test]
+fn a_refused_client_is_seen_reset_and_credited_and_nobody_else_can() {
+    let upstream = Upstream::start();
+    let token = TokenFile::new();
+    let proxy = builder(&upstream, &token).start();
+    let at = admin(&proxy);
+    for _ in 0..3 {
+        assert_eq!(proxy.get("/").status, 200);
+    }
+    assert_eq!(proxy.get("/").status, 429);
+
+    // Seen, with its retry time (one token per 100 s).
+    let seen = call(at, "GET", "/v1/clients?ip=127.0.0.1", Some(TOKEN), "");
+    assert_eq!(seen.status, 200, "{}", seen.body);
+    let seen = json(&seen);
+    assert_eq!(seen["store"], "memory");
+    assert_eq!(seen["tier"], "anonymous");
+    let per_ip = entry(&seen, "per-ip");
+    assert_eq!(per_ip["remaining"], 0);
+    assert_eq!(per_ip["allowed"], false);
+    let retry = per_ip["retry_after_s"].as_f64().expect("retry time");
+    assert!(retry > 90.0 && retry <= 100.0, "{per_ip}");
+    assert_eq!(entry(&seen, "login")["ban"]["banned"], false);
+
+    // Without the token, with a wrong one, or with the page's cookie: 401
+    // or 403, and the client stays refused.
+    let wrong = "test-admin-token-0123456780";
+    for (token, cookie, status) in [
+        (None, None, 401),
+        (Some(wrong), None, 401),
+        (None, Some(format!("floodgate_admin={TOKEN}")), 403),
+    ] {
+        let mut headers = Vec::new();
+        let bearer = token.map(|t| format!("Bearer {t}"));
+        if let Some(b) = &bearer {
+            headers.push(("Authorization", b.as_str()));
+        }
+        if let Some(c) = &cookie {
+            headers.push(("Cookie", c.as_str()));
+        }
+        let r = request(at, "DELETE", "/v1/clients?ip=127.0.0.1", &headers, b"");
+        assert_eq!(r.status, status, "{token:?} {cookie:?}: {}", r.body);
+        assert!(json(&r)["reason"].is_string(), "{}", r.body);
+        let r = request(
+            at,
+            "POST",
+            "/v1/clients/credit",
+            &headers,
+            br#"{"ip": "127.0.0.1", "limit": "per-ip", "units": 3}"#,
+        );
+        assert_eq!(r.status, status, "{}", r.body);
+    }
+    assert_eq!(call(at, "GET", "/v1/limits", None, "").status, 401);
+    assert_eq!(proxy.get("/").status, 429, "unchanged by refused calls");
+
+    // A made-up limit: 404, nothing reset.
+    let r = call(
+        at,
+        "DELETE",
+        "/v1/clients?ip=127.0.0.1&limit=nope",
+        Some(TOKEN),
+        "",
+    );
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert_eq!(json(&r)["error"], "unknown_limit");
+    let r = call(
+        at,
+        "GET",
+        "/v1/clients?ip=127.0.0.1&limit=nope",
+        Some(TOKEN),
+        "",
+    );
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert_eq!(proxy.get("/").status, 429);
+
+    // A credit adds exactly its units.
+    let r = call(
+        at,
+        "POST",
+        "/v1/clients/credit",
+        Some(TOKEN),
+        r#"{"ip": "127.0.0.1", "limit": "per-ip", "units": 2}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let credited = json(&r);
+    assert_eq!(credited["remaining_before"], 0);
+    assert_eq!(credited["remaining"], 2);
+    assert_eq!(proxy.get("/").status, 200);
+    assert_eq!(proxy.get("/").status, 200);
+    assert_eq!(proxy.get("/").status, 429);
+
+    // What cannot be credited says why.
+    let r = call(
+        at,
+        "POST",
+        "/v1/clients/credit",
+        Some(TOKEN),
+        r#"{"ip": "127.0.0.1", "limit": "search", "units": 1}"#,
+    );
+    assert_eq!(r.status, 409, "{}", r.body);
+    for body in [
+        r#"{"ip": "127.0.0.1", "limit": "per-ip", "units": 0}"#,
+        r#"{"ip": "127.0.0.1", "limit": "per-ip", "units": 4}"#,
+        r#"{"ip": "127.0.0.1", "units": 1}"#,
+        r#"{"limit": "per-ip", "units": 1}"#,
+        r#"{"ip": "not an address", "limit": "per-ip", "units": 1}"#,
+        "not json",
+    ] {
+        let r = call(at, "POST", "/v1/clients/credit", Some(TOKEN), body);
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        assert!(json(&r)["reason"].is_string());
+    }
+    assert_eq!(proxy.get("/").status, 429);
+
+    // Reset: admitted at once, and logged with what changed.
+    let r = call(
+        at,
+        "DELETE",
+        "/v1/clients?ip=127.0.0.1&limit=per-ip",
+        Some(TOKEN),
+        "",
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(json(&r)["reset"], serde_json::json!(["per-ip"]));
+    assert_eq!(proxy.get("/").status, 200);
+    let seen = json(&call(
+        at,
+        "GET",
+        "/v1/clients?ip=127.0.0.1&limit=per-ip",
+        Some(TOKEN),
+        "",
+    ));
+    assert_eq!(entry(&seen, "per-ip")["remaining"], 2);
+    assert!(
+        proxy
+            .log()
+            .contains("admin: reset ip=127.0.0.1 (anonymous) under [\"per-ip\"] on \"memory\""),
+        "{}",
+        proxy.log()
+    );
+    assert!(proxy
+        .log()
+        .contains("admin: credited ip=127.0.0.1 (anonymous) 2 units under \"per-ip\""));
+
+    // The running limits, with their numbers.
+    let limits = json(&call(at, "GET", "/v1/limits", Some(TOKEN), ""));
+    let names: Vec<&str> = limits["limits"]
+        .as_array()
+        .expect("limits")
+        .iter()
+        .filter_map(|l| l["name"].as_str())
+        .collect();
+    assert_eq!(names, ["per-ip", "login", "search"]);
+    assert_eq!(limits["limits"][0]["quota"], 3);
+}
+
+#[test]
+fn a_ban_is_seen_and_lifted() {
+    let upstream = Upstream::start();
+    let token = TokenFile::new();
+    let proxy = builder(&upstream, &token).start();
+    let at = admin(&proxy);
+    let login = |proxy: &Proxy| proxy.send("POST", "/login", &[]).status;
+    assert_eq!([login(&proxy), login(&proxy)], [200, 200]);
+    for _ in 0..3 {
+        assert_eq!(login(&proxy), 429);
+    }
+    assert!(wait_until(Duration::from_secs(5), || {
+        proxy.metric("floodgate_bans_total{limit=\"login\"}") == 1.0
+    }));
+    assert_eq!(proxy.get("/anything").status, 429, "banned on every route");
+    let seen = json(&call(
+        at,
+        "GET",
+        "/v1/clients?ip=127.0.0.1&limit=login",
+        Some(TOKEN),
+        "",
+    ));
+    let ban = &entry(&seen, "login")["ban"];
+    assert_eq!(ban["banned"], true, "{seen}");
+    let left = ban["retry_after_s"].as_f64().expect("ban time");
+    assert!(left > 3500.0 && left <= 3600.0, "{ban}");
+
+    let r = call(
+        at,
+        "DELETE",
+        "/v1/clients?ip=127.0.0.1&limit=login",
+        Some(TOKEN),
+        "",
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let seen = json(&call(
+        at,
+        "GET",
+        "/v1/clients?ip=127.0.0.1&limit=login",
+        Some(TOKEN),
+        "",
+    ));
+    assert_eq!(entry(&seen, "login")["ban"]["banned"], false, "{seen}");
+    assert_eq!(entry(&seen, "login")["remaining"], 2, "{seen}");
+    assert_eq!(login(&proxy), 200);
+}
+
+#[test]
+fn without_a_token_the_api_is_off_and_says_so_while_the_probes_stay_open() {
+    let upstream = Upstream::start();
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .limit(Limit::token_bucket("per-ip", "ip", 3, 0.01))
+        .start();
+    let at = admin(&proxy);
+    let r = call(at, "GET", "/v1/clients?ip=127.0.0.1", Some(TOKEN), "");
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert_eq!(json(&r)["error"], "admin_api_off");
+    assert_eq!(proxy.admin_get("/metrics").status, 200);
+    assert_eq!(proxy.admin_get("/healthz").status, 200);
+    assert_eq!(proxy.admin_get("/readyz").status, 200);
+    assert_eq!(proxy.admin_get("/").status, 404);
+}
+
+#[test]
+fn a_reset_and_a_credit_reach_every_instance_sharing_redis() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let token = TokenFile::new();
+    let shared = builder(&upstream, &token).redis(&redis.url()).env(
+        "FLOODGATE_IDENTITY_SECRET",
+        "a-secret-shared-by-both-instances",
+    );
+    let a = shared.start();
+    let b = shared.start();
+    // Both listen for operators' changes before any is made.
+    assert!(wait_until(Duration::from_secs(10), || {
+        let subscribers: Vec<redis::Value> = redis.cmd(&["PUBSUB", "NUMSUB", "floodgate:changes"]);
+        matches!(subscribers.get(1), Some(redis::Value::Int(n)) if *n >= 2)
+    }));
+    for _ in 0..3 {
+        assert_eq!(a.get("/").status, 200);
+    }
+    // Each instance now remembers the refusal for its retry time (100 s).
+    for proxy in [&a, &b, &a, &b] {
+        assert_eq!(proxy.get("/").status, 429);
+    }
+    let seen = json(&call(
+        admin(&b),
+        "GET",
+        "/v1/clients?ip=127.0.0.1",
+        Some(TOKEN),
+        "",
+    ));
+    assert_eq!(seen["store"], "redis");
+    assert_eq!(entry(&seen, "per-ip")["remaining"], 0);
+
+    let r = call(
+        admin(&a),
+        "DELETE",
+        "/v1/clients?ip=127.0.0.1",
+        Some(TOKEN),
+        "",
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(json(&r)["store"], "redis");
+    // B hears of it within the time a message takes, not the 100 s its
+    // remembered refusal had left.
+    assert!(
+        wait_until(Duration::from_secs(3), || b.get("/").status == 200),
+        "B still refuses after the reset: {}",
+        b.log()
+    );
+    assert_eq!([a.get("/").status, a.get("/").status], [200, 200]);
+    assert_eq!(a.get("/").status, 429, "one budget of 3, shared");
+    assert_eq!(b.get("/").status, 429);
+
+    // A credit through B: exactly one more, on either instance.
+    let r = call(
+        admin(&b),
+        "POST",
+        "/v1/clients/credit",
+        Some(TOKEN),
+        r#"{"ip": "127.0.0.1", "limit": "per-ip", "units": 1}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        wait_until(Duration::from_secs(3), || a.get("/").status == 200),
+        "A still refuses after the credit"
+    );
+    assert_eq!(b.get("/").status, 429);
+    assert_eq!(a.get("/").status, 429);
+}
