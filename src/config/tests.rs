@@ -405,3 +405,55 @@ fn quotas_response_costs_bans_and_per_layer_costs_resolve() {
     assert_eq!(c.policy.cost_of(1, &view("/search")), 1);
     assert_eq!(c.policy.cost_of(2, &view("/other")), 1);
 }
+
+#[test]
+fn the_admin_token_is_read_checked_and_never_printed() {
+    let with_admin = |server_extra: &str| {
+        format!(
+            "[server]\nlisten = \"127.0.0.1:8080\"\n{server_extra}\n[upstream]\nservers = [\"127.0.0.1:8000\"]\n\n[admin]\ntoken_file = \"/run/secrets/admin\"\n"
+        )
+    };
+    let parse_token = |server_extra: &str, token: &[u8]| {
+        Config::parse(
+            Path::new("t.toml"),
+            &with_admin(server_extra),
+            &Inputs::default().with_files([(PathBuf::from("/run/secrets/admin"), token.to_vec())]),
+        )
+    };
+    let admin = "admin_listen = \"127.0.0.1:9091\"";
+    let config = parse_token(admin, b"0123456789abcdef-._~+/=\n").unwrap_or_else(|e| panic!("{e}"));
+    let token = config.admin_token.as_ref().expect("token");
+    assert!(token.matches(b"0123456789abcdef-._~+/="));
+    assert!(!format!("{config:?}").contains("0123456789abcdef"));
+    for (server_extra, token, expected) in [
+        (
+            admin,
+            &b"short"[..],
+            "t.toml:8: admin.token_file: the token must hold at least 16 characters (e.g. the output of `openssl rand -hex 32`)",
+        ),
+        (
+            admin,
+            b"0123456789abcdef;0123",
+            "t.toml:8: admin.token_file: the token may hold letters, digits and - . _ ~ + / = only",
+        ),
+        (
+            "",
+            b"0123456789abcdef0123",
+            "t.toml:8: admin.token_file: the admin API is served on server.admin_listen, which is not set",
+        ),
+    ] {
+        let err = parse_token(server_extra, token).expect_err("must fail");
+        assert_eq!(err.to_string(), expected);
+    }
+    let err = Config::parse(
+        Path::new("t.toml"),
+        &with_admin(admin),
+        &Inputs::default().with_files([]),
+    )
+    .expect_err("no file");
+    assert!(
+        err.to_string()
+            .starts_with("t.toml:8: admin.token_file: cannot read /run/secrets/admin: "),
+        "{err}"
+    );
+}
