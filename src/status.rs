@@ -146,16 +146,26 @@ impl Status {
             entry.last = now;
             return;
         }
+        // Full: the newcomer takes the place of the least refused and its
+        // count plus one (space-saving), so that a client refused often
+        // climbs even while many others are refused once each; a count is
+        // then at most that many too high, never too low.
+        let mut count = 1;
         if board.len() >= BOARD_SIZE {
-            board.retain(|_, r| now.saturating_sub(r.last) < BOARD_WINDOW_S);
-            if board.len() >= BOARD_SIZE {
-                // Room for the newcomer at the expense of the least refused.
-                if let Some(least) = board
-                    .iter()
-                    .min_by_key(|(_, r)| r.count)
-                    .map(|(k, _)| k.clone())
-                {
-                    board.remove(&least);
+            let least = board
+                .iter()
+                .min_by_key(|(_, r)| (now.saturating_sub(r.last) < BOARD_WINDOW_S, r.count))
+                .map(|(k, r)| {
+                    (
+                        k.clone(),
+                        r.count,
+                        now.saturating_sub(r.last) < BOARD_WINDOW_S,
+                    )
+                });
+            if let Some((least, least_count, recent)) = least {
+                board.remove(&least);
+                if recent {
+                    count += least_count;
                 }
             }
         }
@@ -163,7 +173,7 @@ impl Status {
             key,
             Refused {
                 tier: client.tier.name().to_string(),
-                count: 1,
+                count,
                 last: now,
             },
         );

@@ -81,13 +81,60 @@ fn a_refused_client_is_seen_reset_and_credited_and_nobody_else_can() {
     assert!(retry > 90.0 && retry <= 100.0, "{per_ip}");
     assert_eq!(entry(&seen, "login")["ban"]["banned"], false);
 
+    // The status page's login: a cookie that is not the token, good for
+    // reading; a wrong token gets the form again.
+    let form = |token: &str| {
+        let body = format!("token={token}");
+        request(
+            at,
+            "POST",
+            "/login",
+            &[("Content-Type", "application/x-www-form-urlencoded")],
+            body.as_bytes(),
+        )
+    };
+    assert_eq!(form("nope-nope-nope-nope").status, 401);
+    let login = form(TOKEN);
+    assert_eq!(login.status, 303, "{}", login.body);
+    let cookie = login
+        .header("set-cookie")
+        .and_then(|c| c.split(';').next())
+        .expect("a session cookie")
+        .to_string();
+    assert!(
+        cookie.starts_with("floodgate_admin=") && !cookie.contains(TOKEN),
+        "{cookie}"
+    );
+    let read = request(at, "GET", "/v1/limits", &[("Cookie", &cookie)], b"");
+    assert_eq!(read.status, 200, "{}", read.body);
+    let page = request(at, "GET", "/", &[("Cookie", &cookie)], b"");
+    assert_eq!(page.status, 200);
+    assert!(
+        page.body.contains("/status.js"),
+        "the status page: {}",
+        page.body
+    );
+    let token_as_cookie = format!("floodgate_admin={TOKEN}");
+    assert_eq!(
+        request(
+            at,
+            "GET",
+            "/v1/limits",
+            &[("Cookie", &token_as_cookie)],
+            b""
+        )
+        .status,
+        401
+    );
+
     // Without the token, with a wrong one, or with the page's cookie: 401
     // or 403, and the client stays refused.
     let wrong = "test-admin-token-0123456780";
     for (token, cookie, status) in [
         (None, None, 401),
         (Some(wrong), None, 401),
-        (None, Some(format!("floodgate_admin={TOKEN}")), 403),
+        (None, Some(token_as_cookie.clone()), 401),
+        (None, Some(cookie.clone()), 403),
     ] {
         let mut headers = Vec::new();
         let bearer = token.map(|t| format!("Bearer {t}"));
@@ -345,4 +392,62 @@ fn a_reset_and_a_credit_reach_every_instance_sharing_redis() {
     );
     assert_eq!(b.get("/").status, 429);
     assert_eq!(a.get("/").status, 429);
+}
+
+#[test]
+fn what_cannot_be_answered_says_why() {
+    let upstream = Upstream::start();
+    let token = TokenFile::new();
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .raw("[clients.api_keys]\n\"pro-key-0123\" = \"pro\"\n")
+        .limit(
+            Limit::token_bucket("per-tenant", "header:X-Tenant", 5, 1.0)
+                .line("[limits.tiers.pro]\ncapacity = 50\nrefill_rate = 10"),
+        )
+        .raw(&token.section())
+        .start();
+    let at = admin(&proxy);
+    let get = |path: &str| call(at, "GET", path, Some(TOKEN), "");
+    // The tier decides the numbers, and a header does not say it.
+    let r = get("/v1/clients?header=X-Tenant:acme");
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(
+        json(&r)["reason"]
+            .as_str()
+            .is_some_and(|m| m.contains("tier=")),
+        "{}",
+        r.body
+    );
+    let r = get("/v1/clients?header=X-Tenant:%20acme&tier=pro");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(entry(&json(&r), "per-tenant")["quota"], 50);
+    // Nothing is keyed on an address here.
+    let r = get("/v1/clients?ip=192.0.2.1");
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert_eq!(json(&r)["error"], "no_limit_applies");
+    for path in [
+        "/v1/clients",
+        "/v1/clients?ip=192.0.2.1&header=X-Tenant:acme",
+        "/v1/clients?tier=nope&header=X-Tenant:acme",
+        "/v1/clients?colour=blue",
+    ] {
+        let r = get(path);
+        assert_eq!(r.status, 400, "{path}: {}", r.body);
+    }
+    let r = call(at, "PUT", "/v1/clients?ip=192.0.2.1", Some(TOKEN), "");
+    assert_eq!(r.status, 405, "{}", r.body);
+    assert_eq!(r.header("allow"), Some("GET, DELETE"));
+    let big = format!("{{\"ip\": \"{}\"}}", "1".repeat(20_000));
+    let r = call(at, "POST", "/v1/clients/credit", Some(TOKEN), &big);
+    assert_eq!(r.status, 413, "{}", r.body);
+    // An API key is never logged in full.
+    let r = get("/v1/clients?api_key=pro-key-0123");
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert!(
+        proxy.log().contains("admin: GET /v1/clients key#"),
+        "{}",
+        proxy.log()
+    );
+    assert!(!proxy.log().contains("pro-key-0123"), "{}", proxy.log());
 }

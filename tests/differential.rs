@@ -176,6 +176,15 @@ fn lua_scripts_match_their_rust_twins() {
                 let mut credit = checks[0].clone();
                 credit.algorithm = layers[0];
                 credit.cost = 1 + rng.below(layers[0].quota() + 2);
+                let before = local.peek_at(
+                    &[Check {
+                        cost: 0,
+                        peek: true,
+                        ..credit.clone()
+                    }],
+                    clock_now(&clock),
+                )[0]
+                .remaining();
                 let credited = runtime
                     .block_on(remote.credit(&credit))
                     .unwrap_or_else(|e| panic!("{name}: redis failed at step {steps}: {e}"));
@@ -185,7 +194,8 @@ fn lua_scripts_match_their_rust_twins() {
                     "{name} credit of {} at step {steps}",
                     credit.cost
                 );
-                credits += usize::from(layers[0].takes_credit());
+                // Only credits that gave something back prove anything.
+                credits += usize::from(credited.remaining() > before);
             }
             let expected: Vec<Decision> = local.decide_now(&checks);
             let got = runtime
@@ -217,8 +227,12 @@ fn lua_scripts_match_their_rust_twins() {
             "{name}: admitted {admitted} of {steps}"
         );
         assert!(
-            credits > 500 || !layers[0].takes_credit(),
-            "{name}: {credits} credits"
+            if layers[0].takes_credit() {
+                credits > 100
+            } else {
+                credits == 0
+            },
+            "{name}: {credits} credits gave units back"
         );
     }
 }

@@ -2,10 +2,12 @@
 //! as a bearer token, or as the status page's cookie (given by `/login`).
 
 use std::fmt;
-use std::sync::Arc;
+use std::hash::Hasher;
+use std::sync::{Arc, OnceLock};
 
 use http::header::{AUTHORIZATION, COOKIE};
 use http::HeaderMap;
+use siphasher::sip128::{Hasher128, SipHasher13};
 
 /// The status page's session cookie: the token itself, HttpOnly and
 /// SameSite=Strict, so that no script and no other site can use it.
@@ -26,21 +28,44 @@ impl AdminToken {
         AdminToken(Arc::from(token))
     }
 
-    /// Compared in time that depends on the length only, so that a guess
-    /// learns nothing from how long it took to be refused.
     pub fn matches(&self, candidate: &[u8]) -> bool {
-        let token = self.0.as_bytes();
-        token.len() == candidate.len()
-            && token
-                .iter()
-                .zip(candidate)
-                .fold(0u8, |diff, (a, b)| diff | (a ^ b))
-                == 0
+        same(self.0.as_bytes(), candidate)
     }
 
-    pub fn as_str(&self) -> &str {
-        &self.0
+    /// The status page's cookie: a keyed hash of the token, under a key
+    /// drawn once per process, rather than the token. A browser sends a
+    /// host's cookies to all its ports (the proxy's listener, and so the
+    /// upstream, among them): what it carries there opens this process's
+    /// pages for reading only, and dies with a restart or a new token.
+    pub fn session(&self) -> String {
+        static KEY: OnceLock<[u8; 16]> = OnceLock::new();
+        let key = KEY.get_or_init(|| {
+            let mut key = [0u8; 16];
+            if getrandom::fill(&mut key).is_err() {
+                let seed = std::collections::hash_map::RandomState::new();
+                for (half, chunk) in key.chunks_mut(8).enumerate() {
+                    let mut h = std::hash::BuildHasher::build_hasher(&seed);
+                    h.write_usize(half);
+                    chunk.copy_from_slice(&h.finish().to_le_bytes());
+                }
+            }
+            key
+        });
+        let mut h = SipHasher13::new_with_key(key);
+        h.write(self.0.as_bytes());
+        format!("{:032x}", h.finish128().as_u128())
     }
+}
+
+/// Compared in time that depends on the length only, so that a guess
+/// learns nothing from how long it took to be refused.
+fn same(expected: &[u8], candidate: &[u8]) -> bool {
+    expected.len() == candidate.len()
+        && expected
+            .iter()
+            .zip(candidate)
+            .fold(0u8, |diff, (a, b)| diff | (a ^ b))
+            == 0
 }
 
 /// How a request proved itself.
@@ -56,10 +81,16 @@ pub enum Credential {
 
 /// The credential the request carries, if its token is right.
 pub fn authenticate(token: &AdminToken, headers: &HeaderMap) -> Option<Credential> {
+    // The scheme's name is case-insensitive (RFC 9110).
     let bearer = headers
         .get_all(AUTHORIZATION)
         .iter()
-        .filter_map(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .filter_map(|v| {
+            let v = v.as_bytes();
+            v.get(..7)
+                .filter(|scheme| scheme.eq_ignore_ascii_case(b"bearer "))
+                .map(|_| &v[7..])
+        })
         .any(|candidate| token.matches(candidate.trim_ascii()));
     if bearer {
         return Some(Credential::Bearer);
@@ -73,7 +104,7 @@ pub fn authenticate(token: &AdminToken, headers: &HeaderMap) -> Option<Credentia
             pair.strip_prefix(COOKIE_NAME.as_bytes())?
                 .strip_prefix(b"=")
         })
-        .any(|candidate| token.matches(candidate));
+        .any(|candidate| same(token.session().as_bytes(), candidate));
     cookie.then_some(Credential::Cookie)
 }
 
@@ -97,9 +128,17 @@ mod tests {
             check(&[(AUTHORIZATION, "Bearer 0123456789abcdef")]),
             Some(Credential::Bearer)
         );
+        let session = format!("a=b; floodgate_admin={}", token.session());
+        assert_eq!(check(&[(COOKIE, &session)]), Some(Credential::Cookie));
         assert_eq!(
-            check(&[(COOKIE, "a=b; floodgate_admin=0123456789abcdef")]),
-            Some(Credential::Cookie)
+            check(&[(AUTHORIZATION, "bearer 0123456789abcdef")]),
+            Some(Credential::Bearer)
+        );
+        // The token itself is no cookie: only the session derived from it.
+        assert_eq!(check(&[(COOKIE, "floodgate_admin=0123456789abcdef")]), None);
+        assert_ne!(
+            token.session(),
+            AdminToken::new("0123456789abcdeF").session()
         );
         for wrong in [
             "Bearer 0123456789abcde",

@@ -37,6 +37,11 @@ pub struct Lookup {
     pub label: String,
     /// The claim path `jwt_sub` stands for.
     subject: Option<ClaimPath>,
+    /// Whether the tier is the one the client's requests are in: named
+    /// (`tier=`), or implied by a key or an internal address. A header, a
+    /// cookie or a subject says nothing of it, nor does an outside
+    /// address (its requests may carry a key).
+    tier_known: bool,
 }
 
 /// One limit that applies to the client, with its state's key.
@@ -73,7 +78,10 @@ impl Lookup {
                 let ip: IpAddr = value.trim().parse().map_err(|_| {
                     ApiError::bad_request(format!("ip: {value:?} is not an address"))
                 })?;
-                tier = Some(clients.tier_of_address(ip));
+                let of_address = clients.tier_of_address(ip);
+                if of_address == clients.tiers.internal() {
+                    tier = Some(of_address);
+                }
                 (Selector::Ip(ip), format!("ip={ip}"))
             }
             "api_key" => {
@@ -121,7 +129,8 @@ impl Lookup {
                     ApiError::bad_request(format!("header: {name:?} is not a header name"))
                 })?;
                 let label = format!("header {name}");
-                (Selector::Header(name, v.as_bytes().to_vec()), label)
+                // As a request's value is read: without surrounding spaces.
+                (Selector::Header(name, v.trim().as_bytes().to_vec()), label)
             }
             "cookie" => {
                 let (name, v) = split_pair(value, "cookie")?;
@@ -153,6 +162,7 @@ impl Lookup {
         }
         Ok(Lookup {
             selector,
+            tier_known: tier.is_some(),
             tier: tier.unwrap_or_else(|| clients.tiers.anonymous()),
             label,
             subject: ClaimPath::parse("sub"),
@@ -212,6 +222,12 @@ impl Lookup {
     fn chosen(&self, policy: &Policy, limit: Option<&str>) -> Result<Vec<Applying>, ApiError> {
         let (applying, _) = self.applying(policy);
         let Some(name) = limit else {
+            if applying.is_empty() {
+                return Err(ApiError::not_found(
+                    "no_limit_applies",
+                    format!("no limit is keyed on {}", self.label),
+                ));
+            }
             return Ok(applying);
         };
         let layer = policy
@@ -230,6 +246,27 @@ impl Lookup {
             )));
         }
         Ok(chosen)
+    }
+
+    /// Numbers are read for a tier: one the client's requests may not be
+    /// in is no answer (a credit would move a bucket by another tier's
+    /// interval).
+    fn check_tier(&self, policy: &Policy, chosen: &[Applying]) -> Result<(), ApiError> {
+        if self.tier_known {
+            return Ok(());
+        }
+        match chosen
+            .iter()
+            .find(|a| !policy.limits[a.layer].tiers.is_empty())
+        {
+            Some(a) => Err(ApiError::bad_request(format!(
+                "limit {:?} has numbers per tier, and {} does not say which: add tier= (one of {})",
+                policy.limits[a.layer].name.as_str(),
+                self.label,
+                policy.clients.tiers.names().collect::<Vec<_>>().join(", ")
+            ))),
+            None => Ok(()),
+        }
     }
 }
 
@@ -319,6 +356,7 @@ pub async fn show(
     limit: Option<&str>,
 ) -> Result<Value, ApiError> {
     let chosen = lookup.chosen(policy, limit)?;
+    lookup.check_tier(policy, &chosen)?;
     let (_, hidden) = lookup.applying(policy);
     // Each key twice: at cost 0 (what is left now) and at cost 1 (whether
     // a request would pass, and when).
@@ -433,6 +471,7 @@ pub async fn credit(
         return Err(ApiError::bad_request("credit needs the limit to credit"));
     };
     let chosen = lookup.chosen(policy, Some(name))?;
+    lookup.check_tier(policy, &chosen)?;
     let a = &chosen[0];
     let limit = &policy.limits[a.layer];
     let Rule::Rate(algorithm) = limit.rule_for(&lookup.tier) else {
@@ -473,11 +512,14 @@ pub async fn credit(
         .await
         .map_err(unavailable)?;
     let after = store.credit(&check).await.map_err(unavailable)?;
+    let remaining_before = before.first().map_or(0, Decision::remaining);
     Ok(json!({
         "client": lookup.label,
         "limit": name,
         "units": units,
-        "remaining_before": before.first().map_or(0, Decision::remaining),
+        // Less than `units` when the budget filled up first.
+        "credited": after.remaining().saturating_sub(remaining_before),
+        "remaining_before": remaining_before,
         "remaining": after.remaining(),
         "store": store.deciding().as_str(),
     }))

@@ -25,6 +25,9 @@ use crate::state::AppState;
 use crate::status::Scene;
 
 const STATUS_PAGE: &str = include_str!("status.html");
+/// The page's script: served on its own, so that the page's policy runs
+/// no inline script (nothing injected into the page could run).
+const STATUS_SCRIPT: &str = include_str!("status.js");
 const LOGIN_PAGE: &str = include_str!("login.html");
 
 /// A request body the API reads at most (a credit is a few dozen bytes).
@@ -68,9 +71,11 @@ async fn read_body(session: &mut ServerSession) -> Result<Vec<u8>, ApiError> {
         match session.read_request_body().await {
             Ok(Some(chunk)) => {
                 if body.len() + chunk.len() > MAX_BODY {
-                    return Err(ApiError::bad_request(format!(
-                        "the body is over {MAX_BODY} bytes"
-                    )));
+                    return Err(ApiError {
+                        status: 413,
+                        code: "body_too_large",
+                        reason: format!("the body is over {MAX_BODY} bytes"),
+                    });
                 }
                 body.extend_from_slice(&chunk);
             }
@@ -145,83 +150,46 @@ impl Admin {
         }
         let policy = &runtime.policy;
         let store = self.state.store.as_ref();
+        let mut who = None;
         let result = match (&method, path.as_str()) {
             (&Method::GET, "/v1/limits") => Ok(clients::limits(policy)),
             (&Method::GET, "/v1/status") => Ok(self.status_json(&runtime)),
             (&Method::GET | &Method::DELETE, "/v1/clients") => {
                 let params = query_params(query.as_deref());
-                match Lookup::from_params(policy, &params) {
-                    Ok(lookup) if method == Method::GET => {
-                        clients::show(store, policy, &lookup, param(&params, "limit")).await
-                    }
-                    Ok(lookup) => {
-                        let result =
-                            clients::reset(store, policy, &lookup, param(&params, "limit")).await;
-                        if let Ok(done) = &result {
-                            info!(
-                                "admin: reset {} ({}) under {} on {} (by {peer})",
-                                lookup.label, lookup.tier, done["reset"], done["store"]
-                            );
-                        }
-                        result
-                    }
-                    Err(e) => Err(e),
-                }
+                clients_call(&method, &params, policy, store, &peer, &mut who).await
             }
-            (&Method::POST, "/v1/clients/credit") => match read_body(session).await {
-                Ok(body) => match body_params(&body) {
-                    Ok((params, units)) => match Lookup::from_params(policy, &params) {
-                        Ok(lookup) => {
-                            let result = clients::credit(
-                                store,
-                                policy,
-                                &lookup,
-                                param(&params, "limit"),
-                                units,
-                            )
-                            .await;
-                            if let Ok(done) = &result {
-                                info!(
-                                    "admin: credited {} ({}) {} units under {} on {}: {} left, was {} (by {peer})",
-                                    lookup.label,
-                                    lookup.tier,
-                                    done["units"],
-                                    done["limit"],
-                                    done["store"],
-                                    done["remaining"],
-                                    done["remaining_before"]
-                                );
-                            }
-                            result
-                        }
-                        Err(e) => Err(e),
-                    },
-                    Err(e) => Err(e),
-                },
-                Err(e) => Err(e),
-            },
-            (_, "/v1/limits" | "/v1/status" | "/v1/clients" | "/v1/clients/credit") => {
-                Err(ApiError {
-                    status: 405,
-                    code: "method_not_allowed",
-                    reason: format!("{method} is not served on {path}"),
-                })
+            (&Method::POST, "/v1/clients/credit") => {
+                credit_call(session, policy, store, &peer, &mut who).await
             }
+            (_, known) if allowed(known).is_some() => Err(ApiError {
+                status: 405,
+                code: "method_not_allowed",
+                reason: format!("{method} is not served on {path}"),
+            }),
             _ => Err(ApiError::not_found(
                 "not_found",
                 "try /v1/clients, /v1/clients/credit, /v1/limits or /v1/status",
             )),
         };
         let status = result.as_ref().map_or_else(|e| e.status, |_| 200);
-        let shown = query.as_deref().map(redact_query).unwrap_or_default();
+        // The client by its label: never a key, a cookie or a token in full.
+        let who = who.map(|w| format!(" {w}")).unwrap_or_default();
         if path == "/v1/status" {
             debug!("admin: {method} {path} by {peer}: {status}");
         } else {
-            info!("admin: {method} {path}{shown} by {peer}: {status}");
+            info!("admin: {method} {path}{who} by {peer}: {status}");
         }
         match result {
             Ok(body) => json_reply(200, &body),
-            Err(e) => error(&e),
+            Err(e) => {
+                let mut response = error(&e);
+                if let (405, Some(methods)) = (e.status, allowed(&path)) {
+                    response
+                        .headers_mut()
+                        .insert(http::header::ALLOW, http::HeaderValue::from_static(methods));
+                }
+                response
+            }
         }
     }
 
@@ -269,8 +237,8 @@ impl Admin {
             .unwrap_or_default();
         if token.matches(given.trim_ascii()) {
             let cookie = format!(
-                "{COOKIE_NAME}={}; Path=/; HttpOnly; SameSite=Strict",
-                token.as_str()
+                "{COOKIE_NAME}={}; Path=/; HttpOnly; SameSite=Strict; Max-Age=43200",
+                token.session()
             );
             html(
                 303,
@@ -294,19 +262,62 @@ impl Admin {
     }
 }
 
-/// The query as logged: an API key's value never in full.
-fn redact_query(query: &str) -> String {
-    let parts: Vec<String> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some(("api_key", value)) => {
-                let shown: String = value.chars().take(4).collect();
-                format!("api_key={shown}…")
-            }
-            _ => pair.to_string(),
-        })
-        .collect();
-    format!("?{}", parts.join("&"))
+/// The methods an API path serves.
+fn allowed(path: &str) -> Option<&'static str> {
+    match path {
+        "/v1/limits" | "/v1/status" => Some("GET"),
+        "/v1/clients" => Some("GET, DELETE"),
+        "/v1/clients/credit" => Some("POST"),
+        _ => None,
+    }
+}
+
+/// `GET` or `DELETE /v1/clients`; `who` is set to the client's label.
+async fn clients_call(
+    method: &Method,
+    params: &Params,
+    policy: &crate::policy::Policy,
+    store: &dyn crate::limiter::Store,
+    peer: &str,
+    who: &mut Option<String>,
+) -> Result<Value, ApiError> {
+    let lookup = Lookup::from_params(policy, params)?;
+    *who = Some(lookup.label.clone());
+    let limit = param(params, "limit");
+    if method == Method::GET {
+        return clients::show(store, policy, &lookup, limit).await;
+    }
+    let done = clients::reset(store, policy, &lookup, limit).await?;
+    info!(
+        "admin: reset {} ({}) under {} on {} (by {peer})",
+        lookup.label, lookup.tier, done["reset"], done["store"]
+    );
+    Ok(done)
+}
+
+/// `POST /v1/clients/credit`; `who` is set to the client's label.
+async fn credit_call(
+    session: &mut ServerSession,
+    policy: &crate::policy::Policy,
+    store: &dyn crate::limiter::Store,
+    peer: &str,
+    who: &mut Option<String>,
+) -> Result<Value, ApiError> {
+    let (params, units) = body_params(&read_body(session).await?)?;
+    let lookup = Lookup::from_params(policy, &params)?;
+    *who = Some(lookup.label.clone());
+    let done = clients::credit(store, policy, &lookup, param(&params, "limit"), units).await?;
+    info!(
+        "admin: credited {} ({}) {} units under {} on {}: {} left, was {} (by {peer})",
+        lookup.label,
+        lookup.tier,
+        done["credited"],
+        done["limit"],
+        done["store"],
+        done["remaining"],
+        done["remaining_before"]
+    );
+    Ok(done)
 }
 
 #[async_trait]
@@ -328,6 +339,11 @@ impl ServeHttp for Admin {
                 text(status, reason)
             }
             "/" => self.page(session),
+            "/status.js" => reply::reply(
+                200,
+                "text/javascript; charset=utf-8",
+                STATUS_SCRIPT.as_bytes().to_vec(),
+            ),
             "/login" => self.login(session).await,
             p if p == "/v1" || p.starts_with("/v1/") => self.api(session).await,
             _ => text(

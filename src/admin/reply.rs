@@ -104,7 +104,7 @@ pub fn error(e: &ApiError) -> Response<Vec<u8>> {
 /// The page's own rules: nothing from elsewhere, no framing by another
 /// site.
 const PAGE_POLICY: &str =
-    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+    "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
 pub fn html(status: u16, body: &str, headers: &[(&str, &str)]) -> Response<Vec<u8>> {
     let mut all = vec![

@@ -19,16 +19,19 @@ const RETRY: Duration = Duration::from_secs(1);
 /// Listens until the process ends. Whenever the subscription is (re)made,
 /// every remembered refusal is forgotten: what was announced while nobody
 /// listened is unknown. A cluster's classic pub/sub reaches every node, so
-/// one node (the first seed) is enough to listen on.
+/// one node is enough to listen on: the seeds are tried in turn.
 pub async fn listen(settings: RedisSettings, forgetter: Forgetter) {
     install_tls_provider();
-    let url = match &settings.topology {
-        Topology::Standalone(url) => url.clone(),
-        Topology::Cluster(nodes) => nodes.first().cloned().unwrap_or_default(),
+    let urls = match &settings.topology {
+        Topology::Standalone(url) => vec![url.clone()],
+        Topology::Cluster(nodes) => nodes.clone(),
     };
     let channel = changes_channel(&settings.key_prefix);
     let mut lost_logged = false;
-    loop {
+    for attempt in 0usize.. {
+        let Some(url) = urls.get(attempt % urls.len().max(1)) else {
+            return;
+        };
         let subscribed = async {
             let client = match settings.tls_certificates() {
                 Some(certificates) => redis::Client::build_with_tls(url.as_str(), certificates),

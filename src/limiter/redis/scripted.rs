@@ -297,7 +297,8 @@ impl<C: Connect> Scripted<C> {
                     .await
                     .map_err(classify)?;
             }
-            self.announce(&mut connection, checks).await
+            self.announce(&mut connection, checks).await;
+            Ok(())
         })
         .await
     }
@@ -315,7 +316,7 @@ impl<C: Connect> Scripted<C> {
             .within_deadline(|mut connection| async move {
                 let decided = self.run(&mut connection, &requests).await?;
                 self.announce(&mut connection, std::slice::from_ref(check))
-                    .await?;
+                    .await;
                 Ok(decided)
             })
             .await?;
@@ -331,15 +332,20 @@ impl<C: Connect> Scripted<C> {
 
     /// Publishes the layers whose state an operator changed on
     /// `changes_channel`, so that every instance forgets the refusals it
-    /// remembers for them (`KnownRefusals`).
-    async fn announce(&self, connection: &mut C, checks: &[Check]) -> Result<(), LimiterError> {
+    /// remembers for them (`KnownRefusals`). The change is made whether or
+    /// not this is heard: a failure is logged, not answered as the
+    /// change's (a retried credit would be given twice).
+    async fn announce(&self, connection: &mut C, checks: &[Check]) {
         let keys: Vec<StateKey> = checks.iter().map(|c| c.key).collect();
-        redis::cmd("PUBLISH")
-            .arg(changes_channel(&self.settings.key_prefix))
+        let channel = changes_channel(&self.settings.key_prefix);
+        let published = redis::cmd("PUBLISH")
+            .arg(&channel)
             .arg(encode_state_keys(&keys))
             .exec_async(connection)
-            .await
-            .map_err(classify)
+            .await;
+        if let Err(e) = published {
+            log::warn!("changed, but could not tell the other instances on {channel} ({e}): each refuses the client until the refusal it remembers runs out");
+        }
     }
 }
 
