@@ -16,6 +16,9 @@ use crate::limiter::deny_cache::Forgetter;
 /// How long a lost subscription waits before it is tried again.
 const RETRY: Duration = Duration::from_secs(1);
 
+/// How often a subscription is asked whether it still answers.
+const PING_EVERY: Duration = Duration::from_secs(10);
+
 /// Listens until the process ends. Whenever the subscription is (re)made,
 /// every remembered refusal is forgotten: what was announced while nobody
 /// listened is unknown. A cluster's classic pub/sub reaches every node, so
@@ -47,10 +50,29 @@ pub async fn listen(settings: RedisSettings, forgetter: Forgetter) {
                 if lost_logged {
                     info!("listening again for operators' changes on {channel}");
                 }
-                let mut messages = pubsub.into_on_message();
-                while let Some(message) = messages.next().await {
-                    let text = String::from_utf8_lossy(message.get_payload_bytes());
-                    forgetter.forget(&decode_state_keys(&text));
+                let (mut sink, mut messages) = pubsub.split();
+                // A connection that went silent (a partition, a failover
+                // without a reset) ends no stream: a ping that goes
+                // unanswered ends the subscription, which is then made
+                // again, forgetting everything.
+                let mut pings = tokio::time::interval(PING_EVERY);
+                pings.tick().await;
+                loop {
+                    tokio::select! {
+                        message = messages.next() => match message {
+                            Some(message) => {
+                                let text = String::from_utf8_lossy(message.get_payload_bytes());
+                                forgetter.forget(&decode_state_keys(&text));
+                            }
+                            None => break,
+                        },
+                        _ = pings.tick() => {
+                            let ping = tokio::time::timeout(settings.timeout.max(RETRY), sink.ping::<redis::Value>());
+                            if !matches!(ping.await, Ok(Ok(_))) {
+                                break;
+                            }
+                        }
+                    }
                 }
                 warn!("lost the subscription to operators' changes on {channel}: remembered refusals are forgotten when it is back");
                 lost_logged = true;
