@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::admin_token::{TokenFile, TOKEN};
-use common::redis_server::RedisServer;
+use common::redis_server::{RedisCluster, RedisServer};
 use common::{request, wait_until, ConfigBuilder, Limit, Proxy, Response, Upstream};
 use serde_json::Value;
 
@@ -324,22 +324,47 @@ fn without_a_token_the_api_is_off_and_says_so_while_the_probes_stay_open() {
     assert_eq!(proxy.admin_get("/").status, 404);
 }
 
+/// Subscribers to the changes channel on one node.
+fn subscribers(node: &RedisServer) -> i64 {
+    let reply: Vec<redis::Value> = node.cmd(&["PUBSUB", "NUMSUB", "floodgate:changes"]);
+    match reply.get(1) {
+        Some(redis::Value::Int(n)) => *n,
+        _ => 0,
+    }
+}
+
 #[test]
 fn a_reset_and_a_credit_reach_every_instance_sharing_redis() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
     let token = TokenFile::new();
-    let shared = builder(&upstream, &token).redis(&redis.url()).env(
+    let shared = builder(&upstream, &token).redis(&redis.url());
+    reset_and_credit_reach_both(shared, || subscribers(&redis));
+}
+
+#[test]
+fn a_reset_and_a_credit_reach_every_instance_sharing_a_redis_cluster() {
+    let cluster = RedisCluster::start();
+    let upstream = Upstream::start();
+    let token = TokenFile::new();
+    let shared = builder(&upstream, &token)
+        .redis_cluster(&cluster.urls())
+        .redis_lines("timeout = \"2s\"");
+    reset_and_credit_reach_both(shared, || cluster.nodes.iter().map(subscribers).sum());
+}
+
+/// Two instances on `shared`'s store: a client refused on both (each
+/// remembering the refusal) is admitted on both once reset through one,
+/// and a credit through the other gives exactly its units to both.
+fn reset_and_credit_reach_both(shared: ConfigBuilder, subscribed: impl Fn() -> i64) {
+    let shared = shared.env(
         "FLOODGATE_IDENTITY_SECRET",
         "a-secret-shared-by-both-instances",
     );
     let a = shared.start();
     let b = shared.start();
     // Both listen for operators' changes before any is made.
-    assert!(wait_until(Duration::from_secs(10), || {
-        let subscribers: Vec<redis::Value> = redis.cmd(&["PUBSUB", "NUMSUB", "floodgate:changes"]);
-        matches!(subscribers.get(1), Some(redis::Value::Int(n)) if *n >= 2)
-    }));
+    assert!(wait_until(Duration::from_secs(10), || subscribed() >= 2));
     for _ in 0..3 {
         assert_eq!(a.get("/").status, 200);
     }
@@ -356,6 +381,10 @@ fn a_reset_and_a_credit_reach_every_instance_sharing_redis() {
     ));
     assert_eq!(seen["store"], "redis");
     assert_eq!(entry(&seen, "per-ip")["remaining"], 0);
+    let retry = entry(&seen, "per-ip")["retry_after_s"]
+        .as_f64()
+        .expect("retry time");
+    assert!(retry > 90.0 && retry <= 100.0, "{seen}");
 
     let r = call(
         admin(&a),
