@@ -40,6 +40,11 @@ fn call(admin: SocketAddr, method: &str, path: &str, token: Option<&str>, body: 
     request(admin, method, path, &headers, body.as_bytes())
 }
 
+/// `POST /v1/clients/credit` with the token.
+fn credit(admin: SocketAddr, body: &str) -> Response {
+    call(admin, "POST", "/v1/clients/credit", Some(TOKEN), body)
+}
+
 fn json(response: &Response) -> Value {
     serde_json::from_str(&response.body)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {} {}", response.status, response.body))
@@ -180,13 +185,7 @@ fn a_refused_client_is_seen_reset_and_credited_and_nobody_else_can() {
     assert_eq!(proxy.get("/").status, 429);
 
     // A credit adds exactly its units.
-    let r = call(
-        at,
-        "POST",
-        "/v1/clients/credit",
-        Some(TOKEN),
-        r#"{"ip": "127.0.0.1", "limit": "per-ip", "units": 2}"#,
-    );
+    let r = credit(at, r#"{"ip": "127.0.0.1", "limit": "per-ip", "units": 2}"#);
     assert_eq!(r.status, 200, "{}", r.body);
     let credited = json(&r);
     assert_eq!(credited["remaining_before"], 0);
@@ -196,13 +195,7 @@ fn a_refused_client_is_seen_reset_and_credited_and_nobody_else_can() {
     assert_eq!(proxy.get("/").status, 429);
 
     // What cannot be credited says why.
-    let r = call(
-        at,
-        "POST",
-        "/v1/clients/credit",
-        Some(TOKEN),
-        r#"{"ip": "127.0.0.1", "limit": "search", "units": 1}"#,
-    );
+    let r = credit(at, r#"{"ip": "127.0.0.1", "limit": "search", "units": 1}"#);
     assert_eq!(r.status, 409, "{}", r.body);
     for body in [
         r#"{"ip": "127.0.0.1", "limit": "per-ip", "units": 0}"#,
@@ -212,7 +205,7 @@ fn a_refused_client_is_seen_reset_and_credited_and_nobody_else_can() {
         r#"{"ip": "not an address", "limit": "per-ip", "units": 1}"#,
         "not json",
     ] {
-        let r = call(at, "POST", "/v1/clients/credit", Some(TOKEN), body);
+        let r = credit(at, body);
         assert_eq!(r.status, 400, "{body}: {}", r.body);
         assert!(json(&r)["reason"].is_string());
     }
@@ -407,11 +400,8 @@ fn reset_and_credit_reach_both(shared: ConfigBuilder, subscribed: impl Fn() -> i
     assert_eq!(b.get("/").status, 429);
 
     // A credit through B: exactly one more, on either instance.
-    let r = call(
+    let r = credit(
         admin(&b),
-        "POST",
-        "/v1/clients/credit",
-        Some(TOKEN),
         r#"{"ip": "127.0.0.1", "limit": "per-ip", "units": 1}"#,
     );
     assert_eq!(r.status, 200, "{}", r.body);
@@ -468,8 +458,17 @@ fn what_cannot_be_answered_says_why() {
     assert_eq!(r.status, 405, "{}", r.body);
     assert_eq!(r.header("allow"), Some("GET, DELETE"));
     let big = format!("{{\"ip\": \"{}\"}}", "1".repeat(20_000));
-    let r = call(at, "POST", "/v1/clients/credit", Some(TOKEN), &big);
+    let r = credit(at, &big);
     assert_eq!(r.status, 413, "{}", r.body);
+    // Guessing tokens floods no log.
+    for _ in 0..50 {
+        assert_eq!(
+            call(at, "GET", "/v1/limits", Some("guess-guess-guess-guess"), "").status,
+            401
+        );
+    }
+    let lines = proxy.log().matches("refused: no valid token").count();
+    assert!((1..=2).contains(&lines), "{lines} lines");
     // An API key is never logged in full.
     let r = get("/v1/clients?api_key=pro-key-0123");
     assert_eq!(r.status, 404, "{}", r.body);

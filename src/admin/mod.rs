@@ -7,6 +7,7 @@ pub mod auth;
 mod clients;
 mod reply;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -35,11 +36,49 @@ const MAX_BODY: usize = 16 * 1024;
 
 pub struct Admin {
     state: Arc<AppState>,
+    refusals: RefusalLog,
 }
 
 impl Admin {
     pub fn new(state: Arc<AppState>) -> Self {
-        Admin { state }
+        Admin {
+            state,
+            refusals: RefusalLog::default(),
+        }
+    }
+}
+
+/// Calls refused for want of the token, logged at most once per
+/// `REFUSALS_LOGGED_EVERY_S` with how many came since: a client guessing
+/// tokens cannot flood the log.
+#[derive(Default)]
+struct RefusalLog {
+    last_logged_s: AtomicU64,
+    unlogged: AtomicU64,
+}
+
+const REFUSALS_LOGGED_EVERY_S: u64 = 10;
+
+impl RefusalLog {
+    fn refused(&self, what: impl FnOnce() -> String) {
+        let now = crate::status::unix_now();
+        let last = self.last_logged_s.load(Ordering::Relaxed);
+        let due = now.saturating_sub(last) >= REFUSALS_LOGGED_EVERY_S
+            && self
+                .last_logged_s
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok();
+        if due {
+            let more = self.unlogged.swap(0, Ordering::Relaxed);
+            let more = if more > 0 {
+                format!(" ({more} more refused since the last such line)")
+            } else {
+                String::new()
+            };
+            warn!("admin: {}{more}", what());
+        } else {
+            self.unlogged.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -133,7 +172,8 @@ impl Admin {
             .client_addr()
             .map_or_else(|| "?".to_string(), |a| a.to_string());
         let Some(credential) = authenticate(token, &request.headers) else {
-            warn!("admin: {method} {path} from {peer} refused: no valid token");
+            self.refusals
+                .refused(|| format!("{method} {path} from {peer} refused: no valid token"));
             return error(&ApiError {
                 status: 401,
                 code: "unauthorized",
@@ -249,7 +289,8 @@ impl Admin {
             let peer = session
                 .client_addr()
                 .map_or_else(|| "?".to_string(), |a| a.to_string());
-            warn!("admin: login from {peer} refused: wrong token");
+            self.refusals
+                .refused(|| format!("login from {peer} refused: wrong token"));
             html(
                 401,
                 &LOGIN_PAGE.replace(
