@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 use crate::identity::Client;
-use crate::limiter::Deciding;
+use crate::limiter::{Deciding, LimitName};
 use crate::metrics::LayerCounters;
 use crate::policy::Limit;
 
@@ -63,12 +63,15 @@ pub struct Status {
     samples: Mutex<VecDeque<Sample>>,
     /// What decides, and since when (unix seconds).
     deciding: Mutex<(Deciding, u64)>,
-    board: Mutex<HashMap<(String, String), Refused>>,
+    /// By the client's identity (key or address) and the refusing limit.
+    board: Mutex<HashMap<(u128, LimitName), Refused>>,
     reloads: Mutex<VecDeque<Reload>>,
     pub started_at: u64,
 }
 
 struct Refused {
+    /// The client as the page shows it: a key's label, or the address.
+    label: String,
     tier: String,
     count: u64,
     last: u64,
@@ -128,19 +131,14 @@ impl Status {
     }
 
     /// Counts a refused request against its client and the refusing limit.
-    pub fn refused(&self, client: &Client, limit: &str) {
-        let label = match &client.api_key {
-            Some(key) => key.log_label(),
-            None => match client.ip {
-                std::net::IpAddr::V6(_) => format!("{}/{}", client.ip, client.ip_prefix),
-                ip => ip.to_string(),
-            },
-        };
+    /// A client already on the board costs a lookup and no allocation.
+    pub fn refused(&self, client: &Client, limit: &LimitName) {
+        let who = client.api_key.as_ref().map_or(client.ip_hash, |k| k.hash);
         let now = unix_now();
         let Ok(mut board) = self.board.lock() else {
             return;
         };
-        let key = (label, limit.to_string());
+        let key = (who, limit.clone());
         if let Some(entry) = board.get_mut(&key) {
             entry.count += 1;
             entry.last = now;
@@ -152,16 +150,11 @@ impl Status {
         // then at most that many too high, never too low.
         let mut count = 1;
         if board.len() >= BOARD_SIZE {
+            let recent = |r: &Refused| now.saturating_sub(r.last) < BOARD_WINDOW_S;
             let least = board
                 .iter()
-                .min_by_key(|(_, r)| (now.saturating_sub(r.last) < BOARD_WINDOW_S, r.count))
-                .map(|(k, r)| {
-                    (
-                        k.clone(),
-                        r.count,
-                        now.saturating_sub(r.last) < BOARD_WINDOW_S,
-                    )
-                });
+                .min_by_key(|(_, r)| (recent(r), r.count))
+                .map(|(k, r)| (k.clone(), r.count, recent(r)));
             if let Some((least, least_count, recent)) = least {
                 board.remove(&least);
                 if recent {
@@ -169,9 +162,17 @@ impl Status {
                 }
             }
         }
+        let label = match &client.api_key {
+            Some(key) => key.log_label(),
+            None => match client.ip {
+                std::net::IpAddr::V6(_) => format!("{}/{}", client.ip, client.ip_prefix),
+                ip => ip.to_string(),
+            },
+        };
         board.insert(
             key,
             Refused {
+                label,
                 tier: client.tier.name().to_string(),
                 count,
                 last: now,
@@ -246,15 +247,15 @@ impl Status {
             })
             .collect();
         let mut board: Vec<Value> = self.board.lock().map_or(Vec::new(), |board| {
-            let mut rows: Vec<(&(String, String), &Refused)> = board
+            let mut rows: Vec<(&(u128, LimitName), &Refused)> = board
                 .iter()
                 .filter(|(_, r)| now.saturating_sub(r.last) < BOARD_WINDOW_S)
                 .collect();
             rows.sort_by(|a, b| b.1.count.cmp(&a.1.count).then(b.1.last.cmp(&a.1.last)));
             rows.into_iter()
                 .take(BOARD_SHOWN)
-                .map(|((client, limit), r)| {
-                    json!({"client": client, "tier": r.tier, "limit": limit, "refusals": r.count, "last": r.last})
+                .map(|((_, limit), r)| {
+                    json!({"client": r.label, "tier": r.tier, "limit": limit.as_str(), "refusals": r.count, "last": r.last})
                 })
                 .collect()
         });

@@ -332,7 +332,7 @@ fn a_reset_and_a_credit_reach_every_instance_sharing_redis() {
     let upstream = Upstream::start();
     let token = TokenFile::new();
     let shared = builder(&upstream, &token).redis(&redis.url());
-    reset_and_credit_reach_both(shared, || subscribers(&redis));
+    reset_and_credit_reach_both(shared, &[&redis]);
 }
 
 #[test]
@@ -343,13 +343,16 @@ fn a_reset_and_a_credit_reach_every_instance_sharing_a_redis_cluster() {
     let shared = builder(&upstream, &token)
         .redis_cluster(&cluster.urls())
         .redis_lines("timeout = \"2s\"");
-    reset_and_credit_reach_both(shared, || cluster.nodes.iter().map(subscribers).sum());
+    let nodes: Vec<&RedisServer> = cluster.nodes.iter().collect();
+    reset_and_credit_reach_both(shared, &nodes);
 }
 
 /// Two instances on `shared`'s store: a client refused on both (each
 /// remembering the refusal) is admitted on both once reset through one,
 /// and a credit through the other gives exactly its units to both.
-fn reset_and_credit_reach_both(shared: ConfigBuilder, subscribed: impl Fn() -> i64) {
+fn reset_and_credit_reach_both(shared: ConfigBuilder, nodes: &[&RedisServer]) {
+    let subscribed = || nodes.iter().map(|n| subscribers(n)).sum::<i64>();
+    let script_runs = || nodes.iter().map(|n| n.calls("evalsha")).sum::<u64>();
     let shared = shared.env(
         "FLOODGATE_IDENTITY_SECRET",
         "a-secret-shared-by-both-instances",
@@ -361,10 +364,16 @@ fn reset_and_credit_reach_both(shared: ConfigBuilder, subscribed: impl Fn() -> i
     for _ in 0..3 {
         assert_eq!(a.get("/").status, 200);
     }
-    // Each instance now remembers the refusal for its retry time (100 s).
+    // Each instance now remembers the refusal for its retry time (100 s),
+    // and refuses again without asking Redis.
+    for proxy in [&a, &b] {
+        assert_eq!(proxy.get("/").status, 429);
+    }
+    let runs = script_runs();
     for proxy in [&a, &b, &a, &b] {
         assert_eq!(proxy.get("/").status, 429);
     }
+    assert_eq!(script_runs(), runs, "refusals remembered");
     let seen = json(&call(
         admin(&b),
         "GET",
@@ -468,7 +477,7 @@ fn what_cannot_be_answered_says_why() {
         );
     }
     let lines = proxy.log().matches("refused: no valid token").count();
-    assert!((1..=2).contains(&lines), "{lines} lines");
+    assert!((1..10).contains(&lines), "{lines} lines");
     // An API key is never logged in full.
     let r = get("/v1/clients?api_key=pro-key-0123");
     assert_eq!(r.status, 404, "{}", r.body);

@@ -13,6 +13,9 @@ use siphasher::sip128::{Hasher128, SipHasher13};
 /// SameSite=Strict, so that no script and no other site can use it.
 pub const COOKIE_NAME: &str = "floodgate_admin";
 
+/// How long a status page session lasts: 12 hours.
+pub const SESSION_S: u64 = 12 * 3600;
+
 /// The admin token; never printed.
 #[derive(Clone, PartialEq, Eq)]
 pub struct AdminToken(Arc<str>);
@@ -32,12 +35,14 @@ impl AdminToken {
         same(self.0.as_bytes(), candidate)
     }
 
-    /// The status page's cookie: a keyed hash of the token, under a key
-    /// drawn once per process, rather than the token. A browser sends a
-    /// host's cookies to all its ports (the proxy's listener, and so the
-    /// upstream, among them): what it carries there opens this process's
-    /// pages for reading only, and dies with a restart or a new token.
-    pub fn session(&self) -> String {
+    /// The status page's cookie, issued at `issued_s` (unix seconds): the
+    /// time and a keyed hash of it and the token, under a key drawn once
+    /// per process, rather than the token. A browser sends a host's
+    /// cookies to all its ports (the proxy's listener, and so the upstream,
+    /// among them): what it carries there opens this process's pages for
+    /// reading only, for `SESSION_S` at most, and dies with a restart or a
+    /// new token.
+    pub fn session(&self, issued_s: u64) -> String {
         static KEY: OnceLock<[u8; 16]> = OnceLock::new();
         let key = KEY.get_or_init(|| {
             let mut key = [0u8; 16];
@@ -53,7 +58,23 @@ impl AdminToken {
         });
         let mut h = SipHasher13::new_with_key(key);
         h.write(self.0.as_bytes());
-        format!("{:032x}", h.finish128().as_u128())
+        h.write_u64(issued_s);
+        format!("{issued_s}.{:032x}", h.finish128().as_u128())
+    }
+
+    /// Whether `cookie` is a session this process issued for this token
+    /// that has not expired at `now_s`.
+    pub fn session_valid(&self, cookie: &[u8], now_s: u64) -> bool {
+        let issued = std::str::from_utf8(cookie)
+            .ok()
+            .and_then(|c| c.split_once('.'))
+            .and_then(|(issued, _)| issued.parse::<u64>().ok());
+        match issued {
+            Some(issued) if issued <= now_s && now_s - issued < SESSION_S => {
+                same(self.session(issued).as_bytes(), cookie)
+            }
+            _ => false,
+        }
     }
 }
 
@@ -80,7 +101,7 @@ pub enum Credential {
 }
 
 /// The credential the request carries, if its token is right.
-pub fn authenticate(token: &AdminToken, headers: &HeaderMap) -> Option<Credential> {
+pub fn authenticate(token: &AdminToken, headers: &HeaderMap, now_s: u64) -> Option<Credential> {
     // The scheme's name is case-insensitive (RFC 9110).
     let bearer = headers
         .get_all(AUTHORIZATION)
@@ -104,7 +125,7 @@ pub fn authenticate(token: &AdminToken, headers: &HeaderMap) -> Option<Credentia
             pair.strip_prefix(COOKIE_NAME.as_bytes())?
                 .strip_prefix(b"=")
         })
-        .any(|candidate| same(token.session().as_bytes(), candidate));
+        .any(|candidate| token.session_valid(candidate, now_s));
     cookie.then_some(Credential::Cookie)
 }
 
@@ -123,12 +144,13 @@ mod tests {
     #[test]
     fn only_the_exact_token_authenticates_and_a_cookie_only_reads() {
         let token = AdminToken::new("0123456789abcdef");
-        let check = |pairs: &[(http::HeaderName, &str)]| authenticate(&token, &headers(pairs));
+        const NOW: u64 = 1_800_000_000;
+        let check = |pairs: &[(http::HeaderName, &str)]| authenticate(&token, &headers(pairs), NOW);
         assert_eq!(
             check(&[(AUTHORIZATION, "Bearer 0123456789abcdef")]),
             Some(Credential::Bearer)
         );
-        let session = format!("a=b; floodgate_admin={}", token.session());
+        let session = format!("a=b; floodgate_admin={}", token.session(NOW - 10));
         assert_eq!(check(&[(COOKIE, &session)]), Some(Credential::Cookie));
         assert_eq!(
             check(&[(AUTHORIZATION, "bearer 0123456789abcdef")]),
@@ -137,9 +159,18 @@ mod tests {
         // The token itself is no cookie: only the session derived from it.
         assert_eq!(check(&[(COOKIE, "floodgate_admin=0123456789abcdef")]), None);
         assert_ne!(
-            token.session(),
-            AdminToken::new("0123456789abcdeF").session()
+            token.session(NOW),
+            AdminToken::new("0123456789abcdeF").session(NOW)
         );
+        // A session expires, cannot be issued in the future, nor re-dated.
+        let expired = format!("floodgate_admin={}", token.session(NOW - SESSION_S));
+        assert_eq!(check(&[(COOKIE, &expired)]), None);
+        let ahead = format!("floodgate_admin={}", token.session(NOW + 60));
+        assert_eq!(check(&[(COOKIE, &ahead)]), None);
+        let valid = token.session(NOW - 10);
+        let (_, mac) = valid.split_once('.').expect("issued.mac");
+        let redated = format!("floodgate_admin={}.{mac}", NOW - 5);
+        assert_eq!(check(&[(COOKIE, &redated)]), None);
         for wrong in [
             "Bearer 0123456789abcde",
             "Bearer 0123456789abcdef0",

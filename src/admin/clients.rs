@@ -73,9 +73,19 @@ impl Lookup {
             )));
         };
         let mut tier = None;
+        // An internal address or a token's tier claim comes before a key's
+        // tier: where either exists, a key does not settle it.
+        let key_settles_tier = clients.internal.is_empty()
+            && clients
+                .jwt
+                .as_ref()
+                .is_none_or(|jwt| jwt.tier_claim.is_none());
         let (selector, label) = match kind.as_str() {
             "ip" => {
-                let ip: IpAddr = value.trim().parse().map_err(|_| {
+                // As the page and logs print a v6 client: with its prefix.
+                let address = value.trim();
+                let address = address.split_once('/').map_or(address, |(a, _)| a);
+                let ip: IpAddr = address.parse().map_err(|_| {
                     ApiError::bad_request(format!("ip: {value:?} is not an address"))
                 })?;
                 let of_address = clients.tier_of_address(ip);
@@ -92,7 +102,9 @@ impl Lookup {
                         "no such key in [clients.api_keys]: requests with it are anonymous",
                     )
                 })?;
-                tier = Some(known.clone());
+                if key_settles_tier {
+                    tier = Some(known.clone());
+                }
                 (Selector::ApiKey(key.to_vec()), key_label(policy, key))
             }
             "key_hash" => {
@@ -120,7 +132,9 @@ impl Lookup {
                         ))
                     }
                 };
-                tier = Some(known.clone());
+                if key_settles_tier {
+                    tier = Some(known.clone());
+                }
                 (Selector::ApiKey(key.to_vec()), key_label(policy, key))
             }
             "header" => {
@@ -517,8 +531,6 @@ pub async fn credit(
         "client": lookup.label,
         "limit": name,
         "units": units,
-        // Less than `units` when the budget filled up first.
-        "credited": after.remaining().saturating_sub(remaining_before),
         "remaining_before": remaining_before,
         "remaining": after.remaining(),
         "store": store.deciding().as_str(),

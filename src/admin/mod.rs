@@ -17,13 +17,13 @@ use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 use serde_json::Value;
 
-use auth::{authenticate, Credential, COOKIE_NAME};
+use auth::{authenticate, Credential, COOKIE_NAME, SESSION_S};
 use clients::Lookup;
 use reply::{error, html, json_reply, text, ApiError};
 
 use crate::identity::form_decode;
 use crate::state::AppState;
-use crate::status::Scene;
+use crate::status::{unix_now, Scene};
 
 const STATUS_PAGE: &str = include_str!("status.html");
 /// The page's script: served on its own, so that the page's policy runs
@@ -61,7 +61,7 @@ const REFUSALS_LOGGED_EVERY_S: u64 = 10;
 
 impl RefusalLog {
     fn refused(&self, what: impl FnOnce() -> String) {
-        let now = crate::status::unix_now();
+        let now = unix_now();
         let last = self.last_logged_s.load(Ordering::Relaxed);
         let due = now.saturating_sub(last) >= REFUSALS_LOGGED_EVERY_S
             && self
@@ -171,7 +171,7 @@ impl Admin {
         let peer = session
             .client_addr()
             .map_or_else(|| "?".to_string(), |a| a.to_string());
-        let Some(credential) = authenticate(token, &request.headers) else {
+        let Some(credential) = authenticate(token, &request.headers, unix_now()) else {
             self.refusals
                 .refused(|| format!("{method} {path} from {peer} refused: no valid token"));
             return error(&ApiError {
@@ -253,7 +253,7 @@ impl Admin {
         let Some(token) = &runtime.admin_token else {
             return text(404, "the status page is off: set [admin].token_file\n");
         };
-        match authenticate(token, &session.req_header().headers) {
+        match authenticate(token, &session.req_header().headers, unix_now()) {
             Some(_) => html(200, STATUS_PAGE, &[]),
             None => html(401, &LOGIN_PAGE.replace("<!--error-->", ""), &[]),
         }
@@ -277,8 +277,8 @@ impl Admin {
             .unwrap_or_default();
         if token.matches(given.trim_ascii()) {
             let cookie = format!(
-                "{COOKIE_NAME}={}; Path=/; HttpOnly; SameSite=Strict; Max-Age=43200",
-                token.session()
+                "{COOKIE_NAME}={}; Path=/; HttpOnly; SameSite=Strict; Max-Age={SESSION_S}",
+                token.session(unix_now())
             );
             html(
                 303,
@@ -352,7 +352,7 @@ async fn credit_call(
         "admin: credited {} ({}) {} units under {} on {}: {} left, was {} (by {peer})",
         lookup.label,
         lookup.tier,
-        done["credited"],
+        done["units"],
         done["limit"],
         done["store"],
         done["remaining"],

@@ -246,27 +246,21 @@ impl<S: Store + 'static> Store for Fallback<S> {
 
     /// Resets both: the shared state, and what was decided locally while
     /// the shared store was away. A shared store that cannot be told is an
-    /// error (the state there stands), and it trips the breaker as any
-    /// failure does; it is still asked while the breaker is open, since an
-    /// operator's reset is worth the wait of one timeout.
+    /// error (the state there stands); it is asked even while the breaker
+    /// is open, since an operator's reset is worth the wait. Its failure
+    /// does not trip the breaker: an operator's call, given a longer
+    /// deadline than a request's, is no measure of the store's health.
     async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
         self.inner.local.forget(checks);
-        let reset = self.inner.shared.reset(checks).await;
-        if let Err(e) = &reset {
-            self.inner.trip(e);
-        }
-        reset
+        self.inner.shared.reset(checks).await
     }
 
     /// Credited on the shared store, asked even while the breaker is open
-    /// (as a reset is); what was decided locally while it was away is left
-    /// as it is, and ends with the outage.
+    /// (as a reset is, and as a reset's, its failure trips nothing); what
+    /// was decided locally while it was away is left as it is, and ends
+    /// with the outage.
     async fn credit(&self, check: &Check) -> Result<Decision, LimiterError> {
-        let credited = self.inner.shared.credit(check).await;
-        if let Err(e) = &credited {
-            self.inner.trip(e);
-        }
-        credited
+        self.inner.shared.credit(check).await
     }
 
     /// Without the shared store, a slot is taken as its `on_failure` says:

@@ -127,10 +127,15 @@ impl ProxyHttp for Gateway {
         strikes::strike(self.state.store.as_ref(), ctx).await;
         if let Some(verdict) = &ctx.verdict {
             verdict.account(&ctx.runtime, ctx.client.as_ref(), &ctx.request_id);
-            if let (Some((limit, _)), Some(client), true) =
-                (verdict.decisive(), &ctx.client, verdict.refused)
-            {
-                self.state.status.refused(client, limit);
+            // The status page's board, kept only where there is a page.
+            let refusing = verdict.decisive.and_then(|i| verdict.outcomes.get(i));
+            if let (Some(o), Some(client), true, true) = (
+                refusing,
+                &ctx.client,
+                verdict.refused,
+                ctx.runtime.admin_token.is_some(),
+            ) {
+                self.state.status.refused(client, &o.name);
             }
         }
         if let Some(log) = &self.state.access_log {

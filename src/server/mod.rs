@@ -79,6 +79,9 @@ struct StatusSampler {
 impl BackgroundService for StatusSampler {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let mut tick = tokio::time::interval(crate::status::STEP);
+        // A stalled process takes its next sample a step later, not a burst
+        // of samples a moment apart.
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tokio::select! {
                 _ = tick.tick() => {

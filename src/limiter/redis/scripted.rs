@@ -42,6 +42,9 @@ pub fn script_source() -> String {
 /// The concurrency limits' leases.
 pub(super) const SLOTS_SCRIPT: &str = include_str!("../../../lua/slots.lua");
 
+/// How long an operator's reset or credit may take at least.
+const OPERATOR_DEADLINE: Duration = Duration::from_secs(2);
+
 /// Integers per layer in the script's reply.
 pub(super) const REPLY_FIELDS: usize = 7;
 
@@ -192,7 +195,21 @@ impl<C: Connect> Scripted<C> {
         F: FnOnce(C) -> Fut,
         Fut: std::future::Future<Output = Result<T, LimiterError>>,
     {
-        let deadline = self.settings.timeout;
+        self.within(self.settings.timeout, work).await
+    }
+
+    /// An operator's change is given longer than a request's decision: a
+    /// change cut short after it was made would be reported as not made
+    /// (and a retried credit given twice).
+    fn operator_deadline(&self) -> Duration {
+        self.settings.timeout.max(OPERATOR_DEADLINE)
+    }
+
+    async fn within<T, F, Fut>(&self, deadline: Duration, work: F) -> Result<T, LimiterError>
+    where
+        F: FnOnce(C) -> Fut,
+        Fut: std::future::Future<Output = Result<T, LimiterError>>,
+    {
         let run = async {
             let connection = self
                 .connection
@@ -285,18 +302,19 @@ impl<C: Connect> Scripted<C> {
         .await
     }
 
-    /// Deletes these layers' keys, one command per key (a cluster routes
-    /// each by its slot), then tells the other instances (`announce`).
+    /// Deletes these layers' keys in one pipeline (a cluster routes each
+    /// command by its key's slot), then tells the other instances
+    /// (`announce`).
     pub(super) async fn delete(&self, checks: &[Check]) -> Result<(), LimiterError> {
-        let keys: Vec<String> = checks.iter().map(|c| self.key(c)).collect();
-        self.within_deadline(|mut connection| async move {
-            for key in &keys {
-                redis::cmd("DEL")
-                    .arg(key)
-                    .exec_async(&mut connection)
-                    .await
-                    .map_err(classify)?;
-            }
+        let mut pipeline = redis::pipe();
+        for check in checks {
+            pipeline.cmd("DEL").arg(self.key(check)).ignore();
+        }
+        self.within(self.operator_deadline(), |mut connection| async move {
+            pipeline
+                .exec_async(&mut connection)
+                .await
+                .map_err(classify)?;
             self.announce(&mut connection, checks).await;
             Ok(())
         })
@@ -313,7 +331,7 @@ impl<C: Connect> Scripted<C> {
         }
         let requests = [layers.as_slice()];
         let decided = self
-            .within_deadline(|mut connection| async move {
+            .within(self.operator_deadline(), |mut connection| async move {
                 let decided = self.run(&mut connection, &requests).await?;
                 self.announce(&mut connection, std::slice::from_ref(check))
                     .await;
