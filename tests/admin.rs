@@ -488,3 +488,52 @@ fn what_cannot_be_answered_says_why() {
     );
     assert!(!proxy.log().contains("pro-key-0123"), "{}", proxy.log());
 }
+
+#[test]
+fn the_status_shows_which_store_decides_and_since_when() {
+    let mut redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let token = TokenFile::new();
+    let proxy = builder(&upstream, &token).redis(&redis.url()).start();
+    let at = admin(&proxy);
+    let store = || json(&call(at, "GET", "/v1/status", Some(TOKEN), ""))["store"].clone();
+    let before = store();
+    assert_eq!(before["deciding"], "redis", "{before}");
+    assert_eq!(before["target"], redis.url().as_str(), "{before}");
+
+    redis.kill();
+    // The first request that finds Redis gone opens the breaker.
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            proxy.get("/");
+            store()["deciding"] == "fallback"
+        }),
+        "{}",
+        proxy.log()
+    );
+    let away = store();
+    assert!(away["since"].as_u64() >= before["since"].as_u64(), "{away}");
+    // Asked while Redis is away, the client's state is on_failure's word.
+    let seen = json(&call(
+        at,
+        "GET",
+        "/v1/clients?ip=127.0.0.1",
+        Some(TOKEN),
+        "",
+    ));
+    assert_eq!(seen["store"], "fallback", "{seen}");
+    let r = call(at, "DELETE", "/v1/clients?ip=127.0.0.1", Some(TOKEN), "");
+    assert_eq!(
+        r.status, 503,
+        "a reset Redis cannot take says so: {}",
+        r.body
+    );
+    assert_eq!(json(&r)["error"], "store_unavailable");
+
+    redis.restart();
+    assert!(
+        wait_until(Duration::from_secs(10), || store()["deciding"] == "redis"),
+        "{}",
+        proxy.log()
+    );
+}
