@@ -266,9 +266,14 @@ impl MemoryStore {
 
     pub fn forget(&self, checks: &[Check]) {
         for check in checks {
-            self.lock(check.key.shard(self.shards.len()))
-                .pop(&check.key);
+            self.forget_key(&check.key);
         }
+    }
+
+    /// Drops one key's state (an operator's reset heard from another
+    /// instance).
+    pub fn forget_key(&self, key: &StateKey) {
+        self.lock(key.shard(self.shards.len())).pop(key);
     }
 
     /// Counts overflow decisions and says so in the log at most once a minute.

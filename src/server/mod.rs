@@ -99,12 +99,18 @@ impl BackgroundService for StatusSampler {
 struct ChangesListener {
     settings: RedisSettings,
     forgetter: Forgetter,
+    /// The state decided in process while Redis was away.
+    local: Arc<MemoryStore>,
 }
 
 #[async_trait::async_trait]
 impl BackgroundService for ChangesListener {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let listen = changes::listen(self.settings.clone(), self.forgetter.clone());
+        let listen = changes::listen(
+            self.settings.clone(),
+            self.forgetter.clone(),
+            self.local.clone(),
+        );
         tokio::select! {
             _ = listen => {}
             _ = shutdown.changed() => {}
@@ -296,8 +302,8 @@ pub fn build(config: &Config, inputs: Inputs) -> Result<Floodgate, BuildError> {
     let (store, changes) = match &config.redis {
         None => (memory as Arc<dyn Store>, None),
         Some(settings) => {
-            let (store, forgetter) = redis_store(settings, memory, &metrics, clock);
-            (store, Some((settings.clone(), forgetter)))
+            let (store, forgetter) = redis_store(settings, memory.clone(), &metrics, clock);
+            (store, Some((settings.clone(), forgetter, memory)))
         }
     };
     let runtime = Runtime::new(config, &metrics).map_err(|source| BuildError::Upstream {
@@ -431,12 +437,13 @@ pub fn build(config: &Config, inputs: Inputs) -> Result<Floodgate, BuildError> {
             },
         ));
     }
-    if let Some((settings, forgetter)) = changes {
+    if let Some((settings, forgetter, local)) = changes {
         server.add_service(background_service(
             "operators' changes",
             ChangesListener {
                 settings,
                 forgetter,
+                local,
             },
         ));
     }

@@ -4,6 +4,7 @@
 //! remembers for them, so that the client is admitted everywhere at once
 //! instead of when each instance's remembered retry time runs out.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -12,6 +13,7 @@ use log::{info, warn};
 use super::scripted::{changes_channel, decode_state_keys, install_tls_provider};
 use super::settings::{RedisSettings, Topology};
 use crate::limiter::deny_cache::Forgetter;
+use crate::limiter::memory::MemoryStore;
 
 /// How long a lost subscription waits before it is tried again.
 const RETRY: Duration = Duration::from_secs(1);
@@ -23,7 +25,7 @@ const PING_EVERY: Duration = Duration::from_secs(10);
 /// every remembered refusal is forgotten: what was announced while nobody
 /// listened is unknown. A cluster's classic pub/sub reaches every node, so
 /// one node is enough to listen on: the seeds are tried in turn.
-pub async fn listen(settings: RedisSettings, forgetter: Forgetter) {
+pub async fn listen(settings: RedisSettings, forgetter: Forgetter, local: Arc<MemoryStore>) {
     install_tls_provider();
     let urls = match &settings.topology {
         Topology::Standalone(url) => vec![url.clone()],
@@ -62,7 +64,13 @@ pub async fn listen(settings: RedisSettings, forgetter: Forgetter) {
                         message = messages.next() => match message {
                             Some(message) => {
                                 let text = String::from_utf8_lossy(message.get_payload_bytes());
-                                forgetter.forget(&decode_state_keys(&text));
+                                let keys = decode_state_keys(&text);
+                                forgetter.forget(&keys);
+                                // What this instance decided alone while
+                                // Redis was away is reset too.
+                                for key in &keys {
+                                    local.forget_key(key);
+                                }
                             }
                             None => break,
                         },
