@@ -247,13 +247,19 @@ impl MemoryStore {
     /// limit's overflow bucket (no room for its own key) shares that bucket
     /// with other newcomers; it is not reset for one of them.
     /// Gives `check.cost` units back to the key's state, if it has any
-    /// live (an absent key is as fresh as it gets); the key as a request
-    /// of cost 0 sees it after.
+    /// live; the key as a request of cost 0 sees it after. A key without
+    /// state of its own is left as it is: fresh, or deciding on its
+    /// limit's shared overflow entry, which is no one client's to credit.
     pub fn credit_at(&self, check: &Check, now_us: u64) -> Decision {
         let mut shard = self.lock(check.key.shard(self.shards.len()));
         let Some(entry) = shard.get_mut(&check.key) else {
-            let fresh = check.algorithm.fresh_state();
-            return check.algorithm.evaluate(&fresh, now_us, 0).decision;
+            drop(shard);
+            let as_is = Check {
+                cost: 0,
+                peek: true,
+                ..check.clone()
+            };
+            return self.peek_at(std::slice::from_ref(&as_is), now_us)[0];
         };
         if entry.idle_at_us <= now_us {
             entry.state = check.algorithm.fresh_state();

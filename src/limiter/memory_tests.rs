@@ -268,3 +268,33 @@ fn a_lookup_without_room_reads_fresh_never_the_shared_overflow() {
         "a decision still shares it"
     );
 }
+
+#[test]
+fn a_credit_gives_back_to_a_key_of_its_own_and_claims_nothing_for_the_overflow() {
+    // One key per shard: identity 68 takes shard 5 for limit 65; identity
+    // 4, of the same shard, lands on limit 65's overflow bucket.
+    let (clock, l) = limiter(64);
+    let in_shard_5 = |identity, cost| Check {
+        key: StateKey {
+            limit: 65,
+            identity,
+        },
+        ..check(1, bucket(3), identity, cost)
+    };
+    for _ in 0..3 {
+        assert!(l.decide_now(&[in_shard_5(68, 1)])[0].allowed());
+        assert!(l.decide_now(&[in_shard_5(4, 1)])[0].allowed());
+    }
+    assert!(!l.decide_now(&[in_shard_5(68, 1)])[0].allowed());
+    let now = clock.now_us();
+    assert_eq!(l.credit_at(&in_shard_5(68, 2), now).remaining(), 2);
+    assert!(l.decide_now(&[in_shard_5(68, 1)])[0].allowed());
+    assert!(l.decide_now(&[in_shard_5(68, 1)])[0].allowed());
+    assert!(!l.decide_now(&[in_shard_5(68, 1)])[0].allowed());
+    // The overflow is shared by newcomers: no one of them is credited, and
+    // the answer says so.
+    assert_eq!(l.credit_at(&in_shard_5(4, 2), now).remaining(), 0);
+    assert!(!l.decide_now(&[in_shard_5(4, 1)])[0].allowed());
+    // A key never seen is full already.
+    assert_eq!(l.credit_at(&check(0, bucket(3), 9, 2), now).remaining(), 3);
+}
