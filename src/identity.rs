@@ -271,22 +271,9 @@ impl IdentityHasher {
     /// other instance needs to agree. Reloads keep it, so state survives them.
     pub fn per_process() -> IdentityHasher {
         static KEY: OnceLock<[u8; 16]> = OnceLock::new();
-        let key = *KEY.get_or_init(|| {
-            let mut key = [0u8; 16];
-            if getrandom::fill(&mut key).is_err() {
-                // No entropy source at all: fall back to what std seeds its
-                // own hash maps with.
-                let seed = std::collections::hash_map::RandomState::new();
-                for (half, chunk) in key.chunks_mut(8).enumerate() {
-                    let mut h = std::hash::BuildHasher::build_hasher(&seed);
-                    h.write_u64(std::process::id().into());
-                    h.write_usize(half);
-                    chunk.copy_from_slice(&h.finish().to_le_bytes());
-                }
-            }
-            key
-        });
-        IdentityHasher { key }
+        IdentityHasher {
+            key: *KEY.get_or_init(random_key),
+        }
     }
 
     /// A fixed, public key: only for a Redis store whose instances were given
@@ -312,6 +299,23 @@ pub enum KnownPart<'a> {
     Cookie(&'a str, &'a [u8]),
     Query(&'a str, &'a [u8]),
     Claim(&'a ClaimPath, &'a [u8]),
+}
+
+/// A key for a keyed hash, drawn from the system's entropy.
+pub fn random_key() -> [u8; 16] {
+    let mut key = [0u8; 16];
+    if getrandom::fill(&mut key).is_err() {
+        // No entropy source at all: fall back to what std seeds its own
+        // hash maps with.
+        let seed = std::collections::hash_map::RandomState::new();
+        for (half, chunk) in key.chunks_mut(8).enumerate() {
+            let mut h = std::hash::BuildHasher::build_hasher(&seed);
+            h.write_u64(std::process::id().into());
+            h.write_usize(half);
+            chunk.copy_from_slice(&h.finish().to_le_bytes());
+        }
+    }
+    key
 }
 
 /// Validated `[clients]` settings.
@@ -372,7 +376,12 @@ pub struct ApiKey {
 impl ApiKey {
     /// What logs show instead of the key: enough to tell keys apart.
     pub fn log_label(&self) -> String {
-        format!("key#{:08x}", (self.hash >> 96) as u32)
+        ApiKey::label_of(self.hash)
+    }
+
+    /// The label of the key whose identity is `hash`.
+    pub fn label_of(hash: u128) -> String {
+        format!("key#{:08x}", (hash >> 96) as u32)
     }
 }
 
@@ -400,10 +409,7 @@ pub struct Client {
 impl Client {
     /// For the rejection log: address, key label and tier.
     pub fn log_label(&self) -> String {
-        let ip = match self.ip {
-            IpAddr::V6(_) => format!("{}/{}", self.ip, self.ip_prefix),
-            IpAddr::V4(_) => self.ip.to_string(),
-        };
+        let ip = self.address_label();
         match &self.api_key {
             Some(k) => format!("ip={ip} {} tier={}", k.log_label(), self.tier),
             None => format!("ip={ip} tier={}", self.tier),
@@ -411,8 +417,19 @@ impl Client {
     }
 }
 
-/// The claim `[block].jwt_subjects` and `jwt:sub` read.
-static SUBJECT: std::sync::LazyLock<ClaimPath> =
+impl Client {
+    /// The (aggregated) address as logs print it: IPv6 with its prefix.
+    pub fn address_label(&self) -> String {
+        match self.ip {
+            IpAddr::V6(_) => format!("{}/{}", self.ip, self.ip_prefix),
+            IpAddr::V4(_) => self.ip.to_string(),
+        }
+    }
+}
+
+/// The claim `[block].jwt_subjects`, `jwt:sub` and the admin API's
+/// `jwt_sub` read.
+pub static SUBJECT: std::sync::LazyLock<ClaimPath> =
     std::sync::LazyLock::new(|| ClaimPath::parse("sub").unwrap_or_else(|| unreachable!()));
 
 /// A host as limits compare it: lower case, without port or final dot.

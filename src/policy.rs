@@ -334,6 +334,17 @@ pub enum OnMissing {
     Ip,
 }
 
+impl OnMissing {
+    /// As the config spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnMissing::Skip => "skip",
+            OnMissing::Deny => "deny",
+            OnMissing::Ip => "ip",
+        }
+    }
+}
+
 /// One `[[limits]]` entry, validated.
 #[derive(Debug, Clone)]
 pub struct Limit {

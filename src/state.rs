@@ -193,22 +193,13 @@ impl AppState {
         }
     }
 
-    /// Where the shared store is, for the status page: its address
-    /// without credentials; none for the memory store.
+    /// Where the shared store is, for the status page, password hidden;
+    /// none for the memory store.
     pub fn store_target(&self) -> Option<String> {
-        let redis = self.started_with.redis.as_ref()?;
-        let without_credentials = |url: &str| match (url.split_once("://"), url.rsplit_once('@')) {
-            (Some((scheme, _)), Some((_, host))) => format!("{scheme}://{host}"),
-            _ => url.to_string(),
-        };
-        Some(match &redis.topology {
-            crate::limiter::redis::Topology::Standalone(url) => without_credentials(url),
-            crate::limiter::redis::Topology::Cluster(nodes) => nodes
-                .iter()
-                .map(|n| without_credentials(n))
-                .collect::<Vec<_>>()
-                .join(", "),
-        })
+        self.started_with
+            .redis
+            .as_ref()
+            .map(|redis| redis.redacted_target())
     }
 
     /// Values read at scrape time.

@@ -162,13 +162,10 @@ impl Status {
                 }
             }
         }
-        let label = match &client.api_key {
-            Some(key) => key.log_label(),
-            None => match client.ip {
-                std::net::IpAddr::V6(_) => format!("{}/{}", client.ip, client.ip_prefix),
-                ip => ip.to_string(),
-            },
-        };
+        let label = client
+            .api_key
+            .as_ref()
+            .map_or_else(|| client.address_label(), |key| key.log_label());
         board.insert(
             key,
             Refused {
@@ -246,7 +243,7 @@ impl Status {
                 })
             })
             .collect();
-        let mut board: Vec<Value> = self.board.lock().map_or(Vec::new(), |board| {
+        let board: Vec<Value> = self.board.lock().map_or(Vec::new(), |board| {
             let mut rows: Vec<(&(u128, LimitName), &Refused)> = board
                 .iter()
                 .filter(|(_, r)| now.saturating_sub(r.last) < BOARD_WINDOW_S)
@@ -259,7 +256,6 @@ impl Status {
                 })
                 .collect()
         });
-        board.truncate(BOARD_SHOWN);
         let reloads: Vec<Value> = self.reloads.lock().map_or(Vec::new(), |reloads| {
             reloads
                 .iter()

@@ -7,7 +7,6 @@ use crate::policy::{AfterResponse, KeySource, OnMissing, Rule};
 
 use crate::config::Config;
 use crate::identity::IdentityKeySource;
-use crate::limiter::OnFailure;
 use crate::path::EscapedSlashes;
 
 pub fn describe(config: &Config) -> String {
@@ -47,13 +46,12 @@ pub fn describe(config: &Config) -> String {
     let _ = writeln!(out, "upstream  {}", config.upstream.servers.join(", "));
     match &config.redis {
         Some(r) => {
-            let target = r.target();
             let _ = writeln!(
                 out,
                 "store     redis {} (timeout {:?}, on_failure {}, {} instance(s))",
-                redact(&target),
+                r.redacted_target(),
                 r.timeout,
-                failure(r.on_failure),
+                r.on_failure.as_str(),
                 r.instances
             );
         }
@@ -115,7 +113,7 @@ pub fn describe(config: &Config) -> String {
             flags.push("shadow".to_string());
         }
         if let Some(f) = limit.on_failure {
-            flags.push(format!("on_failure={}", failure(f)));
+            flags.push(format!("on_failure={}", f.as_str()));
         }
         match &limit.after_response {
             Some(AfterResponse::Status(statuses)) => flags.push(format!("counted on {statuses}")),
@@ -233,22 +231,4 @@ pub fn describe(config: &Config) -> String {
         );
     }
     out
-}
-
-fn failure(f: OnFailure) -> &'static str {
-    match f {
-        OnFailure::Local => "local",
-        OnFailure::Allow => "allow",
-        OnFailure::Deny => "deny",
-    }
-}
-
-/// Hides a password in a redis URL.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}://***{}", &url[..scheme], &url[at..])
-        }
-        _ => url.to_string(),
-    }
 }

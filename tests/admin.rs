@@ -40,6 +40,11 @@ fn call(admin: SocketAddr, method: &str, path: &str, token: Option<&str>, body: 
     request(admin, method, path, &headers, body.as_bytes())
 }
 
+/// A call without a body, with the token.
+fn with_token(admin: SocketAddr, method: &str, path: &str) -> Response {
+    call(admin, method, path, Some(TOKEN), "")
+}
+
 /// `POST /v1/clients/credit` with the token.
 fn credit(admin: SocketAddr, body: &str) -> Response {
     call(admin, "POST", "/v1/clients/credit", Some(TOKEN), body)
@@ -74,7 +79,7 @@ fn a_refused_client_is_seen_reset_and_credited_and_nobody_else_can() {
     assert_eq!(proxy.get("/").status, 429);
 
     // Seen, with its retry time (one token per 100 s).
-    let seen = call(at, "GET", "/v1/clients?ip=127.0.0.1", Some(TOKEN), "");
+    let seen = with_token(at, "GET", "/v1/clients?ip=127.0.0.1");
     assert_eq!(seen.status, 200, "{}", seen.body);
     let seen = json(&seen);
     assert_eq!(seen["store"], "memory");
@@ -165,22 +170,10 @@ fn a_refused_client_is_seen_reset_and_credited_and_nobody_else_can() {
     assert_eq!(proxy.get("/").status, 429, "unchanged by refused calls");
 
     // A made-up limit: 404, nothing reset.
-    let r = call(
-        at,
-        "DELETE",
-        "/v1/clients?ip=127.0.0.1&limit=nope",
-        Some(TOKEN),
-        "",
-    );
+    let r = with_token(at, "DELETE", "/v1/clients?ip=127.0.0.1&limit=nope");
     assert_eq!(r.status, 404, "{}", r.body);
     assert_eq!(json(&r)["error"], "unknown_limit");
-    let r = call(
-        at,
-        "GET",
-        "/v1/clients?ip=127.0.0.1&limit=nope",
-        Some(TOKEN),
-        "",
-    );
+    let r = with_token(at, "GET", "/v1/clients?ip=127.0.0.1&limit=nope");
     assert_eq!(r.status, 404, "{}", r.body);
     assert_eq!(proxy.get("/").status, 429);
 
@@ -212,22 +205,14 @@ fn a_refused_client_is_seen_reset_and_credited_and_nobody_else_can() {
     assert_eq!(proxy.get("/").status, 429);
 
     // Reset: admitted at once, and logged with what changed.
-    let r = call(
-        at,
-        "DELETE",
-        "/v1/clients?ip=127.0.0.1&limit=per-ip",
-        Some(TOKEN),
-        "",
-    );
+    let r = with_token(at, "DELETE", "/v1/clients?ip=127.0.0.1&limit=per-ip");
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(json(&r)["reset"], serde_json::json!(["per-ip"]));
     assert_eq!(proxy.get("/").status, 200);
-    let seen = json(&call(
+    let seen = json(&with_token(
         at,
         "GET",
         "/v1/clients?ip=127.0.0.1&limit=per-ip",
-        Some(TOKEN),
-        "",
     ));
     assert_eq!(entry(&seen, "per-ip")["remaining"], 2);
     assert!(
@@ -242,7 +227,7 @@ fn a_refused_client_is_seen_reset_and_credited_and_nobody_else_can() {
         .contains("admin: credited ip=127.0.0.1 (anonymous) 2 units under \"per-ip\""));
 
     // The running limits, with their numbers.
-    let limits = json(&call(at, "GET", "/v1/limits", Some(TOKEN), ""));
+    let limits = json(&with_token(at, "GET", "/v1/limits"));
     let names: Vec<&str> = limits["limits"]
         .as_array()
         .expect("limits")
@@ -268,32 +253,22 @@ fn a_ban_is_seen_and_lifted() {
         proxy.metric("floodgate_bans_total{limit=\"login\"}") == 1.0
     }));
     assert_eq!(proxy.get("/anything").status, 429, "banned on every route");
-    let seen = json(&call(
+    let seen = json(&with_token(
         at,
         "GET",
         "/v1/clients?ip=127.0.0.1&limit=login",
-        Some(TOKEN),
-        "",
     ));
     let ban = &entry(&seen, "login")["ban"];
     assert_eq!(ban["banned"], true, "{seen}");
     let left = ban["retry_after_s"].as_f64().expect("ban time");
     assert!(left > 3500.0 && left <= 3600.0, "{ban}");
 
-    let r = call(
-        at,
-        "DELETE",
-        "/v1/clients?ip=127.0.0.1&limit=login",
-        Some(TOKEN),
-        "",
-    );
+    let r = with_token(at, "DELETE", "/v1/clients?ip=127.0.0.1&limit=login");
     assert_eq!(r.status, 200, "{}", r.body);
-    let seen = json(&call(
+    let seen = json(&with_token(
         at,
         "GET",
         "/v1/clients?ip=127.0.0.1&limit=login",
-        Some(TOKEN),
-        "",
     ));
     assert_eq!(entry(&seen, "login")["ban"]["banned"], false, "{seen}");
     assert_eq!(entry(&seen, "login")["remaining"], 2, "{seen}");
@@ -308,7 +283,7 @@ fn without_a_token_the_api_is_off_and_says_so_while_the_probes_stay_open() {
         .limit(Limit::token_bucket("per-ip", "ip", 3, 0.01))
         .start();
     let at = admin(&proxy);
-    let r = call(at, "GET", "/v1/clients?ip=127.0.0.1", Some(TOKEN), "");
+    let r = with_token(at, "GET", "/v1/clients?ip=127.0.0.1");
     assert_eq!(r.status, 404, "{}", r.body);
     assert_eq!(json(&r)["error"], "admin_api_off");
     assert_eq!(proxy.admin_get("/metrics").status, 200);
@@ -374,13 +349,7 @@ fn reset_and_credit_reach_both(shared: ConfigBuilder, nodes: &[&RedisServer]) {
         assert_eq!(proxy.get("/").status, 429);
     }
     assert_eq!(script_runs(), runs, "refusals remembered");
-    let seen = json(&call(
-        admin(&b),
-        "GET",
-        "/v1/clients?ip=127.0.0.1",
-        Some(TOKEN),
-        "",
-    ));
+    let seen = json(&with_token(admin(&b), "GET", "/v1/clients?ip=127.0.0.1"));
     assert_eq!(seen["store"], "redis");
     assert_eq!(entry(&seen, "per-ip")["remaining"], 0);
     let retry = entry(&seen, "per-ip")["retry_after_s"]
@@ -388,13 +357,7 @@ fn reset_and_credit_reach_both(shared: ConfigBuilder, nodes: &[&RedisServer]) {
         .expect("retry time");
     assert!(retry > 90.0 && retry <= 100.0, "{seen}");
 
-    let r = call(
-        admin(&a),
-        "DELETE",
-        "/v1/clients?ip=127.0.0.1",
-        Some(TOKEN),
-        "",
-    );
+    let r = with_token(admin(&a), "DELETE", "/v1/clients?ip=127.0.0.1");
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(json(&r)["store"], "redis");
     // B hears of it within the time a message takes, not the 100 s its
@@ -436,7 +399,7 @@ fn what_cannot_be_answered_says_why() {
         .raw(&token.section())
         .start();
     let at = admin(&proxy);
-    let get = |path: &str| call(at, "GET", path, Some(TOKEN), "");
+    let get = |path: &str| with_token(at, "GET", path);
     // The tier decides the numbers, and a header does not say it.
     let r = get("/v1/clients?header=X-Tenant:acme");
     assert_eq!(r.status, 400, "{}", r.body);
@@ -463,7 +426,7 @@ fn what_cannot_be_answered_says_why() {
         let r = get(path);
         assert_eq!(r.status, 400, "{path}: {}", r.body);
     }
-    let r = call(at, "PUT", "/v1/clients?ip=192.0.2.1", Some(TOKEN), "");
+    let r = with_token(at, "PUT", "/v1/clients?ip=192.0.2.1");
     assert_eq!(r.status, 405, "{}", r.body);
     assert_eq!(r.header("allow"), Some("GET, DELETE"));
     let big = format!("{{\"ip\": \"{}\"}}", "1".repeat(20_000));
@@ -496,7 +459,7 @@ fn the_status_shows_which_store_decides_and_since_when() {
     let token = TokenFile::new();
     let proxy = builder(&upstream, &token).redis(&redis.url()).start();
     let at = admin(&proxy);
-    let store = || json(&call(at, "GET", "/v1/status", Some(TOKEN), ""))["store"].clone();
+    let store = || json(&with_token(at, "GET", "/v1/status"))["store"].clone();
     let before = store();
     assert_eq!(before["deciding"], "redis", "{before}");
     assert_eq!(before["target"], redis.url().as_str(), "{before}");
@@ -514,15 +477,9 @@ fn the_status_shows_which_store_decides_and_since_when() {
     let away = store();
     assert!(away["since"].as_u64() >= before["since"].as_u64(), "{away}");
     // Asked while Redis is away, the client's state is on_failure's word.
-    let seen = json(&call(
-        at,
-        "GET",
-        "/v1/clients?ip=127.0.0.1",
-        Some(TOKEN),
-        "",
-    ));
+    let seen = json(&with_token(at, "GET", "/v1/clients?ip=127.0.0.1"));
     assert_eq!(seen["store"], "fallback", "{seen}");
-    let r = call(at, "DELETE", "/v1/clients?ip=127.0.0.1", Some(TOKEN), "");
+    let r = with_token(at, "DELETE", "/v1/clients?ip=127.0.0.1");
     assert_eq!(
         r.status, 503,
         "a reset Redis cannot take says so: {}",

@@ -7,6 +7,8 @@ use std::sync::{Arc, OnceLock};
 
 use http::header::{AUTHORIZATION, COOKIE};
 use http::HeaderMap;
+
+use crate::identity::random_key;
 use siphasher::sip128::{Hasher128, SipHasher13};
 
 /// The status page's session cookie: the token itself, HttpOnly and
@@ -44,19 +46,7 @@ impl AdminToken {
     /// new token.
     pub fn session(&self, issued_s: u64) -> String {
         static KEY: OnceLock<[u8; 16]> = OnceLock::new();
-        let key = KEY.get_or_init(|| {
-            let mut key = [0u8; 16];
-            if getrandom::fill(&mut key).is_err() {
-                let seed = std::collections::hash_map::RandomState::new();
-                for (half, chunk) in key.chunks_mut(8).enumerate() {
-                    let mut h = std::hash::BuildHasher::build_hasher(&seed);
-                    h.write_usize(half);
-                    chunk.copy_from_slice(&h.finish().to_le_bytes());
-                }
-            }
-            key
-        });
-        let mut h = SipHasher13::new_with_key(key);
+        let mut h = SipHasher13::new_with_key(KEY.get_or_init(random_key));
         h.write(self.0.as_bytes());
         h.write_u64(issued_s);
         format!("{issued_s}.{:032x}", h.finish128().as_u128())

@@ -8,10 +8,9 @@ use http::HeaderName;
 use serde_json::{json, Value};
 
 use super::reply::ApiError;
-use crate::algorithm::Decision;
-use crate::identity::{ApiKey, KeySource, KnownPart, Tier};
-use crate::jwt::ClaimPath;
-use crate::limiter::{Check, OnFailure};
+use crate::algorithm::{Algorithm, Decision};
+use crate::identity::{ApiKey, KeySource, KnownPart, StateKey, Tier, SUBJECT};
+use crate::limiter::{Check, LimitName, OnFailure, Store};
 use crate::policy::{OnMissing, Policy, Rule};
 
 /// What the operator named the client by.
@@ -35,8 +34,6 @@ pub struct Lookup {
     pub tier: Tier,
     /// What logs and answers call the client (never a key in full).
     pub label: String,
-    /// The claim path `jwt_sub` stands for.
-    subject: Option<ClaimPath>,
     /// Whether the tier is the one the client's requests are in: named
     /// (`tier=`), or implied by a key or an internal address. A header, a
     /// cookie or a subject says nothing of it, nor does an outside
@@ -179,19 +176,18 @@ impl Lookup {
             tier_known: tier.is_some(),
             tier: tier.unwrap_or_else(|| clients.tiers.anonymous()),
             label,
-            subject: ClaimPath::parse("sub"),
         })
     }
 
-    fn part(&self) -> Option<KnownPart<'_>> {
-        Some(match &self.selector {
+    fn part(&self) -> KnownPart<'_> {
+        match &self.selector {
             Selector::Ip(ip) => KnownPart::Ip(*ip),
             Selector::ApiKey(key) => KnownPart::ApiKey(key),
             Selector::Header(name, value) => KnownPart::Header(name, value),
             Selector::Cookie(name, value) => KnownPart::Cookie(name, value),
             Selector::Query(name, value) => KnownPart::Query(name, value),
-            Selector::Subject(value) => KnownPart::Claim(self.subject.as_ref()?, value),
-        })
+            Selector::Subject(value) => KnownPart::Claim(&SUBJECT, value),
+        }
     }
 
     /// The limits keyed on this client, and those that key on it with
@@ -200,9 +196,7 @@ impl Lookup {
     fn applying(&self, policy: &Policy) -> (Vec<Applying>, Vec<Value>) {
         let mut applying = Vec::new();
         let mut hidden = Vec::new();
-        let Some(part) = self.part() else {
-            return (applying, hidden);
-        };
+        let part = self.part();
         for (layer, limit) in policy.limits.iter().enumerate() {
             if let Some(identity) = policy.clients.identity_for(&limit.key, &part) {
                 applying.push(Applying {
@@ -232,9 +226,14 @@ impl Lookup {
         (applying, hidden)
     }
 
-    /// The limits to act on: all that apply, or the one named `limit`.
-    fn chosen(&self, policy: &Policy, limit: Option<&str>) -> Result<Vec<Applying>, ApiError> {
-        let (applying, _) = self.applying(policy);
+    /// The limits to act on: all that apply, or the one named `limit`;
+    /// and those that cannot be shown (`applying`).
+    fn chosen(
+        &self,
+        policy: &Policy,
+        limit: Option<&str>,
+    ) -> Result<(Vec<Applying>, Vec<Value>), ApiError> {
+        let (applying, hidden) = self.applying(policy);
         let Some(name) = limit else {
             if applying.is_empty() {
                 return Err(ApiError::not_found(
@@ -242,7 +241,7 @@ impl Lookup {
                     format!("no limit is keyed on {}", self.label),
                 ));
             }
-            return Ok(applying);
+            return Ok((applying, hidden));
         };
         let layer = policy
             .limits
@@ -259,7 +258,7 @@ impl Lookup {
                 self.label
             )));
         }
-        Ok(chosen)
+        Ok((chosen, hidden))
     }
 
     /// Numbers are read for a tier: one the client's requests may not be
@@ -285,11 +284,7 @@ impl Lookup {
 }
 
 fn key_label(policy: &Policy, key: &[u8]) -> String {
-    ApiKey {
-        hash: policy.clients.api_key_hash(key),
-        tier: policy.clients.tiers.anonymous(),
-    }
-    .log_label()
+    ApiKey::label_of(policy.clients.api_key_hash(key))
 }
 
 fn seconds(us: u64) -> f64 {
@@ -306,9 +301,9 @@ fn on_failure(policy: &Policy, layer: usize) -> OnFailure {
 fn peek_check(
     policy: &Policy,
     layer: usize,
-    name: &crate::limiter::LimitName,
-    algorithm: crate::algorithm::Algorithm,
-    key: crate::identity::StateKey,
+    name: &LimitName,
+    algorithm: Algorithm,
+    key: StateKey,
     cost: u64,
 ) -> Check {
     Check {
@@ -329,7 +324,7 @@ fn state_checks(policy: &Policy, lookup: &Lookup, a: &Applying, cost: u64) -> Ve
     let limit = &policy.limits[a.layer];
     let mut checks = Vec::new();
     if let Rule::Rate(algorithm) = limit.rule_for(&lookup.tier) {
-        let key = crate::identity::StateKey {
+        let key = StateKey {
             limit: limit.id,
             identity: a.identity,
         };
@@ -347,7 +342,7 @@ fn state_checks(policy: &Policy, lookup: &Lookup, a: &Applying, cost: u64) -> Ve
             (&ban.strikes_name, ban.strikes, ban.strikes_id),
             (&ban.penalty_name, ban.penalty, ban.penalty_id),
         ] {
-            let key = crate::identity::StateKey {
+            let key = StateKey {
                 limit: id,
                 identity: a.identity,
             };
@@ -364,14 +359,13 @@ fn state_checks(policy: &Policy, lookup: &Lookup, a: &Applying, cost: u64) -> Ve
 /// `GET /v1/clients`: per limit keyed on the client, what is left, when it
 /// resets, how long a request waits, and the ban state; one store call.
 pub async fn show(
-    store: &dyn crate::limiter::Store,
+    store: &dyn Store,
     policy: &Policy,
     lookup: &Lookup,
     limit: Option<&str>,
 ) -> Result<Value, ApiError> {
-    let chosen = lookup.chosen(policy, limit)?;
+    let (chosen, hidden) = lookup.chosen(policy, limit)?;
     lookup.check_tier(policy, &chosen)?;
-    let (_, hidden) = lookup.applying(policy);
     // Each key twice: at cost 0 (what is left now) and at cost 1 (whether
     // a request would pass, and when).
     let mut checks = Vec::new();
@@ -442,12 +436,12 @@ pub async fn show(
 /// (bans and strikes included), on the store that holds the state; with
 /// Redis, every instance forgets the refusals it remembered.
 pub async fn reset(
-    store: &dyn crate::limiter::Store,
+    store: &dyn Store,
     policy: &Policy,
     lookup: &Lookup,
     limit: Option<&str>,
 ) -> Result<Value, ApiError> {
-    let chosen = lookup.chosen(policy, limit)?;
+    let (chosen, _) = lookup.chosen(policy, limit)?;
     let mut checks = Vec::new();
     let mut names = Vec::new();
     let mut skipped = Vec::new();
@@ -475,7 +469,7 @@ pub async fn reset(
 /// `POST /v1/clients/credit`: `units` given back under one limit (a token
 /// bucket, a fixed window or a quota), up to a full budget.
 pub async fn credit(
-    store: &dyn crate::limiter::Store,
+    store: &dyn Store,
     policy: &Policy,
     lookup: &Lookup,
     limit: Option<&str>,
@@ -484,7 +478,7 @@ pub async fn credit(
     let Some(name) = limit else {
         return Err(ApiError::bad_request("credit needs the limit to credit"));
     };
-    let chosen = lookup.chosen(policy, Some(name))?;
+    let (chosen, _) = lookup.chosen(policy, Some(name))?;
     lookup.check_tier(policy, &chosen)?;
     let a = &chosen[0];
     let limit = &policy.limits[a.layer];
@@ -508,7 +502,7 @@ pub async fn credit(
             )))
         }
     };
-    let key = crate::identity::StateKey {
+    let key = StateKey {
         limit: limit.id,
         identity: a.identity,
     };
@@ -557,16 +551,8 @@ pub fn limits(policy: &Policy) -> Value {
                 "quota": limit.rule.quota(),
                 "tiers": tiers,
                 "shadow": limit.shadow,
-                "on_failure": match on_failure(policy, layer) {
-                    OnFailure::Local => "local",
-                    OnFailure::Allow => "allow",
-                    OnFailure::Deny => "deny",
-                },
-                "on_missing": match limit.on_missing {
-                    OnMissing::Skip => "skip",
-                    OnMissing::Deny => "deny",
-                    OnMissing::Ip => "ip",
-                },
+                "on_failure": on_failure(policy, layer).as_str(),
+                "on_missing": limit.on_missing.as_str(),
                 "ban": limit.ban.as_ref().map(|b| json!({
                     "strikes": b.strikes.to_string(),
                     "penalty": b.penalty.to_string(),

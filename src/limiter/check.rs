@@ -39,6 +39,17 @@ pub enum OnFailure {
     Deny,
 }
 
+impl OnFailure {
+    /// As the config spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnFailure::Local => "local",
+            OnFailure::Allow => "allow",
+            OnFailure::Deny => "deny",
+        }
+    }
+}
+
 /// One layer to decide for one request.
 #[derive(Debug, Clone)]
 pub struct Check {

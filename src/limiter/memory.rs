@@ -261,12 +261,15 @@ impl MemoryStore {
             };
             return self.peek_at(std::slice::from_ref(&as_is), now_us)[0];
         };
-        if entry.idle_at_us <= now_us {
-            entry.state = check.algorithm.fresh_state();
-        }
-        let credited = check.algorithm.credit(&entry.state, now_us, check.cost);
-        entry.state.apply(&credited.update);
-        entry.idle_at_us = credited.idle_at_us;
+        let fresh;
+        let state = if entry.idle_at_us > now_us {
+            &entry.state
+        } else {
+            fresh = check.algorithm.fresh_state();
+            &fresh
+        };
+        let credited = check.algorithm.credit(state, now_us, check.cost);
+        update(entry, check, &credited, now_us);
         credited.decision
     }
 

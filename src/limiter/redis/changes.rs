@@ -38,10 +38,7 @@ pub async fn listen(settings: RedisSettings, forgetter: Forgetter, local: Arc<Me
             return;
         };
         let subscribed = async {
-            let client = match settings.tls_certificates() {
-                Some(certificates) => redis::Client::build_with_tls(url.as_str(), certificates),
-                None => redis::Client::open(url.as_str()),
-            }?;
+            let client = settings.client(url)?;
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(&channel).await?;
             Ok::<_, redis::RedisError>(pubsub)

@@ -45,6 +45,32 @@ impl RedisSettings {
         }
     }
 
+    /// `target` with any password hidden: what logs and pages may show.
+    pub fn redacted_target(&self) -> String {
+        let redact = |url: &str| match (url.find("://"), url.rfind('@')) {
+            (Some(scheme), Some(at)) if at > scheme => {
+                format!("{}://***{}", &url[..scheme], &url[at..])
+            }
+            _ => url.to_string(),
+        };
+        match &self.topology {
+            Topology::Standalone(url) => redact(url),
+            Topology::Cluster(nodes) => nodes
+                .iter()
+                .map(|n| redact(n))
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
+    }
+
+    /// A client of the node at `url`, over TLS with `tls_ca` when given.
+    pub(super) fn client(&self, url: &str) -> redis::RedisResult<redis::Client> {
+        match self.tls_certificates() {
+            Some(certificates) => redis::Client::build_with_tls(url, certificates),
+            None => redis::Client::open(url),
+        }
+    }
+
     pub(super) fn tls_certificates(&self) -> Option<redis::TlsCertificates> {
         self.tls_ca.as_ref().map(|ca| redis::TlsCertificates {
             client_tls: None,

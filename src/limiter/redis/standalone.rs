@@ -28,11 +28,7 @@ impl Connect for ConnectionManager {
             Topology::Standalone(url) => url.as_str(),
             Topology::Cluster(nodes) => nodes.first().map_or("", String::as_str),
         };
-        let client = match settings.tls_certificates() {
-            Some(certificates) => redis::Client::build_with_tls(url, certificates),
-            None => redis::Client::open(url),
-        }
-        .map_err(connection_error)?;
+        let client = settings.client(url).map_err(connection_error)?;
         // Reconnection happens in the background; a request never waits on
         // more than one quick attempt.
         let config = ConnectionManagerConfig::new()
