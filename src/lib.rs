@@ -5,6 +5,7 @@ pub mod access_log;
 pub mod admin;
 pub mod algorithm;
 pub mod blocklist;
+pub mod client_headers;
 pub mod clock;
 pub mod config;
 pub mod connection;

@@ -8,6 +8,8 @@ use std::time::Duration;
 use http::HeaderName;
 use pingora::prelude::HttpPeer;
 
+use crate::client_headers::ClientHeaders;
+
 /// `[upstream]`: where requests go and how.
 #[derive(Debug, Clone)]
 pub struct UpstreamSettings {
@@ -30,6 +32,8 @@ pub struct UpstreamSettings {
     /// HTTP/2 to the upstream (h2c on plain connections): gRPC needs it.
     pub http2: bool,
     pub websocket_idle_timeout: Duration,
+    /// Headers only floodgate or a trusted proxy may send upstream.
+    pub client_headers: ClientHeaders,
 }
 
 pub struct Upstreams {

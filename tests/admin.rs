@@ -494,3 +494,47 @@ fn the_status_shows_which_store_decides_and_since_when() {
         proxy.log()
     );
 }
+
+/// The status page's cookie, which a browser sends to the proxy's port too,
+/// never reaches the upstream: it reads the admin API for 12 hours.
+#[test]
+fn the_status_pages_cookie_stops_at_the_proxy() {
+    let upstream = Upstream::start();
+    let token = TokenFile::new();
+    let proxy = builder(&upstream, &token).start();
+    let at = admin(&proxy);
+    let login = request(
+        at,
+        "POST",
+        "/login",
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        format!("token={TOKEN}").as_bytes(),
+    );
+    let session = login
+        .header("set-cookie")
+        .and_then(|c| c.split(';').next())
+        .expect("a session cookie")
+        .to_string();
+    let read = request(at, "GET", "/v1/limits", &[("Cookie", &session)], b"");
+    assert_eq!(read.status, 200, "the cookie opens the API: {}", read.body);
+    let alone = proxy.send("GET", "/", &[("Cookie", &session)]);
+    assert_eq!(alone.status, 200);
+    let mixed = format!("theme=dark; {session}; cart=42");
+    assert_eq!(proxy.send("GET", "/", &[("Cookie", &mixed)]).status, 200);
+    let seen = upstream.seen();
+    let cookies: Vec<Vec<&str>> = seen
+        .iter()
+        .map(|s| {
+            s.headers
+                .iter()
+                .filter(|(k, _)| k == "cookie")
+                .map(|(_, v)| v.as_str())
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        cookies,
+        vec![Vec::<&str>::new(), vec!["theme=dark; cart=42"]],
+        "what the upstream got"
+    );
+}

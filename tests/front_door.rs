@@ -660,6 +660,102 @@ fn no_spelling_of_a_forwarding_header_reaches_the_upstream() {
     );
 }
 
+/// Every header an application might read as the client's address, the
+/// scheme, the host, the URL or the method reaches the upstream only from a
+/// trusted proxy; the operator adds names and keeps some.
+#[test]
+fn headers_the_upstream_trusts_come_only_from_a_trusted_peer() {
+    use floodgate::client_headers::LISTED;
+    // The ones an attacker got through once are on the list.
+    for name in [
+        "client-ip",
+        "cf-connecting-ip",
+        "fastly-client-ip",
+        "x-original-forwarded-for",
+        "forwarded-for",
+        "x-forwarded",
+        "x-remote-ip",
+        "x-remote-addr",
+        "x-originating-ip",
+        "x-proxyuser-ip",
+        "x-envoy-external-address",
+        "x-azure-clientip",
+        "x-appengine-user-ip",
+        "x-url-scheme",
+        "front-end-https",
+        "x-host",
+        "x-forwarded-prefix",
+        "x-original-url",
+        "x-rewrite-url",
+        "x-http-method-override",
+    ] {
+        assert!(LISTED.contains(&name), "{name} is not on the list");
+    }
+    // Floodgate writes these itself, whoever asks.
+    let written = [
+        "x-forwarded-for",
+        "x-real-ip",
+        "x-forwarded-proto",
+        "x-forwarded-host",
+    ];
+    let sent: Vec<(String, String)> = LISTED
+        .iter()
+        .map(|name| (name.to_string(), "203.0.113.9".to_string()))
+        .chain([
+            ("X_Original_URL".to_string(), "/admin".to_string()),
+            ("X-Debug-User".to_string(), "root".to_string()),
+            ("X-HTTP-Method-Override".to_string(), "DELETE".to_string()),
+        ])
+        .collect();
+    let headers: Vec<(&str, &str)> = sent.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let upstream = Upstream::start();
+    let untrusted = Proxy::start(&upstream);
+    assert_eq!(untrusted.send("GET", "/", &headers).status, 200);
+    let seen = upstream.seen().pop().expect("forwarded");
+    for name in LISTED.iter().filter(|n| !written.contains(n)) {
+        assert_eq!(header(&seen, name), None, "{name} reached the upstream");
+    }
+    assert_eq!(header(&seen, "x_original_url"), None);
+    assert_eq!(header(&seen, "x-forwarded-for"), Some("127.0.0.1"));
+    assert_eq!(header(&seen, "x-real-ip"), Some("127.0.0.1"));
+    assert_eq!(header(&seen, "x-forwarded-proto"), Some("http"));
+    assert_eq!(header(&seen, "x-debug-user"), Some("root"));
+    // Also with floodgate's own headers off: the client still may not say.
+    let quiet = ConfigBuilder::new(upstream.addr)
+        .upstream("forwarded_headers = false")
+        .start();
+    assert_eq!(quiet.send("GET", "/", &headers).status, 200);
+    let seen = upstream.seen().pop().expect("forwarded");
+    for name in LISTED {
+        assert_eq!(header(&seen, name), None, "{name} reached the upstream");
+    }
+    // The operator's own additions go; a kept name passes.
+    let tuned = ConfigBuilder::new(upstream.addr)
+        .upstream("strip_headers = [\"X-Debug-User\"]\nkeep_headers = [\"X-HTTP-Method-Override\"]")
+        .start();
+    assert_eq!(tuned.send("GET", "/", &headers).status, 200);
+    let seen = upstream.seen().pop().expect("forwarded");
+    assert_eq!(header(&seen, "x-debug-user"), None);
+    assert!(header(&seen, "x-http-method-override").is_some());
+    assert_eq!(header(&seen, "x-original-url"), None);
+    // From a trusted proxy, every one of them stands (it saw the client).
+    let trusted = ConfigBuilder::new(upstream.addr)
+        .raw("[clients]\ntrusted_proxies = [\"127.0.0.0/8\"]")
+        .start();
+    assert_eq!(trusted.send("GET", "/", &headers).status, 200);
+    let seen = upstream.seen().pop().expect("forwarded");
+    for name in LISTED
+        .iter()
+        .filter(|n| !["x-forwarded-for", "x-real-ip"].contains(n))
+    {
+        assert_eq!(
+            header(&seen, name),
+            Some("203.0.113.9"),
+            "{name} from a trusted peer"
+        );
+    }
+}
+
 #[test]
 fn an_http2_body_must_keep_moving_too() {
     use std::io::Write;

@@ -136,6 +136,10 @@ pub(super) struct UpstreamSection {
     #[serde(default)]
     pub(super) http2: bool,
     pub(super) websocket_idle_timeout: Option<String>,
+    #[serde(default)]
+    pub(super) strip_headers: Vec<String>,
+    #[serde(default)]
+    pub(super) keep_headers: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

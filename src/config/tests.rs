@@ -236,6 +236,14 @@ fn errors_name_line_and_key() {
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\n[[costs]]\nmatch = {{ paths = [\"/x\"] }}\ncost = 2\nlimits = [\"b\"]\n"),
             "t.toml:14: costs[0].limits[0]: no limit is named \"b\" (limits: a)",
         ),
+        (
+            "[server]\nlisten = \"127.0.0.1:8080\"\n[upstream]\nservers = [\"a:1\"]\nstrip_headers = [\"X-Debug\", \"Content-Length\"]\n",
+            "t.toml:5: upstream.strip_headers[1]: \"Content-Length\" frames the request; the upstream cannot do without it",
+        ),
+        (
+            "[server]\nlisten = \"127.0.0.1:8080\"\n[upstream]\nservers = [\"a:1\"]\nkeep_headers = [\"X-Debug\"]\n",
+            "t.toml:5: upstream.keep_headers[0]: \"X-Debug\" is not a header floodgate removes, so there is nothing to keep (see the list in the README)",
+        ),
     ];
     for (text, expected) in cases {
         let err = parse(text).expect_err("must fail");

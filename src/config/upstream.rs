@@ -6,6 +6,7 @@ use http::HeaderName;
 
 use super::file::UpstreamSection;
 use super::{at, duration, Inputs, Invalid};
+use crate::client_headers::{self, ClientHeaders};
 use crate::upstream::UpstreamSettings;
 
 pub(super) fn validate_upstream(
@@ -111,6 +112,7 @@ pub(super) fn validate_upstream(
         Duration::from_secs(3600),
         &[&"upstream", &"websocket_idle_timeout"],
     )?;
+    let client_headers = client_headers(u)?;
     Ok(UpstreamSettings {
         servers: u.servers.clone(),
         connect_timeout,
@@ -124,5 +126,44 @@ pub(super) fn validate_upstream(
         host,
         http2: u.http2,
         websocket_idle_timeout,
+        client_headers,
     })
+}
+
+/// `strip_headers` and `keep_headers`: valid names; nothing that frames
+/// the request stripped; only listed names kept (a name that is not on the
+/// list is kept anyway, so naming one is a mistake worth hearing of).
+fn client_headers(u: &UpstreamSection) -> Result<ClientHeaders, Invalid> {
+    const FRAMING: [&str; 7] = [
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "upgrade",
+        "te",
+        "expect",
+    ];
+    for (i, name) in u.strip_headers.iter().enumerate() {
+        if HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(at(
+                &[&"upstream", &"strip_headers", &i],
+                format!("\"{name}\" is not a valid header name"),
+            ));
+        }
+        if FRAMING.contains(&client_headers::canonical(name).as_str()) {
+            return Err(at(
+                &[&"upstream", &"strip_headers", &i],
+                format!("\"{name}\" frames the request; the upstream cannot do without it"),
+            ));
+        }
+    }
+    for (i, name) in u.keep_headers.iter().enumerate() {
+        if !client_headers::is_listed(name) {
+            return Err(at(
+                &[&"upstream", &"keep_headers", &i],
+                format!("\"{name}\" is not a header floodgate removes, so there is nothing to keep (see the list in the README)"),
+            ));
+        }
+    }
+    Ok(ClientHeaders::new(&u.strip_headers, &u.keep_headers))
 }

@@ -34,42 +34,102 @@ pub(super) fn request_id_of(session: &Session, ctx: &RequestCtx) -> String {
     }
 }
 
+/// Takes out of the upstream's request what only floodgate or a trusted
+/// proxy may say: the listed client-address, scheme, host, URL and method
+/// headers (`client_headers`), in any spelling, and `Forwarded` unless a
+/// trusted proxy writes it; and the status page's cookie, which opens the
+/// admin API to whoever reads it.
+pub(super) fn strip_what_the_client_may_not_say(
+    upstream_request: &mut pingora::http::RequestHeader,
+    trusted: bool,
+    ctx: &RequestCtx,
+) {
+    let settings = ctx.runtime.upstream.settings();
+    let configured = ctx.runtime.policy.clients.forwarded_header;
+    let strips = |name: &http::HeaderName| {
+        if is_forwarded(name.as_str()) {
+            return !(trusted && configured == crate::identity::ForwardedHeader::Forwarded);
+        }
+        !trusted && settings.client_headers.strips(name.as_str().as_bytes())
+    };
+    // Most requests carry none: nothing is collected for them.
+    if upstream_request.headers.keys().any(strips) {
+        let spoofed: Vec<http::HeaderName> = upstream_request
+            .headers
+            .keys()
+            .filter(|name| strips(name))
+            .cloned()
+            .collect();
+        for name in spoofed {
+            upstream_request.remove_header(&name);
+        }
+    }
+    if ctx.runtime.admin_token.is_some() {
+        strip_admin_cookie(upstream_request);
+    }
+}
+
+/// The request's cookies without the status page's.
+fn strip_admin_cookie(upstream_request: &mut pingora::http::RequestHeader) {
+    let name = crate::admin::auth::COOKIE_NAME;
+    let carries = |value: &http::HeaderValue| {
+        cookie_pairs(value.as_bytes()).any(|pair| is_admin_pair(pair, name))
+    };
+    if !upstream_request
+        .headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .any(carries)
+    {
+        return;
+    }
+    let kept: Vec<http::HeaderValue> = upstream_request
+        .headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .filter_map(|value| {
+            let pairs: Vec<&[u8]> = cookie_pairs(value.as_bytes())
+                .filter(|pair| !is_admin_pair(pair, name))
+                .collect();
+            (!pairs.is_empty())
+                .then(|| http::HeaderValue::from_bytes(&pairs.join(&b"; "[..])).ok())
+                .flatten()
+        })
+        .collect();
+    upstream_request.remove_header(&http::header::COOKIE);
+    for value in kept {
+        let _ = upstream_request.append_header(http::header::COOKIE, value);
+    }
+}
+
+fn cookie_pairs(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|&b| b == b';')
+        .map(|pair| pair.trim_ascii())
+        .filter(|pair| !pair.is_empty())
+}
+
+fn is_admin_pair(pair: &[u8], name: &str) -> bool {
+    pair.split(|&b| b == b'=')
+        .next()
+        .is_some_and(|n| n.trim_ascii() == name.as_bytes())
+}
+
 /// X-Forwarded-For is the chain floodgate resolved (client, trusted
 /// proxies, the peer), never what an untrusted client wrote; -Proto,
-/// -Host and X-Real-IP are floodgate's word too. A client's own
-/// `Forwarded` goes upstream only from a trusted proxy.
+/// -Host and X-Real-IP are floodgate's word too, unless a trusted proxy
+/// said the scheme and host (it saw the client). What the client may not
+/// say is gone already (`strip_what_the_client_may_not_say`).
 pub(super) fn tell_the_upstream_who_asked(
     session: &Session,
     upstream_request: &mut pingora::http::RequestHeader,
     ctx: &RequestCtx,
+    peer: IpAddr,
 ) -> Result<()> {
-    let peer = crate::identity::normalize(peer_ip(session));
     let (address, via): (IpAddr, &[IpAddr]) = match &ctx.client {
         Some(c) => (c.address, &c.via),
         None => (peer, &[]),
     };
-    let clients = &ctx.runtime.policy.clients;
-    let trusted = clients.is_trusted(&peer);
-    // What a trusted proxy said of the scheme and host stands (it saw
-    // the client); anyone else's word is replaced.
-    let kept = |name: &str| {
-        trusted
-            .then(|| upstream_request.headers.get(name).cloned())
-            .flatten()
-    };
-    let (proto, host) = (kept("x-forwarded-proto"), kept("x-forwarded-host"));
-    // Every header an application might read as the client's address
-    // or scheme, in any spelling (CGI and WSGI read `_` as `-`), goes;
-    // floodgate writes its own below.
-    let spoofable: Vec<http::HeaderName> = upstream_request
-        .headers
-        .keys()
-        .filter(|name| is_forwarding_header(name.as_str(), trusted, clients.forwarded_header))
-        .cloned()
-        .collect();
-    for name in spoofable {
-        upstream_request.remove_header(&name);
-    }
     let mut chain = address.to_string();
     for hop in via.iter().chain((address != peer).then_some(&peer)) {
         chain.push_str(", ");
@@ -77,60 +137,34 @@ pub(super) fn tell_the_upstream_who_asked(
     }
     upstream_request.insert_header("X-Forwarded-For", chain)?;
     upstream_request.insert_header("X-Real-IP", address.to_string())?;
-    let proto = proto.unwrap_or_else(|| {
+    if !upstream_request.headers.contains_key("x-forwarded-proto") {
         let tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
-        http::HeaderValue::from_static(if tls { "https" } else { "http" })
-    });
-    upstream_request.insert_header("X-Forwarded-Proto", proto)?;
-    let request = session.req_header();
-    let host = host
-        .or_else(|| request.headers.get(http::header::HOST).cloned())
-        .or_else(|| {
-            request
-                .uri
-                .authority()
-                .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok())
-        });
-    if let Some(host) = host {
-        upstream_request.insert_header("X-Forwarded-Host", host)?;
+        upstream_request.insert_header("X-Forwarded-Proto", if tls { "https" } else { "http" })?;
+    }
+    if !upstream_request.headers.contains_key("x-forwarded-host") {
+        let request = session.req_header();
+        let host = request
+            .headers
+            .get(http::header::HOST)
+            .cloned()
+            .or_else(|| {
+                request
+                    .uri
+                    .authority()
+                    .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok())
+            });
+        if let Some(host) = host {
+            upstream_request.insert_header("X-Forwarded-Host", host)?;
+        }
     }
     Ok(())
 }
 
-/// Headers that claim the client's address, scheme or host: floodgate's to
-/// write. `Forwarded` stays only from a trusted proxy that writes it (the
-/// configured forwarding header). Names compare with `_` read as `-`.
-pub(super) fn is_forwarding_header(
-    name: &str,
-    trusted: bool,
-    configured: crate::identity::ForwardedHeader,
-) -> bool {
-    const OWNED: [&str; 11] = [
-        "x-forwarded-for",
-        "x-forwarded-proto",
-        "x-forwarded-host",
-        "x-forwarded-port",
-        "x-forwarded-ssl",
-        "x-forwarded-scheme",
-        "x-forwarded-server",
-        "x-real-ip",
-        "true-client-ip",
-        "x-client-ip",
-        "x-cluster-client-ip",
-    ];
-    let same = |a: &str, b: &str| {
-        a.len() == b.len()
-            && a.bytes().zip(b.bytes()).all(|(x, y)| {
-                let x = if x == b'_' {
-                    b'-'
-                } else {
-                    x.to_ascii_lowercase()
-                };
-                x == y
-            })
-    };
-    if same(name, "forwarded") {
-        return !(trusted && configured == crate::identity::ForwardedHeader::Forwarded);
-    }
-    OWNED.iter().any(|owned| same(name, owned))
+/// `Forwarded`, in any spelling.
+fn is_forwarded(name: &str) -> bool {
+    name.len() == 9
+        && name
+            .bytes()
+            .zip(b"forwarded".iter())
+            .all(|(x, &y)| x.to_ascii_lowercase() == y)
 }

@@ -21,7 +21,9 @@ use super::answer::{
 };
 use super::charges;
 use super::ctx::{peer_ip, RequestCtx};
-use super::forwarding::{request_id_of, tell_the_upstream_who_asked};
+use super::forwarding::{
+    request_id_of, strip_what_the_client_may_not_say, tell_the_upstream_who_asked,
+};
 use super::framing::{canonicalise_target, framing_problem, request_has_body};
 use super::slots::HeldSlots;
 use super::strikes;
@@ -447,8 +449,11 @@ impl ProxyHttp for Gateway {
         ctx: &mut Self::CTX,
     ) -> Result<()> {
         let settings = ctx.runtime.upstream.settings();
+        let peer = crate::identity::normalize(peer_ip(session));
+        let trusted = ctx.runtime.policy.clients.is_trusted(&peer);
+        strip_what_the_client_may_not_say(upstream_request, trusted, ctx);
         if settings.forwarded_headers {
-            tell_the_upstream_who_asked(session, upstream_request, ctx)?;
+            tell_the_upstream_who_asked(session, upstream_request, ctx, peer)?;
         }
         if let Some(host) = &settings.host {
             upstream_request.insert_header(http::header::HOST, host.clone())?;
