@@ -555,7 +555,7 @@ impl ClientRules {
                 tier: tier.clone(),
             })
         });
-        let token = self.jwt.as_ref().map(|jwt| jwt.check(headers));
+        let token = self.jwt.as_ref().map(|jwt| jwt.check(headers, ip));
         let claims = token.as_ref().and_then(TokenCheck::claims);
         // A verified token's tier claim names the tier before an API key.
         let token_tier = self.jwt.as_ref().and_then(|jwt| {

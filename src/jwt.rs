@@ -2,17 +2,24 @@
 //! algorithm, issuer, audience and times are checked against the
 //! configured public keys, and only then are its claims believed. A token
 //! that fails is no token. Verified tokens are remembered (bounded, until
-//! they expire), so a busy client's token is verified once.
+//! they expire), so a busy client's token is verified once; refused ones
+//! for a while, so repeating one costs no check either. Both are kept as
+//! keyed hashes of the token, never the token. An address whose tokens keep
+//! failing gets no more signature checks than its budget allows.
 
 use std::collections::HashMap;
+use std::hash::Hasher;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use base64::Engine;
 use http::{HeaderMap, HeaderName};
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use lru::LruCache;
 use serde_json::Value;
+use siphasher::sip128::{Hasher128, SipHasher13};
 
 /// A claim's path: `sub`, or `org.id` for a member of an object claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,8 +57,10 @@ impl Claims {
         }
     }
 
+    /// `exp` in whole seconds: a float (`1767225600.5`) is as good as
+    /// its floor, so that such a token is remembered like any other.
     fn expires_at(&self) -> Option<u64> {
-        self.0.get("exp").and_then(Value::as_u64)
+        seconds(self.0.get("exp")?)
     }
 }
 
@@ -67,10 +76,16 @@ pub enum Rejection {
     UnknownKey,
     MissingClaim,
     Malformed,
+    /// `crit` names an extension this verifier does not implement, which
+    /// RFC 7515 says must fail the token.
+    UnknownCritical,
+    /// The address's budget of failed signature checks is spent: refused
+    /// without a check.
+    Throttled,
 }
 
 impl Rejection {
-    pub const ALL: [Rejection; 9] = [
+    pub const ALL: [Rejection; 11] = [
         Rejection::Expired,
         Rejection::NotYetValid,
         Rejection::BadSignature,
@@ -80,6 +95,8 @@ impl Rejection {
         Rejection::UnknownKey,
         Rejection::MissingClaim,
         Rejection::Malformed,
+        Rejection::UnknownCritical,
+        Rejection::Throttled,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -93,6 +110,8 @@ impl Rejection {
             Rejection::UnknownKey => "unknown_key",
             Rejection::MissingClaim => "missing_claim",
             Rejection::Malformed => "malformed",
+            Rejection::UnknownCritical => "unknown_critical",
+            Rejection::Throttled => "throttled",
         }
     }
 
@@ -156,8 +175,12 @@ pub struct JwtRules {
     /// value.
     pub tier_claim: Option<ClaimPath>,
     pub tiers: HashMap<String, String>,
-    remembered: Mutex<LruCache<Box<str>, Arc<Claims>>>,
-    refused: Mutex<LruCache<Box<str>, (Rejection, u64)>>,
+    /// Under a key drawn at start: nobody can make a token that shares
+    /// another's entry.
+    token_key: [u8; 16],
+    remembered: Mutex<LruCache<u128, Arc<Claims>>>,
+    refused: Mutex<LruCache<u128, (Rejection, u64)>>,
+    failures: SignatureBudget,
 }
 
 impl std::fmt::Debug for JwtRules {
@@ -226,12 +249,22 @@ impl JwtRules {
         tier_claim: Option<ClaimPath>,
         tiers: HashMap<String, String>,
     ) -> JwtRules {
+        let mut token_key = [0u8; 16];
+        if getrandom::fill(&mut token_key).is_err() {
+            // No entropy source: the caches' keys are only as private as
+            // the process's memory layout.
+            let seed = std::collections::hash_map::RandomState::new();
+            let h = std::hash::BuildHasher::hash_one(&seed, std::process::id());
+            token_key[..8].copy_from_slice(&h.to_le_bytes());
+        }
         JwtRules {
             header,
             keys,
             leeway_s,
             tier_claim,
             tiers,
+            token_key,
+            failures: SignatureBudget::default(),
             remembered: Mutex::new(LruCache::new(
                 std::num::NonZeroUsize::new(REMEMBERED).unwrap_or(std::num::NonZeroUsize::MIN),
             )),
@@ -241,74 +274,131 @@ impl JwtRules {
         }
     }
 
-    /// The request's token, verified (or remembered as verified).
-    pub fn check(&self, headers: &HeaderMap) -> TokenCheck {
+    /// The token a request carries: `Ok(None)` without one (or with
+    /// another scheme, such as Basic), an error for two or an unreadable one.
+    pub fn token_in<'h>(&self, headers: &'h HeaderMap) -> Result<Option<&'h str>, Rejection> {
         let mut values = headers.get_all(&self.header).iter();
         let Some(value) = values.next() else {
-            return TokenCheck::Absent;
+            return Ok(None);
         };
         if values.next().is_some() {
             // Which one would the application read?
-            return TokenCheck::Rejected(Rejection::Malformed);
+            return Err(Rejection::Malformed);
         }
-        let Ok(value) = value.to_str() else {
-            return TokenCheck::Rejected(Rejection::Malformed);
-        };
-        let token = if self.header == http::header::AUTHORIZATION {
-            match value.split_once(' ') {
-                Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => token.trim(),
-                // Another scheme (Basic): not a token of ours.
-                _ => return TokenCheck::Absent,
+        let value = value.to_str().map_err(|_| Rejection::Malformed)?;
+        if self.header != http::header::AUTHORIZATION {
+            return Ok(Some(value.trim()));
+        }
+        Ok(match value.split_once(' ') {
+            Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => Some(token.trim()),
+            _ => None,
+        })
+    }
+
+    /// What a token is already known to be: remembered as verified (until
+    /// it expires), or refused in the last `REFUSED_FOR_S`. No signature
+    /// is checked.
+    pub fn known(&self, token: &str, now_s: u64) -> Option<TokenCheck> {
+        let id = self.token_id(token);
+        if let Some(claims) = self.remembered(id, now_s) {
+            return Some(TokenCheck::Remembered(claims));
+        }
+        let mut refused = self.refused.lock().ok()?;
+        match refused.get(&id) {
+            Some(&(why, until)) if now_s < until => Some(TokenCheck::Rejected(why)),
+            Some(_) => {
+                refused.pop(&id);
+                None
             }
-        } else {
-            value.trim()
-        };
-        let now_s = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        if let Some(claims) = self.remembered(token, now_s) {
-            return TokenCheck::Remembered(claims);
+            None => None,
         }
-        if let Ok(mut refused) = self.refused.lock() {
-            match refused.get(token) {
-                Some(&(why, until)) if now_s < until => return TokenCheck::Rejected(why),
-                Some(_) => {
-                    refused.pop(token);
-                }
-                None => {}
-            }
+    }
+
+    /// Checks a token not `known` yet: its signature, unless the client's
+    /// address (`group`, as connections are counted) has spent its budget
+    /// of failed checks, when it is refused without one.
+    pub fn verify_fresh(&self, token: &str, group: IpAddr, now_s: u64) -> TokenCheck {
+        let now_us = now_s.saturating_mul(1_000_000);
+        if !self.failures.allows(group, now_us) {
+            return TokenCheck::Rejected(Rejection::Throttled);
         }
+        let id = self.token_id(token);
         match self.verify(token) {
             Ok(claims) => {
                 let claims = Arc::new(claims);
                 if let Ok(mut remembered) = self.remembered.lock() {
-                    remembered.put(token.into(), claims.clone());
+                    // Room first from what has expired.
+                    while let Some((_, oldest)) = remembered.peek_lru() {
+                        match oldest.expires_at() {
+                            Some(exp) if exp.saturating_add(self.leeway_s) >= now_s => break,
+                            _ => {
+                                remembered.pop_lru();
+                            }
+                        }
+                    }
+                    remembered.put(id, claims.clone());
                 }
                 TokenCheck::Verified(claims)
             }
             Err(rejection) => {
+                self.failures.spend(group, now_us);
                 if let Ok(mut refused) = self.refused.lock() {
-                    refused.put(token.into(), (rejection, now_s + REFUSED_FOR_S));
+                    while refused
+                        .peek_lru()
+                        .is_some_and(|(_, &(_, until))| until <= now_s)
+                    {
+                        refused.pop_lru();
+                    }
+                    refused.put(id, (rejection, now_s + REFUSED_FOR_S));
                 }
                 TokenCheck::Rejected(rejection)
             }
         }
     }
 
-    fn remembered(&self, token: &str, now_s: u64) -> Option<Arc<Claims>> {
+    /// The request's token, known or checked now.
+    pub fn check(&self, headers: &HeaderMap, group: IpAddr) -> TokenCheck {
+        let token = match self.token_in(headers) {
+            Ok(Some(token)) => token,
+            Ok(None) => return TokenCheck::Absent,
+            Err(why) => return TokenCheck::Rejected(why),
+        };
+        let now_s = unix_now_s();
+        self.known(token, now_s)
+            .unwrap_or_else(|| self.verify_fresh(token, group, now_s))
+    }
+
+    /// Tokens held by each cache: (remembered, refused).
+    pub fn held(&self) -> (usize, usize) {
+        (
+            self.remembered.lock().map_or(0, |c| c.len()),
+            self.refused.lock().map_or(0, |c| c.len()),
+        )
+    }
+
+    fn token_id(&self, token: &str) -> u128 {
+        let mut h = SipHasher13::new_with_key(&self.token_key);
+        h.write(token.as_bytes());
+        h.finish128().as_u128()
+    }
+
+    fn remembered(&self, id: u128, now_s: u64) -> Option<Arc<Claims>> {
         let mut remembered = self.remembered.lock().ok()?;
-        let claims = remembered.get(token)?.clone();
+        let claims = remembered.get(&id)?.clone();
         match claims.expires_at() {
             Some(exp) if exp.saturating_add(self.leeway_s) >= now_s => Some(claims),
             // Expired since: verified again (and refused as expired).
             _ => {
-                remembered.pop(token);
+                remembered.pop(&id);
                 None
             }
         }
     }
 
     fn verify(&self, token: &str) -> Result<Claims, Rejection> {
+        if names_critical_extensions(token)? {
+            return Err(Rejection::UnknownCritical);
+        }
         let header = jsonwebtoken::decode_header(token).map_err(|e| Rejection::of(e.kind()))?;
         // The key named by the token, or the only key the algorithm fits.
         let candidates: Vec<&VerifyingKey> = match &header.kid {
@@ -328,8 +418,198 @@ impl JwtRules {
             [] if header.kid.is_none() => return Err(Rejection::WrongAlgorithm),
             _ => return Err(Rejection::UnknownKey),
         };
-        jsonwebtoken::decode::<Value>(token, &key.key, &key.validation)
-            .map(|data| Claims(data.claims))
-            .map_err(|e| Rejection::of(e.kind()))
+        let claims = jsonwebtoken::decode::<Value>(token, &key.key, &key.validation)
+            .map(|data| data.claims)
+            .map_err(|e| Rejection::of(e.kind()))?;
+        // The library skips a time it cannot read as a number, and takes a
+        // list of issuers: neither is a token's word to be believed.
+        for time in ["exp", "nbf", "iat"] {
+            if claims.get(time).is_some_and(|t| seconds(t).is_none()) {
+                return Err(Rejection::Malformed);
+            }
+        }
+        if claims.get("iss").is_some_and(|iss| !iss.is_string()) {
+            return Err(Rejection::Malformed);
+        }
+        Ok(Claims(claims))
+    }
+}
+
+/// Whether the token's header has `crit`. This verifier implements no
+/// extension, so any name there (or an empty list, which RFC 7515 forbids)
+/// fails the token; checked before any signature is.
+fn names_critical_extensions(token: &str) -> Result<bool, Rejection> {
+    let header = token.split('.').next().unwrap_or("");
+    let json = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(header)
+        .map_err(|_| Rejection::Malformed)?;
+    let header: Value = serde_json::from_slice(&json).map_err(|_| Rejection::Malformed)?;
+    Ok(header.get("crit").is_some())
+}
+
+/// A NumericDate: a number of seconds, at least 0, read as whole seconds.
+fn seconds(value: &Value) -> Option<u64> {
+    match value {
+        Value::Number(n) => n.as_u64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.is_finite() && *f >= 0.0)
+                .map(|f| f as u64)
+        }),
+        _ => None,
+    }
+}
+
+fn unix_now_s() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Failed signature checks an address may cause: a burst of
+/// `FAILED_CHECKS_BURST`, then one every `FAILED_CHECK_INTERVAL_US`. A
+/// client with a good token fails none (it is then remembered); one that
+/// sends garbage costs at most this much CPU per address.
+const FAILED_CHECKS_BURST: u64 = 20;
+const FAILED_CHECK_INTERVAL_US: u64 = 500_000;
+
+/// Addresses whose failures are remembered; beyond that the least recent
+/// are forgotten (their budget starts full again).
+const BUDGETED_ADDRESSES: usize = 16_384;
+
+/// Per address, when its budget of failed checks is whole again (GCRA).
+struct SignatureBudget(Mutex<LruCache<IpAddr, u64>>);
+
+impl Default for SignatureBudget {
+    fn default() -> Self {
+        SignatureBudget(Mutex::new(LruCache::new(
+            std::num::NonZeroUsize::new(BUDGETED_ADDRESSES).unwrap_or(std::num::NonZeroUsize::MIN),
+        )))
+    }
+}
+
+impl SignatureBudget {
+    fn allows(&self, group: IpAddr, now_us: u64) -> bool {
+        let Ok(mut budget) = self.0.lock() else {
+            return true;
+        };
+        budget.get(&group).is_none_or(|&full_at| {
+            full_at.max(now_us) + FAILED_CHECK_INTERVAL_US - now_us
+                <= FAILED_CHECKS_BURST * FAILED_CHECK_INTERVAL_US
+        })
+    }
+
+    fn spend(&self, group: IpAddr, now_us: u64) {
+        if let Ok(mut budget) = self.0.lock() {
+            let full_at = budget.get(&group).copied().unwrap_or(0).max(now_us);
+            budget.put(group, full_at + FAILED_CHECK_INTERVAL_US);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules() -> JwtRules {
+        JwtRules::new(
+            http::header::AUTHORIZATION,
+            Vec::new(),
+            0,
+            None,
+            HashMap::new(),
+        )
+    }
+
+    /// A token with a readable header and claims, and a made-up signature.
+    fn garbage(i: usize, header: &str) -> String {
+        let enc = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        format!(
+            "{}.{}.{i:0>64}",
+            enc(header),
+            enc("{\"sub\":\"x\",\"exp\":9999999999}")
+        )
+    }
+
+    #[test]
+    fn an_address_gets_a_budget_of_failed_checks_and_no_more() {
+        let jwt = rules();
+        let (one, other): (IpAddr, IpAddr) =
+            ("192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap());
+        let header = r#"{"alg":"ES256","typ":"JWT"}"#;
+        let now = 1_000;
+        let results: Vec<TokenCheck> = (0..30)
+            .map(|i| jwt.verify_fresh(&garbage(i, header), one, now))
+            .collect();
+        let throttled = |r: &TokenCheck| matches!(r, TokenCheck::Rejected(Rejection::Throttled));
+        assert_eq!(results.iter().filter(|r| throttled(r)).count(), 10);
+        assert!(results[..20].iter().all(|r| !throttled(r)));
+        assert!(!throttled(&jwt.verify_fresh(
+            &garbage(99, header),
+            other,
+            now
+        )));
+        // Two checks a second come back.
+        let later: Vec<bool> = (0..3)
+            .map(|i| throttled(&jwt.verify_fresh(&garbage(100 + i, header), one, now + 1)))
+            .collect();
+        assert_eq!(later, [false, false, true]);
+    }
+
+    #[test]
+    fn refused_tokens_are_remembered_as_hashes_and_forgotten_when_stale() {
+        let jwt = rules();
+        let header = r#"{"alg":"ES256"}"#;
+        let now = 2_000;
+        for i in 0..2 * REFUSED {
+            // A different address each time: no budget runs out.
+            let addr = IpAddr::from([10, 0, (i / 256) as u8, (i % 256) as u8]);
+            let token = format!("{}{}", garbage(i, header), "A".repeat(60_000));
+            jwt.verify_fresh(&token, addr, now);
+        }
+        assert_eq!(jwt.held().1, REFUSED, "the cache is bounded");
+        let token = garbage(0, header) + &"A".repeat(60_000);
+        assert!(jwt.known(&token, now).is_none(), "evicted");
+        let last = garbage(2 * REFUSED - 1, header) + &"A".repeat(60_000);
+        assert!(matches!(
+            jwt.known(&last, now + 1),
+            Some(TokenCheck::Rejected(Rejection::WrongAlgorithm))
+        ));
+        // Past their time, they go as soon as something new comes.
+        let fresh = garbage(7, r#"{"alg":"RS256"}"#);
+        jwt.verify_fresh(&fresh, IpAddr::from([10, 9, 9, 9]), now + REFUSED_FOR_S);
+        assert_eq!(jwt.held().1, 1);
+        // Each entry is a hash and a verdict, whatever the token's size.
+        assert!(std::mem::size_of::<(u128, (Rejection, u64))>() <= 48);
+    }
+
+    #[test]
+    fn a_critical_header_fails_before_any_signature_is_checked() {
+        let enc = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        let token = |h: &str| format!("{}.e30.sig", enc(h));
+        assert_eq!(
+            names_critical_extensions(&token(r#"{"alg":"ES256"}"#)),
+            Ok(false)
+        );
+        assert_eq!(
+            names_critical_extensions(&token(r#"{"alg":"ES256","crit":["exp"],"exp":1}"#)),
+            Ok(true)
+        );
+        assert_eq!(
+            names_critical_extensions(&token(r#"{"alg":"ES256","crit":[]}"#)),
+            Ok(true)
+        );
+        assert_eq!(
+            names_critical_extensions("@@@.e30.sig"),
+            Err(Rejection::Malformed)
+        );
+    }
+
+    #[test]
+    fn numeric_dates_are_numbers() {
+        assert_eq!(seconds(&serde_json::json!(1767225600)), Some(1767225600));
+        assert_eq!(seconds(&serde_json::json!(1767225600.9)), Some(1767225600));
+        assert_eq!(seconds(&serde_json::json!("1767225600")), None);
+        assert_eq!(seconds(&serde_json::json!(-1)), None);
+        assert_eq!(seconds(&serde_json::json!(null)), None);
     }
 }

@@ -53,7 +53,7 @@ pub struct TokenMetrics {
     /// Answered from the tokens verified before.
     pub remembered: IntCounter,
     /// By `jwt::Rejection`, in its order.
-    pub rejected: [IntCounter; 9],
+    pub rejected: [IntCounter; crate::jwt::Rejection::ALL.len()],
 }
 
 impl TokenMetrics {

@@ -69,6 +69,24 @@ impl Key {
         .expect("signing key");
         encode(&header, claims, &key).expect("token")
     }
+
+    /// Signed under a header written by hand (fields the library does not
+    /// write, such as `crit`).
+    fn sign_raw(&self, header: &serde_json::Value, claims: &serde_json::Value) -> String {
+        let message = format!(
+            "{}.{}",
+            base64url(header.to_string().as_bytes()),
+            base64url(claims.to_string().as_bytes())
+        );
+        let key = match self.algorithm {
+            Algorithm::ES256 => EncodingKey::from_ec_pem(&self.private_pem),
+            _ => EncodingKey::from_rsa_pem(&self.private_pem),
+        }
+        .expect("signing key");
+        let signature =
+            jsonwebtoken::crypto::sign(message.as_bytes(), &key, self.algorithm).expect("signed");
+        format!("{message}.{signature}")
+    }
 }
 
 fn now_s() -> u64 {
@@ -276,5 +294,66 @@ fn a_token_is_verified_once_for_many_requests() {
     assert_eq!(
         proxy.metric("floodgate_jwt_tokens_total{result=\"remembered\"}"),
         9_999.0
+    );
+}
+
+/// Tokens signed by the right key but looser than the standards: a
+/// critical extension nobody here implements, times that are not numbers,
+/// issuers in a list. Each is no token; a float `exp` is remembered like
+/// any other.
+#[test]
+fn tokens_looser_than_the_standards_are_refused() {
+    let s = setup();
+    let upstream = Upstream::start();
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .raw(&jwt_section(&s.jwks))
+        .limit(Limit::fixed_window("per-user", "jwt:sub", 100, "1h").line("on_missing = \"deny\""))
+        .start();
+    let header = json!({"alg": "RS256", "typ": "JWT", "kid": "rsa-1"});
+    let mut critical = header.clone();
+    critical["crit"] = json!(["exp-policy"]);
+    critical["exp-policy"] = json!("strict");
+    let mut nbf_text = claims("ivy");
+    nbf_text["nbf"] = json!((now_s() + 3600).to_string());
+    let mut iat_text = claims("ivy");
+    iat_text["iat"] = json!("yesterday");
+    let mut issuers = claims("ivy");
+    issuers["iss"] = json!([ISSUER, "https://evil.test"]);
+    let mut exp_text = claims("ivy");
+    exp_text["exp"] = json!((now_s() + 3600).to_string());
+    for (token, why) in [
+        (
+            s.rsa.sign_raw(&critical, &claims("ivy")),
+            "unknown_critical",
+        ),
+        (s.rsa.sign_raw(&header, &nbf_text), "malformed"),
+        (s.rsa.sign_raw(&header, &iat_text), "malformed"),
+        (s.rsa.sign_raw(&header, &issuers), "malformed"),
+        (s.rsa.sign_raw(&header, &exp_text), "missing_claim"),
+    ] {
+        let before = proxy.metric(&format!("floodgate_jwt_tokens_total{{result=\"{why}\"}}"));
+        let r = with_token(&proxy, "/", &token);
+        assert_eq!(r.status, 400, "{why}: {}", r.body);
+        assert!(r.body.contains("missing_key"), "{why}: {}", r.body);
+        let after = proxy.metric(&format!("floodgate_jwt_tokens_total{{result=\"{why}\"}}"));
+        assert_eq!(after - before, 1.0, "{why}");
+    }
+    // The same header without `crit` is a good token: the key is right.
+    assert_eq!(
+        with_token(&proxy, "/", &s.rsa.sign_raw(&header, &claims("ivy"))).status,
+        200
+    );
+    let mut float_exp = claims("jay");
+    float_exp["exp"] = json!(now_s() as f64 + 3600.5);
+    let token = s.rsa.sign_raw(&header, &float_exp);
+    let verified = proxy.metric(VERIFIED);
+    for _ in 0..5 {
+        assert_eq!(with_token(&proxy, "/", &token).status, 200);
+    }
+    assert_eq!(
+        proxy.metric(VERIFIED) - verified,
+        1.0,
+        "verified once, then remembered"
     );
 }
