@@ -72,13 +72,17 @@ impl Blocklist {
         {
             return Some(BlockReason::ApiKey);
         }
-        if client
+        self.blocks_subject(client)
+    }
+
+    /// Whether the subject of the client's verified token is blocked (once
+    /// its token is known: `blocks` is answered before any signature is
+    /// checked).
+    pub fn blocks_subject(&self, client: &Client) -> Option<BlockReason> {
+        client
             .subject_hash
             .is_some_and(|subject| self.jwt_subjects.contains(&subject))
-        {
-            return Some(BlockReason::JwtSubject);
-        }
-        None
+            .then_some(BlockReason::JwtSubject)
     }
 }
 

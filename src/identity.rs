@@ -531,6 +531,7 @@ pub fn normalize(ip: IpAddr) -> IpAddr {
 }
 
 impl ClientRules {
+    /// Who asks, by address and API key; its token is `apply_token`'s.
     pub fn identify(&self, peer: IpAddr, headers: &HeaderMap) -> Result<Client, IdentityError> {
         let (client_ip, via) = self.client_ip(normalize(peer), headers)?;
         let (ip, ip_prefix) = match client_ip {
@@ -555,26 +556,13 @@ impl ClientRules {
                 tier: tier.clone(),
             })
         });
-        let token = self.jwt.as_ref().map(|jwt| jwt.check(headers, ip));
-        let claims = token.as_ref().and_then(TokenCheck::claims);
-        // A verified token's tier claim names the tier before an API key.
-        let token_tier = self.jwt.as_ref().and_then(|jwt| {
-            let value = claims?.get(jwt.tier_claim.as_ref()?)?;
-            self.tiers
-                .get(jwt.tiers.get(std::str::from_utf8(&value).ok()?)?)
-        });
         let tier = if self.internal.iter().any(|n| n.contains(&client_ip)) {
             self.tiers.internal()
-        } else if let Some(tier) = token_tier {
-            tier
         } else {
             api_key
                 .as_ref()
                 .map_or_else(|| self.tiers.anonymous(), |k| k.tier.clone())
         };
-        let subject_hash = claims
-            .and_then(|c| c.get(&SUBJECT))
-            .map(|subject| self.subject_hash(&subject));
         Ok(Client {
             address: client_ip,
             via,
@@ -583,9 +571,33 @@ impl ClientRules {
             ip_hash: self.ip_hash(ip, ip_prefix),
             api_key,
             tier,
-            subject_hash,
-            token,
+            subject_hash: None,
+            token: None,
         })
+    }
+
+    /// The client as its token says, once the token is known or checked
+    /// (`identify` leaves it out: a signature is checked only where a claim
+    /// is needed, and after the cheaper refusals). A verified token's tier
+    /// claim names the tier before an API key; an internal address stays
+    /// internal.
+    pub fn apply_token(&self, client: &mut Client, token: TokenCheck) {
+        if let (Some(jwt), Some(claims)) = (&self.jwt, token.claims()) {
+            let internal = self.internal.iter().any(|n| n.contains(&client.address));
+            let token_tier = jwt
+                .tier_claim
+                .as_ref()
+                .and_then(|path| claims.get(path))
+                .and_then(|value| {
+                    self.tiers
+                        .get(jwt.tiers.get(std::str::from_utf8(&value).ok()?)?)
+                });
+            if let (false, Some(tier)) = (internal, token_tier) {
+                client.tier = tier;
+            }
+            client.subject_hash = claims.get(&SUBJECT).map(|s| self.subject_hash(&s));
+        }
+        client.token = Some(token);
     }
 
     /// The keyed hash of an API key as sent (known to `api_keys` or not).

@@ -459,7 +459,8 @@ fn seconds(value: &Value) -> Option<u64> {
     }
 }
 
-fn unix_now_s() -> u64 {
+/// Seconds since the epoch: what tokens' times count in.
+pub fn unix_now_s() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

@@ -322,6 +322,58 @@ pub struct Ban {
     pub penalty_id: u64,
 }
 
+impl Ban {
+    /// The ban of `identity` looked up (`peek`) or taken, for limit `layer`.
+    pub fn penalty_check(&self, layer: usize, identity: u128, peek: bool) -> Check {
+        self.check(
+            layer,
+            &self.penalty_name,
+            self.penalty,
+            self.penalty_id,
+            identity,
+            peek,
+        )
+    }
+
+    /// One strike on `identity` toward limit `layer`'s ban.
+    pub fn strike_check(&self, layer: usize, identity: u128) -> Check {
+        self.check(
+            layer,
+            &self.strikes_name,
+            self.strikes,
+            self.strikes_id,
+            identity,
+            false,
+        )
+    }
+
+    fn check(
+        &self,
+        layer: usize,
+        name: &LimitName,
+        algorithm: Algorithm,
+        id: u64,
+        identity: u128,
+        peek: bool,
+    ) -> Check {
+        Check {
+            layer,
+            name: name.clone(),
+            algorithm,
+            key: StateKey {
+                limit: id,
+                identity,
+            },
+            cost: 1,
+            shadow: false,
+            peek,
+            // Without the store, no ban is known: a ban never fails closed
+            // (every route would answer "banned").
+            on_failure: OnFailure::Allow,
+        }
+    }
+}
+
 /// What a limit does with a request that lacks its key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OnMissing {
@@ -454,6 +506,11 @@ pub struct Policy {
     /// Whether any limit or cost reads the host (most read none, and a
     /// request's host is then not worked out).
     pub reads_host: bool,
+    /// The limits keyed on a token's claim.
+    claim_limits: Vec<usize>,
+    /// Whether a tier can change what happens to a request: some limit has
+    /// numbers per tier, or some tier is exempt.
+    tiers_matter: bool,
 }
 
 impl Policy {
@@ -470,6 +527,13 @@ impl Policy {
             .iter()
             .any(|l| !l.matcher.hosts.is_empty() || l.key.any_part(|p| *p == KeySource::Host))
             || costs.iter().any(|c| !c.matcher.hosts.is_empty());
+        let claim_limits = limits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.key.any_part(|p| matches!(p, KeySource::Jwt(_))))
+            .map(|(i, _)| i)
+            .collect();
+        let tiers_matter = !exempt_tiers.is_empty() || limits.iter().any(|l| !l.tiers.is_empty());
         Policy {
             clients,
             block,
@@ -480,7 +544,38 @@ impl Policy {
             costs,
             default_on_failure,
             reads_host,
+            claim_limits,
+            tiers_matter,
         }
+    }
+
+    /// Whether this request needs its token's claims: a limit keyed on one
+    /// applies (or bans, on every route), the tier it names can change the
+    /// numbers, or a subject may be blocked. A token nothing needs is never
+    /// verified, so a client cannot make floodgate check signatures for
+    /// nothing.
+    pub fn needs_token(&self, request: &RequestView<'_>) -> bool {
+        let Some(jwt) = &self.clients.jwt else {
+            return false;
+        };
+        !self.block.jwt_subjects.is_empty()
+            || (jwt.tier_claim.is_some() && self.tiers_matter)
+            || self.claim_limits.iter().any(|&i| {
+                let limit = &self.limits[i];
+                limit.ban.is_some() || limit.matcher.applies(request)
+            })
+    }
+
+    /// The bans of the limits keyed on the client's address: looked up
+    /// before a token's signature is checked, so that a banned address
+    /// costs no signature.
+    pub fn address_bans(&self, client: &Client) -> Vec<Check> {
+        self.limits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.key == KeySource::Ip)
+            .filter_map(|(i, l)| Some(l.ban.as_ref()?.penalty_check(i, client.ip_hash, true)))
+            .collect()
     }
 
     /// What a request costs limit `layer`: the first `[[costs]]` entry that
@@ -544,21 +639,7 @@ impl Policy {
             };
             let on_failure = limit.on_failure.unwrap_or(self.default_on_failure);
             if let Some(ban) = &limit.ban {
-                layers.bans.push(Check {
-                    layer,
-                    name: ban.penalty_name.clone(),
-                    algorithm: ban.penalty,
-                    key: StateKey {
-                        limit: ban.penalty_id,
-                        identity,
-                    },
-                    cost: 1,
-                    shadow: false,
-                    peek: true,
-                    // Without the store, no ban is known: a ban never
-                    // fails closed (every route would answer "banned").
-                    on_failure: OnFailure::Allow,
-                });
+                layers.bans.push(ban.penalty_check(layer, identity, true));
             }
             if !matches {
                 continue;

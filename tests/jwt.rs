@@ -357,3 +357,114 @@ fn tokens_looser_than_the_standards_are_refused() {
         "verified once, then remembered"
     );
 }
+
+/// A well-formed ES256 token under the configured key's id, with a
+/// signature made up: checking it costs a real verification.
+fn garbage_token(i: usize) -> String {
+    let header = base64url(br#"{"alg":"ES256","typ":"JWT","kid":"ec-1"}"#);
+    let payload = base64url(claims(&format!("nobody-{i}")).to_string().as_bytes());
+    let signature: Vec<u8> = (0..64).map(|b| (b * 7 + i * 13) as u8).collect();
+    format!("{header}.{payload}.{}", base64url(&signature))
+}
+
+/// The signature checks a proxy has made: every result but the ones that
+/// need none.
+fn tokens_checked(proxy: &Proxy) -> f64 {
+    [
+        "verified",
+        "bad_signature",
+        "expired",
+        "wrong_issuer",
+        "unknown_key",
+    ]
+    .iter()
+    .map(|r| proxy.metric(&format!("floodgate_jwt_tokens_total{{result=\"{r}\"}}")))
+    .sum()
+}
+
+/// Signatures are the dearest thing a request can make floodgate do: a
+/// blocked or banned address gets its refusal without one, a request no
+/// limit needs a claim for gets none, and an address that keeps sending
+/// bad tokens gets a budget of checks, then refusals without a check.
+#[test]
+fn signatures_are_checked_last_and_within_a_budget() {
+    let s = setup();
+    let upstream = Upstream::start();
+    let by_user = || Limit::fixed_window("per-user", "jwt:sub", 100, "1h");
+    let blocked = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .raw(&jwt_section(&s.jwks))
+        .raw("[block]\ncidrs = [\"127.0.0.0/8\"]\n")
+        .limit(by_user())
+        .start();
+    for i in 0..20 {
+        assert_eq!(with_token(&blocked, "/", &garbage_token(i)).status, 403);
+    }
+    assert_eq!(
+        tokens_checked(&blocked),
+        0.0,
+        "a blocked address cost no signature"
+    );
+
+    let banning = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .raw(&jwt_section(&s.jwks))
+        .limit(
+            Limit::fixed_window("login", "ip", 1, "1h")
+                .matching("paths = [\"/login\"]")
+                .line("ban = { after = 2, within = \"10m\", duration = \"1h\" }"),
+        )
+        .limit(by_user())
+        .start();
+    for _ in 0..3 {
+        banning.send("POST", "/login", &[]);
+    }
+    assert!(wait_until(Duration::from_secs(5), || banning
+        .metric("floodgate_bans_total{limit=\"login\"}")
+        == 1.0));
+    for i in 0..20 {
+        let r = with_token(&banning, "/", &garbage_token(i));
+        assert_eq!(r.status, 429, "{}", r.body);
+        assert!(r.body.contains("\"banned\""), "{}", r.body);
+    }
+    assert_eq!(
+        tokens_checked(&banning),
+        0.0,
+        "a banned address cost no signature"
+    );
+
+    // Nothing here keys on a claim: a token is never looked at.
+    let by_address = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .raw(&jwt_section(&s.jwks))
+        .limit(Limit::fixed_window("per-ip", "ip", 1000, "1h"))
+        .start();
+    for i in 0..10 {
+        assert_eq!(with_token(&by_address, "/", &garbage_token(i)).status, 200);
+    }
+    assert_eq!(
+        tokens_checked(&by_address),
+        0.0,
+        "no limit needed the token"
+    );
+
+    let open = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .raw(&jwt_section(&s.jwks))
+        .limit(by_user())
+        .start();
+    let good = s.ec.sign(&claims("alice"));
+    assert_eq!(with_token(&open, "/", &good).status, 200);
+    for i in 0..60 {
+        with_token(&open, "/", &garbage_token(i));
+    }
+    let throttled = open.metric("floodgate_jwt_tokens_total{result=\"throttled\"}");
+    let failed = tokens_checked(&open) - 1.0;
+    assert!(
+        (20.0..=24.0).contains(&failed) && failed + throttled == 60.0,
+        "{failed} checked and failed, {throttled} refused unchecked"
+    );
+    // A token verified before is remembered: the budget costs it nothing.
+    assert_eq!(with_token(&open, "/", &good).status, 200);
+    assert_eq!(open.metric(VERIFIED), 1.0);
+}

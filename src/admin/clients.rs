@@ -338,18 +338,15 @@ fn state_checks(policy: &Policy, lookup: &Lookup, a: &Applying, cost: u64) -> Ve
         ));
     }
     if let Some(ban) = &limit.ban {
-        for (name, algorithm, id) in [
-            (&ban.strikes_name, ban.strikes, ban.strikes_id),
-            (&ban.penalty_name, ban.penalty, ban.penalty_id),
+        // As requests look bans up: without the store, no ban is known.
+        for check in [
+            ban.strike_check(a.layer, a.identity),
+            ban.penalty_check(a.layer, a.identity, true),
         ] {
-            let key = StateKey {
-                limit: id,
-                identity: a.identity,
-            };
-            // As requests look bans up: without the store, no ban is known.
             checks.push(Check {
-                on_failure: OnFailure::Allow,
-                ..peek_check(policy, a.layer, name, algorithm, key, cost)
+                cost,
+                peek: true,
+                ..check
             });
         }
     }

@@ -30,12 +30,14 @@ use super::strikes;
 use super::verdict::{Outcome, Verdict};
 
 use crate::algorithm::Decision;
+use crate::blocklist::BlockReason;
 use crate::clock::{Clock, SystemClock};
 use crate::connection::clock::HeadClock;
 use crate::headers;
-use crate::identity::{normalize_host, IdentityError};
+use crate::identity::{normalize_host, Client, IdentityError};
+use crate::jwt::TokenCheck;
 use crate::limiter::Check;
-use crate::policy::{Plan, Policy, RequestView};
+use crate::policy::{Layers, Plan, Policy, RequestView};
 use crate::state::AppState;
 
 pub struct Gateway {
@@ -56,6 +58,64 @@ fn ban_refusals(policy: &Policy, bans: impl Iterator<Item = (Check, Decision)>) 
 impl Gateway {
     pub fn new(state: Arc<AppState>) -> Self {
         Gateway { state }
+    }
+
+    /// Answers a request `[block]` refuses (logged once a minute per client).
+    async fn block(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        reason: BlockReason,
+    ) -> Result<bool> {
+        self.state.metrics.blocked[reason as usize].inc();
+        let now_s = SystemClock.now_us() / 1_000_000;
+        if let Some(client) = &ctx.client {
+            if self.state.block_log.due(client.ip_hash, now_s) {
+                info!(
+                    "blocked ({}): {} request_id={} (once a minute per client)",
+                    reason.as_str(),
+                    client.log_label(),
+                    ctx.request_id
+                );
+            }
+        }
+        let status = ctx.runtime.policy.block.status;
+        blocked(session, ctx, status).await
+    }
+
+    /// What the request's token comes to: remembered, refused before, or
+    /// checked now. A signature is checked only after the cheaper refusal:
+    /// an address that a limit bans gets the ban (`Err`, its refusals)
+    /// without one.
+    async fn token_of(
+        &self,
+        policy: &Policy,
+        client: &Client,
+        headers: &http::HeaderMap,
+    ) -> std::result::Result<TokenCheck, Vec<Outcome>> {
+        let Some(jwt) = &policy.clients.jwt else {
+            return Ok(TokenCheck::Absent);
+        };
+        let token = match jwt.token_in(headers) {
+            Ok(Some(token)) => token,
+            Ok(None) => return Ok(TokenCheck::Absent),
+            Err(why) => return Ok(TokenCheck::Rejected(why)),
+        };
+        let now_s = crate::jwt::unix_now_s();
+        if let Some(known) = jwt.known(token, now_s) {
+            return Ok(known);
+        }
+        let bans = policy.address_bans(client);
+        if !bans.is_empty() {
+            // A store that cannot answer knows no ban: bans never fail closed.
+            if let Ok(decisions) = self.state.store.peek(&bans).await {
+                let banned = ban_refusals(policy, bans.into_iter().zip(decisions));
+                if !banned.is_empty() {
+                    return Err(banned);
+                }
+            }
+        }
+        Ok(jwt.verify_fresh(token, client.ip, now_s))
     }
 }
 
@@ -204,25 +264,14 @@ impl ProxyHttp for Gateway {
             Ok(client) => ctx.client.insert(client),
             Err(e) => return bad_request(session, ctx, e.code(), &e.to_string()).await,
         };
-        if let Some(token) = &client.token {
-            self.state.metrics.tokens.count(token);
-        }
+        // The cheapest refusals first: a blocked address or key, then (only
+        // where a signature would be checked) a banned address.
         if !policy.block.is_empty() {
             if let Some(reason) = policy
                 .block
                 .blocks(client, &policy.clients, &request.headers)
             {
-                self.state.metrics.blocked[reason as usize].inc();
-                let now_s = SystemClock.now_us() / 1_000_000;
-                if self.state.block_log.due(client.ip_hash, now_s) {
-                    info!(
-                        "blocked ({}): {} request_id={} (once a minute per client)",
-                        reason.as_str(),
-                        client.log_label(),
-                        ctx.request_id
-                    );
-                }
-                return blocked(session, ctx, policy.block.status).await;
+                return self.block(session, ctx, reason).await;
             }
         }
         let path = request.uri.path();
@@ -246,6 +295,31 @@ impl ProxyHttp for Gateway {
         } else {
             None
         };
+        let mut outcomes = Vec::new();
+        let needs_token = policy.needs_token(&RequestView {
+            method: &request.method,
+            path: &path,
+            headers: &request.headers,
+            query: request.uri.query(),
+            host: host.as_deref(),
+            client,
+        });
+        if needs_token {
+            match self.token_of(policy, client, &request.headers).await {
+                Ok(token) => {
+                    self.state.metrics.tokens.count(&token);
+                    policy.clients.apply_token(client, token);
+                }
+                Err(banned) => outcomes = banned,
+            }
+            if let Some(reason) = policy.block.blocks_subject(client) {
+                return self.block(session, ctx, reason).await;
+            }
+        }
+        let request = session.req_header();
+        let Some(client) = ctx.client.as_ref() else {
+            return Ok(false);
+        };
         let view = RequestView {
             method: &request.method,
             path: &path,
@@ -254,21 +328,25 @@ impl ProxyHttp for Gateway {
             host: host.as_deref(),
             client,
         };
-        let mut layers = match policy.plan(&view) {
-            Ok(Plan::Exempt) => {
-                self.state.metrics.exempt.inc();
-                return Ok(false);
-            }
-            Ok(Plan::Check(layers)) if layers.is_empty() => return Ok(false),
-            Ok(Plan::Check(layers)) => layers,
-            Err(IdentityError::MissingKey(limit)) => {
-                return missing_key(session, ctx, &limit).await
-            }
-            Err(e) => return bad_request(session, ctx, e.code(), &e.to_string()).await,
-        };
         let refused =
             |outcomes: &[Outcome]| outcomes.iter().any(|o| !o.shadow && !o.decision.allowed());
-        let mut outcomes = Vec::new();
+        let mut layers = if refused(&outcomes) {
+            // Banned by its address: nothing more to work out.
+            Layers::default()
+        } else {
+            match policy.plan(&view) {
+                Ok(Plan::Exempt) => {
+                    self.state.metrics.exempt.inc();
+                    return Ok(false);
+                }
+                Ok(Plan::Check(layers)) if layers.is_empty() => return Ok(false),
+                Ok(Plan::Check(layers)) => layers,
+                Err(IdentityError::MissingKey(limit)) => {
+                    return missing_key(session, ctx, &limit).await
+                }
+                Err(e) => return bad_request(session, ctx, e.code(), &e.to_string()).await,
+            }
+        };
         // A banned key takes no slot: where there are slots to take, its
         // bans are looked up first, on their own.
         if !layers.slots.is_empty() && !layers.bans.is_empty() {

@@ -4,8 +4,8 @@ use log::warn;
 
 use super::ctx::RequestCtx;
 use crate::headers;
-use crate::identity::{Client, StateKey};
-use crate::limiter::{Check, Deciding, LimitName, OnFailure, Store};
+use crate::identity::Client;
+use crate::limiter::{Deciding, Store};
 
 /// After a refusal by limits that ban: one strike on each refused key,
 /// and a ban for a key whose strikes are full. Each ban is taken once
@@ -36,20 +36,7 @@ pub(super) async fn strike(store: &dyn Store, ctx: &RequestCtx) {
         let Some(ban) = &limit.ban else {
             continue;
         };
-        let on_key = |name: &LimitName, algorithm, id| Check {
-            layer: o.layer,
-            name: name.clone(),
-            algorithm,
-            key: StateKey {
-                limit: id,
-                identity: o.identity,
-            },
-            cost: 1,
-            shadow: false,
-            peek: false,
-            on_failure: OnFailure::Allow,
-        };
-        let strike = on_key(&ban.strikes_name, ban.strikes, ban.strikes_id);
+        let strike = ban.strike_check(o.layer, o.identity);
         let struck = match store.decide(std::slice::from_ref(&strike)).await {
             Ok(d) => d[0],
             Err(e) => {
@@ -62,7 +49,7 @@ pub(super) async fn strike(store: &dyn Store, ctx: &RequestCtx) {
         if away() || (struck.allowed() && struck.remaining() > 0) {
             continue;
         }
-        let penalty = on_key(&ban.penalty_name, ban.penalty, ban.penalty_id);
+        let penalty = ban.penalty_check(o.layer, o.identity, false);
         match store.decide(std::slice::from_ref(&penalty)).await {
             Ok(d) if d[0].allowed() && !away() => {
                 ctx.runtime.counters[o.layer].bans.inc();
