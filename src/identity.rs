@@ -171,6 +171,14 @@ impl KeySource {
         })
     }
 
+    /// Whether some part of the key says who the client is in a way the
+    /// client cannot choose for someone else: its address, a listed API
+    /// key (a secret), a verified claim. Header, cookie and query values
+    /// are anyone's to send.
+    pub fn unforgeable(&self) -> bool {
+        self.any_part(|part| matches!(part, KeySource::Ip | KeySource::ApiKey | KeySource::Jwt(_)))
+    }
+
     /// Whether some part of the key (the key itself, or one of a
     /// composite's, which holds no composite) is such.
     pub fn any_part(&self, is: impl Fn(&KeySource) -> bool) -> bool {
@@ -193,6 +201,9 @@ pub struct KeyInputs<'a> {
     /// The matching path pattern of the limit being keyed ("" when it
     /// matches every path).
     pub route: &'a str,
+    /// Header, cookie and query values read ignoring case
+    /// (`case_insensitive_values`).
+    pub fold_case: bool,
 }
 
 /// `[clients].forwarded_header`: the one header trusted proxies write.
@@ -643,15 +654,13 @@ impl ClientRules {
                 if values.next().is_some() {
                     return Err(IdentityError::AmbiguousKeyHeader(name.clone()));
                 }
-                value.map(|v| self.hasher.hash(Kind::Header, v.as_bytes()))
+                value.map(|v| self.hash_value(Kind::Header, v.as_bytes(), inputs.fold_case))
             }
             KeySource::Global => Some(0),
-            KeySource::Cookie(name) => {
-                cookie(inputs.headers, name)?.map(|v| self.hasher.hash(Kind::Cookie, &v))
-            }
-            KeySource::Query(name) => {
-                query_parameter(inputs.query, name)?.map(|v| self.hasher.hash(Kind::Query, &v))
-            }
+            KeySource::Cookie(name) => cookie(inputs.headers, name)?
+                .map(|v| self.hash_value(Kind::Cookie, &v, inputs.fold_case)),
+            KeySource::Query(name) => query_parameter(inputs.query, name)?
+                .map(|v| self.hash_value(Kind::Query, &v, inputs.fold_case)),
             KeySource::Host => inputs
                 .host
                 .map(|h| self.hasher.hash(Kind::Host, h.as_bytes())),
@@ -678,8 +687,13 @@ impl ClientRules {
     /// The identity a limit keyed on `key` gives a client known by `part`
     /// alone (the admin API's lookups): none when the key reads something
     /// else, or reads more than one thing (a composite key).
-    pub fn identity_for(&self, key: &KeySource, part: &KnownPart<'_>) -> Option<u128> {
-        let hash = |kind, value: &[u8]| Some(self.hasher.hash(kind, value));
+    pub fn identity_for(
+        &self,
+        key: &KeySource,
+        part: &KnownPart<'_>,
+        fold_case: bool,
+    ) -> Option<u128> {
+        let hash = |kind, value: &[u8]| Some(self.hash_value(kind, value, fold_case));
         match (key, part) {
             (KeySource::Ip, KnownPart::Ip(ip)) => Some(self.address_identity(*ip)),
             (KeySource::ApiKey, KnownPart::ApiKey(value)) => hash(Kind::ApiKey, value),
@@ -697,6 +711,22 @@ impl ClientRules {
             }
             _ => None,
         }
+    }
+
+    /// A value a client sends (header, cookie, query parameter, or a
+    /// claim), hashed as it is or ignoring case. Folding applies to the
+    /// values a client types, never to an API key (`Kind::ApiKey` keeps
+    /// its bytes: a key is a secret, and case is part of it).
+    fn hash_value(&self, kind: Kind, value: &[u8], fold_case: bool) -> u128 {
+        let folds = matches!(kind, Kind::Header | Kind::Cookie | Kind::Query);
+        if !fold_case || !folds {
+            return self.hasher.hash(kind, value);
+        }
+        let folded = match std::str::from_utf8(value) {
+            Ok(text) => text.to_lowercase().into_bytes(),
+            Err(_) => value.to_ascii_lowercase(),
+        };
+        self.hasher.hash(kind, &folded)
     }
 
     /// The identity of a client address as limits key it: IPv6 grouped by
@@ -1096,7 +1126,37 @@ mod tests {
             query,
             host: None,
             route: "/users/*",
+            fold_case: false,
         }
+    }
+
+    #[test]
+    fn values_compared_ignoring_case_share_one_identity() {
+        let r = rules();
+        let client = r.identify(ip("1.1.1.1"), &HeaderMap::new()).unwrap();
+        let tenant = KeySource::Header(HeaderName::from_static("x-tenant"));
+        let id = |value: &[u8], fold_case: bool| {
+            let h = headers(&[("x-tenant", value)]);
+            let inputs = KeyInputs {
+                fold_case,
+                ..inputs(&h, None)
+            };
+            r.identity_of(&tenant, &client, &inputs).unwrap()
+        };
+        assert_ne!(id(b"Acme", false), id(b"acme", false));
+        assert_eq!(id(b"Acme", true), id(b"acme", true));
+        assert_eq!(id(b"ACME", true), id(b"acme", true));
+        assert_eq!(id("ÉCOLE".as_bytes(), true), id("école".as_bytes(), true));
+        assert_ne!(id(b"acme", true), id(b"acme2", true));
+        // The admin API's lookup folds as requests do.
+        let part = KnownPart::Header(&HeaderName::from_static("x-tenant"), b"ACME");
+        assert_eq!(r.identity_for(&tenant, &part, true), id(b"acme", true));
+        // An API key is a secret: its case is kept.
+        let key = KnownPart::ApiKey(b"K-Pro");
+        assert_ne!(
+            r.identity_for(&KeySource::ApiKey, &key, true),
+            r.identity_for(&KeySource::ApiKey, &KnownPart::ApiKey(b"k-pro"), true)
+        );
     }
 
     #[test]

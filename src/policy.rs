@@ -415,6 +415,9 @@ pub struct Limit {
     pub after_response: Option<AfterResponse>,
     pub ban: Option<Ban>,
     pub on_missing: OnMissing,
+    /// Header, cookie and query values compared ignoring case, as the
+    /// application compares them.
+    pub case_insensitive_values: bool,
 }
 
 impl Limit {
@@ -619,6 +622,7 @@ impl Policy {
                 } else {
                     ""
                 },
+                fold_case: limit.case_insensitive_values,
             };
             let identity = match self.clients.identity_of(&limit.key, client, &inputs) {
                 Ok(Some(identity)) => identity,

@@ -202,3 +202,47 @@ fn without_redis_no_route_is_banned() {
     }
     assert_eq!(proxy.metric(BANNED), 0.0);
 }
+
+/// A ban on a value the client sends could be aimed at whoever else sends
+/// it (`floodgate check` refuses it unless the limit says
+/// `ban_on_client_keys`); compared ignoring case, as the application
+/// compares it, a value in another case is the same tenant, its budget
+/// and its ban.
+#[test]
+fn a_ban_on_a_client_chosen_value_is_said_knowingly_and_holds_in_any_case() {
+    let upstream = Upstream::start();
+    let tenant = |extra: &str| {
+        Limit::fixed_window("per-tenant", "header:X-Tenant", 2, "1h")
+            .line("ban = { after = 2, within = \"10m\", duration = \"1h\" }")
+            .line(extra)
+    };
+    let refused = ConfigBuilder::new(upstream.addr).limit(tenant("shadow = false"));
+    let out = std::process::Command::new(common::binary())
+        .args(["check", &refused.write().display().to_string()])
+        .output()
+        .expect("floodgate check");
+    assert!(
+        !out.status.success(),
+        "a ban on header:X-Tenant was accepted"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("ban_on_client_keys = true"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .limit(tenant(
+            "ban_on_client_keys = true\ncase_insensitive_values = true",
+        ))
+        .start();
+    let as_tenant = |value: &str| proxy.send("GET", "/", &[("X-Tenant", value)]).status;
+    assert_eq!([as_tenant("acme"), as_tenant("Acme")], [200, 200]);
+    assert_eq!(as_tenant("ACME"), 429, "another case is the same tenant");
+    assert_eq!(as_tenant("aCmE"), 429);
+    assert!(wait_until(Duration::from_secs(5), || proxy
+        .metric("floodgate_bans_total{limit=\"per-tenant\"}")
+        == 1.0));
+    assert_eq!(as_tenant("AcMe"), 429, "the ban holds in any case");
+    assert_eq!(as_tenant("globex"), 200, "another tenant is untouched");
+}

@@ -198,7 +198,11 @@ impl Lookup {
         let mut hidden = Vec::new();
         let part = self.part();
         for (layer, limit) in policy.limits.iter().enumerate() {
-            if let Some(identity) = policy.clients.identity_for(&limit.key, &part) {
+            if let Some(identity) =
+                policy
+                    .clients
+                    .identity_for(&limit.key, &part, limit.case_insensitive_values)
+            {
                 applying.push(Applying {
                     layer,
                     identity,
@@ -211,10 +215,12 @@ impl Lookup {
                     by_address: true,
                 });
             } else if let KeySource::Composite(parts) = &limit.key {
-                if parts
-                    .iter()
-                    .any(|p| policy.clients.identity_for(p, &part).is_some())
-                {
+                if parts.iter().any(|p| {
+                    policy
+                        .clients
+                        .identity_for(p, &part, limit.case_insensitive_values)
+                        .is_some()
+                }) {
                     hidden.push(json!({
                         "limit": limit.name.as_str(),
                         "key": limit.key.describe(),

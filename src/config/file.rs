@@ -318,6 +318,10 @@ pub(super) struct LimitSection {
     pub(super) count: Option<CountSection>,
     pub(super) cost_from_response: Option<ResponseCostSection>,
     pub(super) ban: Option<BanSection>,
+    #[serde(default)]
+    pub(super) ban_on_client_keys: bool,
+    #[serde(default)]
+    pub(super) case_insensitive_values: bool,
     pub(super) on_missing: Option<OnMissingName>,
     pub(super) on_failure: Option<FailureMode>,
     #[serde(default)]

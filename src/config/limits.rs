@@ -271,8 +271,38 @@ fn validate_limit(
                 ),
             ))
         }
+        Some(_) if !key.unforgeable() && !s.ban_on_client_keys => {
+            return Err(at(
+                &[&"limits", &i, &"ban"],
+                format!(
+                    "a limit keyed {} bans whatever value a request carries, and anyone can send another client's: one client could ban another. Key it on something a client cannot choose (ip, api_key, jwt:<claim>, or a list with one of them), or set ban_on_client_keys = true if that is what you mean",
+                    key.describe()
+                ),
+            ))
+        }
         Some(section) => Some(ban(section, &s.name, i)?),
     };
+    if s.ban_on_client_keys && s.ban.is_none() {
+        return Err(at(
+            &[&"limits", &i, &"ban_on_client_keys"],
+            "applies only to a limit with a `ban`",
+        ));
+    }
+    let chosen_by_client = |p: &KeySource| {
+        matches!(
+            p,
+            KeySource::Header(_) | KeySource::Cookie(_) | KeySource::Query(_)
+        )
+    };
+    if s.case_insensitive_values && !key.any_part(chosen_by_client) {
+        return Err(at(
+            &[&"limits", &i, &"case_insensitive_values"],
+            format!(
+                "applies to header:, cookie: and query: keys, and this limit is keyed {}",
+                key.describe()
+            ),
+        ));
+    }
     Ok(Limit {
         id: xxhash_rust::xxh3::xxh3_64(s.name.as_bytes()),
         name: LimitName::new(&s.name),
@@ -295,6 +325,7 @@ fn validate_limit(
             (Some(OnMissingName::Deny), _) => OnMissing::Deny,
             (Some(OnMissingName::Ip), _) => OnMissing::Ip,
         },
+        case_insensitive_values: s.case_insensitive_values,
     })
 }
 
