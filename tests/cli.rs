@@ -238,3 +238,43 @@ fn check_warns_about_a_key_a_client_can_leave_out() {
         assert_eq!(stdout.contains(warning), warned, "{stdout}");
     }
 }
+
+/// The image's configuration: the proxy on all interfaces, the admin
+/// listener where the image's health check reaches it and the world does
+/// not; and it passes `check`.
+#[test]
+fn the_image_binds_the_admin_listener_to_its_own_loopback() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).expect("Dockerfile");
+    assert!(
+        dockerfile.contains(r#"admin_listen = "127.0.0.1:9091""#),
+        "the image's admin_listen"
+    );
+    assert!(
+        dockerfile.contains("/dev/tcp/127.0.0.1/9091"),
+        "the health check asks loopback"
+    );
+    assert!(
+        !dockerfile
+            .lines()
+            .any(|l| l.starts_with("EXPOSE") && l.contains("9091")),
+        "the admin port is not exposed"
+    );
+    // What the image's sed makes of proxy.toml.
+    let shipped = std::fs::read_to_string(root.join("proxy.toml")).expect("proxy.toml");
+    assert!(shipped.contains("\nlisten = \"127.0.0.1:8080\"\n"));
+    let image = shipped.replace(
+        "\nlisten = \"127.0.0.1:8080\"\n",
+        "\nlisten = \"0.0.0.0:8080\"\nadmin_listen = \"127.0.0.1:9091\"\n",
+    );
+    let dir = temp_dir();
+    let path = dir.join("proxy.toml");
+    std::fs::write(&path, image).expect("write");
+    let out = check(&path.display().to_string());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    remove_test_dir(&dir);
+}

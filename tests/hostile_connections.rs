@@ -602,15 +602,28 @@ fn an_oversized_head_is_refused_with_431() {
     assert_eq!(proxy.get("/").status, 200);
 }
 
+/// One request on a connection made from the local address `from`.
+fn get_from(from: &str, to: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut stream = connect_from(from, to).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    read_response(&mut BufReader::new(stream))
+}
+
 #[test]
 fn the_admin_listener_has_its_own_cap_and_lifetime() {
     let upstream = Upstream::start();
     let proxy = proxy_with(&upstream, "header_timeout = \"2s\"").start();
     let admin = proxy.admin.expect("admin");
+    // Idle connections from one address, reopened as they close: beyond
+    // its own cap of 8, each is closed at once.
     let mut held: Vec<TcpStream> = (0..40)
-        .filter_map(|_| TcpStream::connect(admin).ok())
+        .filter_map(|_| connect_from("127.0.0.1", admin).ok())
         .collect();
-    // Beyond the admin cap of 32, connections are closed at once.
     let closed_now = |held: &mut Vec<TcpStream>| {
         held.iter_mut()
             .map(|s| {
@@ -620,11 +633,30 @@ fn the_admin_listener_has_its_own_cap_and_lifetime() {
             .filter(|closed| *closed)
             .count()
     };
-    assert!(wait_until(Duration::from_secs(1), || closed_now(&mut held) == 8));
+    assert!(wait_until(Duration::from_secs(1), || closed_now(&mut held) == 32));
+    // Another address's health check is answered at once.
+    let asked = Instant::now();
+    let probe = get_from("127.0.0.2", admin, "/healthz");
+    let took = asked.elapsed();
+    assert_eq!(probe.map(|(status, _)| status), Some(200));
+    assert!(took < Duration::from_millis(100), "healthz took {took:?}");
+    assert_eq!(
+        get_from("127.0.0.2", admin, "/readyz").map(|r| r.0),
+        Some(200)
+    );
+    // The listener's own total still holds: four addresses fill it.
+    let mut more: Vec<TcpStream> = ["127.0.0.3", "127.0.0.4", "127.0.0.5"]
+        .iter()
+        .flat_map(|from| (0..8).filter_map(|_| connect_from(from, admin).ok()))
+        .collect();
+    assert!(wait_until(Duration::from_secs(1), || closed_now(&mut more)
+        == 0
+        && get_from("127.0.0.6", admin, "/healthz").is_none()));
     // The proxy is unaffected.
     assert_eq!(proxy.get("/").status, 200);
     // Idle admin connections end after their lifetime; the admin serves again.
     let started = Instant::now();
+    drop(more);
     assert!(wait_until(Duration::from_secs(6), || proxy
         .admin_get("/healthz")
         .status

@@ -214,13 +214,19 @@ pub struct AdminDoor<A> {
 /// back from its own cap.
 pub const ADMIN_CONNECTIONS: usize = 32;
 
+/// Admin connections one address may hold: a browser on the status page,
+/// a scraper and a health check fit, and one address holding them all
+/// leaves three quarters of the listener to everyone else (an
+/// orchestrator's probe above all).
+pub const ADMIN_CONNECTIONS_PER_ADDRESS: usize = 8;
+
 impl<A> AdminDoor<A> {
     pub fn new(app: A, metrics: ConnectionMetrics, lifetime: Duration) -> Self {
         let settings = ConnectionSettings {
             header_timeout: lifetime,
             keepalive_timeout: lifetime,
             max_connections: ADMIN_CONNECTIONS,
-            max_connections_per_ip: ADMIN_CONNECTIONS,
+            max_connections_per_ip: ADMIN_CONNECTIONS_PER_ADDRESS,
         };
         AdminDoor {
             app: Arc::new(app),
