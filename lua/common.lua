@@ -30,16 +30,21 @@ end
 
 -- A decision as the Rust twin's Evaluation: the reply fields, the state
 -- change to write if the request goes through, and when the state goes idle.
+-- `counted_at` is where an admitted request's units are counted (a
+-- window's start, a period's end, a log's stamp; 0 for the buckets): a
+-- refund finds them there.
 local function decision(allowed, oversized, limit, remaining, reset_after, retry_after, update, idle_at)
   return {
     allowed = allowed, oversized = oversized, limit = limit, remaining = remaining,
     reset_after = reset_after, retry_after = retry_after, delay = 0,
-    update = update, idle_at = idle_at,
+    update = update, idle_at = idle_at, counted_at = 0,
   }
 end
 
-local function admitted(limit, remaining, reset_after, update, idle_at)
-  return decision(1, 0, limit, remaining, reset_after, 0, update, idle_at)
+local function admitted(limit, remaining, reset_after, update, idle_at, counted_at)
+  local d = decision(1, 0, limit, remaining, reset_after, 0, update, idle_at)
+  d.counted_at = counted_at or 0
+  return d
 end
 
 local function refused(limit, remaining, reset_after, retry_after, idle_at)

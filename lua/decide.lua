@@ -12,12 +12,14 @@
 --          numbers (capacity and interval_us, limit and window_us, or limit
 --          and the calendar period's end), cost, mode (0 enforce, 1 shadow,
 --          2 peek, 3 shadow peek, 4 credit: the cost is given back, see
---          credit_layer)
--- Reply    one string: 7 integers per layer, request after request,
+--          credit_layer; 5 refund: the cost of a reservation is given back
+--          where it was counted, which a 6th value gives, see refund_layer)
+-- Reply    one string: 8 integers per layer, request after request,
 --          separated by spaces: allowed, cost_exceeds_limit, limit,
---          remaining, reset_after_us, retry_after_us, delay_us. (One string
---          rather than an array of integers: the client parses it in a
---          fraction of the time.)
+--          remaining, reset_after_us, retry_after_us, delay_us, counted_at
+--          (where an admitted request's units are counted, for a refund).
+--          (One string rather than an array of integers: the client parses
+--          it in a fraction of the time.)
 --
 -- For each request, nothing is written unless every enforcing (non-shadow)
 -- layer admits; then every admitting layer, shadow ones included, is charged.
@@ -46,19 +48,37 @@ local function credit_layer(algorithm, a, b, key, now, units)
   return d
 end
 
-local function decide_request(first_key, first_arg, n)
+-- A reservation given back: `units` off where they were counted (`at`,
+-- the reservation's counted_at), as if never taken; nothing when they are
+-- no longer there (their window over, their stamp gone). Reported as a
+-- request of cost 0 would see the layer after.
+local function refund_layer(algorithm, a, b, key, now, units, at)
+  local state = algorithm.load(key)
+  local refunded = nil
+  if algorithm.refund ~= nil then refunded = algorithm.refund(a, b, key, state, now, units, at) end
+  if refunded == nil then return algorithm.evaluate(a, b, state, now, 0) end
+  local d = algorithm.evaluate(a, b, refunded, now, 0)
+  if not algorithm.writes_refund then algorithm.store(key, refunded, d.idle_at, now) end
+  return d
+end
+
+-- The layers of one request from ARGV[arg] on; the ARGV index after them.
+local function decide_request(first_key, arg, n)
   local layers = {}
   local blocked = false
   for i = 1, n do
-    local base = first_arg + (i - 1) * 5
-    local algorithm = ALGORITHMS[tonumber(ARGV[base])]
-    local a, b = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
-    local cost = tonumber(ARGV[base + 3])
+    local algorithm = ALGORITHMS[tonumber(ARGV[arg])]
+    local a, b = tonumber(ARGV[arg + 1]), tonumber(ARGV[arg + 2])
+    local cost = tonumber(ARGV[arg + 3])
     local key = KEYS[first_key + i - 1]
-    local mode = ARGV[base + 4]
+    local mode = ARGV[arg + 4]
+    arg = arg + 5
     local d
     if mode == '4' then
       d = credit_layer(algorithm, a, b, key, now, cost)
+    elseif mode == '5' then
+      d = refund_layer(algorithm, a, b, key, now, cost, tonumber(ARGV[arg]))
+      arg = arg + 1
     else
       d = algorithm.evaluate(a, b, algorithm.load(key), now, cost)
     end
@@ -73,16 +93,16 @@ local function decide_request(first_key, first_arg, n)
       layers[i].algorithm.store(layers[i].key, d.update, d.idle_at, now)
     end
     written = written + 1
-    reply[written] = string.format('%d %d %d %d %d %d %d', d.allowed, d.oversized,
-      d.limit, d.remaining, d.reset_after, d.retry_after, d.delay)
+    reply[written] = string.format('%d %d %d %d %d %d %d %d', d.allowed, d.oversized,
+      d.limit, d.remaining, d.reset_after, d.retry_after, d.delay, d.counted_at)
   end
+  return arg
 end
 
 local next_key, next_arg = 1, 3
 for _ = 1, tonumber(ARGV[2]) do
   local n = tonumber(ARGV[next_arg])
-  decide_request(next_key, next_arg + 1, n)
+  next_arg = decide_request(next_key, next_arg + 1, n)
   next_key = next_key + n
-  next_arg = next_arg + 1 + n * 5
 end
 return table.concat(reply, ' ')

@@ -18,7 +18,7 @@ local function fixed_window_evaluate(limit, window, st, now, cost)
   if count + cost <= limit then
     local update = nil
     if cost > 0 then update = { s = start, n = count + cost } end
-    return admitted(limit, limit - count - cost, reset_after, update, finish)
+    return admitted(limit, limit - count - cost, reset_after, update, finish, start)
   end
   return refused(limit, math.max(limit - count, 0), reset_after, reset_after, finish)
 end
@@ -40,4 +40,11 @@ local function fixed_window_credit(limit, window, st, now, units)
   return { s = st.s, n = math.max(st.n - units, 0) }
 end
 
-ALGORITHMS[CODE.fixed_window] = { load = fixed_window_load, evaluate = fixed_window_evaluate, store = fixed_window_store, credit = fixed_window_credit }
+-- A reservation's units given back to the window they were counted in
+-- (`at`, its start); nil once that window is over.
+local function fixed_window_refund(limit, window, key, st, now, units, at)
+  if st.s ~= at or st.n <= 0 then return nil end
+  return { s = st.s, n = math.max(st.n - units, 0) }
+end
+
+ALGORITHMS[CODE.fixed_window] = { load = fixed_window_load, evaluate = fixed_window_evaluate, store = fixed_window_store, credit = fixed_window_credit, refund = fixed_window_refund }

@@ -18,7 +18,7 @@ local function quota_evaluate(limit, period_end, st, now, cost)
   if count + cost <= limit then
     local update = nil
     if cost > 0 then update = { e = finish, n = count + cost } end
-    return admitted(limit, limit - count - cost, reset_after, update, finish)
+    return admitted(limit, limit - count - cost, reset_after, update, finish, finish)
   end
   return refused(limit, math.max(limit - count, 0), reset_after, reset_after, finish)
 end
@@ -40,4 +40,11 @@ local function quota_credit(limit, period_end, st, now, units)
   return { e = st.e, n = math.max(st.n - units, 0) }
 end
 
-ALGORITHMS[CODE.quota] = { load = quota_load, evaluate = quota_evaluate, store = quota_store, credit = quota_credit }
+-- A reservation's units given back to the period they were counted in
+-- (`at`, its end); nil once that period is over.
+local function quota_refund(limit, period_end, key, st, now, units, at)
+  if st.e ~= at or st.n <= 0 then return nil end
+  return { e = st.e, n = math.max(st.n - units, 0) }
+end
+
+ALGORITHMS[CODE.quota] = { load = quota_load, evaluate = quota_evaluate, store = quota_store, credit = quota_credit, refund = quota_refund }

@@ -29,11 +29,11 @@ local function sliding_log_evaluate(limit, window, entries, now, cost)
   end
   if used + cost <= limit then
     if cost == 0 then
-      return admitted(limit, limit - used, reset_after, nil, idle_at)
+      return admitted(limit, limit - used, reset_after, nil, idle_at, now_eff)
     end
     local after = now_eff + window
     return admitted(limit, limit - used - cost, math.max(after - now, 0),
-      { stamp = now_eff, cost = cost, window = window }, after)
+      { stamp = now_eff, cost = cost, window = window }, after, now_eff)
   end
   local must_leave = used + cost - limit
   local left = 0
@@ -75,4 +75,34 @@ local function sliding_log_store(key, u, idle_at, now)
   redis.call('PEXPIRE', key, ttl_ms(idle_at, now))
 end
 
-ALGORITHMS[CODE.sliding_log] = { load = sliding_log_load, evaluate = sliding_log_evaluate, store = sliding_log_store }
+-- A reservation's units taken off the stamp they were admitted at (`at`),
+-- written here (a removal is no append for `store`); the entries as they
+-- are after, or nil when that stamp has left the log.
+local function sliding_log_refund(limit, window, key, entries, now, units, at)
+  for i, e in ipairs(entries) do
+    if e.stamp == at then
+      redis.call('ZREM', key, e.member)
+      local after = {}
+      for j, other in ipairs(entries) do
+        if j ~= i then after[#after + 1] = other end
+      end
+      if e.units > units then
+        local left = e.units - units
+        local member = int(at) .. ':' .. int(left)
+        redis.call('ZADD', key, int(at), member)
+        after = {}
+        for j, other in ipairs(entries) do
+          if j == i then
+            after[#after + 1] = { stamp = at, units = left, member = member }
+          else
+            after[#after + 1] = other
+          end
+        end
+      end
+      return after
+    end
+  end
+  return nil
+end
+
+ALGORITHMS[CODE.sliding_log] = { load = sliding_log_load, evaluate = sliding_log_evaluate, store = sliding_log_store, refund = sliding_log_refund, writes_refund = true }

@@ -50,7 +50,7 @@ local function sliding_window_evaluate(limit, window, st, now, cost)
   if used + cost_scaled <= limit_scaled then
     local update = nil
     if cost > 0 then update = { s = start, c = current + cost, p = previous } end
-    return admitted(limit, div(limit_scaled - used - cost_scaled, window), reset_after, update, idle_at)
+    return admitted(limit, div(limit_scaled - used - cost_scaled, window), reset_after, update, idle_at, start)
   end
   local retry_at = sliding_window_retry_at(limit, window, start, current, previous, cost)
   return refused(limit, remaining_before, reset_after, retry_at - now, idle_at)
@@ -66,4 +66,17 @@ local function sliding_window_store(key, u, idle_at, now)
   redis.call('PEXPIRE', key, ttl_ms(idle_at, now))
 end
 
-ALGORITHMS[CODE.sliding_window] = { load = sliding_window_load, evaluate = sliding_window_evaluate, store = sliding_window_store }
+-- A reservation's units given back to the window they were counted in
+-- (`at`, its start): the running one, or the one before, which now fades
+-- out as `p`; nil when it is older.
+local function sliding_window_refund(limit, window, key, st, now, units, at)
+  if st.s == at and st.c > 0 then
+    return { s = st.s, c = math.max(st.c - units, 0), p = st.p }
+  end
+  if st.s == at + window and st.p > 0 then
+    return { s = st.s, c = st.c, p = math.max(st.p - units, 0) }
+  end
+  return nil
+end
+
+ALGORITHMS[CODE.sliding_window] = { load = sliding_window_load, evaluate = sliding_window_evaluate, store = sliding_window_store, refund = sliding_window_refund }

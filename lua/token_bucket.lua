@@ -38,4 +38,8 @@ local function token_bucket_credit(capacity, interval, tat, now, units)
   return math.max(tat - units * interval, now)
 end
 
-ALGORITHMS[CODE.token_bucket] = { load = gcra_load, evaluate = token_bucket_evaluate, store = gcra_store, credit = token_bucket_credit }
+local function token_bucket_refund(capacity, interval, key, tat, now, units, at)
+  return token_bucket_credit(capacity, interval, tat, now, units)
+end
+
+ALGORITHMS[CODE.token_bucket] = { load = gcra_load, evaluate = token_bucket_evaluate, store = gcra_store, credit = token_bucket_credit, refund = token_bucket_refund }

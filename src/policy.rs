@@ -283,14 +283,17 @@ impl std::fmt::Display for Statuses {
     }
 }
 
-/// `cost_from_response`: the request is admitted while the balance is
-/// positive and charged what the response's `header` says, at most `max`;
-/// `default` when the header is missing or unreadable.
+/// `cost_from_response`: the request reserves `reserve` units before it
+/// goes upstream (refused when they are not there), and the response
+/// settles it: charged what its `header` says, at most `max`; `default`
+/// when the header is missing or unreadable.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResponseCost {
     pub header: HeaderName,
     pub max: u64,
     pub default: u64,
+    /// Taken before the request goes upstream; the response settles it.
+    pub reserve: u64,
     /// Whether the client sees the header.
     pub expose: bool,
 }
@@ -465,7 +468,8 @@ pub enum Plan {
 #[derive(Debug, Default)]
 pub struct Layers {
     pub checks: Vec<Check>,
-    /// Layers charged by the response: peeked now, charged once it is known.
+    /// Layers charged by the response: reserved now, settled once it is
+    /// known.
     pub counted: Vec<(Check, AfterResponse)>,
     /// The bans of every limit that bans, on this request's identities:
     /// peeked before anything else, on every route.
@@ -666,11 +670,12 @@ impl Policy {
                     };
                     match &limit.after_response {
                         Some(charge) => {
-                            // Checked now, charged once the response is known.
-                            check.peek = true;
-                            if let AfterResponse::Cost(_) = charge {
-                                // Admitted while the balance is positive.
-                                check.cost = 1;
+                            // Reserved now, with the other layers; settled
+                            // once the response is known. A request never
+                            // passes what is spent, however many run at
+                            // once.
+                            if let AfterResponse::Cost(priced) = charge {
+                                check.cost = priced.reserve;
                             }
                             layers.counted.push((check, charge.clone()));
                         }

@@ -190,3 +190,87 @@ fn hanging_up_before_the_answer_counts_as_a_failure() {
     assert_eq!(proxy.send("POST", "/login", &[]).status, 429);
     upstream.release();
 }
+
+/// Five failed logins per 15 minutes per address; the attempts under
+/// `/hold` wait at the application until the test lets them go.
+fn five_failures(config: ConfigBuilder) -> ConfigBuilder {
+    config.admin().limit(
+        Limit::sliding_log("failed-logins", "ip", 5, "15m")
+            .matching("paths = [\"/hold/login\"]")
+            .line("count = { statuses = [401, 403] }"),
+    )
+}
+
+/// 60 wrong passwords at once through `proxies`, all in flight together:
+/// each reserves its failure before it goes upstream, so five reach the
+/// application and the rest are refused at once, however they overlap.
+fn sixty_at_once(proxies: &[&Proxy], upstream: &Upstream) {
+    let addrs: Vec<std::net::SocketAddr> = proxies.iter().map(|p| p.addr).collect();
+    let attempts =
+        std::thread::spawn(move || common::burst(&addrs, 60, "POST", "/hold/login", &[WRONG]));
+    let refused = |p: &&Proxy| {
+        p.metric("floodgate_decisions_total{limit=\"failed-logins\",outcome=\"refused\"}")
+    };
+    let settled = common::wait_until(std::time::Duration::from_secs(20), || {
+        proxies.iter().map(refused).sum::<f64>() + upstream.holding() as f64 >= 60.0
+    });
+    let held = upstream.most_held();
+    upstream.release();
+    let answers = attempts.join().expect("attempts");
+    assert!(
+        settled,
+        "{} refused, {} held",
+        proxies.iter().map(refused).sum::<f64>(),
+        upstream.holding()
+    );
+    assert_eq!(held, 5, "attempts in flight at the application at once");
+    assert_eq!(
+        common::count_status(&answers, 401),
+        5,
+        "failures that reached it"
+    );
+    assert_eq!(common::count_status(&answers, 429), 55);
+    assert_eq!(upstream.count(), 5);
+}
+
+#[test]
+fn sixty_concurrent_failures_cannot_pass_a_limit_of_five() {
+    let upstream = Upstream::start();
+    let proxy = five_failures(ConfigBuilder::new(upstream.addr)).start();
+    sixty_at_once(&[&proxy], &upstream);
+    assert_eq!(proxy.send("POST", "/hold/login", &[]).status, 429, "spent");
+}
+
+#[test]
+fn sixty_concurrent_failures_across_proxies_on_redis_cannot_pass_five() {
+    let upstream = Upstream::start();
+    let redis = RedisServer::start();
+    let config = five_failures(ConfigBuilder::new(upstream.addr).redis(&redis.url()));
+    let (a, b) = (config.start(), config.start());
+    sixty_at_once(&[&a, &b], &upstream);
+}
+
+/// A success gives its reservation back: successes at once never spend
+/// the failures' budget, and the attempts after them still count.
+#[test]
+fn concurrent_successes_give_their_reservations_back() {
+    let upstream = Upstream::start();
+    let proxy = five_failures(ConfigBuilder::new(upstream.addr)).start();
+    let addrs = vec![proxy.addr];
+    let logins = std::thread::spawn(move || common::burst(&addrs, 5, "POST", "/hold/login", &[]));
+    assert!(common::wait_until(
+        std::time::Duration::from_secs(10),
+        || upstream.holding() == 5
+    ));
+    // While they are in flight, their reservations hold the budget.
+    assert_eq!(proxy.send("POST", "/hold/login", &[]).status, 429);
+    upstream.release();
+    let answers = logins.join().expect("logins");
+    assert_eq!(common::count_status(&answers, 200), 5);
+    // Given back: five failures still fit, and no sixth.
+    for attempt in 1..=5 {
+        let r = proxy.send("POST", "/hold/login", &[WRONG]);
+        assert_eq!(r.status, 401, "failure {attempt}");
+    }
+    assert_eq!(proxy.send("POST", "/hold/login", &[]).status, 429);
+}

@@ -125,6 +125,10 @@ fn lua_scripts_match_their_rust_twins() {
         let mut steps = 0;
         let mut admitted = 0;
         let mut credits = 0;
+        let mut refunds = 0;
+        // Reservations taken (the first layer admitted at a cost): some are
+        // given back later, part or all, where they were counted.
+        let mut reserved: Vec<(Check, u64)> = Vec::new();
         let mut last: Option<Decision> = None;
         // A refused request, replayed at (or just before) its retry time: the
         // instants where decisions flip, which random steps would rarely hit.
@@ -197,6 +201,33 @@ fn lua_scripts_match_their_rust_twins() {
                 // Only credits that gave something back prove anything.
                 credits += usize::from(credited.remaining() > before);
             }
+            // Now and then a reservation settled for less (the script's
+            // refund mode): the same state after on both.
+            if !reserved.is_empty() && rng.below(3) == 0 {
+                let (mut refund, counted_at) =
+                    reserved.swap_remove(rng.below(reserved.len() as u64) as usize);
+                refund.cost = 1 + rng.below(refund.cost);
+                let peek = [Check {
+                    cost: 0,
+                    peek: true,
+                    ..refund.clone()
+                }];
+                let before = local.peek_at(&peek, clock_now(&clock))[0].remaining();
+                runtime
+                    .block_on(remote.refund(&refund, counted_at))
+                    .unwrap_or_else(|e| panic!("{name}: redis failed at step {steps}: {e}"));
+                local.refund_at(&refund, counted_at, clock_now(&clock));
+                let after = runtime
+                    .block_on(remote.peek(&peek))
+                    .unwrap_or_else(|e| panic!("{name}: redis failed at step {steps}: {e}"));
+                assert_eq!(
+                    after,
+                    local.peek_at(&peek, clock_now(&clock)),
+                    "{name} refund of {} counted at {counted_at} at step {steps}",
+                    refund.cost
+                );
+                refunds += usize::from(after[0].remaining() > before);
+            }
             let expected: Vec<Decision> = local.decide_now(&checks);
             let got = runtime
                 .block_on(remote.decide(&checks))
@@ -210,6 +241,18 @@ fn lua_scripts_match_their_rust_twins() {
             );
             let all_allowed = expected.iter().all(|d| d.allowed());
             admitted += usize::from(all_allowed);
+            let first = &checks[0];
+            if all_allowed
+                && !first.peek
+                && !first.shadow
+                && first.cost > 0
+                && first.cost <= first.algorithm.quota()
+            {
+                reserved.push((first.clone(), expected[0].counted_at_us()));
+                if reserved.len() > 8 {
+                    reserved.remove(0);
+                }
+            }
             let retry_us = expected
                 .iter()
                 .map(|d| d.retry_after_us())
@@ -233,6 +276,14 @@ fn lua_scripts_match_their_rust_twins() {
                 credits == 0
             },
             "{name}: {credits} credits gave units back"
+        );
+        assert!(
+            if layers[0].takes_refund() {
+                refunds > 50
+            } else {
+                refunds == 0
+            },
+            "{name}: {refunds} refunds gave units back"
         );
     }
 }

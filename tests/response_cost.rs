@@ -38,10 +38,11 @@ fn the_reported_cost_is_charged_hidden_and_owed_until_paid_back() {
         .admin()
         .limit(tokens())
         .start();
-    // Admitted while the balance is positive: 1000, 600, 200, then -200.
-    // The bucket refills from the first charge on.
+    // Each call reserves the default (300) before it goes upstream and is
+    // settled to what it reports: 1000, 600, then 200 left, which holds no
+    // reservation. The bucket refills from the first charge on.
     let first_charge = Instant::now();
-    for n in 1..=3 {
+    for n in 1..=2 {
         let r = call(&proxy, "alice", Some("400"));
         assert_eq!(r.status, 200, "call {n}");
         assert_eq!(r.header("X-Tokens-Used"), None, "the client never sees it");
@@ -50,31 +51,42 @@ fn the_reported_cost_is_charged_hidden_and_owed_until_paid_back() {
     assert_eq!(refused.status, 429, "{}", refused.body);
     assert_eq!(
         upstream.count(),
-        3,
+        2,
         "the refused call never reached the app"
     );
-    // Back to +1 once 1,201 tokens have come back: 120,100 s after the
-    // first charge, 100,000 s of which the bucket's capacity covers.
+    // 300 again once 100 tokens have come back: 80,000 s of debt after the
+    // first charge, 10,000 s beyond what the bucket's capacity covers.
     let retry_ms = refused.retry_after_ms().expect("a retry time");
     let elapsed_ms = first_charge.elapsed().as_millis() as u64 + 1;
     assert!(
-        retry_ms <= 20_100_000 && retry_ms + elapsed_ms >= 20_100_000,
+        retry_ms <= 10_000_000 && retry_ms + elapsed_ms >= 10_000_000,
         "retry after {retry_ms} ms, at most {elapsed_ms} ms after the first charge"
     );
     let after = refused.header("Retry-After");
-    assert!(matches!(after, Some("20100" | "20099")), "{after:?}");
+    assert!(matches!(after, Some("10000" | "9999")), "{after:?}");
     assert!(refused.body.contains("\"limit\":\"tokens\""));
+    // A cost above what was reserved is owed in full: 1,000 reported on a
+    // reservation of 300 leaves dave 700 in debt from 300, and nothing
+    // passes until it is paid back.
+    assert_eq!(call(&proxy, "dave", Some("700")).status, 200);
+    assert_eq!(
+        call(&proxy, "dave", Some("1000")).status,
+        200,
+        "300 held its reservation"
+    );
+    assert_eq!(call(&proxy, "dave", Some("1")).status, 429, "owing 700");
 
     // Missing and unreadable costs are charged the default, and counted;
     // one above `max` is charged `max`.
-    for (n, used) in [None, Some("many"), Some("-3"), None]
-        .into_iter()
-        .enumerate()
-    {
+    for (n, used) in [None, Some("many"), Some("-3")].into_iter().enumerate() {
         assert_eq!(call(&proxy, "bob", used).status, 200, "bob's call {n}");
     }
-    assert_eq!(call(&proxy, "bob", None).status, 429, "4 x 300 > 1000");
-    assert_eq!(proxy.metric(UNREAD), 4.0);
+    assert_eq!(
+        call(&proxy, "bob", None).status,
+        429,
+        "3 x 300 leave 100, short of a reservation"
+    );
+    assert_eq!(proxy.metric(UNREAD), 3.0);
     assert_eq!(call(&proxy, "carol", Some("999999")).status, 200);
     assert_eq!(call(&proxy, "carol", Some("1")).status, 429, "charged max");
     assert_eq!(proxy.metric(ABOVE_MAX), 1.0);
@@ -216,5 +228,84 @@ fn an_interim_answer_charges_nothing_the_final_one_does() {
         counted.body.contains("\"limit\":\"failures\""),
         "{}",
         counted.body
+    );
+}
+
+/// 40 calls at once against a monthly budget of 1,000, each reserving 500
+/// before it goes upstream and reporting 500: two are admitted, the rest
+/// refused at once, and the budget is never overrun, however many run.
+#[test]
+fn concurrent_calls_cannot_overrun_a_budget_they_reserve() {
+    let upstream = Upstream::start();
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .limit(
+            Limit::quota("budget", "header:X-Account", 1000, "month").line(
+                "cost_from_response = { header = \"X-Tokens-Used\", max = 2000, default = 500 }",
+            ),
+        )
+        .start();
+    let addrs = vec![proxy.addr];
+    let headers = [
+        ("X-Account", "alice"),
+        ("X-Answer-Header", "X-Tokens-Used: 500"),
+    ];
+    let calls =
+        std::thread::spawn(move || common::burst(&addrs, 40, "POST", "/hold/generate", &headers));
+    let refused = "floodgate_decisions_total{limit=\"budget\",outcome=\"refused\"}";
+    let settled = wait_until(Duration::from_secs(20), || {
+        proxy.metric(refused) + upstream.holding() as f64 >= 40.0
+    });
+    let held = upstream.most_held();
+    upstream.release();
+    let answers = calls.join().expect("calls");
+    assert!(settled);
+    assert_eq!(held, 2, "calls at the application at once");
+    assert_eq!(common::count_status(&answers, 200), 2);
+    assert_eq!(common::count_status(&answers, 429), 38);
+    // Spent exactly: nothing more passes, a smaller reservation neither.
+    let r = proxy.send("POST", "/hold/generate", &[("X-Account", "alice")]);
+    assert_eq!(r.status, 429);
+    // A call that reports less than it reserved gets the rest back: six
+    // calls of 100 fit (500 is reserved before each), the seventh finds
+    // 400, short of its reservation.
+    let frugal = [
+        ("X-Account", "bob"),
+        ("X-Answer-Header", "X-Tokens-Used: 100"),
+    ];
+    for n in 1..=6 {
+        assert_eq!(
+            proxy.send("POST", "/hold/generate", &frugal).status,
+            200,
+            "call {n}"
+        );
+    }
+    assert_eq!(proxy.send("POST", "/hold/generate", &frugal).status, 429);
+}
+
+/// A cost said twice (two header lines, or a list in one) is charged at
+/// the larger: an upstream cannot be made to undercharge by repeating it
+/// lower.
+#[test]
+fn a_cost_said_twice_is_charged_the_larger() {
+    let upstream = Upstream::start();
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .limit(
+            Limit::fixed_window("tokens", "ip", 16, "1h")
+                .line("cost_from_response = { header = \"X-Tokens-Used\", max = 100 }"),
+        )
+        .start();
+    let twice = [
+        ("X-Answer-Header", "X-Tokens-Used: 7"),
+        ("X-Answer-Header", "X-Tokens-Used: 9"),
+    ];
+    let r = proxy.send("POST", "/v1/chat", &twice);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("X-Tokens-Used"), None);
+    assert_eq!(call(&proxy, "-", Some("3, 7")).status, 200, "9 + 7 of 16");
+    assert_eq!(
+        call(&proxy, "-", Some("1")).status,
+        429,
+        "spent: 9 and 7 were charged"
     );
 }

@@ -55,3 +55,88 @@ pub fn credited(
         _ => None,
     }
 }
+
+/// Whether a reservation of this algorithm can be refunded (`refunded`):
+/// every algorithm whose units sit somewhere a refund can find them; not a
+/// leaky bucket, whose units are departure slots already handed out.
+pub fn takes_refund(kind: Kind) -> bool {
+    !matches!(kind, Kind::LeakyBucket)
+}
+
+/// The state with `units` of a reservation counted at `counted_at_us`
+/// (`Decision::counted_at_us`) given back at `now_us`, as if they had never
+/// been taken; none when they are no longer there to give back (their
+/// window is over, their stamp has left the log). A bucket's units go back
+/// as a credit does.
+pub fn refunded(
+    kind: Kind,
+    period_us: u64,
+    state: &State,
+    now_us: u64,
+    units: u64,
+    counted_at_us: u64,
+) -> Option<(State, Update)> {
+    match (kind, state) {
+        (Kind::TokenBucket, State::Gcra { .. }) => {
+            credited(kind, period_us, 0, state, now_us, units)
+        }
+        (Kind::FixedWindow, &State::Window { start_us, count })
+            if start_us == counted_at_us && count > 0 =>
+        {
+            let count = count.saturating_sub(units);
+            Some((
+                State::Window { start_us, count },
+                Update::Window { start_us, count },
+            ))
+        }
+        (Kind::Quota, &State::Period { end_us, count }) if end_us == counted_at_us && count > 0 => {
+            let count = count.saturating_sub(units);
+            Some((
+                State::Period { end_us, count },
+                Update::Period { end_us, count },
+            ))
+        }
+        (
+            Kind::SlidingWindow,
+            &State::TwoWindows {
+                start_us,
+                current,
+                previous,
+            },
+        ) => {
+            // Still the running window, or the one before it (which now
+            // fades out as `previous`).
+            let (current, previous) = if start_us == counted_at_us && current > 0 {
+                (current.saturating_sub(units), previous)
+            } else if start_us == counted_at_us.saturating_add(period_us) && previous > 0 {
+                (current, previous.saturating_sub(units))
+            } else {
+                return None;
+            };
+            Some((
+                State::TwoWindows {
+                    start_us,
+                    current,
+                    previous,
+                },
+                Update::TwoWindows {
+                    start_us,
+                    current,
+                    previous,
+                },
+            ))
+        }
+        (Kind::SlidingLog, State::Log(log)) if log.has_stamp(counted_at_us) => {
+            let mut log = log.clone();
+            log.remove(counted_at_us, units);
+            Some((
+                State::Log(log),
+                Update::LogRemove {
+                    stamp_us: counted_at_us,
+                    units,
+                },
+            ))
+        }
+        _ => None,
+    }
+}

@@ -13,6 +13,11 @@ pub enum Decision {
         reset_after_us: u64,
         /// Leaky bucket only: how long the request waits for its slot.
         delay_us: u64,
+        /// Where the admitted units are counted, for a refund to find them
+        /// (`Algorithm::refund`): a window's start, a quota period's end, a
+        /// sliding log's stamp; 0 for the buckets, whose units need no
+        /// place.
+        counted_at_us: u64,
     },
     Refused {
         limit: u64,
@@ -37,6 +42,7 @@ impl Decision {
             remaining,
             reset_after_us,
             delay_us: 0,
+            counted_at_us: 0,
         }
     }
 
@@ -52,6 +58,7 @@ impl Decision {
             remaining,
             reset_after_us,
             delay_us,
+            counted_at_us: 0,
         }
     }
 
@@ -128,6 +135,22 @@ impl Decision {
             _ => 0,
         }
     }
+
+    /// Where an admitted request's units are counted (0 when refused).
+    pub fn counted_at_us(&self) -> u64 {
+        match *self {
+            Decision::Admitted { counted_at_us, .. } => counted_at_us,
+            _ => 0,
+        }
+    }
+
+    /// This decision with its units counted at `at_us` (a store's reply).
+    pub fn counted_at(mut self, at_us: u64) -> Decision {
+        if let Decision::Admitted { counted_at_us, .. } = &mut self {
+            *counted_at_us = at_us;
+        }
+        self
+    }
 }
 
 /// A decision plus the state change it implies and when the state goes stale.
@@ -141,6 +164,12 @@ pub struct Evaluation {
 }
 
 impl Evaluation {
+    /// The admitted units are counted at `at_us` (see `counted_at_us`).
+    pub(super) fn counted_at(mut self, at_us: u64) -> Self {
+        self.decision = self.decision.counted_at(at_us);
+        self
+    }
+
     pub(super) fn refused(
         limit: u64,
         remaining: u64,
@@ -223,5 +252,10 @@ pub enum Update {
         now_us: u64,
         cost: u64,
         window_us: u64,
+    },
+    /// Units taken off a sliding log's stamp (a refund).
+    LogRemove {
+        stamp_us: u64,
+        units: u64,
     },
 }

@@ -35,6 +35,7 @@ pub fn evaluate(
             }
         };
         Evaluation::admitted(limit, limit - count - cost, reset_after_us, update, end_us)
+            .counted_at(start_us)
     } else {
         Evaluation::refused(
             limit,

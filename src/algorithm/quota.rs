@@ -37,6 +37,7 @@ pub fn evaluate(
             }
         };
         Evaluation::admitted(limit, limit - count - cost, reset_after_us, update, end_us)
+            .counted_at(end_us)
     } else {
         Evaluation::refused(
             limit,

@@ -40,6 +40,30 @@ impl LogState {
         }
     }
 
+    /// `units` taken off the entry at `stamp_us` (a refund); the entry goes
+    /// when none is left. Whether there was such an entry.
+    pub(crate) fn remove(&mut self, stamp_us: u64, units: u64) -> bool {
+        let Some(at) = self
+            .entries
+            .iter()
+            .position(|&(stamp, _)| stamp == stamp_us)
+        else {
+            return false;
+        };
+        let left = self.entries[at].1.saturating_sub(units);
+        if left == 0 {
+            self.entries.remove(at);
+        } else {
+            self.entries[at].1 = left;
+        }
+        true
+    }
+
+    /// Whether an entry is stamped `stamp_us`.
+    pub(crate) fn has_stamp(&self, stamp_us: u64) -> bool {
+        self.entries.iter().any(|&(stamp, _)| stamp == stamp_us)
+    }
+
     /// Entries held; the memory this key costs grows with it.
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -86,7 +110,8 @@ pub fn evaluate(limit: u64, window_us: u64, log: &LogState, now_us: u64, cost: u
             idle_at_us.saturating_sub(now_us),
             update,
             idle_at_us,
-        );
+        )
+        .counted_at(now_eff);
     }
     // Admitted once enough of the oldest units have left the window.
     let must_leave = used + cost - limit;

@@ -51,7 +51,8 @@ pub fn evaluate(
             }
         };
         let remaining = (limit_scaled - used_scaled - cost_scaled) / window_us;
-        return Evaluation::admitted(limit, remaining, reset_after_us, update, idle_at_us);
+        return Evaluation::admitted(limit, remaining, reset_after_us, update, idle_at_us)
+            .counted_at(start_us);
     }
     let retry_at_us = retry_at(limit, window_us, start_us, current, previous, cost);
     Evaluation::refused(

@@ -74,6 +74,10 @@ impl State {
                 log.append(*now_us, *cost, *window_us);
                 *state = State::Log(log);
             }
+            (State::Log(log), Update::LogRemove { stamp_us, units }) => {
+                log.remove(*stamp_us, *units);
+            }
+            (_, Update::LogRemove { .. }) => {}
         }
     }
 }

@@ -252,6 +252,54 @@ proptest! {
         }
     }
 
+    /// A reservation given back is as if it had never been taken: a key that
+    /// reserves and later refunds decides every other request exactly as a
+    /// key that never reserved. (A bucket's refund is exact at the
+    /// reservation's instant; later, tokens that would have come back while
+    /// the bucket was full are not made up.)
+    #[test]
+    fn a_refund_undoes_its_reservation(alg in any_algorithm(), steps in prop::collection::vec((0u64..2_000_000, 0u64..6, 0u8..4), 1..200)) {
+        prop_assume!(alg.takes_refund());
+        let bucket = alg.kind() == Kind::TokenBucket;
+        let (mut reserving, mut plain) = (Key::new(alg), Key::new(alg));
+        let mut pending: Vec<(u64, u64)> = Vec::new();
+        let mut now = T0;
+        for (step, cost, what) in steps {
+            now += step;
+            match what {
+                // A reservation, on one key only; a bucket's given back at once.
+                0 => {
+                    let d = reserving.request(now, cost);
+                    if d.allowed() && cost > 0 {
+                        pending.push((cost, d.counted_at_us()));
+                    }
+                    if bucket {
+                        for (units, at) in pending.drain(..) {
+                            let e = alg.refund(&reserving.state, now, units, at);
+                            reserving.state.apply(&e.update);
+                        }
+                    }
+                }
+                1 if !pending.is_empty() => {
+                    let (units, at) = pending.remove(0);
+                    let e = alg.refund(&reserving.state, now, units, at);
+                    reserving.state.apply(&e.update);
+                }
+                _ => {}
+            }
+            if pending.is_empty() {
+                prop_assert_eq!(
+                    reserving.peek(now, cost),
+                    plain.peek(now, cost),
+                    "{} at {}", alg.name(), now
+                );
+                if what >= 2 {
+                    prop_assert_eq!(reserving.request(now, cost), plain.request(now, cost));
+                }
+            }
+        }
+    }
+
     /// Over any forward-moving sequence no algorithm admits beyond its bound.
     #[test]
     fn never_admits_beyond_the_bound(alg in any_algorithm(), steps in prop::collection::vec((0u64..3_000_000, 0u64..8), 1..300)) {

@@ -203,6 +203,32 @@ impl Algorithm {
         }
     }
 
+    /// `units` of a reservation counted at `counted_at_us` given back at
+    /// `now_us` (see `credit::refunded`): the state's decision at cost 0
+    /// afterwards, and the update that writes it.
+    pub fn refund(&self, state: &State, now_us: u64, units: u64, counted_at_us: u64) -> Evaluation {
+        match credit::refunded(
+            self.kind,
+            self.period_us,
+            state,
+            now_us,
+            units,
+            counted_at_us,
+        ) {
+            Some((state, update)) => Evaluation {
+                update,
+                ..self.evaluate(&state, now_us, 0)
+            },
+            None => self.evaluate(state, now_us, 0),
+        }
+    }
+
+    /// Whether a reservation can be refunded (`refund`): not a leaky
+    /// bucket's.
+    pub fn takes_refund(&self) -> bool {
+        credit::takes_refund(self.kind)
+    }
+
     /// The quota's time window in microseconds (`w=`): for the buckets, the time
     /// to refill from empty.
     pub fn window_us(&self) -> u64 {

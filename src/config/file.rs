@@ -380,6 +380,7 @@ pub(super) struct ResponseCostSection {
     pub(super) header: String,
     pub(super) max: i64,
     pub(super) default: Option<i64>,
+    pub(super) reserve: Option<i64>,
     #[serde(default)]
     pub(super) expose: bool,
 }

@@ -410,10 +410,43 @@ fn response_cost(
     if default > max {
         return Err((here("default"), format!("must be at most `max` ({max})")));
     }
+    // What a request takes before it goes upstream: it must fit in the
+    // limit (and in an instance's share of it, which decides while the
+    // shared store is away), or no request could ever pass.
+    let reserve = match section.reserve {
+        Some(r) => whole("reserve", r)?,
+        None => default.max(1),
+    };
+    let fits = rules
+        .iter()
+        .map(|rule| match rule {
+            Rule::Rate(algorithm) => algorithm.divided(instances).quota(),
+            Rule::Concurrency(c) => c.max,
+        })
+        .min()
+        .unwrap_or(u64::MAX);
+    let key = if section.reserve.is_some() {
+        "reserve"
+    } else {
+        "default"
+    };
+    if reserve == 0 {
+        return Err((here(key), "a reservation must be at least 1".into()));
+    }
+    if reserve > fits {
+        return Err((
+            here(key),
+            format!(
+                "a request reserves {reserve} before it goes upstream, more than the limit holds ({fits}{}): none could pass; set a smaller `reserve`",
+                if instances > 1 { ", an instance's share" } else { "" }
+            ),
+        ));
+    }
     Ok(ResponseCost {
         header,
         max,
         default,
+        reserve,
         expose: section.expose,
     })
 }

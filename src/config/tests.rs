@@ -244,6 +244,10 @@ fn errors_name_line_and_key() {
             "[server]\nlisten = \"127.0.0.1:8080\"\n[upstream]\nservers = [\"a:1\"]\nkeep_headers = [\"X-Debug\"]\n",
             "t.toml:5: upstream.keep_headers[0]: \"X-Debug\" is not a header floodgate removes, so there is nothing to keep (see the list in the README)",
         ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1h\"\ncost_from_response = {{ header = \"X-Cost\", max = 500, reserve = 200 }}\n"),
+            "t.toml:11: limits[0].cost_from_response.reserve: a request reserves 200 before it goes upstream, more than the limit holds (100): none could pass; set a smaller `reserve`",
+        ),
     ];
     for (text, expected) in cases {
         let err = parse(text).expect_err("must fail");

@@ -232,6 +232,13 @@ impl<S: Store> Store for KnownRefusals<S> {
         credited
     }
 
+    /// A refund frees budget: what was remembered of the key is stale.
+    async fn refund(&self, check: &Check, counted_at_us: u64) -> Result<(), LimiterError> {
+        let refunded = self.inner.refund(check, counted_at_us).await;
+        self.forget(std::slice::from_ref(check));
+        refunded
+    }
+
     async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
         self.inner.acquire(slot).await
     }

@@ -137,6 +137,11 @@ impl Store for FakeStore {
         self.memory.credit(check).await
     }
 
+    async fn refund(&self, check: &Check, counted_at_us: u64) -> Result<(), LimiterError> {
+        self.failure()?;
+        self.memory.refund(check, counted_at_us).await
+    }
+
     async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
         self.failure()?;
         self.memory.acquire(slot).await

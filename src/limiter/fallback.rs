@@ -263,6 +263,17 @@ impl<S: Store + 'static> Store for Fallback<S> {
         self.inner.shared.credit(check).await
     }
 
+    /// On the shared store, where reservations are made while it answers.
+    /// While it is away nothing is given back: the reservation was made on
+    /// it (or decided without it), and a local refund would give this
+    /// instance units nobody took from it.
+    async fn refund(&self, check: &Check, counted_at_us: u64) -> Result<(), LimiterError> {
+        if self.degraded() {
+            return Ok(());
+        }
+        self.inner.shared.refund(check, counted_at_us).await
+    }
+
     /// Without the shared store, a slot is taken as its `on_failure` says:
     /// locally from this instance's share of the slots, or admitted, or
     /// refused.

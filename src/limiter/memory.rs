@@ -273,6 +273,23 @@ impl MemoryStore {
         credited.decision
     }
 
+    /// `check.cost` units of a reservation counted at `counted_at_us` given
+    /// back at `now_us` (see `Store::refund`).
+    pub fn refund_at(&self, check: &Check, counted_at_us: u64, now_us: u64) {
+        let mut shard = self.lock(check.key.shard(self.shards.len()));
+        let Some(entry) = shard.get_mut(&check.key) else {
+            // Gone idle: nothing of the reservation is left to give back.
+            return;
+        };
+        if entry.idle_at_us <= now_us {
+            return;
+        }
+        let refunded = check
+            .algorithm
+            .refund(&entry.state, now_us, check.cost, counted_at_us);
+        update(entry, check, &refunded, now_us);
+    }
+
     pub fn forget(&self, checks: &[Check]) {
         for check in checks {
             self.forget_key(&check.key);
@@ -479,6 +496,11 @@ impl Store for MemoryStore {
 
     async fn credit(&self, check: &Check) -> Result<Decision, LimiterError> {
         Ok(self.credit_at(check, self.clock.now_us()))
+    }
+
+    async fn refund(&self, check: &Check, counted_at_us: u64) -> Result<(), LimiterError> {
+        self.refund_at(check, counted_at_us, self.clock.now_us());
+        Ok(())
     }
 
     async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {

@@ -48,6 +48,13 @@ pub trait Store: Send + Sync {
     /// answers what a request of cost 0 would see after.
     async fn credit(&self, check: &Check) -> Result<Decision, LimiterError>;
 
+    /// Gives back `check.cost` units of a reservation, where its decision
+    /// said they were counted (`Decision::counted_at_us`), as if they had
+    /// never been taken: a limit charged by the response settles what it
+    /// reserved. Nothing when they are there no longer (their window is
+    /// over).
+    async fn refund(&self, check: &Check, counted_at_us: u64) -> Result<(), LimiterError>;
+
     /// Takes one of the key's `max` slots under the slot's lease; refused
     /// with the time until a held lease ends when all are taken.
     async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError>;

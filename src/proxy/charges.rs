@@ -1,64 +1,79 @@
-//! What is charged once the response is known: a layer counted by
-//! status, a cost the response reports (or, when no response came, what a
-//! request that got none owes).
+//! Limits charged once the response is known: a layer counted by status,
+//! a cost the response reports. Each reserves before the request goes
+//! upstream, in the same store call as the other layers (so requests that
+//! arrive together never pass a limit already spent), and is settled
+//! here: what was reserved and is not owed is refunded, what is owed
+//! beyond it is charged.
 
 use log::warn;
 use pingora::http::ResponseHeader;
 
-use super::ctx::RequestCtx;
-use crate::limiter::{Check, Store};
-use crate::policy::AfterResponse;
+use super::ctx::{RequestCtx, Reservation};
+use crate::limiter::{Check, Deciding, Store};
+use crate::policy::{AfterResponse, ResponseCost};
 
-/// Charges the layers charged by the response: a listed status charges
-/// the request's cost, each layer on its own (one spent layer does not
-/// keep another from counting; a spent layer stays spent); a reported
-/// cost is owed in full, whatever is left. The cost header is read
-/// before any layer removes it from what the client sees.
+/// What a reservation comes to: the units owed in all, against the units
+/// reserved.
+struct Settled {
+    owed: u64,
+}
+
+impl Settled {
+    fn owe(owed: u64) -> Settled {
+        Settled { owed }
+    }
+}
+
+/// Settles the layers charged by the response: a listed status keeps the
+/// request's reservation, any other gives it back; a reported cost is
+/// owed in full, whatever is left (the reservation is refunded down to it,
+/// or charged up to it). The cost header is read before any layer removes
+/// it from what the client sees.
 pub(super) async fn charge_by_response(
     store: &dyn Store,
     ctx: &mut RequestCtx,
     response: &mut ResponseHeader,
 ) {
     let status = response.status.as_u16();
-    let mut owed = Vec::new();
+    let mut settled = Vec::new();
     let mut hidden = Vec::new();
-    for (check, when) in std::mem::take(&mut ctx.counted) {
-        match when {
-            AfterResponse::Status(statuses) if statuses.contains(status) => {
-                charge(store, check, status).await;
-            }
-            AfterResponse::Status(_) => {}
+    for reservation in std::mem::take(&mut ctx.counted) {
+        let reserved = reservation.check.cost;
+        let outcome = match &reservation.after {
+            AfterResponse::Status(statuses) if statuses.contains(status) => Settled::owe(reserved),
+            AfterResponse::Status(_) => Settled::owe(0),
             AfterResponse::Cost(priced) => {
-                let counters = &ctx.runtime.counters[check.layer];
-                let cost = match reported_cost(response.headers.get(&priced.header)) {
-                    Some(cost) if cost > priced.max => {
+                let counters = &ctx.runtime.counters[reservation.check.layer];
+                let cost = match reported_cost(response.headers.get_all(&priced.header)) {
+                    Reported::Cost(cost) if cost > priced.max => {
                         counters.cost_above_max.inc();
                         priced.max
                     }
-                    Some(cost) => cost,
-                    None => {
+                    Reported::Cost(cost) => cost,
+                    Reported::Unreadable(at_least) => {
                         counters.cost_unread.inc();
-                        priced.default
+                        at_least.max(priced.default).min(priced.max)
                     }
                 };
                 if !priced.expose {
-                    hidden.push(priced.header);
+                    hidden.push(priced.header.clone());
                 }
-                owed.push(owed_check(check, cost));
+                Settled::owe(cost)
             }
-        }
+        };
+        settled.push((reservation, outcome));
     }
     for name in hidden {
         response.remove_header(&name);
     }
-    debit(store, &owed, status).await;
+    settle(store, ctx, settled, status).await;
 }
 
 /// Removes the cost headers the client must not see from an answer that
 /// charges nothing itself (an interim 1xx).
 pub(super) fn hide_costs(ctx: &RequestCtx, response: &mut ResponseHeader) {
-    for (_, when) in &ctx.counted {
-        if let AfterResponse::Cost(priced) = when {
+    for reservation in &ctx.counted {
+        if let AfterResponse::Cost(priced) = &reservation.after {
             if !priced.expose {
                 response.remove_header(&priced.header);
             }
@@ -66,66 +81,124 @@ pub(super) fn hide_costs(ctx: &RequestCtx, response: &mut ResponseHeader) {
     }
 }
 
-/// Charges every layer charged by the response of a request that got
-/// none. `client_left` (it hung up while the upstream worked) charges as
-/// if the status were listed, so that hanging up is no way to dodge the
-/// count. A cost is charged the most a response may report when the client
-/// left or the upstream ran out of time (it may have done the work: a
-/// request made to run long must not go free), its default otherwise (the
-/// upstream failed).
+/// Settles the layers charged by the response of a request that got
+/// none. `client_left` (it hung up or reset the stream while the upstream
+/// had its request) keeps a counted reservation, as if the status were
+/// listed, so that hanging up is no way to dodge the count. A cost is owed
+/// the most a response may report when the client left or the upstream
+/// ran out of time (it may have done the work: a request made to run long
+/// must not go free), its default when the upstream failed otherwise.
+/// `reached_upstream` false (the request never got there): every
+/// reservation is given back.
 pub(super) async fn charge_unanswered(
     store: &dyn Store,
     ctx: &mut RequestCtx,
+    reached_upstream: bool,
     client_left: bool,
     upstream_timed_out: bool,
 ) {
+    let settled = std::mem::take(&mut ctx.counted)
+        .into_iter()
+        .map(|reservation| {
+            let reserved = reservation.check.cost;
+            let outcome = match &reservation.after {
+                _ if !reached_upstream => Settled::owe(0),
+                AfterResponse::Status(_) if client_left => Settled::owe(reserved),
+                AfterResponse::Status(_) => Settled::owe(0),
+                AfterResponse::Cost(ResponseCost { max, .. })
+                    if client_left || upstream_timed_out =>
+                {
+                    Settled::owe(*max)
+                }
+                AfterResponse::Cost(ResponseCost { default, .. }) => Settled::owe(*default),
+            };
+            (reservation, outcome)
+        })
+        .collect();
+    settle(store, ctx, settled, 0).await;
+}
+
+/// Gives back what is not owed and charges what is owed beyond the
+/// reservations: the charges in one call (none can be refused), each
+/// refund on its own. A shadow layer that took nothing (it would have
+/// refused) owes in full what its status or cost says. A refund goes only to the store that took the
+/// reservation: one taken on Redis is not given back to this instance
+/// while Redis is away, nor one taken while it was away to Redis (the
+/// client gets back less than it could: never more).
+async fn settle(
+    store: &dyn Store,
+    ctx: &RequestCtx,
+    settled: Vec<(Reservation, Settled)>,
+    status: u16,
+) {
+    let reserved_on = ctx.verdict.as_ref().map(|v| v.deciding);
+    let same_store =
+        reserved_on == Some(store.deciding()) && reserved_on != Some(Deciding::Fallback);
     let mut owed = Vec::new();
-    for (check, when) in std::mem::take(&mut ctx.counted) {
-        match when {
-            AfterResponse::Status(_) if client_left => charge(store, check, 0).await,
-            AfterResponse::Status(_) => {}
-            AfterResponse::Cost(priced) => {
-                let cost = if client_left || upstream_timed_out {
-                    priced.max
-                } else {
-                    priced.default
-                };
-                owed.push(owed_check(check, cost));
+    for (reservation, Settled { owed: total }) in settled {
+        let Reservation {
+            check, decision, ..
+        } = reservation;
+        let reserved = if decision.allowed() { check.cost } else { 0 };
+        if total > reserved {
+            owed.push(owed_check(check, total - reserved));
+        } else if total < reserved && same_store && check.algorithm.takes_refund() {
+            let refund = Check {
+                cost: reserved - total,
+                ..check
+            };
+            if let Err(e) = store.refund(&refund, decision.counted_at_us()).await {
+                warn!("could not give back what {} reserved: {e}", refund.name);
             }
         }
     }
-    debit(store, &owed, 0).await;
-}
-
-async fn charge(store: &dyn Store, mut check: Check, status: u16) {
-    check.peek = false;
-    if let Err(e) = store.decide(std::slice::from_ref(&check)).await {
-        warn!("could not count a {status} against {}: {e}", check.name);
-    }
-}
-
-/// Charges costs that are owed (`owed_check`): one call for them all,
-/// since none can be refused.
-async fn debit(store: &dyn Store, owed: &[Check], status: u16) {
     if owed.is_empty() {
         return;
     }
-    if let Err(e) = store.decide(owed).await {
+    if let Err(e) = store.decide(&owed).await {
         warn!(
-            "could not charge the cost of a {status} response against {}: {e}",
+            "could not charge what a {status} response owes {}: {e}",
             owed[0].name
         );
     }
 }
 
-/// The cost a response reports: a whole number, nothing else (one too
-/// large to read is more than any `max`).
-fn reported_cost(value: Option<&http::HeaderValue>) -> Option<u64> {
-    let text = value?.to_str().ok()?.trim();
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
+/// What a response's cost headers say.
+#[derive(Debug, PartialEq, Eq)]
+enum Reported {
+    /// The largest whole number they carry.
+    Cost(u64),
+    /// Something that is not a whole number, or nothing; the largest whole
+    /// number among the rest (0 for none).
+    Unreadable(u64),
+}
+
+/// The cost a response reports: every value of the header, each line a
+/// comma-separated list as HTTP allows, read as whole numbers; the largest
+/// is charged (a cost said twice is not halved by saying it again lower).
+/// One too large to read is more than any `max`.
+fn reported_cost(values: http::header::GetAll<'_, http::HeaderValue>) -> Reported {
+    let mut largest = None;
+    let mut unreadable = false;
+    for value in values {
+        let Ok(text) = value.to_str() else {
+            unreadable = true;
+            continue;
+        };
+        for item in text.split(',') {
+            let item = item.trim();
+            if item.is_empty() || !item.bytes().all(|b| b.is_ascii_digit()) {
+                unreadable = true;
+                continue;
+            }
+            let cost = item.parse().unwrap_or(u64::MAX);
+            largest = Some(largest.map_or(cost, |l: u64| l.max(cost)));
+        }
     }
-    Some(text.parse().unwrap_or(u64::MAX))
+    match largest {
+        Some(cost) if !unreadable => Reported::Cost(cost),
+        other => Reported::Unreadable(other.unwrap_or(0)),
+    }
 }
 
 /// `check` charged `cost` whatever is left (see `Algorithm::without_ceiling`).
@@ -138,19 +211,36 @@ fn owed_check(mut check: Check, cost: u64) -> Check {
 
 #[cfg(test)]
 mod tests {
-    use super::reported_cost;
+    use super::{reported_cost, Reported};
 
     #[test]
-    fn a_reported_cost_is_a_whole_number_or_nothing() {
-        let read = |text: &str| reported_cost(Some(&http::HeaderValue::from_str(text).unwrap()));
-        assert_eq!(read("400"), Some(400));
-        assert_eq!(read(" 7 "), Some(7));
-        assert_eq!(read("0"), Some(0));
+    fn a_reported_cost_is_the_largest_whole_number_it_says() {
+        let read = |values: &[&str]| {
+            let mut headers = http::HeaderMap::new();
+            for v in values {
+                headers.append("x-cost", http::HeaderValue::from_str(v).unwrap());
+            }
+            reported_cost(headers.get_all("x-cost"))
+        };
+        assert_eq!(read(&["400"]), Reported::Cost(400));
+        assert_eq!(read(&[" 7 "]), Reported::Cost(7));
+        assert_eq!(read(&["0"]), Reported::Cost(0));
+        // Twice, in two lines or in one list: the larger.
+        assert_eq!(read(&["7", "9"]), Reported::Cost(9));
+        assert_eq!(read(&["9", "7"]), Reported::Cost(9));
+        assert_eq!(read(&["7, 9"]), Reported::Cost(9));
         for unreadable in ["", "-3", "1e3", "4.5", "12 tokens", "0x10"] {
-            assert_eq!(read(unreadable), None, "{unreadable:?}");
+            assert_eq!(
+                read(&[unreadable]),
+                Reported::Unreadable(0),
+                "{unreadable:?}"
+            );
         }
+        // Beside one that reads, an unreadable one is noticed, and the
+        // readable one still counts.
+        assert_eq!(read(&["12", "lots"]), Reported::Unreadable(12));
         // Too large to read: more than any max, so charged the max.
-        assert_eq!(read("99999999999999999999999"), Some(u64::MAX));
-        assert_eq!(reported_cost(None), None);
+        assert_eq!(read(&["99999999999999999999999"]), Reported::Cost(u64::MAX));
+        assert_eq!(read(&[]), Reported::Unreadable(0));
     }
 }

@@ -8,6 +8,7 @@ use pingora::proxy::Session;
 
 use super::slots::HeldSlots;
 use super::verdict::Verdict;
+use crate::algorithm::Decision;
 use crate::connection::clock::HeadClock;
 use crate::identity::Client;
 use crate::limiter::Check;
@@ -35,8 +36,9 @@ pub struct RequestCtx {
     pub(super) upstream_took: Option<Duration>,
     /// The concurrency slots this request holds.
     pub(super) slots: Option<HeldSlots>,
-    /// Layers charged by the response, to charge once it is known.
-    pub(super) counted: Vec<(Check, AfterResponse)>,
+    /// Layers charged by the response, reserved: to settle once it is
+    /// known.
+    pub(super) counted: Vec<Reservation>,
     /// The upstream's status, once it answered.
     pub(super) upstream_status: Option<u16>,
     /// What the limits said, once decided.
@@ -44,6 +46,17 @@ pub struct RequestCtx {
     /// Rate-limit headers to add to the upstream's response.
     pub(super) rate_headers: Vec<(&'static str, String)>,
     pub(super) _in_flight: InFlight,
+}
+
+/// A layer charged by the response, as it was reserved before the request
+/// went upstream (`charges` settles it).
+#[derive(Debug)]
+pub(super) struct Reservation {
+    pub(super) check: Check,
+    pub(super) after: AfterResponse,
+    /// What reserving said: whether the units were taken (a shadow layer
+    /// that would refuse takes none) and where they are counted.
+    pub(super) decision: Decision,
 }
 
 pub(super) fn peer_ip(session: &Session) -> IpAddr {

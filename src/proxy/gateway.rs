@@ -20,7 +20,7 @@ use super::answer::{
     respond, respond_grpc, too_many_in_flight, GrpcStatus,
 };
 use super::charges;
-use super::ctx::{peer_ip, RequestCtx};
+use super::ctx::{peer_ip, RequestCtx, Reservation};
 use super::forwarding::{
     request_id_of, strip_what_the_client_may_not_say, tell_the_upstream_who_asked,
 };
@@ -149,13 +149,13 @@ impl ProxyHttp for Gateway {
         }
         // A request that reached the upstream but whose client hung up
         // before the answer is counted as if its status were listed:
-        // otherwise hanging up at once would dodge the count. Charged before
-        // the slots go, so that the next request a concurrency limit lets in
-        // sees the charge.
+        // otherwise hanging up at once would dodge the count. Settled
+        // before the slots go, so that the next request a concurrency
+        // limit lets in sees it.
         let client_left_mid_request = ctx.upstream_sent.is_some()
             && ctx.upstream_status.is_none()
             && e.is_some_and(|e| matches!(e.esource(), ErrorSource::Downstream));
-        if ctx.upstream_sent.is_some() && ctx.upstream_status.is_none() {
+        if !ctx.counted.is_empty() {
             let upstream_timed_out = e.is_some_and(|e| {
                 matches!(e.esource(), ErrorSource::Upstream)
                     && matches!(e.etype(), ErrorType::ReadTimedout)
@@ -163,6 +163,7 @@ impl ProxyHttp for Gateway {
             charges::charge_unanswered(
                 self.state.store.as_ref(),
                 ctx,
+                ctx.upstream_sent.is_some(),
                 client_left_mid_request,
                 upstream_timed_out,
             )
@@ -394,8 +395,23 @@ impl ProxyHttp for Gateway {
             let mut decided = checks.into_iter().zip(decisions);
             let banned = ban_refusals(policy, decided.by_ref().take(bans));
             if banned.is_empty() {
-                outcomes.extend(decided.map(|(check, d)| Outcome::of_check(check, d)));
-                ctx.counted = layers.counted;
+                let decided: Vec<(Check, Decision)> = decided.collect();
+                let first_counted = decided.len() - counted;
+                ctx.counted = layers
+                    .counted
+                    .into_iter()
+                    .zip(&decided[first_counted..])
+                    .map(|((check, after), &(_, decision))| Reservation {
+                        check,
+                        after,
+                        decision,
+                    })
+                    .collect();
+                outcomes.extend(
+                    decided
+                        .into_iter()
+                        .map(|(check, d)| Outcome::of_check(check, d)),
+                );
             } else {
                 // The ban is the answer, whatever else the layers said.
                 outcomes = banned;
@@ -431,6 +447,8 @@ impl ProxyHttp for Gateway {
         verdict.refused = refusal.is_some();
         let delay_us = verdict.delay_us();
         if refusal.is_some() {
+            // All or nothing: a refused request reserved nothing.
+            ctx.counted.clear();
             if let Some(mut slots) = ctx.slots.take() {
                 slots.release().await;
             }

@@ -46,7 +46,7 @@ pub(super) const SLOTS_SCRIPT: &str = include_str!("../../../lua/slots.lua");
 const OPERATOR_DEADLINE: Duration = Duration::from_secs(2);
 
 /// Integers per layer in the script's reply.
-pub(super) const REPLY_FIELDS: usize = 7;
+pub(super) const REPLY_FIELDS: usize = 8;
 
 /// How the script treats a layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +61,9 @@ pub(super) enum Mode {
     ShadowPeek = 3,
     /// The cost is given back (an operator's credit).
     Credit = 4,
+    /// A reservation's cost is given back where it was counted (the
+    /// layer's `refund_at`).
+    Refund = 5,
 }
 
 /// One layer as the script takes it.
@@ -71,6 +74,8 @@ pub(super) struct ScriptLayer {
     period_us: u64,
     cost: u64,
     mode: Mode,
+    /// Where a refunded reservation was counted (`Mode::Refund` only).
+    refund_at: u64,
 }
 
 /// The probe's layer: always admits (so it always writes), and its key lives
@@ -165,6 +170,7 @@ impl<C: Connect> Scripted<C> {
                     (false, true) => Mode::Shadow,
                     (false, false) => Mode::Enforce,
                 },
+                refund_at: 0,
             })
             .collect()
     }
@@ -178,6 +184,7 @@ impl<C: Connect> Scripted<C> {
             period_us: probe.period_us(),
             cost: 1,
             mode: Mode::Enforce,
+            refund_at: 0,
         }
     }
 
@@ -250,6 +257,9 @@ impl<C: Connect> Scripted<C> {
                     .arg(layer.period_us)
                     .arg(layer.cost)
                     .arg(layer.mode as u8);
+                if layer.mode == Mode::Refund {
+                    invocation.arg(layer.refund_at);
+                }
             }
         }
         let reply: Vec<u8> = invocation
@@ -348,6 +358,27 @@ impl<C: Connect> Scripted<C> {
             })
     }
 
+    /// Gives a reservation's `check.cost` units back where they were
+    /// counted (`counted_at_us`), in one script run with a request's
+    /// deadline: nobody else hears of it, as nobody heard of the
+    /// reservation.
+    pub(super) async fn refund(
+        &self,
+        check: &Check,
+        counted_at_us: u64,
+    ) -> Result<(), LimiterError> {
+        let mut layers = self.layers([check], true);
+        for layer in &mut layers {
+            layer.mode = Mode::Refund;
+            layer.refund_at = counted_at_us;
+        }
+        let requests = [layers.as_slice()];
+        self.within_deadline(|mut connection| async move {
+            self.run(&mut connection, &requests).await.map(drop)
+        })
+        .await
+    }
+
     /// Publishes the layers whose state an operator changed on
     /// `changes_channel`, so that every instance forgets the refusals it
     /// remembers for them (`KnownRefusals`). The change is made whether or
@@ -418,7 +449,8 @@ pub(super) fn parse_reply(reply: &[u8], layers: usize) -> Result<Vec<Decision>, 
         .map(|r| {
             let (limit, remaining, reset_after_us) = (r[2], r[3], r[4]);
             match (r[0] == 1, r[1] == 1) {
-                (true, _) => Decision::admitted_after(limit, remaining, reset_after_us, r[6]),
+                (true, _) => Decision::admitted_after(limit, remaining, reset_after_us, r[6])
+                    .counted_at(r[7]),
                 (false, true) => Decision::never_passable(limit, remaining, reset_after_us),
                 (false, false) => Decision::refused(limit, remaining, reset_after_us, r[5]),
             }
@@ -586,10 +618,12 @@ mod tests {
         ] {
             assert_eq!(parse_u64(bad), None, "{:?}", String::from_utf8_lossy(bad));
         }
-        let decisions = parse_reply(b"1 0 10 9 100 0 0 0 0 10 0 5 7 0", 2).expect("two layers");
+        let decisions =
+            parse_reply(b"1 0 10 9 100 0 0 4200 0 0 10 0 5 7 0 0", 2).expect("two layers");
         assert!(decisions[0].allowed() && !decisions[1].allowed());
+        assert_eq!(decisions[0].counted_at_us(), 4200);
         assert_eq!(decisions[1].retry_after_us(), 7);
-        assert!(parse_reply(b"1 0 10 9 100 0", 1).is_err());
-        assert!(parse_reply(b"1 0 10 x 100 0 0", 1).is_err());
+        assert!(parse_reply(b"1 0 10 9 100 0 0", 1).is_err());
+        assert!(parse_reply(b"1 0 10 x 100 0 0 0", 1).is_err());
     }
 }

@@ -130,6 +130,10 @@ impl Store for RedisStandalone {
         self.scripted.credit(check).await
     }
 
+    async fn refund(&self, check: &Check, counted_at_us: u64) -> Result<(), LimiterError> {
+        self.scripted.refund(check, counted_at_us).await
+    }
+
     async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
         Ok(self.scripted.slots(SlotOp::Acquire, slot).await?.1)
     }
