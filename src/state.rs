@@ -64,6 +64,8 @@ pub struct AppState {
     pub block_log: crate::blocklist::BlockLog,
     /// `[server].header_timeout`: also the grace before a body's pace counts.
     pub header_timeout: std::time::Duration,
+    /// `[server].slot_body_timeout`.
+    pub slot_body_timeout: std::time::Duration,
     /// What the TLS listeners serve; swapped on reload.
     pub certificates: Option<Arc<CertResolver>>,
     pub config_path: PathBuf,
@@ -107,6 +109,7 @@ impl AppState {
             streams: crate::connection::caps::StreamCaps::new(config.server.max_connections_per_ip),
             block_log: crate::blocklist::BlockLog::new(10_000),
             header_timeout: config.server.header_timeout,
+            slot_body_timeout: config.server.slot_body_timeout,
             certificates: config
                 .tls
                 .as_ref()

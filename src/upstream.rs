@@ -34,6 +34,9 @@ pub struct UpstreamSettings {
     pub websocket_idle_timeout: Duration,
     /// Headers only floodgate or a trusted proxy may send upstream.
     pub client_headers: ClientHeaders,
+    /// Paths of gRPC calls, whose client streams may rightly be slow and
+    /// long: no body floor there (`[upstream].grpc_paths`).
+    pub grpc_paths: Vec<crate::policy::PathPattern>,
 }
 
 pub struct Upstreams {

@@ -73,34 +73,46 @@ fn thirty_at_once_on_one_key_never_put_more_than_three_in_flight() {
     assert_eq!(after[0].header("RateLimit-Limit"), None);
 }
 
-/// A client that hangs up while the upstream works on its request does not
-/// free its slot: the work goes on, so the slot stays taken until its lease
-/// ends (no longer renewed).
+/// A client that hangs up once its request is in does not free its slot
+/// while the upstream works on it (the exchange runs on, the slot renewed),
+/// and the slot is given back as soon as the upstream answers: not when
+/// its lease would have ended.
 #[test]
-fn hanging_up_does_not_free_a_slot_the_upstream_still_uses() {
+fn hanging_up_keeps_the_slot_until_the_upstream_answers_and_no_longer() {
     use std::io::Write;
     let upstream = Upstream::start();
     let proxy = ConfigBuilder::new(upstream.addr)
         .admin()
-        .limit(Limit::concurrency("one-at-a-time", "ip", 1, "500ms"))
+        .limit(Limit::concurrency("one-at-a-time", "ip", 1, "30s"))
         .start();
     let mut client = std::net::TcpStream::connect(proxy.addr).expect("connect");
     client
         .write_all(b"GET /hold/work HTTP/1.1\r\nHost: test\r\n\r\n")
         .expect("send");
     assert!(wait_until(Duration::from_secs(10), || upstream.holding() == 1));
+    // A reset, not a polite close: the connection is gone at once.
+    let socket = socket2::SockRef::from(&client);
+    socket.set_linger(Some(Duration::ZERO)).expect("linger");
     drop(client);
-    // Once the proxy has counted the hung-up request as finished (with no
-    // answer), its slot is still taken.
-    let hung_up = "floodgate_requests_total{status_class=\"none\"}";
-    assert!(wait_until(Duration::from_secs(5), || proxy.metric(hung_up) >= 1.0));
-    assert_eq!(proxy.get("/right-after").status, 429);
-    // Given back at the end of its lease, not renewed.
+    let refused_since = std::time::Instant::now();
+    while refused_since.elapsed() < Duration::from_millis(500) {
+        assert_eq!(
+            proxy.get("/meanwhile").status,
+            429,
+            "the upstream still works on it"
+        );
+    }
+    let answered = std::time::Instant::now();
+    upstream.release();
     assert!(wait_until(Duration::from_secs(5), || proxy
-        .get("/later")
+        .get("/after")
         .status
         == 200));
-    upstream.release();
+    let freed_after = answered.elapsed();
+    assert!(
+        freed_after < Duration::from_millis(100),
+        "freed {freed_after:?} after the upstream answered (the lease is 30 s)"
+    );
 }
 
 #[test]

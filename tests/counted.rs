@@ -157,38 +157,62 @@ fn parallel_guesses_cannot_outrun_the_failure_count() {
     assert_eq!(login(&proxy, "mallory", false), 429);
 }
 
-/// Hanging up once the attempt has reached the application, before its
-/// answer, does not dodge the count: the attempt counts as a failure.
+/// Hanging up is no way around the count: an attempt whose client resets
+/// the connection once it is in runs to its answer, and a 401 counts; one
+/// whose client goes before its body is in (the attempt can never be
+/// answered) counts as a failure.
 #[test]
-fn hanging_up_before_the_answer_counts_as_a_failure() {
+fn hanging_up_is_no_way_around_the_count() {
     use std::io::Write;
     let upstream = Upstream::start();
     let proxy = ConfigBuilder::new(upstream.addr)
         .admin()
         .limit(
-            Limit::sliding_log("failed-logins", "ip", 3, "15m")
+            Limit::sliding_log("failed-logins", "ip", 2, "15m")
                 .matching("paths = [\"/hold/login\", \"/login\"]")
                 .line("count = { statuses = [401] }"),
         )
         .start();
-    let hung_up = "floodgate_requests_total{status_class=\"none\"}";
-    for attempt in 1..=3 {
-        let mut client = std::net::TcpStream::connect(proxy.addr).expect("connect");
-        client
-            .write_all(b"POST /hold/login HTTP/1.1\r\nHost: test\r\nContent-Length: 0\r\n\r\n")
-            .expect("send");
-        assert!(common::wait_until(
-            std::time::Duration::from_secs(10),
-            || { upstream.holding() == attempt }
-        ));
+    let reset = |client: std::net::TcpStream| {
+        socket2::SockRef::from(&client)
+            .set_linger(Some(std::time::Duration::ZERO))
+            .expect("linger");
         drop(client);
-        assert!(common::wait_until(
-            std::time::Duration::from_secs(5),
-            || { proxy.metric(hung_up) >= attempt as f64 }
-        ));
-    }
+    };
+    let mut whole = std::net::TcpStream::connect(proxy.addr).expect("connect");
+    whole
+        .write_all(b"POST /hold/login HTTP/1.1\r\nHost: test\r\nX-Answer-Status: 401\r\nContent-Length: 0\r\n\r\n")
+        .expect("send");
+    assert!(common::wait_until(
+        std::time::Duration::from_secs(10),
+        || upstream.holding() == 1
+    ));
+    reset(whole);
+    let mut half = std::net::TcpStream::connect(proxy.addr).expect("connect");
+    half.write_all(b"POST /login HTTP/1.1\r\nHost: test\r\nContent-Length: 100\r\n\r\npass")
+        .expect("send");
+    let given_up = "floodgate_requests_total{status_class=\"none\"}";
+    assert!(common::wait_until(
+        std::time::Duration::from_secs(10),
+        || upstream.heads() == 2
+    ));
+    reset(half);
+    assert!(common::wait_until(
+        std::time::Duration::from_secs(5),
+        || proxy.metric(given_up) >= 1.0
+    ));
+    // Both attempts hold their failures: the limit is spent.
     assert_eq!(proxy.send("POST", "/login", &[]).status, 429);
     upstream.release();
+    assert!(common::wait_until(
+        std::time::Duration::from_secs(5),
+        || proxy.metric("floodgate_requests_total{status_class=\"4xx\"}") >= 2.0
+    ));
+    assert_eq!(
+        proxy.send("POST", "/login", &[]).status,
+        429,
+        "the 401 counted"
+    );
 }
 
 /// Five failed logins per 15 minutes per address; the attempts under

@@ -644,19 +644,10 @@ fn the_admin_listener_has_its_own_cap_and_lifetime() {
         get_from("127.0.0.2", admin, "/readyz").map(|r| r.0),
         Some(200)
     );
-    // The listener's own total still holds: four addresses fill it.
-    let mut more: Vec<TcpStream> = ["127.0.0.3", "127.0.0.4", "127.0.0.5"]
-        .iter()
-        .flat_map(|from| (0..8).filter_map(|_| connect_from(from, admin).ok()))
-        .collect();
-    assert!(wait_until(Duration::from_secs(1), || closed_now(&mut more)
-        == 0
-        && get_from("127.0.0.6", admin, "/healthz").is_none()));
     // The proxy is unaffected.
     assert_eq!(proxy.get("/").status, 200);
     // Idle admin connections end after their lifetime; the admin serves again.
     let started = Instant::now();
-    drop(more);
     assert!(wait_until(Duration::from_secs(6), || proxy
         .admin_get("/healthz")
         .status

@@ -125,25 +125,45 @@ fn a_balance_on_redis_is_shared_by_proxies() {
 }
 
 /// A client that hangs up while the application works cannot dodge the
-/// bill: it is charged the most a response may report.
+/// bill: a call that is in runs to its answer and is charged what it
+/// reports; one cut off before its body is in is charged the most a
+/// response may report (the application may have started on it).
 #[test]
-fn hanging_up_before_the_answer_is_charged_the_maximum() {
+fn hanging_up_is_no_way_around_the_bill() {
     let upstream = Upstream::start();
     let proxy = ConfigBuilder::new(upstream.addr)
         .admin()
         .limit(tokens())
         .start();
-    let mut client = std::net::TcpStream::connect(proxy.addr).expect("connect");
-    client
-        .write_all(b"POST /hold/chat HTTP/1.1\r\nHost: test\r\nX-Account: mallory\r\nContent-Length: 0\r\n\r\n")
+    let reset = |client: std::net::TcpStream| {
+        socket2::SockRef::from(&client)
+            .set_linger(Some(Duration::ZERO))
+            .expect("linger");
+        drop(client);
+    };
+    let mut whole = std::net::TcpStream::connect(proxy.addr).expect("connect");
+    whole
+        .write_all(b"POST /hold/chat HTTP/1.1\r\nHost: test\r\nX-Account: mallory\r\nX-Answer-Header: X-Tokens-Used: 700\r\nContent-Length: 0\r\n\r\n")
         .expect("send");
     assert!(wait_until(Duration::from_secs(10), || upstream.holding() == 1));
-    drop(client);
-    let hung_up = "floodgate_requests_total{status_class=\"none\"}";
-    assert!(wait_until(Duration::from_secs(5), || proxy.metric(hung_up) >= 1.0));
-    let r = call(&proxy, "mallory", Some("1"));
-    assert_eq!(r.status, 429, "charged 1000 for the call it left");
+    reset(whole);
     upstream.release();
+    let answered = "floodgate_requests_total{status_class=\"2xx\"}";
+    assert!(wait_until(Duration::from_secs(5), || proxy
+        .metric(answered)
+        >= 1.0));
+    // Charged 700: 300 left, one reservation of 300 fits.
+    let mut half = std::net::TcpStream::connect(proxy.addr).expect("connect");
+    half.write_all(b"POST /v1/chat HTTP/1.1\r\nHost: test\r\nX-Account: mallory\r\nContent-Length: 100\r\n\r\nhello")
+        .expect("send");
+    assert!(wait_until(Duration::from_secs(10), || upstream.heads() == 2));
+    reset(half);
+    let given_up = "floodgate_requests_total{status_class=\"none\"}";
+    assert!(wait_until(Duration::from_secs(5), || proxy
+        .metric(given_up)
+        >= 1.0));
+    let r = call(&proxy, "mallory", Some("1"));
+    assert_eq!(r.status, 429, "charged 1000 for the call it cut off");
 }
 
 /// `[[costs]]` naming a limit prices that limit alone: a search costs 10

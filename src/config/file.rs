@@ -92,6 +92,7 @@ pub(super) struct ServerSection {
     pub(super) max_connections_per_ip: Option<i64>,
     #[serde(default)]
     pub(super) h2c: bool,
+    pub(super) slot_body_timeout: Option<String>,
     pub(super) tls: Option<TlsSection>,
 }
 
@@ -140,6 +141,8 @@ pub(super) struct UpstreamSection {
     pub(super) strip_headers: Vec<String>,
     #[serde(default)]
     pub(super) keep_headers: Vec<String>,
+    #[serde(default)]
+    pub(super) grpc_paths: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

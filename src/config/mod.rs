@@ -219,7 +219,7 @@ const DEFAULT_MAX_KEYS: u64 = 1_000_000;
 /// several mistakes is refused for the same one.
 fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Invalid> {
     let server = server::validate_server(&raw.server, inputs.cores)?;
-    let upstream = upstream::validate_upstream(&raw.upstream, inputs)?;
+    let mut upstream = upstream::validate_upstream(&raw.upstream, inputs)?;
     let max_keys = raw.memory.max_keys.unwrap_or(DEFAULT_MAX_KEYS);
     if max_keys == 0 {
         return Err(at(&[&"memory", &"max_keys"], "must be at least 1"));
@@ -234,6 +234,7 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
     let clients = clients::validate_clients(&raw.clients, hasher, inputs)?;
     let paths = server::path_rules(&raw.server);
     let compile_pattern = limits::pattern_compiler(&paths);
+    upstream.grpc_paths = upstream::compile_grpc_paths(&raw.upstream, &compile_pattern)?;
     let (exempt_paths, exempt_tiers) =
         limits::validate_exempt(&raw.exempt, &clients.tiers, &compile_pattern)?;
     let block = block::validate_block(&raw.block, &clients)?;

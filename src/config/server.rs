@@ -16,6 +16,9 @@ const DEFAULT_GRACE: Duration = Duration::from_secs(5);
 /// Long enough for a phone on a bad link to send a head, short enough that a
 /// slow-header client holds a connection for seconds, not minutes.
 const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// A minute for a slot holder's body: an upload of tens of megabytes on a
+/// good link, not the 2.3 hours the body floor would give ten megabytes.
+const DEFAULT_SLOT_BODY_TIMEOUT: Duration = Duration::from_secs(60);
 /// What browsers and most load balancers keep idle connections for.
 const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(60);
 /// A browser opens about 6 connections per host; a NAT of a few dozen users
@@ -95,6 +98,11 @@ pub(super) fn validate_server(s: &ServerSection, cores: usize) -> Result<ServerS
         max_connections_per_ip: count(s.max_connections_per_ip, "max_connections_per_ip")?
             .unwrap_or(DEFAULT_MAX_CONNECTIONS_PER_IP),
         h2c: s.h2c,
+        slot_body_timeout: positive(
+            s.slot_body_timeout.clone(),
+            DEFAULT_SLOT_BODY_TIMEOUT,
+            "slot_body_timeout",
+        )?,
     })
 }
 

@@ -66,7 +66,7 @@ fn errors_name_line_and_key() {
     let cases: &[(&str, &str)] = &[
         (
             "[server]\nlisten = \"127.0.0.1:8080\"\nthreds = 2\n[upstream]\nservers = [\"a:1\"]\n",
-            "t.toml:3: server.threds: unknown field `threds`, expected one of `listen`, `admin_listen`, `threads`, `grace_period`, `escaped_slashes`, `case_insensitive_paths`, `header_timeout`, `keepalive_timeout`, `max_connections`, `max_connections_per_ip`, `h2c`, `tls`",
+            "t.toml:3: server.threds: unknown field `threds`, expected one of `listen`, `admin_listen`, `threads`, `grace_period`, `escaped_slashes`, `case_insensitive_paths`, `header_timeout`, `keepalive_timeout`, `max_connections`, `max_connections_per_ip`, `h2c`, `slot_body_timeout`, `tls`",
         ),
         (
             "[server]\nlisten = \"127.0.0.1:8080\"\n[upstream]\nservers = []\n",

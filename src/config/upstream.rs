@@ -7,6 +7,7 @@ use http::HeaderName;
 use super::file::UpstreamSection;
 use super::{at, duration, Inputs, Invalid};
 use crate::client_headers::{self, ClientHeaders};
+use crate::policy::PathPattern;
 use crate::upstream::UpstreamSettings;
 
 pub(super) fn validate_upstream(
@@ -127,7 +128,21 @@ pub(super) fn validate_upstream(
         http2: u.http2,
         websocket_idle_timeout,
         client_headers,
+        // Compiled with the other path patterns (`compile_grpc_paths`).
+        grpc_paths: Vec::new(),
     })
+}
+
+/// `grpc_paths`, compiled as every path pattern is.
+pub(super) fn compile_grpc_paths(
+    u: &UpstreamSection,
+    compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,
+) -> Result<Vec<PathPattern>, Invalid> {
+    u.grpc_paths
+        .iter()
+        .enumerate()
+        .map(|(i, p)| compile_pattern(p).map_err(|m| at(&[&"upstream", &"grpc_paths", &i], m)))
+        .collect()
 }
 
 /// `strip_headers` and `keep_headers`: valid names; nothing that frames

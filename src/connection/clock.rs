@@ -28,8 +28,13 @@ enum ClockState {
     /// A head is arriving: it must be complete by then, and stay small.
     Head { until: Instant, bytes: u64 },
     /// The request body is arriving: at MIN_BODY_RATE on average after a
-    /// grace of header_timeout.
-    Body { since: Instant, bytes: u64 },
+    /// grace of header_timeout, and all of it by `by` when that is set (a
+    /// request holding a concurrency slot).
+    Body {
+        since: Instant,
+        bytes: u64,
+        by: Option<Instant>,
+    },
     /// Head and body are in; the upstream's timeouts apply until the
     /// response is over.
     InRequest,
@@ -82,7 +87,16 @@ impl HeadClock {
         *self.lock() = ClockState::Body {
             since: Instant::now(),
             bytes: 0,
+            by: None,
         };
+    }
+
+    /// The body still to come must be in by `until` (a request that holds
+    /// a slot: no body floor lets it keep one for hours).
+    pub fn body_due_by(&self, until: Instant) {
+        if let ClockState::Body { by, .. } = &mut *self.lock() {
+            *by = Some(by.map_or(until, |b| b.min(until)));
+        }
     }
 
     /// The whole body is in.
@@ -126,10 +140,11 @@ impl HeadClock {
             ClockState::InRequest => None,
             ClockState::Idle { until } => Some((until, false)),
             ClockState::Head { until, .. } => Some((until, true)),
-            ClockState::Body { since, bytes } => Some((
-                since + self.header_timeout + Duration::from_secs(bytes / MIN_BODY_RATE),
-                false,
-            )),
+            ClockState::Body { since, bytes, by } => {
+                let floor =
+                    since + self.header_timeout + Duration::from_secs(bytes / MIN_BODY_RATE);
+                Some((by.map_or(floor, |by| by.min(floor)), false))
+            }
         }
     }
 }

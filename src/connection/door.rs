@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use super::caps::{ConnectionCaps, ConnectionSettings};
 use super::clock::HeadClock;
 use super::guarded::GuardedStream;
+use super::h2_watch::H2Watch;
 use crate::metrics::ConnectionMetrics;
 use crate::proxy::Gateway;
 use crate::state::AppState;
@@ -25,7 +26,8 @@ use crate::state::AppState;
 /// What a connection speaks, found out by `FrontDoor::protocol`.
 enum Protocol {
     Http1(Stream),
-    Http2(Stream),
+    /// With what was read of it already (the preface, off a TLS stream).
+    Http2(Stream, Vec<u8>),
 }
 
 /// Serves each accepted connection: caps, then HTTP/1 sessions one after the
@@ -72,7 +74,11 @@ impl FrontDoor {
             .map_or_else(|| Instant::now() + self.settings.header_timeout, |(u, _)| u);
         if stream.get_ssl_digest().is_some() {
             if !matches!(stream.selected_alpn_proto(), Some(ALPN::H2)) {
-                return Some(Protocol::Http1(stream));
+                // Read above TLS, where a client that goes without its
+                // close_notify reads as gone, not as broken.
+                let above_tls =
+                    GuardedStream::replaying(stream, Vec::new(), self.caps.metrics.clone());
+                return Some(Protocol::Http1(Box::new(above_tls)));
             }
             // TLS cannot be peeked: read the preface, then hand it back
             // first. The clock below TLS sees only encrypted bytes.
@@ -85,8 +91,7 @@ impl FrontDoor {
             if !matches!(read, Ok(Ok(_))) || preface != PREFACE {
                 return None;
             }
-            let replayed = GuardedStream::replaying(stream, preface, self.caps.metrics.clone());
-            return Some(Protocol::Http2(Box::new(replayed)));
+            return Some(Protocol::Http2(stream, preface));
         }
         if !self.h2c {
             return Some(Protocol::Http1(stream));
@@ -104,9 +109,21 @@ impl FrontDoor {
         }
         let mut whole = [0u8; PREFACE.len()];
         match tokio::time::timeout_at(until, stream.try_peek(&mut whole)).await {
-            Ok(Ok(true)) if whole == PREFACE => Some(Protocol::Http2(stream)),
+            Ok(Ok(true)) if whole == PREFACE => Some(Protocol::Http2(stream, Vec::new())),
             _ => None,
         }
+    }
+
+    /// An HTTP/2 connection's watch: a client's reset is held for an answer
+    /// no longer than the upstream may take to give one.
+    fn h2_watch(&self) -> Arc<H2Watch> {
+        let runtime = self.state.runtime.load();
+        let upstream = runtime.upstream.settings();
+        let servers = u32::try_from(upstream.servers.len()).unwrap_or(u32::MAX);
+        let hold_limit = upstream.read_timeout
+            + upstream.connect_timeout.saturating_mul(servers)
+            + self.settings.header_timeout;
+        H2Watch::new(self.settings.header_timeout, hold_limit)
     }
 
     /// Pingora's own per-read keep-alive timeout, kept out of the way of the
@@ -171,9 +188,15 @@ impl ServerApp for FrontDoor {
         let mut stream = match self.protocol(stream, &clock).await? {
             // Streams are requests of their own: Pingora's HTTP/2 server runs
             // them (idle connections close after keepalive_timeout).
-            Protocol::Http2(stream) => {
+            Protocol::Http2(stream, preface) => {
                 clock.head_arrived();
-                return ServerApp::process_new(&self.proxy, stream, shutdown).await;
+                let watched = GuardedStream::watching(
+                    stream,
+                    preface,
+                    self.h2_watch(),
+                    self.caps.metrics.clone(),
+                );
+                return ServerApp::process_new(&self.proxy, Box::new(watched), shutdown).await;
             }
             Protocol::Http1(stream) => stream,
         };

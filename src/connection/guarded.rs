@@ -20,6 +20,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
 use super::clock::{HeadClock, Overrun, MAX_HEAD_BYTES};
+use super::h2_watch::{ClientFrames, H2Watch, ServerFrames};
 use crate::metrics::ConnectionMetrics;
 
 /// What a late head gets before the connection closes.
@@ -48,7 +49,23 @@ pub struct GuardedStream {
     /// Whether a blocked write counts against `keepalive_timeout` here (not
     /// above TLS, where the stream below already counts it).
     guards_writes: bool,
+    /// An HTTP/2 connection's frames, read and written through its watch.
+    h2: Option<Box<Frames>>,
     metrics: ConnectionMetrics,
+}
+
+/// An HTTP/2 connection's two directions, and what was read but not yet
+/// handed to the h2 server.
+struct Frames {
+    client: ClientFrames,
+    server: ServerFrames,
+    /// Read from the client, passed by the watch, not yet handed on.
+    ready: Vec<u8>,
+    /// Where reads from the client land before the watch sees them.
+    scratch: Box<[u8]>,
+    /// Frames of the watch's own for the client, being written: the
+    /// server's next bytes wait until they are out.
+    to_client: Vec<u8>,
 }
 
 impl fmt::Debug for GuardedStream {
@@ -76,8 +93,31 @@ impl GuardedStream {
             write_timer: None,
             replay: Vec::new(),
             guards_writes: true,
+            h2: None,
             metrics,
         }
+    }
+
+    /// An HTTP/2 connection's stream, its frames followed by `watch` (see
+    /// `h2_watch`), `replay` (bytes already read from `inner`: the preface
+    /// read off a TLS stream) read first.
+    pub fn watching(
+        inner: Stream,
+        replay: Vec<u8>,
+        watch: Arc<H2Watch>,
+        metrics: ConnectionMetrics,
+    ) -> Self {
+        let mut stream = GuardedStream::replaying(inner, Vec::new(), metrics);
+        let mut frames = Frames {
+            client: ClientFrames::new(watch.clone()),
+            server: ServerFrames::new(watch),
+            ready: Vec::new(),
+            scratch: vec![0u8; 16 * 1024].into_boxed_slice(),
+            to_client: Vec::new(),
+        };
+        frames.client.read(&replay, &mut frames.ready);
+        stream.h2 = Some(Box::new(frames));
+        stream
     }
 
     /// `inner` with `replay` read back first, under no head deadline (the
@@ -120,6 +160,82 @@ impl GuardedStream {
 }
 
 impl GuardedStream {
+    /// Writes the watch's own frames for the client (resets of streams it
+    /// cut), between two of the server's frames; Ready once none is left.
+    fn write_watch_frames(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let Some(frames) = self.h2.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        if frames.to_client.is_empty() && frames.server.between_frames() {
+            frames.to_client = frames.client.watch().take_outbound();
+        }
+        while !frames.to_client.is_empty() {
+            if frames.client.watch().client_gone() {
+                frames.to_client.clear();
+                break;
+            }
+            match Pin::new(&mut *self.inner).poll_write(cx, &frames.to_client) {
+                Poll::Ready(Ok(n)) => {
+                    frames.to_client.drain(..n);
+                }
+                Poll::Ready(Err(e)) if client_gone(&e) => {
+                    frames.client.watch().client_left();
+                    frames.to_client.clear();
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// An HTTP/2 connection whose client is gone writes nowhere while it
+    /// finishes its exchanges: true when `bufs` were taken (and read by
+    /// the watch) that way.
+    fn gone_client_written(&mut self, bufs: &[std::io::IoSlice<'_>]) -> bool {
+        let Some(frames) = self.h2.as_mut() else {
+            return false;
+        };
+        if !frames.client.watch().client_gone() {
+            return false;
+        }
+        for buf in bufs {
+            frames.server.wrote(buf);
+        }
+        true
+    }
+
+    /// What an HTTP/2 write came to, told to the watch: the bytes written,
+    /// or (a client gone) all of them, from now on written nowhere.
+    fn h2_wrote(
+        &mut self,
+        bufs: &[std::io::IoSlice<'_>],
+        poll: Poll<std::io::Result<usize>>,
+    ) -> Poll<std::io::Result<usize>> {
+        let Some(frames) = self.h2.as_mut() else {
+            return poll;
+        };
+        match poll {
+            Poll::Ready(Ok(mut n)) => {
+                let written = n;
+                for buf in bufs {
+                    let take = n.min(buf.len());
+                    frames.server.wrote(&buf[..take]);
+                    n -= take;
+                }
+                Poll::Ready(Ok(written))
+            }
+            Poll::Ready(Err(e)) if client_gone(&e) => {
+                frames.client.watch().client_left();
+                for buf in bufs {
+                    frames.server.wrote(buf);
+                }
+                Poll::Ready(Ok(bufs.iter().map(|b| b.len()).sum()))
+            }
+            other => other,
+        }
+    }
+
     /// What a write (or flush) came to: a blocked one counts towards the
     /// write deadline, any other outcome clears it.
     fn after_write<T>(
@@ -160,12 +276,124 @@ impl GuardedStream {
     }
 }
 
+/// Errors that mean the client is gone, as its end of file does: a reset,
+/// or a TLS stream closed without its close_notify. Read as the end, so
+/// that a request the client abandons runs to its answer as one it
+/// half-closes does (the gateway keeps the exchange; writes fail then).
+fn client_gone(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        ConnectionReset | ConnectionAborted | UnexpectedEof | BrokenPipe
+    )
+}
+
+impl GuardedStream {
+    /// A read on an HTTP/2 connection: what the watch lets through of the
+    /// client's frames, and what it adds between them.
+    fn poll_read_h2(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        loop {
+            let Some(frames) = self.h2.as_mut() else {
+                return Poll::Ready(Ok(()));
+            };
+            if !frames.ready.is_empty() {
+                let n = frames.ready.len().min(buf.remaining());
+                buf.put_slice(&frames.ready[..n]);
+                frames.ready.drain(..n);
+                return Poll::Ready(Ok(()));
+            }
+            let watch = frames.client.watch().clone();
+            let between = frames.client.between_frames();
+            if between {
+                let n = watch.pending_inbound(buf.initialize_unfilled(), cx.waker());
+                if n > 0 {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                if watch.finished() {
+                    return Poll::Ready(Ok(()));
+                }
+            } else {
+                watch.wake_on_inbound(cx.waker());
+            }
+            if watch.client_gone() && !between {
+                // Gone halfway through a frame: nothing more can be said on
+                // this connection.
+                return Poll::Ready(Ok(()));
+            }
+            if !watch.client_gone() {
+                let mut scratch = ReadBuf::new(&mut frames.scratch);
+                match Pin::new(&mut *self.inner).poll_read(cx, &mut scratch) {
+                    Poll::Ready(Ok(())) if !scratch.filled().is_empty() => {
+                        let filled = scratch.filled().len();
+                        frames
+                            .client
+                            .read(&frames.scratch[..filled], &mut frames.ready);
+                        continue;
+                    }
+                    Poll::Ready(Ok(())) => {
+                        watch.client_left();
+                        continue;
+                    }
+                    Poll::Ready(Err(e)) if client_gone(&e) => {
+                        watch.client_left();
+                        continue;
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => {}
+                }
+            }
+            // Nothing to read: late bodies are cut (the client told at once,
+            // if the server is between frames; else before its next), and
+            // the timer set for the next one.
+            let next = watch.tick(Instant::now());
+            let cut = watch.take_cut();
+            if !cut.is_empty() {
+                self.metrics.idle_timeouts.inc_by(cut.len() as u64);
+                let stalled = self
+                    .h2
+                    .as_ref()
+                    .and_then(|f| f.client.inside_frame_of())
+                    .is_some_and(|id| cut.contains(&id));
+                if stalled {
+                    // Its body stopped halfway through a frame: no reset can
+                    // go in before the frame ends, so the connection goes.
+                    return Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "an HTTP/2 request body stalled inside a frame past its deadline",
+                    )));
+                }
+                if let Poll::Ready(Ok(())) = self.write_watch_frames(cx) {
+                    let _ = Pin::new(&mut *self.inner).poll_flush(cx);
+                }
+            }
+            if between && watch.has_inbound() {
+                continue;
+            }
+            let Some(next) = next else {
+                return Poll::Pending;
+            };
+            self.timer.as_mut().reset(next);
+            if self.timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+        }
+    }
+}
+
 impl AsyncRead for GuardedStream {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        if self.h2.is_some() {
+            return self.poll_read_h2(cx, buf);
+        }
         if self.expired {
             // End of stream: Pingora closes the connection.
             return Poll::Ready(Ok(()));
@@ -189,6 +417,7 @@ impl AsyncRead for GuardedStream {
                 }
                 Poll::Ready(Ok(()))
             }
+            Poll::Ready(Err(e)) if client_gone(&e) => Poll::Ready(Ok(())),
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => {
                 let Some((until, head)) = this.clock.deadline() else {
@@ -223,17 +452,29 @@ impl AsyncWrite for GuardedStream {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let this = &mut *self;
+        if this.gone_client_written(std::slice::from_ref(&std::io::IoSlice::new(buf))) {
+            return Poll::Ready(Ok(buf.len()));
+        }
+        std::task::ready!(this.write_watch_frames(cx))?;
         let poll = Pin::new(&mut *this.inner).poll_write(cx, buf);
-        this.after_write(cx, poll)
+        let poll = this.after_write(cx, poll);
+        this.h2_wrote(std::slice::from_ref(&std::io::IoSlice::new(buf)), poll)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         let this = &mut *self;
+        if this.gone_client_written(&[]) {
+            return Poll::Ready(Ok(()));
+        }
+        std::task::ready!(this.write_watch_frames(cx))?;
         let poll = Pin::new(&mut *this.inner).poll_flush(cx);
         this.after_write(cx, poll)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.gone_client_written(&[]) {
+            return Poll::Ready(Ok(()));
+        }
         Pin::new(&mut *self.inner).poll_shutdown(cx)
     }
 
@@ -243,8 +484,13 @@ impl AsyncWrite for GuardedStream {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let this = &mut *self;
+        if this.gone_client_written(bufs) {
+            return Poll::Ready(Ok(bufs.iter().map(|b| b.len()).sum()));
+        }
+        std::task::ready!(this.write_watch_frames(cx))?;
         let poll = Pin::new(&mut *this.inner).poll_write_vectored(cx, bufs);
-        this.after_write(cx, poll)
+        let poll = this.after_write(cx, poll);
+        this.h2_wrote(bufs, poll)
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -30,6 +30,7 @@ pub mod caps;
 pub mod clock;
 mod door;
 mod guarded;
+pub mod h2_watch;
 
 pub use caps::{CapReached, ConnectionCaps, ConnectionSettings, Permit, StreamCaps, StreamPermit};
 pub use clock::{HeadClock, MAX_HEAD_BYTES, MIN_BODY_RATE};

@@ -10,6 +10,7 @@ use super::slots::HeldSlots;
 use super::verdict::Verdict;
 use crate::algorithm::Decision;
 use crate::connection::clock::HeadClock;
+use crate::connection::h2_watch::H2Stream;
 use crate::identity::Client;
 use crate::limiter::Check;
 use crate::policy::AfterResponse;
@@ -23,15 +24,16 @@ pub struct RequestCtx {
     pub(super) client: Option<Client>,
     /// The connection's head deadline (see `connection`).
     pub(super) head_clock: Option<Arc<HeadClock>>,
-    /// An HTTP/2 request's place under the per-address cap, for its lifetime.
-    pub(super) _stream_permit: Option<crate::connection::caps::StreamPermit>,
+    /// An HTTP/2 request's place under the per-address cap, for its lifetime
+    /// (and past it, when its exchange was cut while the upstream worked).
+    pub(super) stream_permit: Option<crate::connection::caps::StreamPermit>,
     /// Upstream servers tried so far, and where the round started.
     pub(super) tries: usize,
     pub(super) first_server: usize,
     /// For the access log and the duration metrics.
     pub(super) started: Instant,
-    /// Body bytes received so far (HTTP/2: its pace is checked here).
-    pub(super) body_bytes: u64,
+    /// An HTTP/2 request's stream on its connection's watch.
+    pub(super) h2_stream: Option<H2Stream>,
     pub(super) upstream_sent: Option<Instant>,
     pub(super) upstream_took: Option<Duration>,
     /// The concurrency slots this request holds.

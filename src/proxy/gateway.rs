@@ -33,6 +33,7 @@ use crate::algorithm::Decision;
 use crate::blocklist::BlockReason;
 use crate::clock::{Clock, SystemClock};
 use crate::connection::clock::HeadClock;
+use crate::connection::h2_watch::{H2Stream, STREAM_HEADER};
 use crate::headers;
 use crate::identity::{normalize_host, Client, IdentityError};
 use crate::jwt::TokenCheck;
@@ -169,13 +170,31 @@ impl ProxyHttp for Gateway {
             )
             .await;
         }
-        if let Some(mut slots) = ctx.slots.take() {
-            if client_left_mid_request {
-                // The upstream may still be working on it.
-                slots.abandon();
-            } else {
-                slots.release().await;
-            }
+        // Over: the upstream answered, or floodgate gave up on it (a body
+        // that never came whole, the upstream's read timeout). A client
+        // that left once its request was whole was kept until then; a whole
+        // request whose exchange was cut all the same (its HTTP/2 connection
+        // torn down by the h2 server's own defences, say against a client
+        // opening more streams than it may) leaves the upstream working on
+        // it, so its place and its slots stay taken for as long as the
+        // upstream may work: its read timeout, counted from the request.
+        let cut_whole = ctx
+            .h2_stream
+            .as_ref()
+            .is_some_and(|s| s.whole_and_unanswered());
+        if client_left_mid_request && cut_whole {
+            let sent = ctx.upstream_sent.unwrap_or(ctx.started);
+            let until = sent + ctx.runtime.upstream.settings().read_timeout;
+            let (permit, slots) = (ctx.stream_permit.take(), ctx.slots.take());
+            tokio::spawn(async move {
+                tokio::time::sleep_until(until.into()).await;
+                drop(permit);
+                if let Some(mut slots) = slots {
+                    slots.release().await;
+                }
+            });
+        } else if let Some(mut slots) = ctx.slots.take() {
+            slots.release().await;
         }
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         let took = ctx.started.elapsed();
@@ -212,11 +231,11 @@ impl ProxyHttp for Gateway {
             request_id: String::new(),
             client: None,
             head_clock: None,
-            _stream_permit: None,
+            stream_permit: None,
             tries: 0,
             first_server: 0,
             started: Instant::now(),
-            body_bytes: 0,
+            h2_stream: None,
             upstream_sent: None,
             upstream_took: None,
             slots: None,
@@ -233,14 +252,29 @@ impl ProxyHttp for Gateway {
         // answered in order, each decided on its own.
         session.set_pipelining_enabled(true);
         ctx.request_id = request_id_of(session, ctx);
+        let h2 = session.req_header().version == http::Version::HTTP_2;
+        // The header naming an HTTP/2 request's stream is the watch's word
+        // to this request alone: read, then gone before anything else looks.
+        if session.req_header().headers.contains_key(STREAM_HEADER) {
+            if h2 {
+                ctx.h2_stream = H2Stream::named(&session.req_header().headers);
+            }
+            session.req_header_mut().remove_header(STREAM_HEADER);
+        }
+        if !h2 {
+            // A client that closes its side once the request is in does not
+            // end the upstream's work: the exchange runs to its answer (and
+            // keeps the request's place under the caps and its slots).
+            session.as_mut().set_abort_on_close(false);
+        }
         if let Some((code, reason)) = framing_problem(session) {
             return bad_request(session, ctx, code, reason).await;
         }
-        if session.req_header().version == http::Version::HTTP_2 {
+        if h2 {
             let peer = peer_ip(session);
             if let Some(group) = ctx.runtime.policy.clients.connection_group(peer) {
                 match self.state.streams.admit(group) {
-                    Some(permit) => ctx._stream_permit = Some(permit),
+                    Some(permit) => ctx.stream_permit = Some(permit),
                     None => return too_many_in_flight(session, ctx).await,
                 }
             }
@@ -281,6 +315,12 @@ impl ProxyHttp for Gateway {
         } else {
             Cow::Borrowed(path)
         };
+        if let Some(stream) = &ctx.h2_stream {
+            let grpc = &runtime.upstream.settings().grpc_paths;
+            if grpc.iter().any(|p| p.matches(&path)) {
+                stream.exempt_from_body_floor();
+            }
+        }
         let host = if policy.reads_host {
             request
                 .uri
@@ -364,10 +404,18 @@ impl ProxyHttp for Gateway {
                     ctx.slots = Some(held);
                     outcomes = slot_outcomes;
                     // A client that stops reading (an HTTP/2 window kept
-                    // shut) must not hold its slots forever.
+                    // shut), or sends its body by the drop, must not hold
+                    // its slots for long.
                     session
                         .as_mut()
                         .set_write_timeout(Some(self.state.header_timeout));
+                    let body_by = tokio::time::Instant::now() + self.state.slot_body_timeout;
+                    if let Some(clock) = &ctx.head_clock {
+                        clock.body_due_by(body_by);
+                    }
+                    if let Some(stream) = &ctx.h2_stream {
+                        stream.body_deadline(body_by);
+                    }
                 }
                 Err(e) => return limiter_failed(session, ctx, e).await,
             }
@@ -483,35 +531,18 @@ impl ProxyHttp for Gateway {
         }
     }
 
+    /// HTTP/1 bodies are paced by the connection's clock, HTTP/2 ones by
+    /// their connection's watch (`connection::h2_watch`), from the head on.
     async fn request_body_filter(
         &self,
-        session: &mut Session,
-        body: &mut Option<Bytes>,
+        _session: &mut Session,
+        _body: &mut Option<Bytes>,
         end_of_stream: bool,
         ctx: &mut Self::CTX,
     ) -> Result<()> {
         if end_of_stream {
             if let Some(clock) = &ctx.head_clock {
                 clock.body_arrived();
-            }
-        }
-        // HTTP/1 bodies are paced by the connection's clock; an HTTP/2
-        // stream's body is held to the same floor here, as its data comes.
-        // Not a gRPC stream's: a client-streaming call may rightly send a
-        // message a minute for an hour.
-        if session.req_header().version == http::Version::HTTP_2
-            && !end_of_stream
-            && !is_grpc(session)
-        {
-            ctx.body_bytes += body.as_ref().map_or(0, |b| b.len() as u64);
-            let allowed = self.state.header_timeout
-                + Duration::from_secs(ctx.body_bytes / crate::connection::clock::MIN_BODY_RATE);
-            if ctx.started.elapsed() > allowed {
-                self.state.metrics.connections.idle_timeouts.inc();
-                return Error::e_explain(
-                    ErrorType::ReadTimedout,
-                    "the request body came slower than 1 KiB/s",
-                );
             }
         }
         Ok(())

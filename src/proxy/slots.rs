@@ -116,17 +116,6 @@ impl HeldSlots {
         self.renew_while_held();
     }
 
-    /// The client went away while the upstream was still working on its
-    /// request: the slots stay taken (the work goes on) until their leases
-    /// end, no longer renewed. Giving them back now would let a client that
-    /// hangs up at once run any number of requests upstream.
-    pub(super) fn abandon(&mut self) {
-        if let Some(renewal) = self.renewal.take() {
-            renewal.abort();
-        }
-        self.held.clear();
-    }
-
     /// Gives every slot back.
     pub(super) async fn release(&mut self) {
         if let Some(renewal) = self.renewal.take() {

@@ -17,4 +17,7 @@ pub struct ServerSettings {
     pub max_connections_per_ip: usize,
     /// HTTP/2 with prior knowledge on the plain listeners.
     pub h2c: bool,
+    /// How long a request holding a concurrency slot may take to send its
+    /// whole body, from its head.
+    pub slot_body_timeout: Duration,
 }

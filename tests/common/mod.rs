@@ -40,13 +40,15 @@ pub struct Upstream {
     gate: Arc<Gate>,
 }
 
-/// Opened once, for good. Counts the requests waiting at it.
+/// Opened once, for good. Counts the requests waiting at it, and (what
+/// tests wait for before they cut a body off) the request heads read.
 #[derive(Default)]
 struct Gate {
     open: Mutex<bool>,
     opened: Condvar,
     waiting: AtomicUsize,
     most_waiting: AtomicUsize,
+    heads: AtomicUsize,
 }
 
 impl Gate {
@@ -111,6 +113,11 @@ impl Upstream {
     /// Requests held under `/hold` right now.
     pub fn holding(&self) -> usize {
         self.gate.waiting.load(Ordering::SeqCst)
+    }
+
+    /// Request heads read so far, whether their bodies came or not.
+    pub fn heads(&self) -> usize {
+        self.gate.heads.load(Ordering::SeqCst)
     }
 
     /// The most requests ever held under `/hold` at once.
@@ -183,6 +190,7 @@ fn serve_upstream(stream: TcpStream, seen: Arc<Mutex<Vec<Seen>>>, gate: Arc<Gate
                 headers.push((k, v));
             }
         }
+        gate.heads.fetch_add(1, Ordering::SeqCst);
         if let Some(code) = interim {
             let head = format!("HTTP/1.1 {code} Interim\r\n\r\n");
             if writer.write_all(head.as_bytes()).is_err() {
