@@ -111,6 +111,24 @@ fn slot_follows_the_upstream(proxy: &common::Proxy, upstream: &Upstream) {
     );
 }
 
+/// HTTP/1: a client that resets its connection once its request is in.
+#[test]
+fn a_reset_connection_keeps_its_slot_until_the_upstream_answers_and_no_longer() {
+    let upstream = Upstream::start();
+    let proxy = one_at_a_time(&upstream).start();
+    let mut client = TcpStream::connect(proxy.addr).expect("connect");
+    client
+        .write_all(b"GET /hold/work HTTP/1.1\r\nHost: test\r\n\r\n")
+        .expect("send");
+    assert!(wait_until(Duration::from_secs(10), || upstream.holding() == 1));
+    // A reset, not a polite close: the connection is gone at once.
+    socket2::SockRef::from(&client)
+        .set_linger(Some(Duration::ZERO))
+        .expect("linger");
+    drop(client);
+    slot_follows_the_upstream(&proxy, &upstream);
+}
+
 #[test]
 fn a_reset_stream_keeps_its_slot_until_the_upstream_answers_and_no_longer() {
     let upstream = Upstream::start();

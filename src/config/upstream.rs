@@ -81,18 +81,10 @@ pub(super) fn validate_upstream(
         .unwrap_or_else(|| "X-Request-Id".into());
     let request_id_header = header_name(&request_id_header_spelling, "request_id_header")?;
     // Headers that frame the request or say who the client is cannot carry an id.
-    const RESERVED: [&str; 9] = [
-        "host",
-        "content-length",
-        "transfer-encoding",
-        "connection",
-        "upgrade",
-        "te",
-        "x-forwarded-for",
-        "x-real-ip",
-        "forwarded",
-    ];
-    if RESERVED.contains(&request_id_header.as_str()) {
+    let reserved = |name: &str| {
+        FRAMING.contains(&name) || ["x-forwarded-for", "x-real-ip", "forwarded"].contains(&name)
+    };
+    if reserved(request_id_header.as_str()) {
         return Err(at(
             &[&"upstream", &"request_id_header"],
             format!("\"{request_id_header_spelling}\" already means something else; name a header of its own, e.g. \"X-Request-Id\""),
@@ -145,19 +137,22 @@ pub(super) fn compile_grpc_paths(
         .collect()
 }
 
+/// The headers that frame a request: the upstream cannot do without them,
+/// and they mean nothing else.
+const FRAMING: [&str; 7] = [
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "upgrade",
+    "te",
+    "expect",
+];
+
 /// `strip_headers` and `keep_headers`: valid names; nothing that frames
 /// the request stripped; only listed names kept (a name that is not on the
 /// list is kept anyway, so naming one is a mistake worth hearing of).
 fn client_headers(u: &UpstreamSection) -> Result<ClientHeaders, Invalid> {
-    const FRAMING: [&str; 7] = [
-        "host",
-        "content-length",
-        "transfer-encoding",
-        "connection",
-        "upgrade",
-        "te",
-        "expect",
-    ];
     for (i, name) in u.strip_headers.iter().enumerate() {
         if HeaderName::from_bytes(name.as_bytes()).is_err() {
             return Err(at(

@@ -45,6 +45,23 @@ pub struct Gateway {
     state: Arc<AppState>,
 }
 
+/// What the limits look at in a request.
+fn view_of<'a>(
+    request: &'a pingora::http::RequestHeader,
+    path: &'a str,
+    host: Option<&'a str>,
+    client: &'a Client,
+) -> RequestView<'a> {
+    RequestView {
+        method: &request.method,
+        path,
+        headers: &request.headers,
+        query: request.uri.query(),
+        host,
+        client,
+    }
+}
+
 /// The bans among looked-up bans that refuse, as the limits that ban name
 /// them.
 fn ban_refusals(policy: &Policy, bans: impl Iterator<Item = (Check, Decision)>) -> Vec<Outcome> {
@@ -337,15 +354,7 @@ impl ProxyHttp for Gateway {
             None
         };
         let mut outcomes = Vec::new();
-        let needs_token = policy.needs_token(&RequestView {
-            method: &request.method,
-            path: &path,
-            headers: &request.headers,
-            query: request.uri.query(),
-            host: host.as_deref(),
-            client,
-        });
-        if needs_token {
+        if policy.needs_token(&view_of(request, &path, host.as_deref(), client)) {
             match self.token_of(policy, client, &request.headers).await {
                 Ok(token) => {
                     self.state.metrics.tokens.count(&token);
@@ -357,18 +366,10 @@ impl ProxyHttp for Gateway {
                 return self.block(session, ctx, reason).await;
             }
         }
-        let request = session.req_header();
         let Some(client) = ctx.client.as_ref() else {
             return Ok(false);
         };
-        let view = RequestView {
-            method: &request.method,
-            path: &path,
-            headers: &request.headers,
-            query: request.uri.query(),
-            host: host.as_deref(),
-            client,
-        };
+        let view = view_of(session.req_header(), &path, host.as_deref(), client);
         let refused =
             |outcomes: &[Outcome]| outcomes.iter().any(|o| !o.shadow && !o.decision.allowed());
         let mut layers = if refused(&outcomes) {
