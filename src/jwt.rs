@@ -319,11 +319,24 @@ impl JwtRules {
     /// of failed checks, when it is refused without one.
     pub fn verify_fresh(&self, token: &str, group: IpAddr, now_s: u64) -> TokenCheck {
         let now_us = now_s.saturating_mul(1_000_000);
-        if !self.failures.allows(group, now_us) {
-            return TokenCheck::Rejected(Rejection::Throttled);
-        }
         let id = self.token_id(token);
-        match self.verify(token) {
+        // What needs no signature is refused without one, and costs the
+        // address's budget nothing (a neighbour behind the same address
+        // pays for no one's junk).
+        let verified = match self.key_for(token) {
+            Ok(_) if !self.failures.allows(group, now_us) => {
+                return TokenCheck::Rejected(Rejection::Throttled);
+            }
+            Ok(key) => {
+                let checked = self.check_signature(token, key);
+                if checked.is_err() {
+                    self.failures.spend(group, now_us);
+                }
+                checked
+            }
+            Err(why) => Err(why),
+        };
+        match verified {
             Ok(claims) => {
                 let claims = Arc::new(claims);
                 if let Ok(mut remembered) = self.remembered.lock() {
@@ -341,7 +354,6 @@ impl JwtRules {
                 TokenCheck::Verified(claims)
             }
             Err(rejection) => {
-                self.failures.spend(group, now_us);
                 if let Ok(mut refused) = self.refused.lock() {
                     while refused
                         .peek_lru()
@@ -395,7 +407,10 @@ impl JwtRules {
         }
     }
 
-    fn verify(&self, token: &str) -> Result<Claims, Rejection> {
+    /// The key a token must be verified with: what is read of it before
+    /// any signature is checked (its header, a critical extension, a key
+    /// it names or its algorithm fits).
+    fn key_for(&self, token: &str) -> Result<&VerifyingKey, Rejection> {
         if names_critical_extensions(token)? {
             return Err(Rejection::UnknownCritical);
         }
@@ -413,11 +428,15 @@ impl JwtRules {
                 .filter(|k| k.validation.algorithms.contains(&header.alg))
                 .collect(),
         };
-        let key = match candidates.as_slice() {
-            [one] => one,
-            [] if header.kid.is_none() => return Err(Rejection::WrongAlgorithm),
-            _ => return Err(Rejection::UnknownKey),
-        };
+        match candidates.as_slice() {
+            [one] => Ok(one),
+            [] if header.kid.is_none() => Err(Rejection::WrongAlgorithm),
+            _ => Err(Rejection::UnknownKey),
+        }
+    }
+
+    /// The token's signature under `key`, then its claims.
+    fn check_signature(&self, token: &str, key: &VerifyingKey) -> Result<Claims, Rejection> {
         let claims = jsonwebtoken::decode::<Value>(token, &key.key, &key.validation)
             .map(|data| data.claims)
             .map_err(|e| Rejection::of(e.kind()))?;
@@ -533,27 +552,43 @@ mod tests {
 
     #[test]
     fn an_address_gets_a_budget_of_failed_checks_and_no_more() {
-        let jwt = rules();
+        let budget = SignatureBudget::default();
         let (one, other): (IpAddr, IpAddr) =
             ("192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap());
-        let header = r#"{"alg":"ES256","typ":"JWT"}"#;
-        let now = 1_000;
-        let results: Vec<TokenCheck> = (0..30)
-            .map(|i| jwt.verify_fresh(&garbage(i, header), one, now))
-            .collect();
-        let throttled = |r: &TokenCheck| matches!(r, TokenCheck::Rejected(Rejection::Throttled));
-        assert_eq!(results.iter().filter(|r| throttled(r)).count(), 10);
-        assert!(results[..20].iter().all(|r| !throttled(r)));
-        assert!(!throttled(&jwt.verify_fresh(
-            &garbage(99, header),
-            other,
-            now
-        )));
+        let now = 1_000 * 1_000_000;
+        let mut allowed = 0;
+        for _ in 0..30 {
+            if budget.allows(one, now) {
+                allowed += 1;
+                budget.spend(one, now);
+            }
+        }
+        assert_eq!(allowed, 20);
+        assert!(budget.allows(other, now), "the budget is the address's");
         // Two checks a second come back.
         let later: Vec<bool> = (0..3)
-            .map(|i| throttled(&jwt.verify_fresh(&garbage(100 + i, header), one, now + 1)))
+            .map(|_| {
+                let ok = budget.allows(one, now + 1_000_000);
+                if ok {
+                    budget.spend(one, now + 1_000_000);
+                }
+                ok
+            })
             .collect();
-        assert_eq!(later, [false, false, true]);
+        assert_eq!(later, [true, true, false]);
+    }
+
+    #[test]
+    fn junk_that_needs_no_signature_spends_no_budget() {
+        let jwt = rules();
+        let addr: IpAddr = "192.0.2.1".parse().unwrap();
+        for i in 0..50 {
+            let r = jwt.verify_fresh(&garbage(i, r#"{"alg":"ES256","typ":"JWT"}"#), addr, 1_000);
+            assert!(
+                matches!(r, TokenCheck::Rejected(Rejection::WrongAlgorithm)),
+                "{r:?}"
+            );
+        }
     }
 
     #[test]

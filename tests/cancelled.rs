@@ -154,11 +154,14 @@ fn a_closed_http2_connection_keeps_its_slot_until_the_upstream_answers() {
     slot_follows_the_upstream(&proxy, &upstream);
 }
 
-/// 2,000 streams opened and reset at once on one connection, each for a
-/// request the upstream holds: never more at the upstream than the
-/// per-address cap, since a reset request counts until its answer.
+/// 2,000 streams for a request the upstream holds, opened 32 at a time
+/// on one connection and each reset once it has been decided (at the
+/// upstream, or refused): never more at the upstream than the per-address
+/// cap, since a reset request counts until its answer. (Each reset freed
+/// its place at once before: 16 more reached the upstream per batch.)
 #[test]
 fn resets_put_no_more_in_flight_at_the_upstream_than_the_cap() {
+    use std::sync::atomic::AtomicUsize;
     let upstream = Upstream::start();
     // The upstream's read timeout bounds how long a request whose exchange
     // was cut anyway (a connection the h2 server tears down for too many
@@ -169,9 +172,25 @@ fn resets_put_no_more_in_flight_at_the_upstream_than_the_cap() {
         .start();
     let mut h2 = H2::connect(proxy.addr);
     let (mut sent, mut connections) = (0, 1);
+    let refused = Arc::new(AtomicUsize::new(0));
     while sent < 2000 {
-        let Some((response, mut stream)) = h2.send("GET", &format!("/hold/{sent}"), &[], true)
-        else {
+        let before = (upstream.heads(), refused.load(Ordering::SeqCst));
+        let mut batch = Vec::new();
+        for _ in 0..32 {
+            let Some((response, stream)) = h2.send("GET", &format!("/hold/{sent}"), &[], true)
+            else {
+                break;
+            };
+            // Refused: by floodgate (429) or by the h2 server (a reset).
+            let refused = refused.clone();
+            h2.runtime.spawn(async move {
+                let _ = response.await;
+                refused.fetch_add(1, Ordering::SeqCst);
+            });
+            batch.push(stream);
+            sent += 1;
+        }
+        if batch.is_empty() {
             // Told to go away (too many streams refused): the attacker
             // comes back on a new connection.
             assert!(
@@ -181,17 +200,20 @@ fn resets_put_no_more_in_flight_at_the_upstream_than_the_cap() {
             h2 = H2::connect(proxy.addr);
             connections += 1;
             continue;
-        };
-        stream.send_reset(h2::Reason::CANCEL);
-        drop(response);
-        sent += 1;
+        }
+        // Every stream of the batch decided: at the upstream, or refused.
+        wait_until(Duration::from_secs(5), || {
+            upstream.heads() - before.0 + refused.load(Ordering::SeqCst) - before.1 >= batch.len()
+        });
+        for mut stream in batch {
+            stream.send_reset(h2::Reason::CANCEL);
+        }
     }
-    // Usually all 16 places are taken at the upstream; a request whose
-    // exchange was cut on its way there keeps its place unused until the
-    // read timeout, so fewer may be. Never more.
-    wait_until(Duration::from_secs(3), || upstream.holding() == 16);
     let most = upstream.most_held();
     upstream.release();
+    // A request whose exchange was cut on its way there keeps its place
+    // unused until the read timeout, so fewer than 16 may be there. Never
+    // more.
     assert!(
         (1..=16).contains(&most),
         "{most} requests at the upstream at once, over {connections} connection(s)"
@@ -200,19 +222,38 @@ fn resets_put_no_more_in_flight_at_the_upstream_than_the_cap() {
     assert!(wait_until(Duration::from_secs(5), || proxy.get("/").status == 200));
 }
 
-/// The same with HTTP/1: connect, send, close, as fast as it goes.
+/// The same with HTTP/1: connections opened 40 at a time, each sending a
+/// request the upstream holds, closed once decided (at the upstream, or
+/// refused at the door).
 #[test]
 fn hang_ups_put_no_more_in_flight_at_the_upstream_than_the_cap() {
     let upstream = Upstream::start();
     let proxy = ConfigBuilder::new(upstream.addr)
         .server("max_connections_per_ip = 16")
         .start();
-    for i in 0..500 {
-        if let Ok(mut c) = TcpStream::connect(proxy.addr) {
-            let _ = write!(c, "GET /hold/{i} HTTP/1.1\r\nHost: test\r\n\r\n");
+    let refused_at_the_door = |c: &TcpStream| {
+        let _ = c.set_nonblocking(true);
+        let (mut reader, mut byte) = (c, [0u8; 1]);
+        match std::io::Read::read(&mut reader, &mut byte) {
+            Ok(_) => true,
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
         }
+    };
+    for round in 0..12 {
+        let heads = upstream.heads();
+        let batch: Vec<TcpStream> = (0..40)
+            .filter_map(|i| {
+                let mut c = TcpStream::connect(proxy.addr).ok()?;
+                write!(c, "GET /hold/{round}-{i} HTTP/1.1\r\nHost: test\r\n\r\n").ok()?;
+                Some(c)
+            })
+            .collect();
+        wait_until(Duration::from_secs(5), || {
+            let refused = batch.iter().filter(|c| refused_at_the_door(c)).count();
+            upstream.heads() - heads + refused >= batch.len()
+        });
+        drop(batch);
     }
-    assert!(wait_until(Duration::from_secs(10), || upstream.holding() == 16));
     let most = upstream.most_held();
     upstream.release();
     assert_eq!(most, 16, "requests at the upstream at once");

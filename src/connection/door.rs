@@ -1,7 +1,7 @@
 //! Serving each accepted connection: the caps, the TLS handshake, HTTP/2
 //! or one HTTP/1 session after another.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -266,7 +266,12 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for AdminDoor<A> {
         stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
-        let peer = peer_of(&stream);
+        // An IPv6 network's addresses are one client's (a /64 is one
+        // host's, or one home's, to hand out).
+        let peer = peer_of(&stream).map(|ip| match ip {
+            IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from_bits(v6.to_bits() & !((1u128 << 64) - 1))),
+            v4 => v4,
+        });
         let _permit = match self.caps.admit(peer) {
             Ok(permit) => permit,
             Err(reason) => {

@@ -27,7 +27,7 @@ use crate::metrics::ConnectionMetrics;
 const REQUEST_TIMEOUT: &[u8] = b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: 33\r\n\r\n{\"error\":\"request_head_timeout\"}\n";
 
 /// What an oversized head gets before the connection closes.
-const HEAD_TOO_LARGE: &[u8] = b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: 31\r\n\r\n{\"error\":\"request_head_too_large\"}";
+const HEAD_TOO_LARGE: &[u8] = b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: 34\r\n\r\n{\"error\":\"request_head_too_large\"}";
 
 /// The client's stream, read under the connection's `HeadClock`.
 pub struct GuardedStream {
@@ -63,9 +63,8 @@ struct Frames {
     ready: Vec<u8>,
     /// Where reads from the client land before the watch sees them.
     scratch: Box<[u8]>,
-    /// Frames of the watch's own for the client, being written: the
-    /// server's next bytes wait until they are out.
-    to_client: Vec<u8>,
+    /// How much of `ready` the h2 server has been given.
+    ready_given: usize,
 }
 
 impl fmt::Debug for GuardedStream {
@@ -113,7 +112,7 @@ impl GuardedStream {
             server: ServerFrames::new(watch),
             ready: Vec::new(),
             scratch: vec![0u8; 16 * 1024].into_boxed_slice(),
-            to_client: Vec::new(),
+            ready_given: 0,
         };
         frames.client.read(&replay, &mut frames.ready);
         stream.h2 = Some(Box::new(frames));
@@ -160,35 +159,6 @@ impl GuardedStream {
 }
 
 impl GuardedStream {
-    /// Writes the watch's own frames for the client (resets of streams it
-    /// cut), between two of the server's frames; Ready once none is left.
-    fn write_watch_frames(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        let Some(frames) = self.h2.as_mut() else {
-            return Poll::Ready(Ok(()));
-        };
-        if frames.to_client.is_empty() && frames.server.between_frames() {
-            frames.to_client = frames.client.watch().take_outbound();
-        }
-        while !frames.to_client.is_empty() {
-            if frames.client.watch().client_gone() {
-                frames.to_client.clear();
-                break;
-            }
-            match Pin::new(&mut *self.inner).poll_write(cx, &frames.to_client) {
-                Poll::Ready(Ok(n)) => {
-                    frames.to_client.drain(..n);
-                }
-                Poll::Ready(Err(e)) if client_gone(&e) => {
-                    frames.client.watch().client_left();
-                    frames.to_client.clear();
-                }
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-        Poll::Ready(Ok(()))
-    }
-
     /// An HTTP/2 connection whose client is gone writes nowhere while it
     /// finishes its exchanges: true when `bufs` were taken (and read by
     /// the watch) that way.
@@ -277,14 +247,15 @@ impl GuardedStream {
 }
 
 /// Errors that mean the client is gone, as its end of file does: a reset,
-/// or a TLS stream closed without its close_notify. Read as the end, so
-/// that a request the client abandons runs to its answer as one it
-/// half-closes does (the gateway keeps the exchange; writes fail then).
+/// a TLS stream closed without its close_notify or broken by a bad record
+/// or an alert. Read as the end, so that a request the client abandons runs
+/// to its answer as one it half-closes does (the gateway keeps the
+/// exchange; writes fail then).
 fn client_gone(e: &std::io::Error) -> bool {
     use std::io::ErrorKind::*;
     matches!(
         e.kind(),
-        ConnectionReset | ConnectionAborted | UnexpectedEof | BrokenPipe
+        ConnectionReset | ConnectionAborted | UnexpectedEof | BrokenPipe | InvalidData
     )
 }
 
@@ -300,10 +271,15 @@ impl GuardedStream {
             let Some(frames) = self.h2.as_mut() else {
                 return Poll::Ready(Ok(()));
             };
-            if !frames.ready.is_empty() {
-                let n = frames.ready.len().min(buf.remaining());
-                buf.put_slice(&frames.ready[..n]);
-                frames.ready.drain(..n);
+            if frames.ready_given < frames.ready.len() {
+                let rest = &frames.ready[frames.ready_given..];
+                let n = rest.len().min(buf.remaining());
+                buf.put_slice(&rest[..n]);
+                frames.ready_given += n;
+                if frames.ready_given == frames.ready.len() {
+                    frames.ready.clear();
+                    frames.ready_given = 0;
+                }
                 return Poll::Ready(Ok(()));
             }
             let watch = frames.client.watch().clone();
@@ -347,29 +323,25 @@ impl GuardedStream {
                     Poll::Pending => {}
                 }
             }
-            // Nothing to read: late bodies are cut (the client told at once,
-            // if the server is between frames; else before its next), and
-            // the timer set for the next one.
-            let next = watch.tick(Instant::now());
+            // Nothing to read: late bodies are cut, and the timer set for
+            // the next deadline, a half-sent frame's among them.
+            let now = Instant::now();
+            let mut next = watch.tick(now);
             let cut = watch.take_cut();
             if !cut.is_empty() {
                 self.metrics.idle_timeouts.inc_by(cut.len() as u64);
-                let stalled = self
-                    .h2
-                    .as_ref()
-                    .and_then(|f| f.client.inside_frame_of())
-                    .is_some_and(|id| cut.contains(&id));
-                if stalled {
-                    // Its body stopped halfway through a frame: no reset can
-                    // go in before the frame ends, so the connection goes.
+            }
+            if let Some((id, until)) = self.h2.as_ref().and_then(|f| f.client.inside_frame()) {
+                if until <= now || cut.contains(&id) {
+                    // A frame left half sent: nothing of the watch's can go
+                    // in before it ends, so the connection goes.
+                    self.metrics.idle_timeouts.inc();
                     return Poll::Ready(Err(std::io::Error::new(
                         std::io::ErrorKind::TimedOut,
-                        "an HTTP/2 request body stalled inside a frame past its deadline",
+                        "an HTTP/2 frame stayed half sent past its time",
                     )));
                 }
-                if let Poll::Ready(Ok(())) = self.write_watch_frames(cx) {
-                    let _ = Pin::new(&mut *self.inner).poll_flush(cx);
-                }
+                next = Some(next.map_or(until, |n| n.min(until)));
             }
             if between && watch.has_inbound() {
                 continue;
@@ -455,7 +427,6 @@ impl AsyncWrite for GuardedStream {
         if this.gone_client_written(std::slice::from_ref(&std::io::IoSlice::new(buf))) {
             return Poll::Ready(Ok(buf.len()));
         }
-        std::task::ready!(this.write_watch_frames(cx))?;
         let poll = Pin::new(&mut *this.inner).poll_write(cx, buf);
         let poll = this.after_write(cx, poll);
         this.h2_wrote(std::slice::from_ref(&std::io::IoSlice::new(buf)), poll)
@@ -466,7 +437,6 @@ impl AsyncWrite for GuardedStream {
         if this.gone_client_written(&[]) {
             return Poll::Ready(Ok(()));
         }
-        std::task::ready!(this.write_watch_frames(cx))?;
         let poll = Pin::new(&mut *this.inner).poll_flush(cx);
         this.after_write(cx, poll)
     }
@@ -487,7 +457,6 @@ impl AsyncWrite for GuardedStream {
         if this.gone_client_written(bufs) {
             return Poll::Ready(Ok(bufs.iter().map(|b| b.len()).sum()));
         }
-        std::task::ready!(this.write_watch_frames(cx))?;
         let poll = Pin::new(&mut *this.inner).poll_write_vectored(cx, bufs);
         let poll = this.after_write(cx, poll);
         this.h2_wrote(bufs, poll)

@@ -8,17 +8,24 @@
 //! with the upstream runs to its end, the request keeps its place under the
 //! per-address cap and its concurrency slots until then, and a client
 //! cannot put more work in flight at the upstream by cancelling. A body
-//! that does not come in time is cut, as if the client had reset its
-//! stream: at the body floor (`MIN_BODY_RATE` after a grace of
-//! `header_timeout`, counted from the stream's head) unless the route is
-//! exempt, and at the deadline of a request that holds a slot.
+//! that does not come in time is cut: at the body floor (`MIN_BODY_RATE`
+//! after a grace of `header_timeout`, counted from the stream's head)
+//! unless the route is exempt, and at the deadline of a request that holds
+//! a slot. A cut is a PRIORITY frame making the stream depend on itself,
+//! given to the h2 server as if the client had sent it: a stream error the
+//! h2 server answers itself, resetting the stream towards the client and
+//! discarding its late frames, so the connection's other streams go on.
 //!
 //! Requests learn their stream: the first header block of each stream gets
 //! one more header, `floodgate-h2-stream: <watch>:<stream>`, appended as a
 //! CONTINUATION frame (a literal the HPACK decoder reads without touching
-//! its table), which the gateway reads and removes (`H2Stream::take`).
+//! its table), which the gateway reads and removes (`H2Stream::named`).
+//! The watch's own frames go in only between two of the client's; a
+//! client that keeps a frame half sent longer than its length at the body
+//! floor allows loses the connection.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 use std::task::Waker;
 use std::time::Duration;
@@ -34,14 +41,15 @@ const PREFACE_LEN: usize = 24;
 const FRAME_HEAD: usize = 9;
 const DATA: u8 = 0x0;
 const HEADERS: u8 = 0x1;
+const PRIORITY: u8 = 0x2;
 const RST_STREAM: u8 = 0x3;
 const CONTINUATION: u8 = 0x9;
 const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
-const CANCEL: u32 = 0x8;
 
 /// Streams followed at once on one connection, far above what the h2
-/// server lets a client open (those it refuses are answered at once).
+/// server lets a client open (those it refuses are answered at once); a
+/// stream beyond it is cut as it opens.
 const MOST_STREAMS: usize = 1024;
 
 static WATCHES: LazyLock<Mutex<HashMap<u64, Weak<H2Watch>>>> =
@@ -59,6 +67,9 @@ pub struct H2Watch {
     /// The longest a reset is held for an answer: past it the upstream has
     /// given up anyway (its read timeout).
     hold_limit: Duration,
+    /// Whether `inbound` holds anything, read without the lock on every
+    /// frame.
+    inbound_waiting: AtomicBool,
     shared: Mutex<Shared>,
 }
 
@@ -67,12 +78,9 @@ struct Shared {
     streams: HashMap<u32, Stream>,
     /// The highest client stream opened: a HEADERS frame above it opens one.
     highest: u32,
-    /// Bytes for the h2 server before anything more is read: resets let
-    /// go or made, the header frames appended.
+    /// Frames for the h2 server before anything more is read: resets let
+    /// go, cuts.
     inbound: VecDeque<u8>,
-    /// Resets for the client of streams cut here (the h2 server was told
-    /// the client reset them, so it tells the client nothing).
-    outbound: Vec<u8>,
     /// The connection's reading task, to wake when `inbound` grows.
     reader: Option<Waker>,
     /// The client closed its side: reads end once every whole request is
@@ -88,7 +96,22 @@ struct Stream {
     body_bytes: u64,
     /// The client sent END_STREAM: the request is whole.
     whole: bool,
+    /// The server sent the response's head.
     answered: bool,
+    /// The server ended its response (or reset the stream).
+    response_ended: bool,
+    /// The server reset the stream: nothing more comes on it.
+    server_reset: bool,
+    /// The server reset the stream while its whole request waited for its
+    /// answer (a stream error the client provoked): the upstream works on.
+    reset_while_whole: bool,
+    /// The client reset it and the reset went on (its request was not
+    /// whole, or already answered).
+    client_reset: bool,
+    /// Cut here for a late body.
+    cut: bool,
+    /// A request holds the stream (`H2Stream`): its entry stays until then.
+    claimed: bool,
     /// The client's reset, held until the answer, and since when.
     held: Option<([u8; FRAME_HEAD + 4], Instant)>,
     /// Whether the body floor applies (not on a route the config exempts).
@@ -98,8 +121,14 @@ struct Stream {
 }
 
 impl Stream {
+    /// Whether the request may still send body (an answered request may:
+    /// its stream is held until the body ends, so the floor still counts).
+    fn receiving(&self) -> bool {
+        !self.whole && !self.cut && !self.client_reset && !self.server_reset
+    }
+
     fn body_due(&self, header_timeout: Duration) -> Option<Instant> {
-        if self.whole {
+        if !self.receiving() {
             return None;
         }
         let floor = self.floor.then(|| {
@@ -109,6 +138,23 @@ impl Stream {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
+    }
+
+    /// Whether nothing more can happen on the stream that the watch must
+    /// follow: answered in full, or reset, with its request whole or gone.
+    fn over(&self) -> bool {
+        !self.claimed
+            && self.held.is_none()
+            && (self.client_reset
+                || self.cut
+                || self.server_reset
+                || (self.whole && self.response_ended))
+    }
+
+    /// A whole request whose answer never came through: its exchange was
+    /// cut (or still runs).
+    fn whole_unanswered(&self) -> bool {
+        self.whole && !self.cut && (!self.answered || self.reset_while_whole)
     }
 }
 
@@ -127,6 +173,7 @@ impl H2Watch {
             id,
             header_timeout,
             hold_limit,
+            inbound_waiting: AtomicBool::new(false),
             shared: Mutex::new(Shared::default()),
         });
         registry.insert(id, Arc::downgrade(&watch));
@@ -148,7 +195,10 @@ impl H2Watch {
         let shared = self.shared();
         shared.client_gone
             && shared.inbound.is_empty()
-            && !shared.streams.values().any(|s| s.whole && !s.answered)
+            && !shared
+                .streams
+                .values()
+                .any(|s| s.whole && !s.answered && !s.response_ended)
     }
 
     pub(super) fn client_gone(&self) -> bool {
@@ -163,13 +213,13 @@ impl H2Watch {
         let incomplete: Vec<u32> = shared
             .streams
             .iter()
-            .filter(|(_, s)| !s.whole)
+            .filter(|(_, s)| s.receiving())
             .map(|(&id, _)| id)
             .collect();
         for id in incomplete {
-            shared.streams.remove(&id);
-            shared.inbound.extend(reset_frame(id, CANCEL));
+            Self::cut_stream(&mut shared, id);
         }
+        self.note_inbound(&shared);
     }
 
     /// `waker` is called when the h2 server has more to read.
@@ -187,16 +237,28 @@ impl H2Watch {
         for (slot, byte) in buf.iter_mut().zip(shared.inbound.drain(..n)) {
             *slot = byte;
         }
+        self.note_inbound(&shared);
         n
     }
 
-    /// The resets owed to the client, taken to be written.
-    pub(super) fn take_outbound(&self) -> Vec<u8> {
-        std::mem::take(&mut self.shared().outbound)
+    /// Everything meant for the h2 server, appended to `out` (the client's
+    /// frames are between two frames there).
+    fn drain_inbound(&self, out: &mut Vec<u8>) {
+        if !self.inbound_waiting.load(Ordering::Acquire) {
+            return;
+        }
+        let mut shared = self.shared();
+        out.extend(shared.inbound.drain(..));
+        self.note_inbound(&shared);
+    }
+
+    fn note_inbound(&self, shared: &Shared) {
+        self.inbound_waiting
+            .store(!shared.inbound.is_empty(), Ordering::Release);
     }
 
     pub(super) fn has_inbound(&self) -> bool {
-        !self.shared().inbound.is_empty()
+        self.inbound_waiting.load(Ordering::Acquire)
     }
 
     /// Cuts late bodies and lets go of resets held too long; the next
@@ -224,19 +286,37 @@ impl H2Watch {
             }
         }
         for id in late {
-            shared.streams.remove(&id);
-            shared.inbound.extend(reset_frame(id, CANCEL));
-            shared.outbound.extend(reset_frame(id, CANCEL));
+            Self::cut_stream(&mut shared, id);
             shared.cut.push(id);
         }
         for id in released {
-            if let Some(stream) = shared.streams.remove(&id) {
-                if let Some((frame, _)) = stream.held {
+            if let Some(stream) = shared.streams.get_mut(&id) {
+                if let Some((frame, _)) = stream.held.take() {
+                    stream.client_reset = true;
                     shared.inbound.extend(frame);
                 }
             }
+            Self::forget_if_over(&mut shared, id);
         }
+        self.note_inbound(&shared);
         next
+    }
+
+    /// The stream reset by the h2 server itself, for a stream error it was
+    /// handed (a PRIORITY on the stream, depending on itself): the server
+    /// tells the client, and discards what the client still sends for it.
+    fn cut_stream(shared: &mut Shared, id: u32) {
+        shared.inbound.extend(self_dependency(id));
+        if let Some(stream) = shared.streams.get_mut(&id) {
+            stream.cut = true;
+        }
+        Self::forget_if_over(shared, id);
+    }
+
+    fn forget_if_over(shared: &mut Shared, id: u32) {
+        if shared.streams.get(&id).is_some_and(Stream::over) {
+            shared.streams.remove(&id);
+        }
     }
 
     fn wake_reader(shared: &mut Shared) {
@@ -272,18 +352,29 @@ impl H2Watch {
                                 body_bytes: 0,
                                 whole: flags & END_STREAM != 0,
                                 answered: false,
+                                response_ended: false,
+                                server_reset: false,
+                                reset_while_whole: false,
+                                client_reset: false,
+                                cut: false,
+                                claimed: false,
                                 held: None,
                                 floor: true,
                                 deadline: None,
                             },
                         );
                         *block = Some(id);
+                    } else {
+                        // Too many followed at once: not let run untracked.
+                        shared.inbound.extend(self_dependency(id));
+                        self.note_inbound(&shared);
                     }
                 } else if flags & END_STREAM != 0 {
                     // Trailers end the request.
                     if let Some(stream) = shared.streams.get_mut(&id) {
                         stream.whole = true;
                     }
+                    Self::forget_if_over(&mut shared, id);
                 }
                 if flags & END_HEADERS != 0 {
                     return block.take() == Some(id) && opens;
@@ -297,6 +388,9 @@ impl H2Watch {
                         stream.whole = true;
                     }
                 }
+                if flags & END_STREAM != 0 {
+                    Self::forget_if_over(&mut shared, id);
+                }
             }
             _ => {}
         }
@@ -304,46 +398,69 @@ impl H2Watch {
     }
 
     /// The client's reset of a stream: held while the stream's whole request
-    /// waits for its answer (true), passed on otherwise.
+    /// waits for its answer (true), and so is a second one while the first
+    /// is held; passed on otherwise.
     fn client_reset(&self, id: u32, frame: [u8; FRAME_HEAD + 4]) -> bool {
         let mut shared = self.shared();
-        match shared.streams.get_mut(&id) {
-            Some(stream) if stream.whole && !stream.answered && stream.held.is_none() => {
-                stream.held = Some((frame, Instant::now()));
-                true
-            }
-            _ => {
-                shared.streams.remove(&id);
-                false
-            }
+        let Some(stream) = shared.streams.get_mut(&id) else {
+            return false;
+        };
+        if stream.held.is_some() {
+            return true;
         }
+        if stream.whole && !stream.answered && !stream.response_ended {
+            stream.held = Some((frame, Instant::now()));
+            return true;
+        }
+        stream.client_reset = true;
+        Self::forget_if_over(&mut shared, id);
+        false
     }
 
-    /// A frame head the server wrote: HEADERS answers a stream (a reset
-    /// ends it); a reset held for it goes to the h2 server now.
-    fn server_frame(&self, kind: u8, id: u32) {
-        if kind != HEADERS && kind != RST_STREAM {
+    /// A frame head the server wrote: HEADERS answers a stream, END_STREAM
+    /// ends its response, a reset ends it all; a reset held for it goes to
+    /// the h2 server now.
+    fn server_frame(&self, kind: u8, flags: u8, id: u32) {
+        if !matches!(kind, HEADERS | DATA | RST_STREAM) {
             return;
         }
         let mut shared = self.shared();
         let Some(stream) = shared.streams.get_mut(&id) else {
             return;
         };
-        stream.answered = true;
-        let done = stream.whole || stream.held.is_some() || kind == RST_STREAM;
-        let held = stream.held.take();
-        if done {
-            shared.streams.remove(&id);
+        match kind {
+            RST_STREAM => {
+                if stream.whole && !stream.answered {
+                    stream.reset_while_whole = true;
+                }
+                stream.response_ended = true;
+                stream.server_reset = true;
+            }
+            HEADERS => stream.answered = true,
+            _ => {}
         }
-        if let Some((frame, _)) = held {
-            shared.inbound.extend(frame);
+        if flags & END_STREAM != 0 && kind != RST_STREAM {
+            stream.response_ended = true;
         }
-        if held.is_some() || shared.client_gone {
+        let released = if stream.answered || kind == RST_STREAM {
+            stream.held.take()
+        } else {
+            None
+        };
+        if released.is_some() {
+            stream.client_reset = true;
+        }
+        Self::forget_if_over(&mut shared, id);
+        if let Some((frame, _)) = &released {
+            shared.inbound.extend(*frame);
+        }
+        self.note_inbound(&shared);
+        if released.is_some() || shared.client_gone {
             Self::wake_reader(&mut shared);
         }
     }
 
-    fn set(&self, id: u32, change: impl FnOnce(&mut Stream)) {
+    fn with_stream(&self, id: u32, change: impl FnOnce(&mut Stream)) {
         let mut shared = self.shared();
         if let Some(stream) = shared.streams.get_mut(&id) {
             change(stream);
@@ -374,40 +491,59 @@ impl H2Stream {
         let (watch, id) = value.to_str().ok()?.split_once(':')?;
         let (watch, id) = (u64::from_str_radix(watch, 16).ok()?, id.parse().ok()?);
         let watch = lock(&WATCHES).get(&watch)?.upgrade()?;
+        watch.shared().streams.get_mut(&id)?.claimed = true;
         Some(H2Stream { watch, id })
     }
 
-    /// Whether the stream's request is whole and still waits for its answer
-    /// (as a stream whose connection broke before it came does).
-    pub fn whole_and_unanswered(&self) -> bool {
+    /// Whether the stream's request is whole and its exchange was cut
+    /// before the answer came (its connection torn down, or reset by the h2
+    /// server for an error the client provoked): the upstream may still be
+    /// working on it.
+    pub fn cut_while_whole(&self) -> bool {
         self.watch
             .shared()
             .streams
             .get(&self.id)
-            .is_some_and(|s| s.whole && !s.answered)
+            .is_some_and(Stream::whole_unanswered)
     }
 
     /// The route's body may rightly be slow and long (a client-streaming
     /// gRPC call): no floor.
     pub fn exempt_from_body_floor(&self) {
-        self.watch.set(self.id, |s| s.floor = false);
+        self.watch.with_stream(self.id, |s| s.floor = false);
     }
 
     /// The whole body must have come by `until` (a request holding slots).
     pub fn body_deadline(&self, until: Instant) {
-        self.watch.set(self.id, |s| {
+        self.watch.with_stream(self.id, |s| {
             s.deadline = Some(s.deadline.map_or(until, |d| d.min(until)));
         });
     }
 }
 
-/// A reset of `id` as the client would send it.
-fn reset_frame(id: u32, code: u32) -> [u8; FRAME_HEAD + 4] {
-    let mut frame = [0u8; FRAME_HEAD + 4];
-    frame[2] = 4;
-    frame[3] = RST_STREAM;
-    frame[5..9].copy_from_slice(&(id & 0x7fff_ffff).to_be_bytes());
-    frame[9..].copy_from_slice(&code.to_be_bytes());
+impl Drop for H2Stream {
+    /// The request is over: the stream is the watch's to forget once
+    /// nothing more happens on it.
+    fn drop(&mut self) {
+        let mut shared = self.watch.shared();
+        if let Some(stream) = shared.streams.get_mut(&self.id) {
+            stream.claimed = false;
+            if stream.held.is_none() {
+                shared.streams.remove(&self.id);
+            }
+        }
+    }
+}
+
+/// A PRIORITY frame making stream `id` depend on itself: a stream error
+/// (RFC 9113 §5.3.1) the h2 server answers by resetting the stream.
+fn self_dependency(id: u32) -> [u8; FRAME_HEAD + 5] {
+    let id = id & 0x7fff_ffff;
+    let mut frame = [0u8; FRAME_HEAD + 5];
+    frame[2] = 5;
+    frame[3] = PRIORITY;
+    frame[5..9].copy_from_slice(&id.to_be_bytes());
+    frame[9..13].copy_from_slice(&id.to_be_bytes());
     frame
 }
 
@@ -429,20 +565,23 @@ fn naming_frame(watch: u64, id: u32) -> Vec<u8> {
     frame
 }
 
-fn frame_head(head: &[u8; FRAME_HEAD]) -> (usize, u8, u8, u32) {
+fn frame_head(head: &[u8]) -> (usize, u8, u8, u32) {
     let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
     let id = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
     (len, head[3], head[4], id)
 }
 
 /// The client's frames as they are read: passed on, held (a reset), or
-/// added to (the naming header).
+/// added to (the naming header, and between two frames what the watch has
+/// for the h2 server).
 pub(super) struct ClientFrames {
     watch: Arc<H2Watch>,
     preface_left: usize,
     head: [u8; FRAME_HEAD],
     head_len: usize,
     payload_left: usize,
+    /// When the frame being passed on began, and by when it must be whole.
+    inside_until: Option<Instant>,
     /// A reset being read: its bytes so far.
     reset: Option<([u8; FRAME_HEAD + 4], usize)>,
     /// The stream whose naming header follows the current frame.
@@ -459,6 +598,7 @@ impl ClientFrames {
             head: [0; FRAME_HEAD],
             head_len: 0,
             payload_left: 0,
+            inside_until: None,
             reset: None,
             name_after: None,
             block: None,
@@ -475,9 +615,12 @@ impl ClientFrames {
         self.preface_left == 0 && self.payload_left == 0
     }
 
-    /// The stream whose frame the h2 server has been given part of.
-    pub(super) fn inside_frame_of(&self) -> Option<u32> {
-        (self.payload_left > 0).then(|| frame_head(&self.head).3)
+    /// The stream whose frame the h2 server has been given part of, and by
+    /// when the rest must have come (its length at the body floor, after a
+    /// grace of `header_timeout`).
+    pub(super) fn inside_frame(&self) -> Option<(u32, Instant)> {
+        let until = self.inside_until?;
+        (self.payload_left > 0).then(|| (frame_head(&self.head).3, until))
     }
 
     /// What of `input` goes on to the h2 server, appended to `out`.
@@ -496,10 +639,7 @@ impl ClientFrames {
                 if *filled == frame.len() {
                     let frame = *frame;
                     self.reset = None;
-                    let (_, _, _, id) = frame_head(&[
-                        frame[0], frame[1], frame[2], frame[3], frame[4], frame[5], frame[6],
-                        frame[7], frame[8],
-                    ]);
+                    let (_, _, _, id) = frame_head(&frame);
                     if !self.watch.client_reset(id, frame) {
                         out.extend_from_slice(&frame);
                     }
@@ -513,6 +653,10 @@ impl ClientFrames {
                     self.frame_done(out);
                 }
             } else {
+                if self.head_len == 0 {
+                    // Between two frames: what the watch has goes first.
+                    self.watch.drain_inbound(out);
+                }
                 let n = (FRAME_HEAD - self.head_len).min(input.len());
                 self.head[self.head_len..self.head_len + n].copy_from_slice(&input[..n]);
                 self.head_len += n;
@@ -545,10 +689,15 @@ impl ClientFrames {
         self.payload_left = len;
         if len == 0 {
             self.frame_done(out);
+        } else {
+            let allowed =
+                self.watch.header_timeout + Duration::from_secs(len as u64 / MIN_BODY_RATE);
+            self.inside_until = Some(Instant::now() + allowed);
         }
     }
 
     fn frame_done(&mut self, out: &mut Vec<u8>) {
+        self.inside_until = None;
         if let Some(id) = self.name_after.take() {
             out.extend_from_slice(&naming_frame(self.watch.id, id));
         }
@@ -561,13 +710,6 @@ pub(super) struct ServerFrames {
     head: [u8; FRAME_HEAD],
     head_len: usize,
     payload_left: usize,
-}
-
-impl ServerFrames {
-    /// Between two frames: a frame of the watch's own may go out here.
-    pub(super) fn between_frames(&self) -> bool {
-        self.head_len == 0 && self.payload_left == 0
-    }
 }
 
 impl ServerFrames {
@@ -595,9 +737,9 @@ impl ServerFrames {
             written = &written[n..];
             if self.head_len == FRAME_HEAD {
                 self.head_len = 0;
-                let (len, kind, _, id) = frame_head(&self.head);
+                let (len, kind, flags, id) = frame_head(&self.head);
                 self.payload_left = len;
-                self.watch.server_frame(kind, id);
+                self.watch.server_frame(kind, flags, id);
             }
         }
     }
@@ -606,6 +748,8 @@ impl ServerFrames {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const CANCEL: u32 = 0x8;
 
     fn frame(kind: u8, flags: u8, id: u32, payload: &[u8]) -> Vec<u8> {
         let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
@@ -688,9 +832,12 @@ mod tests {
         expected.extend(frame(DATA, 0, 5, b"abc"));
         expected.extend(frame(HEADERS, END_HEADERS | END_STREAM, 5, b"\x40"));
         assert_eq!(out, expected);
-        let stream = &watch.shared().streams[&5];
-        assert!(stream.whole);
-        assert_eq!(stream.body_bytes, 3);
+        let (whole, body_bytes) = {
+            let shared = watch.shared();
+            (shared.streams[&5].whole, shared.streams[&5].body_bytes)
+        };
+        assert!(whole);
+        assert_eq!(body_bytes, 3);
         let mut headers = http::HeaderMap::new();
         headers.append(STREAM_HEADER, "forged:7".parse().unwrap());
         headers.append(STREAM_HEADER, format!("{:x}:5", watch.id).parse().unwrap());
@@ -709,25 +856,102 @@ mod tests {
         read_all(&mut client, &input, false);
         let start = Instant::now();
         // Stream 3 holds a slot: its body is due in 100 ms.
-        H2Stream {
+        let slot_holder = H2Stream {
             watch: watch.clone(),
             id: 3,
-        }
-        .body_deadline(start + Duration::from_millis(100));
+        };
+        slot_holder.body_deadline(start + Duration::from_millis(100));
         let next = watch.tick(start);
         assert!(next.is_some_and(|n| n <= start + Duration::from_millis(100)));
         watch.tick(start + Duration::from_millis(150));
         let mut buf = [0u8; 64];
         let n = watch.pending_inbound(&mut buf, Waker::noop());
-        assert_eq!(&buf[..n], &reset_frame(3, CANCEL)[..]);
+        assert_eq!(&buf[..n], &self_dependency(3)[..]);
         assert_eq!(watch.take_cut(), vec![3]);
         // The client goes: stream 1's body will never come (cut); stream
         // 5's whole request keeps the reads open until it is answered.
         watch.client_left();
         let n = watch.pending_inbound(&mut buf, Waker::noop());
-        assert_eq!(&buf[..n], &reset_frame(1, CANCEL)[..]);
+        assert_eq!(&buf[..n], &self_dependency(1)[..]);
         assert!(!watch.finished());
         ServerFrames::new(watch.clone()).wrote(&frame(HEADERS, END_HEADERS, 5, b"\x88"));
         assert!(watch.finished());
+    }
+
+    #[test]
+    fn a_second_reset_or_a_provoked_server_reset_still_counts_the_exchange() {
+        let watch = H2Watch::new(Duration::from_secs(10), Duration::from_secs(60));
+        let mut client = ClientFrames::new(watch.clone());
+        let mut input = preface();
+        input.extend(frame(HEADERS, END_HEADERS | END_STREAM, 1, b"\x82"));
+        input.extend(frame(HEADERS, END_HEADERS | END_STREAM, 3, b"\x82"));
+        read_all(&mut client, &input, false);
+        let mut headers = http::HeaderMap::new();
+        headers.insert(STREAM_HEADER, format!("{:x}:1", watch.id).parse().unwrap());
+        let one = H2Stream::named(&headers).expect("named");
+        headers.insert(STREAM_HEADER, format!("{:x}:3", watch.id).parse().unwrap());
+        let three = H2Stream::named(&headers).expect("named");
+        // Two resets of stream 1: neither reaches the h2 server.
+        let reset = frame(RST_STREAM, 0, 1, &CANCEL.to_be_bytes());
+        let mut twice = reset.clone();
+        twice.extend(&reset);
+        assert_eq!(read_all(&mut client, &twice, false), Vec::<u8>::new());
+        // The h2 server resets stream 3 for an error the client provoked:
+        // its exchange is cut with its request whole.
+        ServerFrames::new(watch.clone()).wrote(&frame(RST_STREAM, 0, 3, &1u32.to_be_bytes()));
+        assert!(three.cut_while_whole());
+        assert!(one.cut_while_whole(), "still waiting for its answer");
+        drop((one, three));
+        let shared = watch.shared();
+        assert_eq!(
+            shared.streams.len(),
+            1,
+            "only the held reset's stream is left"
+        );
+    }
+
+    #[test]
+    fn the_watchs_frames_go_in_at_the_next_frame_boundary_and_only_there() {
+        let watch = H2Watch::new(Duration::from_secs(10), Duration::from_secs(60));
+        let mut client = ClientFrames::new(watch.clone());
+        let mut input = preface();
+        input.extend(frame(HEADERS, END_HEADERS, 1, b"\x82"));
+        let unknown = frame(0xfa, 0, 0, &[7u8; 20]);
+        input.extend(&unknown[..15]);
+        let mut out = read_all(&mut client, &input, false);
+        assert!(!client.between_frames());
+        assert!(client.inside_frame().is_some());
+        // A cut comes due while a frame is half in: it waits for its end.
+        watch.client_left();
+        out.extend(read_all(&mut client, &unknown[15..], false));
+        let mut next = frame(PRIORITY, 0, 9, &[0, 0, 0, 0, 16]);
+        out.extend(read_all(&mut client, &next[..4], false));
+        let mut expected = preface();
+        expected.extend(frame(HEADERS, 0, 1, b"\x82"));
+        expected.extend(naming_frame(watch.id, 1));
+        expected.extend(&unknown);
+        expected.extend(self_dependency(1));
+        assert_eq!(out, expected);
+        next.drain(..4);
+        assert_eq!(
+            read_all(&mut client, &next, false),
+            frame(PRIORITY, 0, 9, &[0, 0, 0, 0, 16])
+        );
+    }
+
+    #[test]
+    fn a_stream_beyond_what_is_followed_is_cut_as_it_opens() {
+        let watch = H2Watch::new(Duration::from_secs(10), Duration::from_secs(60));
+        let mut client = ClientFrames::new(watch.clone());
+        let mut input = preface();
+        for i in 0..=MOST_STREAMS as u32 {
+            input.extend(frame(HEADERS, END_HEADERS, 2 * i + 1, b"\x82"));
+        }
+        read_all(&mut client, &input, false);
+        let last = 2 * MOST_STREAMS as u32 + 1;
+        assert!(!watch.shared().streams.contains_key(&last));
+        let mut buf = [0u8; 64];
+        let n = watch.pending_inbound(&mut buf, Waker::noop());
+        assert_eq!(&buf[..n], &self_dependency(last)[..]);
     }
 }

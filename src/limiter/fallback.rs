@@ -263,15 +263,23 @@ impl<S: Store + 'static> Store for Fallback<S> {
         self.inner.shared.credit(check).await
     }
 
-    /// On the shared store, where reservations are made while it answers.
-    /// While it is away nothing is given back: the reservation was made on
-    /// it (or decided without it), and a local refund would give this
-    /// instance units nobody took from it.
+    /// Where the reservation was taken: on the shared store while it
+    /// answers; on this instance's share while it is away, for the layers
+    /// decided locally then (`on_failure = "local"`; the others took
+    /// nothing). The caller gives a reservation back only to the store that
+    /// was deciding when it was taken.
     async fn refund(&self, check: &Check, counted_at_us: u64) -> Result<(), LimiterError> {
-        if self.degraded() {
-            return Ok(());
+        if !self.degraded() {
+            return self.inner.shared.refund(check, counted_at_us).await;
         }
-        self.inner.shared.refund(check, counted_at_us).await
+        if let [local] = self
+            .inner
+            .local_share(std::slice::from_ref(check))
+            .as_slice()
+        {
+            self.inner.local.refund(local, counted_at_us).await?;
+        }
+        Ok(())
     }
 
     /// Without the shared store, a slot is taken as its `on_failure` says:
@@ -424,6 +432,43 @@ mod tests {
         }
         assert_eq!(rig.shared.decisions(), asked, "an open breaker asks nobody");
         assert_eq!(rig.metrics.redis.fallback_decisions.get(), 6);
+    }
+
+    /// A reservation is given back where it was taken: while the shared
+    /// store is away, to this instance's share (for a layer decided
+    /// locally); on the shared store once it is back.
+    #[tokio::test(start_paused = true)]
+    async fn a_refund_goes_where_the_reservation_was_taken() {
+        let rig = rig(1);
+        let reserve = [check(0, 3, 7, 3)];
+        let peek = [check(0, 3, 7, 0)];
+        let remaining = |d: Vec<Decision>| d[0].remaining();
+        rig.shared.fail_with(LimiterError::Timeout(Duration::ZERO));
+        let taken = rig.fallback.decide(&reserve).await.expect("decided")[0];
+        assert_eq!(taken.remaining(), 0, "reserved locally");
+        rig.fallback
+            .refund(&reserve[0], taken.counted_at_us())
+            .await
+            .expect("refunded");
+        let local = rig.fallback.decide(&peek).await.expect("peeked");
+        assert_eq!(remaining(local), 3, "given back to the local share");
+        // A layer that fails open took nothing, and gets nothing back.
+        let open = [with(check(1, 3, 7, 3), OnFailure::Allow)];
+        let admitted = rig.fallback.decide(&open).await.expect("decided")[0];
+        rig.fallback
+            .refund(&open[0], admitted.counted_at_us())
+            .await
+            .expect("nothing to give back");
+        rig.clock.advance(5_000_000);
+        rig.shared.recover();
+        until_closed(&rig.fallback).await;
+        let taken = rig.fallback.decide(&reserve).await.expect("decided")[0];
+        rig.fallback
+            .refund(&reserve[0], taken.counted_at_us())
+            .await
+            .expect("refunded");
+        let shared = rig.shared.decide(&peek).await.expect("peeked");
+        assert_eq!(remaining(shared), 3, "given back on the shared store");
     }
 
     #[tokio::test(start_paused = true)]

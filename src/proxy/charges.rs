@@ -9,7 +9,7 @@ use log::warn;
 use pingora::http::ResponseHeader;
 
 use super::ctx::{RequestCtx, Reservation};
-use crate::limiter::{Check, Deciding, Store};
+use crate::limiter::{Check, Store};
 use crate::policy::{AfterResponse, ResponseCost};
 
 /// What a reservation comes to: the units owed in all, against the units
@@ -132,8 +132,7 @@ async fn settle(
     status: u16,
 ) {
     let reserved_on = ctx.verdict.as_ref().map(|v| v.deciding);
-    let same_store =
-        reserved_on == Some(store.deciding()) && reserved_on != Some(Deciding::Fallback);
+    let same_store = reserved_on == Some(store.deciding());
     let mut owed = Vec::new();
     for (reservation, Settled { owed: total }) in settled {
         let Reservation {

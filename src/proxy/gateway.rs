@@ -198,7 +198,7 @@ impl ProxyHttp for Gateway {
         let cut_whole = ctx
             .h2_stream
             .as_ref()
-            .is_some_and(|s| s.whole_and_unanswered());
+            .is_some_and(H2Stream::cut_while_whole);
         if client_left_mid_request && cut_whole {
             let sent = ctx.upstream_sent.unwrap_or(ctx.started);
             let until = sent + ctx.runtime.upstream.settings().read_timeout;
