@@ -444,23 +444,20 @@ impl ProxyHttp for Gateway {
             let mut decided = checks.into_iter().zip(decisions);
             let banned = ban_refusals(policy, decided.by_ref().take(bans));
             if banned.is_empty() {
-                let decided: Vec<(Check, Decision)> = decided.collect();
-                let first_counted = decided.len() - counted;
+                outcomes.extend(decided.map(|(check, d)| Outcome::of_check(check, d)));
+                // The layers charged by the response come last: what they
+                // reserved, to settle.
+                let first_counted = outcomes.len() - counted;
                 ctx.counted = layers
                     .counted
                     .into_iter()
-                    .zip(&decided[first_counted..])
-                    .map(|((check, after), &(_, decision))| Reservation {
+                    .zip(&outcomes[first_counted..])
+                    .map(|((check, after), o)| Reservation {
                         check,
                         after,
-                        decision,
+                        decision: o.decision,
                     })
                     .collect();
-                outcomes.extend(
-                    decided
-                        .into_iter()
-                        .map(|(check, d)| Outcome::of_check(check, d)),
-                );
             } else {
                 // The ban is the answer, whatever else the layers said.
                 outcomes = banned;
