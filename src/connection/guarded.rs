@@ -284,17 +284,15 @@ impl GuardedStream {
             }
             let watch = frames.client.watch().clone();
             let between = frames.client.between_frames();
-            if between {
+            if between && watch.has_inbound() {
                 let n = watch.pending_inbound(buf.initialize_unfilled(), cx.waker());
                 if n > 0 {
                     buf.advance(n);
                     return Poll::Ready(Ok(()));
                 }
-                if watch.finished() {
-                    return Poll::Ready(Ok(()));
-                }
-            } else {
-                watch.wake_on_inbound(cx.waker());
+            }
+            if between && watch.client_gone() && watch.finished() {
+                return Poll::Ready(Ok(()));
             }
             if watch.client_gone() && !between {
                 // Gone halfway through a frame: nothing more can be said on
@@ -326,7 +324,7 @@ impl GuardedStream {
             // Nothing to read: late bodies are cut, and the timer set for
             // the next deadline, a half-sent frame's among them.
             let now = Instant::now();
-            let mut next = watch.tick(now);
+            let mut next = watch.tick(now, cx.waker());
             let cut = watch.take_cut();
             if !cut.is_empty() {
                 self.metrics.idle_timeouts.inc_by(cut.len() as u64);

@@ -70,6 +70,8 @@ pub struct H2Watch {
     /// Whether `inbound` holds anything, read without the lock on every
     /// frame.
     inbound_waiting: AtomicBool,
+    /// `Shared::client_gone`, read without the lock on every read.
+    gone: AtomicBool,
     shared: Mutex<Shared>,
 }
 
@@ -174,6 +176,7 @@ impl H2Watch {
             header_timeout,
             hold_limit,
             inbound_waiting: AtomicBool::new(false),
+            gone: AtomicBool::new(false),
             shared: Mutex::new(Shared::default()),
         });
         registry.insert(id, Arc::downgrade(&watch));
@@ -202,7 +205,7 @@ impl H2Watch {
     }
 
     pub(super) fn client_gone(&self) -> bool {
-        self.shared().client_gone
+        self.gone.load(Ordering::Acquire)
     }
 
     /// The client closed its side (or its connection broke): bodies that
@@ -210,6 +213,7 @@ impl H2Watch {
     pub(super) fn client_left(&self) {
         let mut shared = self.shared();
         shared.client_gone = true;
+        self.gone.store(true, Ordering::Release);
         let incomplete: Vec<u32> = shared
             .streams
             .iter()
@@ -220,11 +224,6 @@ impl H2Watch {
             Self::cut_stream(&mut shared, id);
         }
         self.note_inbound(&shared);
-    }
-
-    /// `waker` is called when the h2 server has more to read.
-    pub(super) fn wake_on_inbound(&self, waker: &Waker) {
-        self.shared().reader = Some(waker.clone());
     }
 
     /// Moves up to `buf.len()` bytes meant for the h2 server ahead of what
@@ -262,9 +261,13 @@ impl H2Watch {
     }
 
     /// Cuts late bodies and lets go of resets held too long; the next
-    /// instant this must run again.
-    pub(super) fn tick(&self, now: Instant) -> Option<Instant> {
+    /// instant this must run again. `waker` is called when the h2 server
+    /// has more to read.
+    pub(super) fn tick(&self, now: Instant, waker: &Waker) -> Option<Instant> {
         let mut shared = self.shared();
+        if !shared.reader.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            shared.reader = Some(waker.clone());
+        }
         let mut next: Option<Instant> = None;
         let mut late = Vec::new();
         let mut released = Vec::new();
@@ -550,19 +553,32 @@ fn self_dependency(id: u32) -> [u8; FRAME_HEAD + 5] {
 /// The CONTINUATION frame that ends stream `id`'s first header block with
 /// the header naming it: a literal field without indexing, new name (RFC
 /// 7541 §6.2.2), which leaves the decoder's table as it was.
-fn naming_frame(watch: u64, id: u32) -> Vec<u8> {
-    let value = format!("{watch:x}:{id}");
-    let mut field = vec![0x00, STREAM_HEADER.len() as u8];
-    field.extend_from_slice(STREAM_HEADER.as_bytes());
-    field.push(value.len() as u8);
-    field.extend_from_slice(value.as_bytes());
-    let mut frame = Vec::with_capacity(FRAME_HEAD + field.len());
-    frame.extend_from_slice(&(field.len() as u32).to_be_bytes()[1..]);
-    frame.push(CONTINUATION);
-    frame.push(END_HEADERS);
-    frame.extend_from_slice(&(id & 0x7fff_ffff).to_be_bytes());
-    frame.extend_from_slice(&field);
-    frame
+fn naming_frame(watch: u64, id: u32, out: &mut Vec<u8>) {
+    // The value, `<watch hex>:<stream>`, at most 16 + 1 + 10 bytes.
+    let mut value = [0u8; 27];
+    let mut len = 0;
+    for shift in (0..16).rev() {
+        let digit = ((watch >> (shift * 4)) & 0xf) as u8;
+        if digit != 0 || len > 0 || shift == 0 {
+            value[len] = b"0123456789abcdef"[digit as usize];
+            len += 1;
+        }
+    }
+    value[len] = b':';
+    len += 1;
+    let mut digits = itoa::Buffer::new();
+    let id_text = digits.format(id & 0x7fff_ffff).as_bytes();
+    value[len..len + id_text.len()].copy_from_slice(id_text);
+    len += id_text.len();
+    let field_len = 2 + STREAM_HEADER.len() + 1 + len;
+    out.extend_from_slice(&(field_len as u32).to_be_bytes()[1..]);
+    out.push(CONTINUATION);
+    out.push(END_HEADERS);
+    out.extend_from_slice(&(id & 0x7fff_ffff).to_be_bytes());
+    out.extend_from_slice(&[0x00, STREAM_HEADER.len() as u8]);
+    out.extend_from_slice(STREAM_HEADER.as_bytes());
+    out.push(len as u8);
+    out.extend_from_slice(&value[..len]);
 }
 
 fn frame_head(head: &[u8]) -> (usize, u8, u8, u32) {
@@ -699,7 +715,7 @@ impl ClientFrames {
     fn frame_done(&mut self, out: &mut Vec<u8>) {
         self.inside_until = None;
         if let Some(id) = self.name_after.take() {
-            out.extend_from_slice(&naming_frame(self.watch.id, id));
+            naming_frame(self.watch.id, id, out);
         }
     }
 }
@@ -760,6 +776,12 @@ mod tests {
         f
     }
 
+    fn named(watch: u64, id: u32) -> Vec<u8> {
+        let mut frame = Vec::new();
+        naming_frame(watch, id, &mut frame);
+        frame
+    }
+
     fn preface() -> Vec<u8> {
         b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec()
     }
@@ -792,10 +814,10 @@ mod tests {
             let mut expected = preface();
             // Stream 1's block gets the naming frame; its reset is held.
             expected.extend(frame(HEADERS, END_STREAM, 1, b"\x82"));
-            expected.extend(naming_frame(watch.id, 1));
+            expected.extend(named(watch.id, 1));
             // Stream 3's request was not whole: its reset goes on.
             expected.extend(frame(HEADERS, 0, 3, b"\x83"));
-            expected.extend(naming_frame(watch.id, 3));
+            expected.extend(named(watch.id, 3));
             expected.extend(frame(RST_STREAM, 0, 3, &CANCEL.to_be_bytes()));
             assert_eq!(out, expected, "by byte: {by_byte}");
             let waker = Waker::noop();
@@ -828,7 +850,7 @@ mod tests {
         let mut expected = preface();
         expected.extend(frame(HEADERS, 0, 5, b"\x82"));
         expected.extend(frame(CONTINUATION, 0, 5, b"\x84"));
-        expected.extend(naming_frame(watch.id, 5));
+        expected.extend(named(watch.id, 5));
         expected.extend(frame(DATA, 0, 5, b"abc"));
         expected.extend(frame(HEADERS, END_HEADERS | END_STREAM, 5, b"\x40"));
         assert_eq!(out, expected);
@@ -841,8 +863,11 @@ mod tests {
         let mut headers = http::HeaderMap::new();
         headers.append(STREAM_HEADER, "forged:7".parse().unwrap());
         headers.append(STREAM_HEADER, format!("{:x}:5", watch.id).parse().unwrap());
-        let named = H2Stream::named(&headers).expect("named");
-        assert_eq!(named.id, 5);
+        let named_stream = H2Stream::named(&headers).expect("named");
+        assert_eq!(named_stream.id, 5);
+        // The value the frame carries, as the gateway parses it.
+        assert!(named(0x00ab_cdef, 77).ends_with(b"\x09abcdef:77"));
+        assert!(named(u64::MAX, 1).ends_with(b"ffffffffffffffff:1"));
     }
 
     #[test]
@@ -861,9 +886,9 @@ mod tests {
             id: 3,
         };
         slot_holder.body_deadline(start + Duration::from_millis(100));
-        let next = watch.tick(start);
+        let next = watch.tick(start, Waker::noop());
         assert!(next.is_some_and(|n| n <= start + Duration::from_millis(100)));
-        watch.tick(start + Duration::from_millis(150));
+        watch.tick(start + Duration::from_millis(150), Waker::noop());
         let mut buf = [0u8; 64];
         let n = watch.pending_inbound(&mut buf, Waker::noop());
         assert_eq!(&buf[..n], &self_dependency(3)[..]);
@@ -928,7 +953,7 @@ mod tests {
         out.extend(read_all(&mut client, &next[..4], false));
         let mut expected = preface();
         expected.extend(frame(HEADERS, 0, 1, b"\x82"));
-        expected.extend(naming_frame(watch.id, 1));
+        expected.extend(named(watch.id, 1));
         expected.extend(&unknown);
         expected.extend(self_dependency(1));
         assert_eq!(out, expected);

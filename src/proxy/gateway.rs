@@ -195,11 +195,12 @@ impl ProxyHttp for Gateway {
         // opening more streams than it may) leaves the upstream working on
         // it, so its place and its slots stay taken for as long as the
         // upstream may work: its read timeout, counted from the request.
-        let cut_whole = ctx
-            .h2_stream
-            .as_ref()
-            .is_some_and(H2Stream::cut_while_whole);
-        if client_left_mid_request && cut_whole {
+        let cut_whole = || {
+            ctx.h2_stream
+                .as_ref()
+                .is_some_and(H2Stream::cut_while_whole)
+        };
+        if client_left_mid_request && cut_whole() {
             let sent = ctx.upstream_sent.unwrap_or(ctx.started);
             let until = sent + ctx.runtime.upstream.settings().read_timeout;
             let (permit, slots) = (ctx.stream_permit.take(), ctx.slots.take());
