@@ -24,6 +24,7 @@ fn checks(identity: u128) -> [Check; 2] {
         shadow: false,
         peek: false,
         on_failure: OnFailure::Local,
+        lease: false,
     };
     [
         check(

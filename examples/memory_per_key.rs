@@ -70,6 +70,7 @@ fn measure(which: usize) {
                 shadow: false,
                 peek: false,
                 on_failure: OnFailure::Local,
+                lease: false,
             };
             store.decide_now(std::slice::from_ref(&check));
         }

@@ -13,11 +13,16 @@
 --          and the calendar period's end), cost, mode (0 enforce, 1 shadow,
 --          2 peek, 3 shadow peek, 4 credit: the cost is given back, see
 --          credit_layer; 5 refund: the cost of a reservation is given back
---          where it was counted, which a 6th value gives, see refund_layer)
--- Reply    one string: 8 integers per layer, request after request,
+--          where it was counted, which a 6th value gives, see refund_layer;
+--          6 lease: enforced, and when the request is charged a lease is
+--          taken beside it, at most a 6th value's units and at most what
+--          the request leaves divided by a 7th, see lease_units)
+-- Reply    one string: 9 integers per layer, request after request,
 --          separated by spaces: allowed, cost_exceeds_limit, limit,
 --          remaining, reset_after_us, retry_after_us, delay_us, counted_at
---          (where an admitted request's units are counted, for a refund).
+--          (where an admitted request's units are counted, for a refund),
+--          leased (the units of a lease taken; the decision is then the
+--          one after it).
 --          (One string rather than an array of integers: the client parses
 --          it in a fraction of the time.)
 --
@@ -62,6 +67,12 @@ local function refund_layer(algorithm, a, b, key, now, units, at)
   return d
 end
 
+-- The units leased beside a request that leaves `remaining`: the twin of
+-- lease_units in src/algorithm/lease.rs.
+local function lease_units(remaining, max, divisor)
+  return math.min(div(remaining, math.max(divisor, 1)), max)
+end
+
 -- The layers of one request from ARGV[arg] on; the ARGV index after them.
 local function decide_request(first_key, arg, n)
   local layers = {}
@@ -74,27 +85,51 @@ local function decide_request(first_key, arg, n)
     local mode = ARGV[arg + 4]
     arg = arg + 5
     local d
+    local layer = { algorithm = algorithm, key = key, peek = mode ~= '0' and mode ~= '1' and mode ~= '6' }
     if mode == '4' then
       d = credit_layer(algorithm, a, b, key, now, cost)
     elseif mode == '5' then
       d = refund_layer(algorithm, a, b, key, now, cost, tonumber(ARGV[arg]))
       arg = arg + 1
     else
-      d = algorithm.evaluate(a, b, algorithm.load(key), now, cost)
+      layer.state = algorithm.load(key)
+      d = algorithm.evaluate(a, b, layer.state, now, cost)
+      if mode == '6' then
+        layer.lease = { a = a, b = b, cost = cost, max = tonumber(ARGV[arg]), divisor = tonumber(ARGV[arg + 1]) }
+        arg = arg + 2
+      end
     end
-    layers[i] = { algorithm = algorithm, decision = d, key = key, peek = mode ~= '0' and mode ~= '1' }
+    layer.decision = d
+    layers[i] = layer
     if mode ~= '1' and mode ~= '3' and d.allowed == 0 then
       blocked = true
     end
   end
   for i = 1, n do
-    local d = layers[i].decision
-    if not blocked and d.allowed == 1 and d.update ~= nil and not layers[i].peek then
-      layers[i].algorithm.store(layers[i].key, d.update, d.idle_at, now)
+    local layer = layers[i]
+    local d = layer.decision
+    local leased = 0
+    if not blocked and d.allowed == 1 and not layer.peek then
+      local lease = layer.lease
+      if lease ~= nil and layer.algorithm.leased then
+        leased = lease_units(d.remaining, lease.max, lease.divisor)
+        if leased > 0 then
+          local with_lease = layer.algorithm.evaluate(lease.a, lease.b, layer.state, now, lease.cost + leased)
+          if with_lease.allowed == 1 then
+            d = with_lease
+            if layer.algorithm.place_lease ~= nil then d.counted_at = layer.algorithm.place_lease(d) end
+          else
+            leased = 0
+          end
+        end
+      end
+      if d.update ~= nil then
+        layer.algorithm.store(layer.key, d.update, d.idle_at, now)
+      end
     end
     written = written + 1
-    reply[written] = string.format('%d %d %d %d %d %d %d %d', d.allowed, d.oversized,
-      d.limit, d.remaining, d.reset_after, d.retry_after, d.delay, d.counted_at)
+    reply[written] = string.format('%d %d %d %d %d %d %d %d %d', d.allowed, d.oversized,
+      d.limit, d.remaining, d.reset_after, d.retry_after, d.delay, d.counted_at, leased)
   end
   return arg
 end

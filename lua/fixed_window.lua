@@ -47,4 +47,4 @@ local function fixed_window_refund(limit, window, key, st, now, units, at)
   return { s = st.s, n = math.max(st.n - units, 0) }
 end
 
-ALGORITHMS[CODE.fixed_window] = { load = fixed_window_load, evaluate = fixed_window_evaluate, store = fixed_window_store, credit = fixed_window_credit, refund = fixed_window_refund }
+ALGORITHMS[CODE.fixed_window] = { load = fixed_window_load, evaluate = fixed_window_evaluate, store = fixed_window_store, credit = fixed_window_credit, refund = fixed_window_refund, leased = true }

@@ -47,4 +47,4 @@ local function quota_refund(limit, period_end, key, st, now, units, at)
   return { e = st.e, n = math.max(st.n - units, 0) }
 end
 
-ALGORITHMS[CODE.quota] = { load = quota_load, evaluate = quota_evaluate, store = quota_store, credit = quota_credit, refund = quota_refund }
+ALGORITHMS[CODE.quota] = { load = quota_load, evaluate = quota_evaluate, store = quota_store, credit = quota_credit, refund = quota_refund, leased = true }

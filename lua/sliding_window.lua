@@ -79,4 +79,4 @@ local function sliding_window_refund(limit, window, key, st, now, units, at)
   return nil
 end
 
-ALGORITHMS[CODE.sliding_window] = { load = sliding_window_load, evaluate = sliding_window_evaluate, store = sliding_window_store, refund = sliding_window_refund }
+ALGORITHMS[CODE.sliding_window] = { load = sliding_window_load, evaluate = sliding_window_evaluate, store = sliding_window_store, refund = sliding_window_refund, leased = true }

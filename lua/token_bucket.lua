@@ -38,8 +38,17 @@ local function token_bucket_credit(capacity, interval, tat, now, units)
   return math.max(tat - units * interval, now)
 end
 
+-- A reservation's tokens go back as a credit does; a lease's (`at` is then
+-- where its tokens end in the schedule, see place_lease) only while nothing
+-- was charged after it, so that no other lease's tokens are freed.
 local function token_bucket_refund(capacity, interval, key, tat, now, units, at)
+  if at ~= 0 and tat ~= at then return nil end
   return token_bucket_credit(capacity, interval, tat, now, units)
 end
 
-ALGORITHMS[CODE.token_bucket] = { load = gcra_load, evaluate = token_bucket_evaluate, store = gcra_store, credit = token_bucket_credit, refund = token_bucket_refund }
+-- Where a lease's tokens end: the schedule's end it left.
+local function token_bucket_place_lease(d)
+  return d.update
+end
+
+ALGORITHMS[CODE.token_bucket] = { load = gcra_load, evaluate = token_bucket_evaluate, store = gcra_store, credit = token_bucket_credit, refund = token_bucket_refund, leased = true, place_lease = token_bucket_place_lease }

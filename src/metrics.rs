@@ -74,6 +74,20 @@ pub struct RedisMetrics {
     pub call_seconds: Histogram,
     pub failures: IntCounter,
     pub fallback_decisions: IntCounter,
+    pub leases: LeaseMetrics,
+}
+
+/// What leases of the shared budget do (`limiter::Leased`).
+#[derive(Clone)]
+pub struct LeaseMetrics {
+    /// Leases taken beside a decision.
+    pub taken: IntCounter,
+    /// Requests decided from a lease, with no Redis call.
+    pub decisions: IntCounter,
+    /// Units given back unused.
+    pub returned_units: IntCounter,
+    /// Leases held now (updated every few hundred milliseconds).
+    pub held: IntGauge,
 }
 
 /// What the connection layer reports.
@@ -199,6 +213,36 @@ impl Metrics {
                 "Requests decided without Redis, by on_failure",
             ),
         );
+        let leases = LeaseMetrics {
+            taken: registered(
+                &registry,
+                IntCounter::new(
+                    "floodgate_redis_leases_total",
+                    "Leases of a limit's shared budget taken beside a Redis decision",
+                ),
+            ),
+            decisions: registered(
+                &registry,
+                IntCounter::new(
+                    "floodgate_redis_lease_decisions_total",
+                    "Layers decided from a lease, with no Redis call",
+                ),
+            ),
+            returned_units: registered(
+                &registry,
+                IntCounter::new(
+                    "floodgate_redis_lease_returned_units_total",
+                    "Leased units given back to Redis unused",
+                ),
+            ),
+            held: registered(
+                &registry,
+                IntGauge::new(
+                    "floodgate_redis_leases_held",
+                    "Leases of a limit's shared budget this instance holds",
+                ),
+            ),
+        };
         let fallback_active = registered(
             &registry,
             IntGauge::new(
@@ -292,6 +336,7 @@ impl Metrics {
                 call_seconds,
                 failures,
                 fallback_decisions,
+                leases,
             },
             fallback_active,
             local_keys,

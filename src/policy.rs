@@ -373,6 +373,7 @@ impl Ban {
             // Without the store, no ban is known: a ban never fails closed
             // (every route would answer "banned").
             on_failure: OnFailure::Allow,
+            lease: false,
         }
     }
 }
@@ -421,6 +422,8 @@ pub struct Limit {
     /// Header, cookie and query values compared ignoring case, as the
     /// application compares them.
     pub case_insensitive_values: bool,
+    /// Decided from leases of the shared budget where one is held.
+    pub leases: bool,
 }
 
 impl Limit {
@@ -667,6 +670,7 @@ impl Policy {
                         shadow: limit.shadow,
                         peek: false,
                         on_failure,
+                        lease: limit.leases,
                     };
                     match &limit.after_response {
                         Some(charge) => {

@@ -39,8 +39,22 @@ impl Signals {
             0 => info!("drained in {:.2}s", started.elapsed().as_secs_f64()),
             n => warn!("grace period over with {n} request(s) still in flight"),
         }
+        self.return_leases().await;
+    }
+
+    /// Budget leased from Redis and not used goes back, so that the other
+    /// instances may spend it: at a stop, and at a reload (whose limits
+    /// may have other numbers).
+    async fn return_leases(&self) {
+        let back = self.state.store.return_leases();
+        if tokio::time::timeout(LEASE_RETURN_TIME, back).await.is_err() {
+            warn!("leases not all given back within {LEASE_RETURN_TIME:?}: their units come back when they expire");
+        }
     }
 }
+
+/// How long a stop or a reload waits for leases to go back.
+const LEASE_RETURN_TIME: Duration = Duration::from_secs(1);
 
 #[async_trait]
 impl ShutdownSignalWatch for Signals {
@@ -64,12 +78,16 @@ impl ShutdownSignalWatch for Signals {
                 _ = hup.recv() => {
                     info!("SIGHUP: reloading {}", self.state.config_path.display());
                     self.state.reload();
+                    self.return_leases().await;
                 }
                 _ = term.recv() => {
                     self.drain().await;
                     return ShutdownSignal::GracefulTerminate;
                 }
-                _ = int.recv() => return ShutdownSignal::FastShutdown,
+                _ = int.recv() => {
+                    self.return_leases().await;
+                    return ShutdownSignal::FastShutdown;
+                }
                 _ = quit.recv() => return ShutdownSignal::GracefulUpgrade,
             }
         }

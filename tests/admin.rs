@@ -328,10 +328,14 @@ fn a_reset_and_a_credit_reach_every_instance_sharing_a_redis_cluster() {
 fn reset_and_credit_reach_both(shared: ConfigBuilder, nodes: &[&RedisServer]) {
     let subscribed = || nodes.iter().map(|n| subscribers(n)).sum::<i64>();
     let script_runs = || nodes.iter().map(|n| n.calls("evalsha")).sum::<u64>();
-    let shared = shared.env(
-        "FLOODGATE_IDENTITY_SECRET",
-        "a-secret-shared-by-both-instances",
-    );
+    // Two instances, and the config says so: a lease is then never more
+    // than a share of what is left.
+    let shared = shared
+        .env(
+            "FLOODGATE_IDENTITY_SECRET",
+            "a-secret-shared-by-both-instances",
+        )
+        .redis_lines("instances = 2");
     let a = shared.start();
     let b = shared.start();
     // Both listen for operators' changes before any is made.

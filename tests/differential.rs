@@ -9,12 +9,13 @@ use std::time::Duration;
 
 use common::redis_server::RedisServer;
 use common::Rng;
-use floodgate::algorithm::{Algorithm, Calendar, Decision, Period};
+use floodgate::algorithm::{takes_lease, Algorithm, Calendar, Decision, Period};
 use floodgate::clock::ManualClock;
 use floodgate::identity::StateKey;
 use floodgate::limiter::redis::Topology;
 use floodgate::limiter::{
-    Check, ClockSource, LimitName, MemoryStore, OnFailure, RedisSettings, RedisStandalone, Store,
+    Check, ClockSource, LeaseAsk, LimitName, MemoryStore, OnFailure, RedisSettings,
+    RedisStandalone, Store,
 };
 
 fn settings(url: String) -> RedisSettings {
@@ -26,6 +27,7 @@ fn settings(url: String) -> RedisSettings {
         on_failure: OnFailure::Deny,
         instances: 1,
         tls_ca: None,
+        leases: None,
     }
 }
 
@@ -92,6 +94,7 @@ fn request(rng: &mut Rng, name: &str, layers: &[Algorithm], client: u128, cost: 
             // the response): decided, never charged.
             peek: rng.below(6) == 0,
             on_failure: OnFailure::Deny,
+            lease: false,
         })
         .collect()
 }
@@ -126,6 +129,7 @@ fn lua_scripts_match_their_rust_twins() {
         let mut admitted = 0;
         let mut credits = 0;
         let mut refunds = 0;
+        let mut leases = 0;
         // Reservations taken (the first layer admitted at a cost): some are
         // given back later, part or all, where they were counted.
         let mut reserved: Vec<(Check, u64)> = Vec::new();
@@ -228,17 +232,49 @@ fn lua_scripts_match_their_rust_twins() {
                 );
                 refunds += usize::from(after[0].remaining() > before);
             }
-            let expected: Vec<Decision> = local.decide_now(&checks);
-            let got = runtime
-                .block_on(remote.decide(&checks))
+            // Now and then leases asked beside the layers (the script's
+            // lease mode): the same decisions and the same units leased.
+            let asks: Vec<Option<LeaseAsk>> = if rng.below(3) == 0 {
+                checks
+                    .iter()
+                    .map(|_| {
+                        (rng.below(4) != 0).then(|| LeaseAsk {
+                            max: 1 + rng.below(20),
+                            divisor: 1 + rng.below(6),
+                        })
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let (expected, leased) = local.decide_leasing_at(&checks, &asks, clock_now(&clock));
+            let (got, got_leased) = runtime
+                .block_on(remote.decide_leasing(&checks, &asks))
                 .unwrap_or_else(|e| panic!("{name}: redis failed at step {steps}: {e}"));
             assert_eq!(
                 got,
                 expected,
-                "{name} step {steps}: layers {layers:?} cost {} at {}",
+                "{name} step {steps}: layers {layers:?} cost {} at {} asks {asks:?}",
                 checks[0].cost,
                 clock_now(&clock)
             );
+            assert_eq!(
+                got_leased.to_vec(),
+                leased.to_vec(),
+                "{name} step {steps}: units leased"
+            );
+            if let Some(&units) = leased.first().filter(|u| **u > 0) {
+                leases += 1;
+                // A lease's units given back is a refund where the lease
+                // says they are (for a bucket, where its tokens end).
+                reserved.push((
+                    Check {
+                        cost: units,
+                        ..checks[0].clone()
+                    },
+                    expected[0].counted_at_us(),
+                ));
+            }
             let all_allowed = expected.iter().all(|d| d.allowed());
             admitted += usize::from(all_allowed);
             let first = &checks[0];
@@ -284,6 +320,14 @@ fn lua_scripts_match_their_rust_twins() {
                 refunds == 0
             },
             "{name}: {refunds} refunds gave units back"
+        );
+        assert!(
+            if takes_lease(layers[0].kind()) {
+                leases > 100
+            } else {
+                leases == 0
+            },
+            "{name}: {leases} leases taken"
         );
     }
 }

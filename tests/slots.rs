@@ -31,6 +31,7 @@ fn settings(topology: Topology) -> RedisSettings {
         on_failure: OnFailure::Deny,
         instances: 1,
         tls_ca: None,
+        leases: None,
     }
 }
 

@@ -34,6 +34,7 @@ fn check(name: &str, limit: u64, identity: u128, cost: u64) -> Check {
         shadow: false,
         peek: false,
         on_failure: OnFailure::Deny,
+        lease: false,
     }
 }
 
@@ -47,6 +48,7 @@ fn settings(topology: Topology) -> RedisSettings {
         on_failure: OnFailure::Deny,
         instances: 1,
         tls_ca: None,
+        leases: None,
     }
 }
 

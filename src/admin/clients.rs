@@ -321,6 +321,7 @@ fn peek_check(
         shadow: false,
         peek: true,
         on_failure: on_failure(policy, layer),
+        lease: false,
     }
 }
 

@@ -67,7 +67,11 @@ pub fn takes_refund(kind: Kind) -> bool {
 /// (`Decision::counted_at_us`) given back at `now_us`, as if they had never
 /// been taken; none when they are no longer there to give back (their
 /// window is over, their stamp has left the log). A bucket's units go back
-/// as a credit does.
+/// as a credit does; a leased bucket's (`counted_at_us` is then the
+/// schedule's end the lease left, see `evaluate_leasing`) only while nothing
+/// was charged after the lease: the leased tokens are the last of the
+/// schedule then, and giving them back cannot free a slot another lease
+/// holds.
 pub fn refunded(
     kind: Kind,
     period_us: u64,
@@ -77,7 +81,10 @@ pub fn refunded(
     counted_at_us: u64,
 ) -> Option<(State, Update)> {
     match (kind, state) {
-        (Kind::TokenBucket, State::Gcra { .. }) => {
+        (Kind::TokenBucket, State::Gcra { tat_us }) => {
+            if counted_at_us != 0 && *tat_us != counted_at_us {
+                return None;
+            }
             credited(kind, period_us, 0, state, now_us, units)
         }
         (Kind::FixedWindow, &State::Window { start_us, count })

@@ -162,6 +162,17 @@ pub(super) struct RedisSection {
     pub(super) on_failure: Option<FailureMode>,
     pub(super) instances: Option<u64>,
     pub(super) tls_ca_file: Option<PathBuf>,
+    pub(super) leases: Option<LeasesMode>,
+    pub(super) lease_max: Option<u64>,
+    pub(super) lease_ttl: Option<String>,
+}
+
+/// `[redis].leases` and a limit's `leases`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum LeasesMode {
+    Auto,
+    Off,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -327,6 +338,7 @@ pub(super) struct LimitSection {
     pub(super) case_insensitive_values: bool,
     pub(super) on_missing: Option<OnMissingName>,
     pub(super) on_failure: Option<FailureMode>,
+    pub(super) leases: Option<LeasesMode>,
     #[serde(default)]
     pub(super) shadow: bool,
     #[serde(rename = "match")]

@@ -9,13 +9,15 @@ use http::{HeaderName, Method};
 
 use super::duration;
 use super::file::{
-    AlgorithmName, BanSection, CostSection, CountSection, ExemptSection, LimitSection,
+    AlgorithmName, BanSection, CostSection, CountSection, ExemptSection, LeasesMode, LimitSection,
     MatchSection, Numbers, OnMissingName, OneOrMany, ResponseCostSection, StatusName, UpgradesName,
     CONCURRENCY,
 };
 use super::source::Segment;
 use super::{at, key_path, AsSegment, Invalid};
-use crate::algorithm::{Algorithm, Calendar, Kind, Parameter, Period, MAX_EXACT, MAX_SLIDING_LOG};
+use crate::algorithm::{
+    takes_lease, Algorithm, Calendar, Kind, Parameter, Period, MAX_EXACT, MAX_SLIDING_LOG,
+};
 use crate::identity::{Tier, Tiers};
 use crate::jwt::ClaimPath;
 use crate::limiter::LimitName;
@@ -326,7 +328,39 @@ fn validate_limit(
             (Some(OnMissingName::Ip), _) => OnMissing::Ip,
         },
         case_insensitive_values: s.case_insensitive_values,
+        leases: false,
     })
+}
+
+/// Whether a limit's decisions may come from leases: `[redis].leases`
+/// unless the limit says otherwise, and only for an algorithm whose units
+/// can be leased.
+fn leases_for(i: usize, s: &LimitSection, limit: &Limit, redis: bool) -> Result<bool, Invalid> {
+    let kind = match limit.rule {
+        Rule::Rate(algorithm) => Some(algorithm.kind()),
+        Rule::Concurrency(_) => None,
+    };
+    let refusal = match kind {
+        Some(kind) if !takes_lease(kind) => Some(format!(
+            "{} decides every request itself (every admission is its own stamp or departure slot): it takes no leases",
+            kind.name()
+        )),
+        None => Some(format!(
+            "{CONCURRENCY} limits hold slots, which are leases already"
+        )),
+        // A bucket's refund moves its schedule back, which would free
+        // tokens that another instance holds leased.
+        Some(Kind::TokenBucket) if limit.after_response.is_some() => Some(
+            "a token bucket charged by the response takes no leases: its refunds would free tokens another instance holds leased".to_string(),
+        ),
+        Some(_) => None,
+    };
+    match (s.leases, refusal) {
+        (None, refusal) => Ok(redis && refusal.is_none()),
+        (Some(LeasesMode::Off), _) => Ok(false),
+        (Some(LeasesMode::Auto), Some(reason)) => Err(at(&[&"limits", &i, &"leases"], reason)),
+        (Some(LeasesMode::Auto), None) => Ok(redis),
+    }
 }
 
 /// `cost_from_response`: on the algorithms whose balance can be owed (not
@@ -841,12 +875,14 @@ pub(super) fn validate_limits(
     known_tiers: &Tiers,
     jwt: bool,
     instances: u64,
+    leases: bool,
     compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,
 ) -> Result<Vec<Limit>, Invalid> {
     let mut limits = Vec::new();
     let mut names = HashSet::new();
     for (i, section) in sections.iter().enumerate() {
-        let limit = validate_limit(i, section, known_tiers, jwt, instances, compile_pattern)?;
+        let mut limit = validate_limit(i, section, known_tiers, jwt, instances, compile_pattern)?;
+        limit.leases = leases_for(i, section, &limit, leases)?;
         if !names.insert(limit.name.clone()) {
             return Err(at(
                 &[&"limits", &i, &"name"],

@@ -239,11 +239,13 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
         limits::validate_exempt(&raw.exempt, &clients.tiers, &compile_pattern)?;
     let block = block::validate_block(&raw.block, &clients)?;
     let instances = redis.as_ref().map_or(1, |r| r.instances);
+    let leases = redis.as_ref().is_some_and(|r| r.leases.is_some());
     let limits = limits::validate_limits(
         &raw.limits,
         &clients.tiers,
         clients.jwt.is_some(),
         instances,
+        leases,
         &compile_pattern,
     )?;
     let costs = limits::validate_costs(&raw.costs, &limits, &compile_pattern)?;

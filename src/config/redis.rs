@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
-use super::file::RedisSection;
+use super::file::{LeasesMode, RedisSection};
 use super::{at, duration, AsSegment, Inputs, Invalid};
+use crate::limiter::redis::LeaseSettings;
 use crate::limiter::redis::Topology;
 use crate::limiter::{ClockSource, OnFailure, RedisSettings};
 
@@ -60,6 +61,31 @@ pub(super) fn validate_redis(r: &RedisSection, inputs: &Inputs) -> Result<RedisS
             })
         })
         .transpose()?;
+    let lease_max = r.lease_max.unwrap_or(LeaseSettings::DEFAULT_MAX);
+    if lease_max == 0 {
+        return Err(at(
+            &[&"redis", &"lease_max"],
+            "must be at least 1 (to lease nothing, set leases = \"off\")",
+        ));
+    }
+    let lease_ttl = duration(
+        &r.lease_ttl,
+        Duration::from_micros(LeaseSettings::DEFAULT_TTL_US),
+        &[&"redis", &"lease_ttl"],
+    )?;
+    if lease_ttl < Duration::from_millis(1) || lease_ttl > Duration::from_secs(60) {
+        return Err(at(
+            &[&"redis", &"lease_ttl"],
+            "must be from 1ms to 60s: a lease a crashed instance held is lost for this long",
+        ));
+    }
+    let leases = match r.leases.unwrap_or(LeasesMode::Auto) {
+        LeasesMode::Off => None,
+        LeasesMode::Auto => Some(LeaseSettings {
+            max: lease_max,
+            ttl_us: lease_ttl.as_micros() as u64,
+        }),
+    };
     let topology = match url {
         Some(url) if cluster.is_empty() => Topology::Standalone(url),
         _ => Topology::Cluster(cluster),
@@ -72,6 +98,7 @@ pub(super) fn validate_redis(r: &RedisSection, inputs: &Inputs) -> Result<RedisS
         on_failure: r.on_failure.map_or(OnFailure::Local, Into::into),
         instances,
         tls_ca,
+        leases,
     })
 }
 

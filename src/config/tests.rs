@@ -82,7 +82,7 @@ fn errors_name_line_and_key() {
         ),
         (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"token_bucket\"\ncapcity = 5\n"),
-            "t.toml:9: limits[0].capcity: unknown field `capcity`, expected one of `name`, `key`, `algorithm`, `capacity`, `refill_rate`, `limit`, `window`, `rate`, `period`, `timezone`, `week_starts`, `max`, `lease`, `upgrades`, `count`, `cost_from_response`, `ban`, `ban_on_client_keys`, `case_insensitive_values`, `on_missing`, `on_failure`, `shadow`, `match`, `tiers`",
+            "t.toml:9: limits[0].capcity: unknown field `capcity`, expected one of `name`, `key`, `algorithm`, `capacity`, `refill_rate`, `limit`, `window`, `rate`, `period`, `timezone`, `week_starts`, `max`, `lease`, `upgrades`, `count`, `cost_from_response`, `ban`, `ban_on_client_keys`, `case_insensitive_values`, `on_missing`, `on_failure`, `leases`, `shadow`, `match`, `tiers`",
         ),
         (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"token_bucket\"\ncapacity = -5\nrefill_rate = 1\n"),

@@ -66,6 +66,18 @@ pub struct Check {
     pub peek: bool,
     /// What decides this layer when the shared store cannot.
     pub on_failure: OnFailure,
+    /// May be decided from a lease this instance holds (`Leased`): the
+    /// limit leases and its algorithm can be leased.
+    pub lease: bool,
+}
+
+/// A lease asked for beside a layer's decision: at most `max` units, and
+/// at most what the request leaves divided by `divisor`
+/// (`algorithm::lease_units`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseAsk {
+    pub max: u64,
+    pub divisor: u64,
 }
 
 /// True when no enforcing layer refused.

@@ -12,8 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use smallvec::SmallVec;
 
-use super::check::{Check, Slot};
+use super::check::{Check, LeaseAsk, Slot};
 use super::error::LimiterError;
 use super::store::{Deciding, Store};
 use crate::algorithm::{Algorithm, Decision};
@@ -49,8 +50,19 @@ impl Remembered {
     fn shard(&self, key: &StateKey) -> &Mutex<HashMap<StateKey, Refusal>> {
         &self.shards[key.shard(SHARDS)]
     }
+}
 
-    fn forget<'a>(&self, keys: impl IntoIterator<Item = &'a StateKey>) {
+/// What an instance holds of keys that an operator may change through
+/// another instance: remembered refusals, leases.
+pub trait Forget: Send + Sync {
+    fn forget(&self, keys: &[StateKey]);
+
+    /// Everything: what was announced while nobody listened is unknown.
+    fn forget_all(&self);
+}
+
+impl Forget for Remembered {
+    fn forget(&self, keys: &[StateKey]) {
         self.resets.fetch_add(1, Ordering::AcqRel);
         for key in keys {
             if let Ok(mut shard) = self.shard(key).lock() {
@@ -69,19 +81,29 @@ impl Remembered {
     }
 }
 
-/// Forgets remembered refusals from outside the store: when another
+/// Forgets what the stores hold of keys from outside them: when another
 /// instance announces that an operator changed a key's state.
 #[derive(Clone)]
-pub struct Forgetter(Arc<Remembered>);
+pub struct Forgetter(Vec<Arc<dyn Forget>>);
 
 impl Forgetter {
+    /// Also forgets in `other`.
+    pub fn and(mut self, other: Arc<dyn Forget>) -> Forgetter {
+        self.0.push(other);
+        self
+    }
+
     pub fn forget(&self, keys: &[StateKey]) {
-        self.0.forget(keys);
+        for held in &self.0 {
+            held.forget(keys);
+        }
     }
 
     /// Everything: what was announced while nobody listened is unknown.
     pub fn forget_all(&self) {
-        self.0.forget_all();
+        for held in &self.0 {
+            held.forget_all();
+        }
     }
 }
 
@@ -104,7 +126,7 @@ impl<S: Store> KnownRefusals<S> {
     }
 
     pub fn forgetter(&self) -> Forgetter {
-        Forgetter(self.remembered.clone())
+        Forgetter(vec![self.remembered.clone()])
     }
 
     /// The refusal the store would give `check` at `now_us`, if one is known.
@@ -186,7 +208,8 @@ impl<S: Store> KnownRefusals<S> {
     }
 
     fn forget(&self, checks: &[Check]) {
-        self.remembered.forget(checks.iter().map(|c| &c.key));
+        let keys: SmallVec<[StateKey; 4]> = checks.iter().map(|c| c.key).collect();
+        self.remembered.forget(&keys);
     }
 }
 
@@ -209,6 +232,23 @@ impl<S: Store> Store for KnownRefusals<S> {
             self.remember(checks, &decisions, now_us);
         }
         Ok(decisions)
+    }
+
+    async fn decide_leasing(
+        &self,
+        checks: &[Check],
+        asks: &[Option<LeaseAsk>],
+    ) -> Result<(Vec<Decision>, SmallVec<[u64; 4]>), LimiterError> {
+        let now_us = self.clock.now_us();
+        if let Some(known) = self.known_refusal(checks, now_us) {
+            return Ok((known, SmallVec::new()));
+        }
+        let resets = self.remembered.resets.load(Ordering::Acquire);
+        let decided = self.inner.decide_leasing(checks, asks).await?;
+        if self.remembered.resets.load(Ordering::Acquire) == resets {
+            self.remember(checks, &decided.0, now_us);
+        }
+        Ok(decided)
     }
 
     async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
@@ -257,6 +297,10 @@ impl<S: Store> Store for KnownRefusals<S> {
 
     fn deciding(&self) -> Deciding {
         self.inner.deciding()
+    }
+
+    async fn return_leases(&self) {
+        self.inner.return_leases().await;
     }
 
     fn keys_held(&self) -> usize {

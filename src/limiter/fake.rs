@@ -5,8 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use smallvec::SmallVec;
 
-use super::check::{Check, LimitName, OnFailure, Slot};
+use super::check::{Check, LeaseAsk, LimitName, OnFailure, Slot};
 use super::error::LimiterError;
 use super::memory::MemoryStore;
 use super::store::{Deciding, Store};
@@ -31,6 +32,7 @@ pub fn check(layer: usize, capacity: u64, identity: u128, cost: u64) -> Check {
         shadow: false,
         peek: false,
         on_failure: OnFailure::Local,
+        lease: false,
     }
 }
 
@@ -94,6 +96,11 @@ impl Shared {
         self.decisions.load(Ordering::SeqCst)
     }
 
+    /// The state underneath, to read what a wrapper left there.
+    pub fn memory(&self) -> &MemoryStore {
+        &self.memory
+    }
+
     pub fn probes(&self) -> usize {
         self.probes.load(Ordering::SeqCst)
     }
@@ -120,6 +127,23 @@ impl Store for FakeStore {
         }
         self.failure()?;
         decided
+    }
+
+    async fn decide_leasing(
+        &self,
+        checks: &[Check],
+        asks: &[Option<LeaseAsk>],
+    ) -> Result<(Vec<Decision>, SmallVec<[u64; 4]>), LimiterError> {
+        self.decisions.fetch_add(1, Ordering::SeqCst);
+        if self.held.load(Ordering::SeqCst) {
+            self.permits
+                .acquire()
+                .await
+                .map_err(|_| LimiterError::Stopped)?
+                .forget();
+        }
+        self.failure()?;
+        self.memory.decide_leasing(checks, asks).await
     }
 
     async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {

@@ -338,6 +338,12 @@ impl<S: Store + 'static> Store for Fallback<S> {
         self.inner.shared.probe().await
     }
 
+    async fn return_leases(&self) {
+        if !self.degraded() {
+            self.inner.shared.return_leases().await;
+        }
+    }
+
     fn deciding(&self) -> Deciding {
         if self.degraded() {
             Deciding::Fallback

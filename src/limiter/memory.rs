@@ -22,7 +22,7 @@ use lru::LruCache;
 use prometheus::IntCounter;
 use smallvec::SmallVec;
 
-use super::check::{admitted, Check, Slot};
+use super::check::{admitted, Check, LeaseAsk, Slot};
 use super::error::LimiterError;
 use super::store::{Deciding, Store};
 use crate::algorithm::{Decision, Evaluation, Slots, State, Update};
@@ -131,6 +131,20 @@ impl MemoryStore {
     /// then the overflow map if needed, for the evaluation and the update
     /// together.
     pub fn decide_at(&self, checks: &[Check], now_us: u64) -> Vec<Decision> {
+        self.decide_leasing_at(checks, &[], now_us).0
+    }
+
+    /// `decide_at`, and beside each layer with an ask in `asks` (by
+    /// position; missing asks are none) that the request charges, a lease
+    /// taken in the same step (`Algorithm::evaluate_leasing`): that layer's
+    /// decision is then the one after the lease, and its units leased are
+    /// in the second vector. The twin of the script's lease mode.
+    pub fn decide_leasing_at(
+        &self,
+        checks: &[Check],
+        asks: &[Option<LeaseAsk>],
+        now_us: u64,
+    ) -> (Vec<Decision>, SmallVec<[u64; 4]>) {
         // A request has a handful of layers: all of this stays on the stack.
         let shard_of_check: SmallVec<[usize; 4]> = checks
             .iter()
@@ -178,13 +192,39 @@ impl MemoryStore {
                 evaluate(check, entry, now_us)
             })
             .collect();
-        let decisions: Vec<Decision> = evaluations.iter().map(|e| e.decision).collect();
+        let mut decisions: Vec<Decision> = evaluations.iter().map(|e| e.decision).collect();
+        let mut leased: SmallVec<[u64; 4]> = SmallVec::new();
         if admitted(checks, &decisions) {
-            for ((check, home), evaluation) in checks.iter().zip(&homes).zip(&evaluations) {
-                if check.peek
-                    || !evaluation.decision.allowed()
-                    || evaluation.update == Update::Unchanged
-                {
+            for (i, ((check, home), evaluation)) in
+                checks.iter().zip(&homes).zip(&evaluations).enumerate()
+            {
+                if check.peek || !evaluation.decision.allowed() {
+                    continue;
+                }
+                let leasing;
+                // A shadow layer refuses nobody: it takes no lease either.
+                let ask = asks.get(i).copied().flatten().filter(|_| !check.shadow);
+                let evaluation = match ask {
+                    Some(ask) => {
+                        let entry = match home {
+                            Home::Shard(slot) => guards[*slot].peek(&check.key),
+                            Home::Overflow => {
+                                overflow.as_ref().and_then(|o| o.get(&check.key.limit))
+                            }
+                            Home::Absent => None,
+                        };
+                        let units;
+                        (leasing, units) = evaluate_leasing(check, entry, now_us, ask);
+                        if units > 0 {
+                            leased.resize(checks.len(), 0);
+                            leased[i] = units;
+                            decisions[i] = leasing.decision;
+                        }
+                        &leasing
+                    }
+                    None => evaluation,
+                };
+                if evaluation.update == Update::Unchanged {
                     continue;
                 }
                 match home {
@@ -207,7 +247,7 @@ impl MemoryStore {
         if overflowing > 0 {
             self.note_overflow(checks, &homes, overflowing as u64, now_us);
         }
-        decisions
+        (decisions, leased)
     }
 
     /// What `decide_at` would answer, changing nothing: a key without room
@@ -447,6 +487,26 @@ fn evaluate(check: &Check, entry: Option<&Entry>, now_us: u64) -> Evaluation {
     check.algorithm.evaluate(state, now_us, check.cost)
 }
 
+/// `check` and the lease `ask`ed beside it against the state in `entry`.
+fn evaluate_leasing(
+    check: &Check,
+    entry: Option<&Entry>,
+    now_us: u64,
+    ask: LeaseAsk,
+) -> (Evaluation, u64) {
+    let fresh;
+    let state = match entry {
+        Some(entry) if entry.idle_at_us > now_us => &entry.state,
+        _ => {
+            fresh = check.algorithm.fresh_state();
+            &fresh
+        }
+    };
+    check
+        .algorithm
+        .evaluate_leasing(state, now_us, check.cost, ask.max, ask.divisor)
+}
+
 fn update(entry: &mut Entry, check: &Check, evaluation: &Evaluation, now_us: u64) {
     if entry.idle_at_us <= now_us {
         entry.state = check.algorithm.fresh_state();
@@ -483,6 +543,14 @@ fn store(shard: &mut Shard, check: &Check, evaluation: &Evaluation, now_us: u64)
 impl Store for MemoryStore {
     async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
         Ok(self.decide_now(checks))
+    }
+
+    async fn decide_leasing(
+        &self,
+        checks: &[Check],
+        asks: &[Option<LeaseAsk>],
+    ) -> Result<(Vec<Decision>, SmallVec<[u64; 4]>), LimiterError> {
+        Ok(self.decide_leasing_at(checks, asks, self.clock.now_us()))
     }
 
     async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {

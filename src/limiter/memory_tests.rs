@@ -21,6 +21,7 @@ fn check(layer: usize, algorithm: Algorithm, identity: u128, cost: u64) -> Check
         shadow: false,
         peek: false,
         on_failure: OnFailure::Local,
+        lease: false,
     }
 }
 

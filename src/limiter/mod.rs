@@ -7,13 +7,15 @@
 //!
 //! ```text
 //! memory:  MemoryStore
-//! redis:   Fallback<KnownRefusals<RedisStandalone | RedisCluster>> (+ a MemoryStore for on_failure = "local")
+//! redis:   Fallback<Leased<KnownRefusals<RedisStandalone | RedisCluster>>> (+ a MemoryStore for on_failure = "local")
+//!          (without `Leased` when `[redis].leases = "off"`)
 //! ```
 
 mod check;
 mod deny_cache;
 mod error;
 mod fallback;
+mod leases;
 mod memory;
 pub mod redis;
 mod store;
@@ -21,10 +23,11 @@ mod store;
 #[cfg(test)]
 mod fake;
 
-pub use check::{admitted, Check, LimitName, OnFailure, Slot, SlotError, MAX_LEASE_US};
-pub use deny_cache::{Forgetter, KnownRefusals};
+pub use check::{admitted, Check, LeaseAsk, LimitName, OnFailure, Slot, SlotError, MAX_LEASE_US};
+pub use deny_cache::{Forget, Forgetter, KnownRefusals};
 pub use error::LimiterError;
 pub use fallback::Fallback;
+pub use leases::Leased;
 pub use memory::MemoryStore;
 pub use redis::{ClockSource, RedisCluster, RedisSettings, RedisStandalone};
 pub use store::{Deciding, Store};

@@ -2,7 +2,9 @@
 
 use async_trait::async_trait;
 
-use super::check::{Check, Slot};
+use smallvec::SmallVec;
+
+use super::check::{Check, LeaseAsk, Slot};
 use super::error::LimiterError;
 use crate::algorithm::Decision;
 
@@ -36,6 +38,21 @@ impl Deciding {
 pub trait Store: Send + Sync {
     /// Decides and charges a request's layers.
     async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError>;
+
+    /// `decide`, and beside each layer with an ask in `asks` (by position;
+    /// missing asks are none) that the request charges, a lease of units
+    /// taken in the same atomic step (`algorithm::lease_units`): that
+    /// layer's decision is the one after the lease, and its units leased
+    /// are in the second vector (empty when none were). A store that takes
+    /// no leases decides alone.
+    async fn decide_leasing(
+        &self,
+        checks: &[Check],
+        asks: &[Option<LeaseAsk>],
+    ) -> Result<(Vec<Decision>, SmallVec<[u64; 4]>), LimiterError> {
+        let _ = asks;
+        Ok((self.decide(checks).await?, SmallVec::new()))
+    }
 
     /// What `decide` would answer now, charging nothing: a request checked
     /// before its cost is known, or one identity's state read (cost 0).
@@ -71,6 +88,10 @@ pub trait Store: Send + Sync {
     async fn probe(&self) -> Result<(), LimiterError>;
 
     fn deciding(&self) -> Deciding;
+
+    /// Gives back whatever budget this instance holds leased (shutdown,
+    /// reload), and waits for it to be taken back.
+    async fn return_leases(&self) {}
 
     /// Keys whose state this process holds (0 for a remote store).
     fn keys_held(&self) -> usize {

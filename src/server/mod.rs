@@ -23,8 +23,8 @@ use crate::connection::{AdminDoor, ConnectionCaps, ConnectionSettings, FrontDoor
 use crate::identity::IdentityKeySource;
 use crate::limiter::redis::{changes, Topology};
 use crate::limiter::{
-    Fallback, Forgetter, KnownRefusals, MemoryStore, RedisCluster, RedisSettings, RedisStandalone,
-    Store,
+    Fallback, Forgetter, KnownRefusals, Leased, MemoryStore, RedisCluster, RedisSettings,
+    RedisStandalone, Store,
 };
 use crate::metrics::Metrics;
 use crate::proxy::Gateway;
@@ -182,8 +182,27 @@ fn redis_store(
     ) -> (Arc<dyn Store>, Forgetter) {
         let remembering = KnownRefusals::new(shared, KNOWN_REFUSALS, clock.clone());
         let forgetter = remembering.forgetter();
-        let store = Arc::new(Fallback::new(
+        let Some(leases) = settings.leases else {
+            let store = Arc::new(Fallback::new(
+                remembering,
+                memory,
+                settings.instances,
+                metrics.redis.clone(),
+                clock,
+            ));
+            return (store, forgetter);
+        };
+        let leased = Leased::new(
             remembering,
+            leases,
+            settings.instances,
+            settings.timeout,
+            clock.clone(),
+        )
+        .with_metrics(metrics.redis.leases.clone());
+        let forgetter = forgetter.and(leased.forgetter());
+        let store = Arc::new(Fallback::new(
+            leased,
             memory,
             settings.instances,
             metrics.redis.clone(),

@@ -15,45 +15,44 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::algorithm::Decision;
 use crate::limiter::error::LimiterError;
 
 /// Requests per script run at most: Redis runs nothing else while a script
 /// runs, so a run is kept to well under a millisecond.
 pub(super) const MAX_PER_RUN: usize = 64;
 
-type Reply = Result<Vec<Decision>, LimiterError>;
-
 /// Decides a batch of requests in one go, each request's layers together.
 #[async_trait]
 pub(super) trait RunBatch: Send + Sync + 'static {
     type Layer: Send + Sync + 'static;
+    /// What one request gets back.
+    type Decided: Send + 'static;
 
     async fn run_batch(
         &self,
         requests: &[&[Self::Layer]],
-    ) -> Result<Vec<Vec<Decision>>, LimiterError>;
+    ) -> Result<Vec<Self::Decided>, LimiterError>;
 }
 
-struct Waiting<L> {
+struct Waiting<L, D> {
     layers: Vec<L>,
-    reply: oneshot::Sender<Reply>,
+    reply: oneshot::Sender<Result<D, LimiterError>>,
 }
 
-pub(super) struct BatchQueue<L> {
-    sender: mpsc::UnboundedSender<Waiting<L>>,
+pub(super) struct BatchQueue<L, D> {
+    sender: mpsc::UnboundedSender<Waiting<L, D>>,
 }
 
-impl<L: Send + Sync + 'static> BatchQueue<L> {
+impl<L: Send + Sync + 'static, D: Send + 'static> BatchQueue<L, D> {
     /// Starts the task that runs the batches, on the current runtime. It
     /// ends when the queue is dropped.
-    pub(super) fn start<R: RunBatch<Layer = L>>(runner: Arc<R>) -> Self {
+    pub(super) fn start<R: RunBatch<Layer = L, Decided = D>>(runner: Arc<R>) -> Self {
         let (sender, receiver) = mpsc::unbounded_channel();
         tokio::spawn(run_batches(runner, receiver));
         BatchQueue { sender }
     }
 
-    pub(super) async fn decide(&self, layers: Vec<L>) -> Reply {
+    pub(super) async fn decide(&self, layers: Vec<L>) -> Result<D, LimiterError> {
         let (reply, answer) = oneshot::channel();
         self.sender
             .send(Waiting { layers, reply })
@@ -64,12 +63,12 @@ impl<L: Send + Sync + 'static> BatchQueue<L> {
 
 async fn run_batches<R: RunBatch>(
     runner: Arc<R>,
-    mut queue: mpsc::UnboundedReceiver<Waiting<R::Layer>>,
+    mut queue: mpsc::UnboundedReceiver<Waiting<R::Layer, R::Decided>>,
 ) {
     let mut batch = Vec::with_capacity(MAX_PER_RUN);
     while queue.recv_many(&mut batch, MAX_PER_RUN).await > 0 {
         // A request that gave up (its deadline passed) is not charged.
-        batch.retain(|waiting: &Waiting<R::Layer>| !waiting.reply.is_closed());
+        batch.retain(|waiting: &Waiting<R::Layer, R::Decided>| !waiting.reply.is_closed());
         if !batch.is_empty() {
             let requests: Vec<&[R::Layer]> = batch
                 .iter()
@@ -99,6 +98,7 @@ mod tests {
     use tokio::sync::Semaphore;
 
     use super::*;
+    use crate::algorithm::Decision;
 
     /// Answers each request with one decision per layer whose `remaining`
     /// is the layer's value, records the size of each run, and runs only
@@ -114,6 +114,7 @@ mod tests {
     #[async_trait]
     impl RunBatch for Recorder {
         type Layer = u64;
+        type Decided = Vec<Decision>;
 
         async fn run_batch(&self, requests: &[&[u64]]) -> Result<Vec<Vec<Decision>>, LimiterError> {
             self.entered

@@ -11,12 +11,13 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use prometheus::Histogram;
 use redis::cluster_async::ClusterConnection;
+use smallvec::SmallVec;
 
 use super::scripted::{connection_error, install_tls_provider, Connect, Scripted, SlotOp};
 use super::settings::{RedisSettings, Topology};
 use crate::algorithm::Decision;
 use crate::clock::Clock;
-use crate::limiter::check::{Check, Slot};
+use crate::limiter::check::{Check, LeaseAsk, Slot};
 use crate::limiter::deny_cache::open_decision;
 use crate::limiter::error::LimiterError;
 use crate::limiter::store::{Deciding, Store};
@@ -79,7 +80,7 @@ impl RedisCluster {
                     let layers = scripted.layers(indices.iter().map(|&i| &checks[i]), peek);
                     async move {
                         let mut decided = scripted.run(&mut connection, &[&layers]).await?;
-                        Ok::<_, LimiterError>(decided.pop().unwrap_or_default())
+                        Ok::<_, LimiterError>(decided.pop().unwrap_or_default().0)
                     }
                 });
                 let results = futures_util::future::join_all(calls).await;
@@ -110,6 +111,33 @@ impl Store for RedisCluster {
     /// must still keep the others' layers (the account's) uncharged, so
     /// when a request has lookups on more than one identity they run
     /// first, and the rest only when no enforcing one refused.
+    /// Leases only when every layer is keyed by the same identity: one
+    /// script run, all-or-nothing, as on a single node.
+    async fn decide_leasing(
+        &self,
+        checks: &[Check],
+        asks: &[Option<LeaseAsk>],
+    ) -> Result<(Vec<Decision>, SmallVec<[u64; 4]>), LimiterError> {
+        let one_identity = checks
+            .iter()
+            .all(|c| c.key.identity == checks[0].key.identity);
+        if !one_identity || checks.is_empty() {
+            return Ok((self.decide(checks).await?, SmallVec::new()));
+        }
+        let scripted = &self.scripted;
+        let layers = scripted.layers_leasing(checks, asks, false);
+        let _timer = scripted.call_timer();
+        scripted
+            .within_deadline(|mut connection| async move {
+                let mut decided = scripted.run(&mut connection, &[&layers]).await?;
+                decided.pop().ok_or(LimiterError::WrongReplyLength {
+                    values: 0,
+                    layers: checks.len(),
+                })
+            })
+            .await
+    }
+
     async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
         let identities_differ = checks
             .iter()

@@ -15,5 +15,5 @@ mod standalone;
 
 pub use cluster::RedisCluster;
 pub use scripted::script_source;
-pub use settings::{ClockSource, RedisSettings, Topology};
+pub use settings::{ClockSource, LeaseSettings, RedisSettings, Topology};
 pub use standalone::RedisStandalone;

@@ -7,13 +7,14 @@ use std::time::Duration;
 use prometheus::Histogram;
 use redis::aio::ConnectionLike;
 use redis::Script;
+use smallvec::SmallVec;
 use tokio::sync::OnceCell;
 
 use super::settings::{ClockSource, RedisSettings};
 use crate::algorithm::{Algorithm, Decision, ALGORITHMS};
 use crate::clock::Clock;
 use crate::identity::StateKey;
-use crate::limiter::check::{Check, LimitName, Slot};
+use crate::limiter::check::{Check, LeaseAsk, LimitName, Slot};
 use crate::limiter::error::LimiterError;
 
 /// The algorithm scripts and the entry point, joined into one script after
@@ -46,7 +47,11 @@ pub(super) const SLOTS_SCRIPT: &str = include_str!("../../../lua/slots.lua");
 const OPERATOR_DEADLINE: Duration = Duration::from_secs(2);
 
 /// Integers per layer in the script's reply.
-pub(super) const REPLY_FIELDS: usize = 8;
+pub(super) const REPLY_FIELDS: usize = 9;
+
+/// One request's decisions, and the units leased beside each layer (empty
+/// when none were).
+pub(super) type Decided = (Vec<Decision>, SmallVec<[u64; 4]>);
 
 /// How the script treats a layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +69,8 @@ pub(super) enum Mode {
     /// A reservation's cost is given back where it was counted (the
     /// layer's `refund_at`).
     Refund = 5,
+    /// Enforced, and a lease taken beside the charge (the layer's `lease`).
+    Lease = 6,
 }
 
 /// One layer as the script takes it.
@@ -76,6 +83,8 @@ pub(super) struct ScriptLayer {
     mode: Mode,
     /// Where a refunded reservation was counted (`Mode::Refund` only).
     refund_at: u64,
+    /// The lease asked for (`Mode::Lease` only).
+    lease: LeaseAsk,
 }
 
 /// The probe's layer: always admits (so it always writes), and its key lives
@@ -148,29 +157,47 @@ impl<C: Connect> Scripted<C> {
         checks: impl IntoIterator<Item = &'a Check>,
         peek: bool,
     ) -> Vec<ScriptLayer> {
+        self.layers_leasing(checks, &[], peek)
+    }
+
+    /// `layers`, each enforced layer with an ask in `asks` (by position)
+    /// taking a lease beside its charge.
+    pub(super) fn layers_leasing<'a>(
+        &self,
+        checks: impl IntoIterator<Item = &'a Check>,
+        asks: &[Option<LeaseAsk>],
+        peek: bool,
+    ) -> Vec<ScriptLayer> {
         // A calendar quota's period ends where the proxy's calendar says:
         // read once, for all the layers.
         let mut now_us = None;
+        let no_lease = LeaseAsk { max: 0, divisor: 1 };
         checks
             .into_iter()
-            .map(|check| ScriptLayer {
-                key: self.key(check),
-                code: check.algorithm.kind().code(),
-                quota: check.algorithm.quota(),
-                period_us: match check.algorithm.calendar() {
-                    Some(_) => check
-                        .algorithm
-                        .script_period_at(*now_us.get_or_insert_with(|| self.clock.now_us())),
-                    None => check.algorithm.period_us(),
-                },
-                cost: check.cost,
-                mode: match (peek || check.peek, check.shadow) {
-                    (true, false) => Mode::Peek,
-                    (true, true) => Mode::ShadowPeek,
-                    (false, true) => Mode::Shadow,
-                    (false, false) => Mode::Enforce,
-                },
-                refund_at: 0,
+            .enumerate()
+            .map(|(i, check)| {
+                let ask = asks.get(i).copied().flatten();
+                ScriptLayer {
+                    key: self.key(check),
+                    code: check.algorithm.kind().code(),
+                    quota: check.algorithm.quota(),
+                    period_us: match check.algorithm.calendar() {
+                        Some(_) => check
+                            .algorithm
+                            .script_period_at(*now_us.get_or_insert_with(|| self.clock.now_us())),
+                        None => check.algorithm.period_us(),
+                    },
+                    cost: check.cost,
+                    mode: match (peek || check.peek, check.shadow, ask) {
+                        (true, false, _) => Mode::Peek,
+                        (true, true, _) => Mode::ShadowPeek,
+                        (false, true, _) => Mode::Shadow,
+                        (false, false, Some(_)) => Mode::Lease,
+                        (false, false, None) => Mode::Enforce,
+                    },
+                    refund_at: 0,
+                    lease: ask.unwrap_or(no_lease),
+                }
             })
             .collect()
     }
@@ -185,6 +212,7 @@ impl<C: Connect> Scripted<C> {
             cost: 1,
             mode: Mode::Enforce,
             refund_at: 0,
+            lease: LeaseAsk { max: 0, divisor: 1 },
         }
     }
 
@@ -242,7 +270,7 @@ impl<C: Connect> Scripted<C> {
         &self,
         connection: &mut C,
         requests: &[&[ScriptLayer]],
-    ) -> Result<Vec<Vec<Decision>>, LimiterError> {
+    ) -> Result<Vec<Decided>, LimiterError> {
         let mut invocation = self.script.prepare_invoke();
         for layer in requests.iter().flat_map(|layers| layers.iter()) {
             invocation.key(&layer.key);
@@ -257,8 +285,14 @@ impl<C: Connect> Scripted<C> {
                     .arg(layer.period_us)
                     .arg(layer.cost)
                     .arg(layer.mode as u8);
-                if layer.mode == Mode::Refund {
-                    invocation.arg(layer.refund_at);
+                match layer.mode {
+                    Mode::Refund => {
+                        invocation.arg(layer.refund_at);
+                    }
+                    Mode::Lease => {
+                        invocation.arg(layer.lease.max).arg(layer.lease.divisor);
+                    }
+                    _ => {}
                 }
             }
         }
@@ -267,10 +301,21 @@ impl<C: Connect> Scripted<C> {
             .await
             .map_err(classify)?;
         let total = requests.iter().map(|layers| layers.len()).sum();
-        let mut decisions = parse_reply(&reply, total)?.into_iter();
+        let (decisions, leased) = parse_reply(&reply, total)?;
+        let mut decisions = decisions.into_iter();
+        let mut first = 0;
         Ok(requests
             .iter()
-            .map(|layers| decisions.by_ref().take(layers.len()).collect())
+            .map(|layers| {
+                let own = first..first + layers.len();
+                first = own.end;
+                let leased = if leased.is_empty() {
+                    SmallVec::new()
+                } else {
+                    leased[own].iter().copied().collect()
+                };
+                (decisions.by_ref().take(layers.len()).collect(), leased)
+            })
             .collect())
     }
 
@@ -350,7 +395,7 @@ impl<C: Connect> Scripted<C> {
             .await?;
         decided
             .into_iter()
-            .flatten()
+            .flat_map(|(decisions, _)| decisions)
             .next()
             .ok_or(LimiterError::WrongReplyLength {
                 values: 0,
@@ -426,10 +471,14 @@ pub fn decode_state_keys(message: &str) -> Vec<StateKey> {
         .collect()
 }
 
-/// The script's reply: `REPLY_FIELDS` space-separated integers per layer.
-pub(super) fn parse_reply(reply: &[u8], layers: usize) -> Result<Vec<Decision>, LimiterError> {
+/// The script's reply: `REPLY_FIELDS` space-separated integers per layer;
+/// the decisions, and the units leased per layer (empty when none were).
+pub(super) fn parse_reply(
+    reply: &[u8],
+    layers: usize,
+) -> Result<(Vec<Decision>, Vec<u64>), LimiterError> {
     if layers == 0 {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     }
     let values: Vec<u64> = reply
         .split(|&b| b == b' ')
@@ -444,7 +493,12 @@ pub(super) fn parse_reply(reply: &[u8], layers: usize) -> Result<Vec<Decision>, 
             layers,
         });
     }
-    Ok(values
+    let leased: Vec<u64> = if values.chunks_exact(REPLY_FIELDS).any(|r| r[8] > 0) {
+        values.chunks_exact(REPLY_FIELDS).map(|r| r[8]).collect()
+    } else {
+        Vec::new()
+    };
+    let decisions = values
         .chunks_exact(REPLY_FIELDS)
         .map(|r| {
             let (limit, remaining, reset_after_us) = (r[2], r[3], r[4]);
@@ -455,7 +509,8 @@ pub(super) fn parse_reply(reply: &[u8], layers: usize) -> Result<Vec<Decision>, 
                 (false, false) => Decision::refused(limit, remaining, reset_after_us, r[5]),
             }
         })
-        .collect())
+        .collect();
+    Ok((decisions, leased))
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -547,6 +602,7 @@ mod tests {
                 on_failure: OnFailure::Deny,
                 instances: 1,
                 tls_ca: None,
+                leases: None,
             },
             Arc::new(SystemClock),
         );
@@ -566,6 +622,7 @@ mod tests {
                 shadow: false,
                 peek: false,
                 on_failure: OnFailure::Deny,
+                lease: false,
             };
             assert_eq!(store.key(&check), format!("fg:per-ip:{{{identity:032x}}}"));
         }
@@ -618,12 +675,15 @@ mod tests {
         ] {
             assert_eq!(parse_u64(bad), None, "{:?}", String::from_utf8_lossy(bad));
         }
-        let decisions =
-            parse_reply(b"1 0 10 9 100 0 0 4200 0 0 10 0 5 7 0 0", 2).expect("two layers");
+        let (decisions, leased) =
+            parse_reply(b"1 0 10 9 100 0 0 4200 0 0 0 10 0 5 7 0 0 0", 2).expect("two layers");
         assert!(decisions[0].allowed() && !decisions[1].allowed());
         assert_eq!(decisions[0].counted_at_us(), 4200);
         assert_eq!(decisions[1].retry_after_us(), 7);
-        assert!(parse_reply(b"1 0 10 9 100 0 0", 1).is_err());
-        assert!(parse_reply(b"1 0 10 x 100 0 0 0", 1).is_err());
+        assert!(leased.is_empty());
+        let (_, leased) = parse_reply(b"1 0 10 4 100 0 0 4200 5", 1).expect("one layer");
+        assert_eq!(leased, [5]);
+        assert!(parse_reply(b"1 0 10 9 100 0 0 0", 1).is_err());
+        assert!(parse_reply(b"1 0 10 x 100 0 0 0 0", 1).is_err());
     }
 }

@@ -34,6 +34,23 @@ pub struct RedisSettings {
     pub instances: u64,
     /// PEM certificates to trust for rediss:// instead of the system's roots.
     pub tls_ca: Option<Vec<u8>>,
+    /// Budget leased to this instance (`Leased`); none when `leases = "off"`.
+    pub leases: Option<LeaseSettings>,
+}
+
+/// `[redis].leases`: how large a lease may be and how long it lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseSettings {
+    /// Units at most in one lease (`lease_max`).
+    pub max: u64,
+    /// How long a lease lives at most (`lease_ttl`); never longer than a
+    /// tenth of its limit's window.
+    pub ttl_us: u64,
+}
+
+impl LeaseSettings {
+    pub const DEFAULT_MAX: u64 = 100;
+    pub const DEFAULT_TTL_US: u64 = 1_000_000;
 }
 
 impl RedisSettings {

@@ -9,15 +9,16 @@ use async_trait::async_trait;
 use pingora::prelude::fast_timeout::fast_timeout;
 use prometheus::Histogram;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use smallvec::SmallVec;
 
 use super::batch::{BatchQueue, RunBatch};
 use super::scripted::{
-    connection_error, install_tls_provider, Connect, ScriptLayer, Scripted, SlotOp,
+    connection_error, install_tls_provider, Connect, Decided, ScriptLayer, Scripted, SlotOp,
 };
 use super::settings::{RedisSettings, Topology};
 use crate::algorithm::Decision;
 use crate::clock::Clock;
-use crate::limiter::check::{Check, Slot};
+use crate::limiter::check::{Check, LeaseAsk, Slot};
 use crate::limiter::error::LimiterError;
 use crate::limiter::store::{Deciding, Store};
 
@@ -49,11 +50,9 @@ impl Connect for ConnectionManager {
 #[async_trait]
 impl RunBatch for Scripted<ConnectionManager> {
     type Layer = ScriptLayer;
+    type Decided = Decided;
 
-    async fn run_batch(
-        &self,
-        requests: &[&[ScriptLayer]],
-    ) -> Result<Vec<Vec<Decision>>, LimiterError> {
+    async fn run_batch(&self, requests: &[&[ScriptLayer]]) -> Result<Vec<Decided>, LimiterError> {
         self.within_deadline(
             |mut connection| async move { self.run(&mut connection, requests).await },
         )
@@ -64,7 +63,7 @@ impl RunBatch for Scripted<ConnectionManager> {
 pub struct RedisStandalone {
     scripted: Arc<Scripted<ConnectionManager>>,
     /// Started on first use, on the proxy's runtime.
-    queue: OnceLock<BatchQueue<ScriptLayer>>,
+    queue: OnceLock<BatchQueue<ScriptLayer, Decided>>,
 }
 
 impl RedisStandalone {
@@ -95,10 +94,14 @@ impl RedisStandalone {
             .map(|checks| self.scripted.layers(*checks, false))
             .collect();
         let borrowed: Vec<&[ScriptLayer]> = layers.iter().map(Vec::as_slice).collect();
-        self.scripted.run_batch(&borrowed).await
+        let decided = self.scripted.run_batch(&borrowed).await?;
+        Ok(decided
+            .into_iter()
+            .map(|(decisions, _)| decisions)
+            .collect())
     }
 
-    async fn queued(&self, layers: Vec<ScriptLayer>) -> Result<Vec<Decision>, LimiterError> {
+    async fn queued(&self, layers: Vec<ScriptLayer>) -> Result<Decided, LimiterError> {
         let _timer = self.scripted.call_timer();
         let queue = self
             .queue
@@ -115,11 +118,20 @@ impl RedisStandalone {
 #[async_trait]
 impl Store for RedisStandalone {
     async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
-        self.queued(self.scripted.layers(checks, false)).await
+        Ok(self.queued(self.scripted.layers(checks, false)).await?.0)
+    }
+
+    async fn decide_leasing(
+        &self,
+        checks: &[Check],
+        asks: &[Option<LeaseAsk>],
+    ) -> Result<(Vec<Decision>, SmallVec<[u64; 4]>), LimiterError> {
+        self.queued(self.scripted.layers_leasing(checks, asks, false))
+            .await
     }
 
     async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
-        self.queued(self.scripted.layers(checks, true)).await
+        Ok(self.queued(self.scripted.layers(checks, true)).await?.0)
     }
 
     async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {

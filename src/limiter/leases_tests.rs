@@ -1,0 +1,326 @@
+use std::sync::Arc;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::clock::ManualClock;
+use crate::limiter::check::{LimitName, OnFailure};
+use crate::limiter::fake::{FakeStore, SEC, T0};
+use crate::limiter::memory::MemoryStore;
+
+const MAX: u64 = 20;
+const TTL_US: u64 = SEC;
+
+fn leasing(algorithm: Algorithm, identity: u128, cost: u64) -> Check {
+    Check {
+        layer: 0,
+        name: LimitName::new("hot"),
+        algorithm,
+        key: StateKey { limit: 7, identity },
+        cost,
+        shadow: false,
+        peek: false,
+        on_failure: OnFailure::Deny,
+        lease: true,
+    }
+}
+
+fn leased(store: &FakeStore, clock: &Arc<ManualClock>, instances: u64) -> Leased<FakeStore> {
+    Leased::new(
+        store.clone(),
+        LeaseSettings {
+            max: MAX,
+            ttl_us: TTL_US,
+        },
+        instances,
+        Duration::from_millis(50),
+        clock.clone(),
+    )
+}
+
+fn setup() -> (Arc<ManualClock>, FakeStore) {
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = FakeStore::new(clock.clone());
+    (clock, store)
+}
+
+/// What the shared state has left for `check` (a cost-0 look).
+fn shared_remaining(store: &FakeStore, check: &Check, now_us: u64) -> u64 {
+    let look = Check {
+        cost: 0,
+        peek: true,
+        ..check.clone()
+    };
+    store.memory().peek_at(std::slice::from_ref(&look), now_us)[0].remaining()
+}
+
+#[tokio::test]
+async fn far_from_the_limit_the_lease_decides_and_the_store_is_asked_once_per_lease() {
+    let (_clock, store) = setup();
+    let gate = leased(&store, &_clock, 1);
+    let check = leasing(Algorithm::fixed_window(10_000, 60 * SEC).unwrap(), 1, 1);
+    for _ in 0..=MAX {
+        let decided = gate.decide(std::slice::from_ref(&check)).await.unwrap();
+        assert!(decided[0].allowed());
+    }
+    // One call took the request and a lease of MAX; the MAX after it came
+    // from the lease.
+    assert_eq!(store.decisions(), 1);
+    assert_eq!(shared_remaining(&store, &check, T0), 10_000 - 1 - MAX);
+    let decided = gate.decide(std::slice::from_ref(&check)).await.unwrap();
+    assert!(decided[0].allowed());
+    assert_eq!(store.decisions(), 2, "an empty lease is fetched again");
+    // What the headers say: the shared state's units and the lease's.
+    assert_eq!(decided[0].remaining(), 10_000 - MAX - 2);
+}
+
+#[tokio::test]
+async fn near_the_limit_every_request_is_decided_by_the_store_and_the_limit_holds() {
+    let (clock, store) = setup();
+    let instances = 3;
+    let gates: Vec<_> = (0..instances)
+        .map(|_| leased(&store, &clock, instances))
+        .collect();
+    let check = leasing(Algorithm::fixed_window(30, 60 * SEC).unwrap(), 1, 1);
+    let mut admitted = 0;
+    for round in 0..40 {
+        let gate = &gates[round % gates.len()];
+        if gate.decide(std::slice::from_ref(&check)).await.unwrap()[0].allowed() {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 30, "all of the budget, and not one more");
+    // The last units are never leased: below 2 × instances units left, each
+    // request was the store's.
+    let calls = store.decisions();
+    assert!(calls > 10 && calls < 40, "{calls} store calls");
+}
+
+#[tokio::test]
+async fn a_lease_never_outlives_its_window_and_what_it_did_not_use_goes_back() {
+    let (clock, store) = setup();
+    let gate = leased(&store, &clock, 1);
+    // A window that starts at T0: the lease ends at most a tenth of it on.
+    let window = 5 * SEC;
+    let check = leasing(Algorithm::fixed_window(1_000, window).unwrap(), 1, 1);
+    gate.decide(std::slice::from_ref(&check)).await.unwrap();
+    assert_eq!(shared_remaining(&store, &check, T0), 1_000 - 1 - MAX);
+    gate.return_all().await;
+    assert_eq!(
+        shared_remaining(&store, &check, T0),
+        999,
+        "the unused units are back, and only those"
+    );
+    assert_eq!(gate.leases_held(), 0);
+    // A lease taken, then its time runs out: the next request fetches anew.
+    gate.decide(std::slice::from_ref(&check)).await.unwrap();
+    let before = store.decisions();
+    clock.advance(window / 10);
+    gate.decide(std::slice::from_ref(&check)).await.unwrap();
+    assert_eq!(store.decisions(), before + 1);
+}
+
+#[tokio::test]
+async fn a_refused_layer_elsewhere_puts_the_units_taken_from_a_lease_back() {
+    let (clock, store) = setup();
+    let gate = leased(&store, &clock, 1);
+    let hot = leasing(Algorithm::fixed_window(1_000, 60 * SEC).unwrap(), 1, 1);
+    gate.decide(std::slice::from_ref(&hot)).await.unwrap();
+    let spent = Check {
+        lease: false,
+        key: StateKey {
+            limit: 8,
+            identity: 1,
+        },
+        name: LimitName::new("spent"),
+        ..leasing(Algorithm::fixed_window(1, 60 * SEC).unwrap(), 1, 1)
+    };
+    store.memory().decide_at(std::slice::from_ref(&spent), T0);
+    let both = [hot.clone(), spent];
+    let decided = gate.decide(&both).await.unwrap();
+    assert!(!decided[1].allowed());
+    gate.return_all().await;
+    assert_eq!(
+        shared_remaining(&store, &hot, T0),
+        999,
+        "the refused request took nothing from the lease"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_store_call_takes_nothing_from_the_leases() {
+    let (clock, store) = setup();
+    let gate = leased(&store, &clock, 1);
+    let hot = leasing(Algorithm::fixed_window(1_000, 60 * SEC).unwrap(), 1, 1);
+    gate.decide(std::slice::from_ref(&hot)).await.unwrap();
+    let other = Check {
+        lease: false,
+        ..leasing(Algorithm::fixed_window(5, 60 * SEC).unwrap(), 2, 1)
+    };
+    store.fail_with(LimiterError::Timeout(Duration::ZERO));
+    assert!(gate.decide(&[hot.clone(), other]).await.is_err());
+    store.recover();
+    gate.return_all().await;
+    assert_eq!(shared_remaining(&store, &hot, T0), 999);
+}
+
+#[tokio::test]
+async fn a_reset_drops_the_lease_without_giving_back_into_the_fresh_state() {
+    let (clock, store) = setup();
+    let gate = leased(&store, &clock, 1);
+    let hot = leasing(Algorithm::fixed_window(1_000, 60 * SEC).unwrap(), 1, 1);
+    gate.decide(std::slice::from_ref(&hot)).await.unwrap();
+    gate.forgetter().forget(&[hot.key]);
+    store.memory().forget(std::slice::from_ref(&hot));
+    // Fresh traffic in the same window, then the leases go back.
+    store.memory().decide_at(std::slice::from_ref(&hot), T0);
+    gate.return_all().await;
+    assert_eq!(shared_remaining(&store, &hot, T0), 999);
+}
+
+#[tokio::test]
+async fn a_reservation_from_a_lease_is_refunded_into_it() {
+    let (clock, store) = setup();
+    let gate = leased(&store, &clock, 1);
+    let hot = leasing(Algorithm::fixed_window(1_000, 60 * SEC).unwrap(), 1, 1);
+    gate.decide(std::slice::from_ref(&hot)).await.unwrap();
+    let reserved = gate.decide(std::slice::from_ref(&hot)).await.unwrap()[0];
+    let calls = store.decisions();
+    gate.refund(&hot, reserved.counted_at_us()).await.unwrap();
+    assert_eq!(store.decisions(), calls);
+    gate.return_all().await;
+    assert_eq!(shared_remaining(&store, &hot, T0), 999);
+}
+
+#[tokio::test]
+async fn a_token_buckets_leased_tokens_fade_as_the_bucket_refills() {
+    let (clock, store) = setup();
+    let gate = leased(&store, &clock, 1);
+    // 100 tokens, one back every 10 ms: a lease lives at most 100 ms.
+    let bucket = Algorithm::token_bucket(100, 10_000).unwrap();
+    let check = leasing(bucket, 1, 1);
+    gate.decide(std::slice::from_ref(&check)).await.unwrap();
+    // Half the lease's life on: the bucket has refilled 5 tokens, so 5 of
+    // the lease's have faded.
+    clock.advance(50_000);
+    let calls = store.decisions();
+    for _ in 0..(MAX - 5 + 1) {
+        gate.decide(std::slice::from_ref(&check)).await.unwrap();
+    }
+    assert_eq!(store.decisions(), calls, "the unfaded tokens decide alone");
+    gate.decide(std::slice::from_ref(&check)).await.unwrap();
+    assert_eq!(store.decisions(), calls + 1, "a faded token is never used");
+}
+
+#[tokio::test]
+async fn requests_that_find_a_fetch_out_wait_for_it_rather_than_send_their_own() {
+    let (clock, store) = setup();
+    let gate = Arc::new(leased(&store, &clock, 1));
+    let hot = leasing(Algorithm::fixed_window(1_000, 60 * SEC).unwrap(), 1, 1);
+    store.hold_decisions();
+    let first = tokio::spawn({
+        let (gate, hot) = (gate.clone(), hot.clone());
+        async move { gate.decide(std::slice::from_ref(&hot)).await }
+    });
+    while store.decisions() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let waiting: Vec<_> = (0..5)
+        .map(|_| {
+            let (gate, hot) = (gate.clone(), hot.clone());
+            tokio::spawn(async move { gate.decide(std::slice::from_ref(&hot)).await })
+        })
+        .collect();
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    store.let_one_through();
+    assert!(first.await.unwrap().unwrap()[0].allowed());
+    for task in waiting {
+        assert!(task.await.unwrap().unwrap()[0].allowed());
+    }
+    assert_eq!(store.decisions(), 1, "one fetch served them all");
+}
+
+/// Feeds `admitted` (time, cost) into a fresh exact limiter: every one
+/// must pass, or the instances together admitted more than the limit.
+fn conformant(algorithm: Algorithm, admitted: &[(u64, u64)]) -> Result<(), String> {
+    let reference = MemoryStore::new(16, Arc::new(ManualClock::new(T0)));
+    for (i, &(at, cost)) in admitted.iter().enumerate() {
+        let check = Check {
+            lease: false,
+            ..leasing(algorithm, 1, cost)
+        };
+        if !reference.decide_at(std::slice::from_ref(&check), at)[0].allowed() {
+            return Err(format!(
+                "admission {i} (cost {cost} at +{}µs) is over the limit",
+                at - T0
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn algorithms() -> impl Strategy<Value = Algorithm> {
+    prop_oneof![
+        (5u64..200, 1u64..50_000).prop_map(|(c, i)| Algorithm::token_bucket(c, i).unwrap()),
+        (5u64..300, 100_000u64..3_000_000)
+            .prop_map(|(l, w)| Algorithm::fixed_window(l, w).unwrap()),
+        (5u64..300, 100_000u64..3_000_000)
+            .prop_map(|(l, w)| Algorithm::sliding_window(l, w).unwrap()),
+    ]
+}
+
+/// Mostly bursts, now and then a pause long enough to fill a bucket or
+/// end a window: where a lease held across a refill would overrun.
+fn gaps() -> impl Strategy<Value = u64> {
+    prop_oneof![8 => 0u64..2_000, 1 => 0u64..600_000]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Three instances share one limit through leases, under random
+    /// arrivals and costs on one clock: what they admit together is always
+    /// what the exact limiter admits, and once every lease is back, the
+    /// shared state counts exactly what was admitted in the running window.
+    #[test]
+    fn instances_sharing_a_limit_by_leases_never_admit_past_it(
+        algorithm in algorithms(),
+        steps in proptest::collection::vec((0usize..3, gaps(), 1u64..4), 1..400),
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let (clock, store) = setup();
+            let gates: Vec<_> = (0..3).map(|_| leased(&store, &clock, 3)).collect();
+            let mut admitted = Vec::new();
+            for (instance, step, cost) in steps {
+                clock.advance(step);
+                let check = leasing(algorithm, 1, cost);
+                let decided = gates[instance].decide(std::slice::from_ref(&check)).await.unwrap();
+                if decided[0].allowed() {
+                    admitted.push((clock.now_us(), cost));
+                }
+                // Drive the returns of leases that ran out.
+                tokio::task::yield_now().await;
+            }
+            prop_assert_eq!(conformant(algorithm, &admitted), Ok(()));
+            for gate in &gates {
+                gate.return_all().await;
+            }
+            let now = clock.now_us();
+            if algorithm.kind() == Kind::FixedWindow {
+                let window = algorithm.period_us();
+                let start = now - now % window;
+                let in_window: u64 = admitted.iter().filter(|(t, _)| *t >= start).map(|(_, c)| c).sum();
+                let check = leasing(algorithm, 1, 1);
+                prop_assert_eq!(
+                    shared_remaining(&store, &check, now),
+                    algorithm.quota().saturating_sub(in_window),
+                    "units lost or counted twice on return"
+                );
+            }
+            Ok(())
+        })?;
+    }
+}
