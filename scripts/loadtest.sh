@@ -37,6 +37,7 @@ trap cleanup EXIT
 
 UP=18000; NGX_PROXY=18001; NGX_LIMIT=18002; NGX_REFUSE=18003; REDIS=18379
 FG_PLAIN=18010; FG_MEMORY=18011; FG_REDIS=18012; FG_REFUSE=18013; FG_REFUSE_REDIS=18014
+FG_REDIS_OFF=18015; FG_REDIS_GLOBAL=18016; FG_REDIS_CLIENTS=18017
 NGX_TLS=18020; FG_TLS=18021; FG_TLS_PLAIN=18022
 
 # One certificate for both TLS terminators (ECDSA P-256, as most edges serve).
@@ -116,13 +117,34 @@ floodgate_conf plain $FG_PLAIN ''
 floodgate_conf memory $FG_MEMORY "$NEVER"
 floodgate_conf redis $FG_REDIS "$REDIS_TABLE
 $NEVER"
+# Leases off: every request one decision on Redis (the previous release).
+floodgate_conf redis-off $FG_REDIS_OFF "$REDIS_TABLE
+leases = \"off\"
+$NEVER"
+# One key for everyone, far from its limit: the hot key leases serve.
+floodgate_conf redis-global $FG_REDIS_GLOBAL "$REDIS_TABLE
+[[limits]]
+name = \"global\"
+key = \"global\"
+algorithm = \"fixed_window\"
+limit = 1000000000
+window = \"1m\""
+# A thousand clients (the query's k, drawn per request), each far from its
+# limit: a lease per client.
+floodgate_conf redis-clients $FG_REDIS_CLIENTS "$REDIS_TABLE
+[[limits]]
+name = \"per-client\"
+key = \"query:k\"
+algorithm = \"token_bucket\"
+capacity = 1000000
+refill_rate = 100000"
 floodgate_conf refuse $FG_REFUSE "$ABUSE"
 floodgate_conf refuse-redis $FG_REFUSE_REDIS "$REDIS_TABLE
 $ABUSE"
 floodgate_conf tls $FG_TLS_PLAIN "$NEVER"
 sed -i "s|^\[upstream\]|[server.tls]\nlisten = \"127.0.0.1:$FG_TLS\"\ncert_file = \"$WORK/tls.crt\"\nkey_file = \"$WORK/tls.key\"\n\n[upstream]|" "$WORK/tls.toml"
 
-PORTS="$UP $NGX_PROXY $NGX_LIMIT $NGX_REFUSE $REDIS $FG_PLAIN $FG_MEMORY $FG_REDIS $FG_REFUSE $FG_REFUSE_REDIS $NGX_TLS $FG_TLS $FG_TLS_PLAIN"
+PORTS="$UP $NGX_PROXY $NGX_LIMIT $NGX_REFUSE $REDIS $FG_PLAIN $FG_MEMORY $FG_REDIS $FG_REFUSE $FG_REFUSE_REDIS $NGX_TLS $FG_TLS $FG_TLS_PLAIN $FG_REDIS_OFF $FG_REDIS_GLOBAL $FG_REDIS_CLIENTS"
 for port in $PORTS; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
     echo "port $port is taken: stop what listens there first" >&2; exit 1
@@ -137,7 +159,7 @@ start redis redis-server --port $REDIS --bind 127.0.0.1 --save "" --appendonly n
 # Refusals are logged at info, one line each; the load would mostly measure
 # the terminal. FLOODGATE_LOG=info measures that too.
 export RUST_LOG="${FLOODGATE_LOG:-warn}"
-for name in plain memory redis refuse refuse-redis tls; do
+for name in plain memory redis redis-off redis-global redis-clients refuse refuse-redis tls; do
   start "fg-$name" "$FLOODGATE" --config "$WORK/$name.toml"
 done
 for port in $PORTS; do
@@ -165,25 +187,30 @@ measure() { # label port server-pid [more server pids: redis-server]
   local label="$1" port="$2"; shift 2
   measure_url "$label" "http://127.0.0.1:$port/" "" "$@"
 }
+script_calls() { # EVALSHA calls Redis has run since it started
+  redis-cli -p $REDIS info commandstats | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\).*/\1/p' | tr -d '\r' | grep . || echo 0
+}
 measure_url() { # label url "oha flags" server-pid...
   local label="$1" url="$2" flags="$3"; shift 3
   # shellcheck disable=SC2086
   "$OHA" -n 2000 -c "$CONNECTIONS" --no-tui $flags "$url" >/dev/null 2>&1 || true
-  local before after
+  local before after calls_before calls_after
+  calls_before=$(script_calls)
   before=$(server_ticks "$@")
   # shellcheck disable=SC2086
   "$OHA" -z "${DURATION}s" -c "$CONNECTIONS" --no-tui $flags --output-format json "$url" > "$WORK/oha.json"
   after=$(server_ticks "$@")
-  python3 - "$label" "$WORK/oha.json" "$((after - before))" "$(getconf CLK_TCK)" >> "$RESULTS" <<'PY'
+  calls_after=$(script_calls)
+  python3 - "$label" "$WORK/oha.json" "$((after - before))" "$(getconf CLK_TCK)" "$((calls_after - calls_before))" >> "$RESULTS" <<'PY'
 import json, sys
-label, path, ticks, hz = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+label, path, ticks, hz, calls = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 data = json.load(open(path))
 summary, pct = data["summary"], data["latencyPercentiles"]
 codes = data.get("statusCodeDistribution", {})
 total = sum(int(v) for v in codes.values()) or 1
 refused = int(codes.get("429", 0))
 cpu_us = ticks / hz * 1e6 / total
-print(f"{label}\t{summary['requestsPerSec']:.0f}\t{pct['p50'] * 1e3:.3f}\t{pct['p99'] * 1e3:.3f}\t{cpu_us:.1f}\t{refused / total:.3f}")
+print(f"{label}\t{summary['requestsPerSec']:.0f}\t{pct['p50'] * 1e3:.3f}\t{pct['p99'] * 1e3:.3f}\t{cpu_us:.1f}\t{refused / total:.3f}\t{calls / total:.4f}")
 PY
 }
 
@@ -193,6 +220,9 @@ measure "nginx limit_req, admitting" $NGX_LIMIT "${PID_OF[limit]}"
 measure "floodgate, no limits" $FG_PLAIN "${PID_OF[fg-plain]}"
 measure "floodgate memory, admitting" $FG_MEMORY "${PID_OF[fg-memory]}"
 measure "floodgate redis, admitting" $FG_REDIS "${PID_OF[fg-redis]}" "${PID_OF[redis]}"
+measure "floodgate redis, leases off" $FG_REDIS_OFF "${PID_OF[fg-redis-off]}" "${PID_OF[redis]}"
+measure "floodgate redis, global key" $FG_REDIS_GLOBAL "${PID_OF[fg-redis-global]}" "${PID_OF[redis]}"
+measure_url "floodgate redis, 1,000 clients" "http://127\.0\.0\.1:$FG_REDIS_CLIENTS/\?k=[0-9]{3}" "--rand-regex-url" "${PID_OF[fg-redis-clients]}" "${PID_OF[redis]}"
 measure "nginx limit_req, refusing" $NGX_REFUSE "${PID_OF[refuse]}"
 measure "floodgate memory, refusing" $FG_REFUSE "${PID_OF[fg-refuse]}"
 measure "floodgate redis, refusing" $FG_REFUSE_REDIS "${PID_OF[fg-refuse-redis]}" "${PID_OF[redis]}"
@@ -208,11 +238,12 @@ import sys
 rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1]) if line.strip()]
 base = float(rows[0][1])
 print(f"oha -c {sys.argv[3]} -z {sys.argv[2]}s on 127.0.0.1, {sys.argv[4]} cores shared by servers and oha, {sys.argv[5]} worker(s) per proxy")
-print("CPU µs/req: the server's processes (nginx master and workers; floodgate; plus redis-server on the Redis rows)\n")
-print(f"| {'case':<34} | {'req/s':>8} | {'p50 ms':>7} | {'p99 ms':>7} | {'ratio':>5} | {'CPU µs/req':>10} | {'429 share':>9} |")
-print(f"|{'-'*36}|{'-'*10}|{'-'*9}|{'-'*9}|{'-'*7}|{'-'*12}|{'-'*11}|")
-for label, rps, p50, p99, cpu, refused in rows:
-    print(f"| {label:<34} | {float(rps):>8.0f} | {float(p50):>7.3f} | {float(p99):>7.3f} | {float(rps) / base:>5.2f} | {float(cpu):>10.1f} | {float(refused):>9.3f} |")
+print("CPU µs/req: the server's processes (nginx master and workers; floodgate; plus redis-server on the Redis rows)")
+print("Redis calls/req: EVALSHA calls per request answered\n")
+print(f"| {'case':<34} | {'req/s':>8} | {'p50 ms':>7} | {'p99 ms':>7} | {'ratio':>5} | {'CPU µs/req':>10} | {'429 share':>9} | {'Redis calls/req':>15} |")
+print(f"|{'-'*36}|{'-'*10}|{'-'*9}|{'-'*9}|{'-'*7}|{'-'*12}|{'-'*11}|{'-'*17}|")
+for label, rps, p50, p99, cpu, refused, calls in rows:
+    print(f"| {label:<34} | {float(rps):>8.0f} | {float(p50):>7.3f} | {float(p99):>7.3f} | {float(rps) / base:>5.2f} | {float(cpu):>10.1f} | {float(refused):>9.3f} | {float(calls):>15.4f} |")
 by_label = {row[0]: row for row in rows}
 def rps(label): return float(by_label[label][1])
 def p99(label): return float(by_label[label][3])
@@ -224,6 +255,10 @@ refusing = rps("nginx limit_req, refusing")
 print(f"  refusing, memory / Redis {rps('floodgate memory, refusing') / refusing:.2f}x / {rps('floodgate redis, refusing') / refusing:.2f}x (>= 1.0)")
 added = p99("floodgate redis, admitting") - p99("floodgate, no limits")
 print(f"  p99 added by Redis over no limits {added:.2f} ms (<= 1)")
+memory = rps("floodgate memory, admitting")
+print("Redis admitting against memory admitting in this run (leases: within 15%):")
+for label in ("floodgate redis, admitting", "floodgate redis, global key", "floodgate redis, 1,000 clients", "floodgate redis, leases off"):
+    print(f"  {label[len('floodgate redis, '):]:<14} {rps(label) / memory:.2f}x, p99 {p99(label) - p99('floodgate, no limits'):+.2f} ms over no limits")
 print("Against nginx terminating TLS with the same certificate:")
 for proto in ("http/1.1", "h2"):
     print(f"  TLS {proto:<8} {rps(f'floodgate TLS memory, {proto}') / rps(f'nginx TLS, {proto}'):.2f}x")

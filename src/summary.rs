@@ -1,6 +1,7 @@
 //! What `floodgate check` prints: the configuration as floodgate understood it.
 
 use std::fmt::Write;
+use std::time::Duration;
 
 use crate::algorithm::ALGORITHMS;
 use crate::policy::{AfterResponse, KeySource, OnMissing, Rule};
@@ -217,6 +218,31 @@ pub fn describe(config: &Config) -> String {
                 String::new()
             } else {
                 format!(" to {}", priced.join(", "))
+            }
+        );
+    }
+    if let Some(leases) = config
+        .redis
+        .as_ref()
+        .and_then(|r| r.leases.map(|l| (l, r.instances)))
+    {
+        let (lease, instances) = leases;
+        let leased: Vec<&str> = policy
+            .limits
+            .iter()
+            .filter(|l| l.leases)
+            .map(|l| l.name.as_str())
+            .collect();
+        let _ = writeln!(
+            out,
+            "leases    at most {} units or what is left / {}, for at most {:?}: {}",
+            lease.max,
+            2 * instances,
+            Duration::from_micros(lease.ttl_us),
+            if leased.is_empty() {
+                "no limit leases".to_string()
+            } else {
+                leased.join(", ")
             }
         );
     }

@@ -236,3 +236,176 @@ fn a_limit_can_decide_every_request_on_redis_and_leases_can_be_off() {
     assert_eq!(count_status(&statuses, 200), 20);
     assert_eq!(redis.calls("evalsha"), 20);
 }
+
+#[test]
+fn a_stop_and_a_reload_give_the_unused_units_back() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let config =
+        on_redis(&upstream, &redis.url()).limit(Limit::fixed_window("hot", "global", 1_000, "10m"));
+    let mut proxy = config.start();
+    assert_eq!(proxy.get("/").status, 200);
+    let key = state_key(&redis, "hot");
+    assert_eq!(window_count(&redis, &key), 101, "a request and its lease");
+    proxy.signal("-HUP");
+    assert!(
+        wait_until(Duration::from_secs(5), || window_count(&redis, &key) == 1),
+        "a reload gives the lease back: {}",
+        window_count(&redis, &key)
+    );
+    assert_eq!(proxy.get("/").status, 200);
+    assert_eq!(window_count(&redis, &key), 102, "leased anew");
+    proxy.signal("-TERM");
+    assert!(proxy.wait_exit(Duration::from_secs(10)).is_some());
+    assert_eq!(window_count(&redis, &key), 2, "a stop gives the lease back");
+}
+
+/// Three stores on one real Redis share one limit through leases, on one
+/// manual clock, under random bursts and pauses: every admission is one the
+/// exact limiter admits, and once the leases are back a fixed window counts
+/// exactly what was admitted.
+#[test]
+fn three_stores_leasing_from_one_redis_never_admit_past_the_limit() {
+    use std::sync::Arc;
+
+    use floodgate::algorithm::Algorithm;
+    use floodgate::clock::{Clock, ManualClock};
+    use floodgate::identity::StateKey;
+    use floodgate::limiter::redis::{LeaseSettings, Topology};
+    use floodgate::limiter::{
+        Check, ClockSource, Leased, LimitName, MemoryStore, OnFailure, RedisSettings,
+        RedisStandalone, Store,
+    };
+
+    let redis = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let settings = RedisSettings {
+        topology: Topology::Standalone(redis.url()),
+        timeout: Duration::from_secs(5),
+        clock: ClockSource::Local,
+        key_prefix: "prop".into(),
+        on_failure: OnFailure::Deny,
+        instances: 3,
+        tls_ca: None,
+        leases: None,
+    };
+    let leases = LeaseSettings {
+        max: 20,
+        ttl_us: 1_000_000,
+    };
+    let mut worst = String::new();
+    for (seed, algorithm) in [
+        Algorithm::fixed_window(60, 2_000_000).expect("valid numbers"),
+        Algorithm::sliding_window(60, 2_000_000).expect("valid numbers"),
+        Algorithm::token_bucket(60, 20_000).expect("valid numbers"),
+        Algorithm::fixed_window(300, 500_000).expect("valid numbers"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut rng = Rng(0x1EA5E + seed as u64);
+        let clock = Arc::new(ManualClock::new(1_800_000_000_000_000));
+        let name = format!("shared-{seed}");
+        let check = |cost| Check {
+            layer: 0,
+            name: LimitName::new(&name),
+            algorithm,
+            key: StateKey {
+                limit: seed as u64,
+                identity: 1,
+            },
+            cost,
+            shadow: false,
+            peek: false,
+            on_failure: OnFailure::Deny,
+            lease: true,
+        };
+        let (admitted, left, exact_left, oracle_units) = runtime.block_on(async {
+            let stores: Vec<_> = (0..3)
+                .map(|_| {
+                    Leased::new(
+                        RedisStandalone::new(settings.clone(), clock.clone()),
+                        leases,
+                        3,
+                        Duration::from_secs(5),
+                        clock.clone(),
+                    )
+                })
+                .collect();
+            let reference = MemoryStore::new(16, clock.clone());
+            // One exact limiter deciding every request alone: what the
+            // same demand gets without leases.
+            let oracle = MemoryStore::new(16, clock.clone());
+            let mut oracle_units = 0;
+            let mut admitted: Vec<(u64, u64)> = Vec::new();
+            for step in 0..3_000 {
+                clock.advance(match rng.below(10) {
+                    0 => rng.below(700_000),
+                    _ => rng.below(3_000),
+                });
+                let cost = 1 + rng.below(3);
+                let alone = Check {
+                    lease: false,
+                    ..check(cost)
+                };
+                if oracle.decide_at(&[alone], clock.now_us())[0].allowed() {
+                    oracle_units += cost;
+                }
+                let store = &stores[rng.below(3) as usize];
+                let decided = store.decide(&[check(cost)]).await.expect("redis answers");
+                if decided[0].allowed() {
+                    let exact = Check {
+                        lease: false,
+                        ..check(cost)
+                    };
+                    assert!(
+                        reference.decide_at(&[exact], clock.now_us())[0].allowed(),
+                        "{algorithm:?} step {step}: admission of {cost} past the limit"
+                    );
+                    admitted.push((clock.now_us(), cost));
+                }
+            }
+            for store in &stores {
+                store.return_all().await;
+            }
+            let now = clock.now_us();
+            let look = Check {
+                cost: 0,
+                peek: true,
+                ..check(0)
+            };
+            let left = stores[0].peek(&[look.clone()]).await.expect("redis")[0].remaining();
+            let exact_left = reference.peek_at(&[look], now)[0].remaining();
+            (admitted, left, exact_left, oracle_units)
+        });
+        let total: u64 = admitted.iter().map(|(_, c)| c).sum();
+        assert!(total > 0, "{algorithm:?}: nothing admitted");
+        // Once every lease is back, the shared state holds no more than
+        // the exact limiter's, and a window's exactly as much.
+        assert!(
+            left <= exact_left,
+            "{algorithm:?}: {left} left, exact {exact_left}"
+        );
+        // What is still missing is what leases held when others charged
+        // after them: at most one lease per instance.
+        assert!(
+            exact_left - left <= 3 * leases.max,
+            "{algorithm:?}: {left} left, exact {exact_left}"
+        );
+        if algorithm.kind() == floodgate::algorithm::Kind::FixedWindow {
+            assert_eq!(
+                left, exact_left,
+                "{algorithm:?}: units lost or counted twice"
+            );
+        }
+        worst.push_str(&format!(
+            "{algorithm:?}: {} admissions ({total} units) over 3 stores, all within the exact limit (one exact limiter deciding the same requests alone: {oracle_units} units); after the leases, {left} left against the exact {exact_left}\n",
+            admitted.len()
+        ));
+    }
+    record("leases_property_redis", &worst);
+}

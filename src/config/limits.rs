@@ -342,7 +342,7 @@ fn leases_for(i: usize, s: &LimitSection, limit: &Limit, redis: bool) -> Result<
     };
     let refusal = match kind {
         Some(kind) if !takes_lease(kind) => Some(format!(
-            "{} decides every request itself (every admission is its own stamp or departure slot): it takes no leases",
+            "{} decides every request on Redis (every admission is its own stamp or departure slot): it takes no leases",
             kind.name()
         )),
         None => Some(format!(
