@@ -378,7 +378,11 @@ fn three_stores_leasing_from_one_redis_never_admit_past_the_limit() {
                 peek: true,
                 ..check(0)
             };
-            let left = stores[0].peek(&[look.clone()]).await.expect("redis")[0].remaining();
+            let left = stores[0]
+                .peek(std::slice::from_ref(&look))
+                .await
+                .expect("redis")[0]
+                .remaining();
             let exact_left = reference.peek_at(&[look], now)[0].remaining();
             (admitted, left, exact_left, oracle_units)
         });
