@@ -127,7 +127,7 @@ floodgate_conf redis-global $FG_REDIS_GLOBAL "$REDIS_TABLE
 name = \"global\"
 key = \"global\"
 algorithm = \"fixed_window\"
-limit = 1000000000
+limit = 10000000
 window = \"1m\""
 # A thousand clients (the query's k, drawn per request), each far from its
 # limit: a lease per client.

@@ -27,6 +27,28 @@ impl Clock for SystemClock {
     }
 }
 
+/// Microseconds since it was made, on a clock that never steps: what a
+/// duration is measured by when the wall clock may be stepped (NTP, a VM
+/// resumed).
+#[derive(Debug)]
+pub struct MonotonicClock {
+    origin: std::time::Instant,
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        MonotonicClock {
+            origin: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now_us(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+}
+
 /// A clock that only moves when told to.
 #[derive(Debug, Default)]
 pub struct ManualClock {

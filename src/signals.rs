@@ -88,7 +88,10 @@ impl ShutdownSignalWatch for Signals {
                     self.return_leases().await;
                     return ShutdownSignal::FastShutdown;
                 }
-                _ = quit.recv() => return ShutdownSignal::GracefulUpgrade,
+                _ = quit.recv() => {
+                    self.return_leases().await;
+                    return ShutdownSignal::GracefulUpgrade;
+                }
             }
         }
     }

@@ -25,7 +25,11 @@ const SHARDS: usize = 16;
 
 #[derive(Clone, Copy)]
 struct Refusal {
+    /// The store's retry time: what the remembered refusal says.
     until_us: u64,
+    /// Until when it is answered without the store: the retry time, or
+    /// sooner for a layer that others may hold leases on.
+    trusted_until_us: u64,
     cost: u64,
     algorithm: Algorithm,
 }
@@ -35,6 +39,9 @@ pub struct KnownRefusals<S> {
     remembered: Arc<Remembered>,
     per_shard: usize,
     clock: Arc<dyn Clock>,
+    /// A refusal of a layer other instances may hold leases on is
+    /// remembered no longer than a lease lives: their units may come back.
+    lease_ttl_us: Option<u64>,
 }
 
 /// The refusals remembered, which another instance's reset (heard through
@@ -118,7 +125,14 @@ impl<S: Store> KnownRefusals<S> {
             }),
             per_shard: (capacity / SHARDS).max(1),
             clock,
+            lease_ttl_us: None,
         }
+    }
+
+    /// Remembers refusals of leasing layers at most `ttl_us`.
+    pub fn with_lease_ttl(mut self, ttl_us: u64) -> Self {
+        self.lease_ttl_us = Some(ttl_us);
+        self
     }
 
     fn shard(&self, key: &StateKey) -> &Mutex<HashMap<StateKey, Refusal>> {
@@ -136,7 +150,8 @@ impl<S: Store> KnownRefusals<S> {
         }
         let shard = self.shard(&check.key).lock().ok()?;
         let known = shard.get(&check.key)?;
-        let applies = known.until_us > now_us
+        let applies = known.trusted_until_us > now_us
+            && known.until_us > now_us
             && check.cost >= known.cost
             && known.algorithm == check.algorithm;
         applies.then(|| {
@@ -189,17 +204,22 @@ impl<S: Store> KnownRefusals<S> {
                 continue;
             };
             if shard.len() >= self.per_shard {
-                shard.retain(|_, r| r.until_us > now_us);
+                shard.retain(|_, r| r.trusted_until_us > now_us);
                 if shard.len() >= self.per_shard {
                     // Still full of live refusals: forgetting them only costs
                     // store calls, never a wrong answer.
                     shard.clear();
                 }
             }
+            let trusted_us = match self.lease_ttl_us {
+                Some(ttl_us) if check.lease => d.retry_after_us().min(ttl_us),
+                _ => d.retry_after_us(),
+            };
             shard.insert(
                 check.key,
                 Refusal {
                     until_us: now_us + d.retry_after_us(),
+                    trusted_until_us: now_us + trusted_us,
                     cost: check.cost,
                     algorithm: check.algorithm,
                 },
@@ -347,6 +367,42 @@ mod tests {
         // At the retry time the entry has expired: the store decides, and admits.
         clock.set(T0 + refused.retry_after_us());
         assert!(cache.decide(&login).await.expect("decided")[0].allowed());
+        assert_eq!(store.decisions(), calls + 1);
+    }
+
+    #[tokio::test]
+    async fn a_refusal_of_a_leasing_layer_is_trusted_only_as_long_as_a_lease_lives() {
+        let clock = Arc::new(ManualClock::new(T0));
+        let store = FakeStore::new(clock.clone());
+        let cache = KnownRefusals::new(store.clone(), 1000, clock.clone()).with_lease_ttl(SEC);
+        // One token back every second; 100 s to wait once both are spent.
+        let login = [Check {
+            lease: true,
+            algorithm: Algorithm::token_bucket(2, 100 * SEC).expect("valid numbers"),
+            ..check(0, 2, 7, 1)
+        }];
+        for _ in 0..2 {
+            assert!(cache.decide(&login).await.expect("decided")[0].allowed());
+        }
+        let refused = cache.decide(&login).await.expect("decided")[0];
+        assert!(refused.retry_after_us() > 90 * SEC);
+        let calls = store.decisions();
+        clock.advance(SEC / 2);
+        let again = cache.decide(&login).await.expect("decided")[0];
+        assert_eq!(
+            store.decisions(),
+            calls,
+            "within a lease's life, remembered"
+        );
+        assert_eq!(
+            again.retry_after_us(),
+            refused.retry_after_us() - SEC / 2,
+            "and what it says is the store's retry time"
+        );
+        // Past a lease's life another instance's lease may have come back:
+        // the store is asked.
+        clock.advance(SEC);
+        assert!(!cache.decide(&login).await.expect("decided")[0].allowed());
         assert_eq!(store.decisions(), calls + 1);
     }
 

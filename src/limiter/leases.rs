@@ -23,8 +23,16 @@
 //! One fetch per key at a time: requests that find the lease empty while a
 //! fetch is out wait for it (within the Redis deadline) instead of sending
 //! their own.
+//!
+//! A lease's times are counted from when it was asked for, by the wall
+//! clock and by a monotonic one, whichever has gone further: a clock
+//! stepped back never makes an old lease young again, one stepped forward
+//! ends it sooner. An operator's reset (here or heard from another
+//! instance) and a failed store call drop every lease they may concern and
+//! start a new generation: a fetch or a return from before it is not used.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -38,11 +46,18 @@ use super::error::LimiterError;
 use super::redis::LeaseSettings;
 use super::store::{Deciding, Store};
 use crate::algorithm::{takes_lease, Algorithm, Decision, Kind};
-use crate::clock::Clock;
+use crate::clock::{Clock, MonotonicClock};
 use crate::identity::StateKey;
 use crate::metrics::LeaseMetrics;
 
 const SHARDS: usize = 64;
+
+/// Keys with a lease (or a fetch out) at most, in all: beyond, a new key is
+/// decided by the store alone, so a flood of identities costs no memory.
+const MAX_KEYS: usize = 200_000;
+
+/// Returns sent together at most.
+const RETURNS_AT_ONCE: usize = 64;
 
 /// Units leased beside one layer of one request, as the store reported it.
 struct Lease {
@@ -59,8 +74,9 @@ struct Lease {
     limit: u64,
     /// Until the shared state is whole again, from `ends_at_us`'s clock.
     reset_at_us: u64,
-    /// When it was taken: a bucket's stretch never reaches back before.
+    /// When it was asked for, by the wall clock and by the monotonic one.
     start_us: u64,
+    started_us: u64,
 }
 
 /// What is left of a lease.
@@ -105,7 +121,12 @@ impl Room {
                 end_us,
                 interval_us,
             } => {
-                let after = (*tat_us).max(now_us).saturating_add(cost * *interval_us);
+                let Some(after) = cost
+                    .checked_mul(*interval_us)
+                    .and_then(|span| (*tat_us).max(now_us).checked_add(span))
+                else {
+                    return false;
+                };
                 let fits = after <= *end_us;
                 if fits {
                     *tat_us = after;
@@ -115,10 +136,19 @@ impl Room {
         }
     }
 
-    /// Units taken back into the lease, as the shared store would take a
-    /// refund: a bucket's schedule moves back, never before now nor before
-    /// the stretch began.
-    fn put_back(&mut self, cost: u64, now_us: u64, start_us: u64) {
+    /// Where the schedule stands: a bucket's take is undone only while it
+    /// is the last one (`tat_us` still where it left it).
+    fn mark(&self) -> u64 {
+        match *self {
+            Room::Count { .. } => 0,
+            Room::Tokens { tat_us, .. } => tat_us,
+        }
+    }
+
+    /// A take of `cost` that left the schedule at `mark` undone: a count
+    /// gets its units back; a bucket's schedule moves back only if nothing
+    /// was taken after it (otherwise the slots it frees are another's).
+    fn put_back(&mut self, cost: u64, mark: u64) {
         match self {
             Room::Count { unused } => *unused += cost,
             Room::Tokens {
@@ -126,36 +156,51 @@ impl Room {
                 interval_us,
                 ..
             } => {
-                *tat_us = tat_us
-                    .saturating_sub(cost * *interval_us)
-                    .max(now_us)
-                    .max(start_us)
+                if *tat_us == mark {
+                    *tat_us = mark.saturating_sub(cost.saturating_mul(*interval_us));
+                }
             }
         }
     }
 }
 
 impl Lease {
-    /// Units that may be used at `now_us`.
-    fn usable(&self, now_us: u64) -> u64 {
+    /// The instant `now` (wall, monotonic) as this lease counts time: from
+    /// when it was asked for, by whichever clock has gone further since.
+    fn local(&self, now: Now) -> u64 {
+        let by_wall = now.wall_us.saturating_sub(self.start_us);
+        let by_monotonic = now.monotonic_us.saturating_sub(self.started_us);
+        self.start_us.saturating_add(by_wall.max(by_monotonic))
+    }
+
+    fn over(&self, now: Now) -> bool {
+        self.local(now) >= self.ends_at_us
+    }
+
+    /// Units that may be used at `now`.
+    fn usable(&self, now: Now) -> u64 {
+        let now_us = self.local(now);
         if now_us >= self.ends_at_us {
             return 0;
         }
         self.room.unused(now_us)
     }
 
-    fn take(&mut self, cost: u64, now_us: u64) -> bool {
-        now_us < self.ends_at_us && self.room.take(cost, now_us)
+    /// Takes `cost`; where the schedule then stands (see `put_back`).
+    fn take(&mut self, cost: u64, now: Now) -> Option<u64> {
+        let now_us = self.local(now);
+        (now_us < self.ends_at_us && self.room.take(cost, now_us)).then(|| self.room.mark())
     }
 
-    fn put_back(&mut self, cost: u64, now_us: u64) {
-        self.room.put_back(cost, now_us, self.start_us);
+    fn put_back(&mut self, cost: u64, mark: u64) {
+        self.room.put_back(cost, mark);
     }
 
-    /// Units worth giving back at `now_us`: a token bucket's whose time has
+    /// Units worth giving back at `now`: a token bucket's whose time has
     /// not passed, a window's while its window runs (a sliding window's
     /// also in the next, where they still weigh).
-    fn returnable(&self, now_us: u64) -> u64 {
+    fn returnable(&self, now: Now) -> u64 {
+        let now_us = self.local(now);
         let unused = self.room.unused(now_us);
         match self.check.algorithm.kind() {
             Kind::TokenBucket => unused,
@@ -173,14 +218,21 @@ impl Lease {
     }
 
     /// The decision for a request of `cost` admitted from the lease.
-    fn decision(&self, now_us: u64) -> Decision {
+    fn decision(&self, now: Now) -> Decision {
         Decision::admitted(
             self.limit,
-            self.shared_remaining + self.usable(now_us),
-            self.reset_at_us.saturating_sub(now_us),
+            self.shared_remaining + self.usable(now),
+            self.reset_at_us.saturating_sub(self.local(now)),
         )
         .counted_at(self.counted_at_us)
     }
+}
+
+/// One instant, read off both clocks.
+#[derive(Clone, Copy)]
+struct Now {
+    wall_us: u64,
+    monotonic_us: u64,
 }
 
 #[derive(Default)]
@@ -194,10 +246,17 @@ struct Entry {
 struct Return {
     check: Check,
     counted_at_us: u64,
+    /// Sent only if no reset came since (see `Table::generation`).
+    generation: u64,
 }
 
 struct Table {
     shards: Box<[Mutex<HashMap<StateKey, Entry>>]>,
+    /// Bumped by every forgetting, before it drops anything: a fetch whose
+    /// script ran before a reset installs nothing after it, and a return
+    /// made before it is not sent (it would take from the fresh state what
+    /// the reset gave).
+    generation: AtomicU64,
 }
 
 impl Table {
@@ -207,12 +266,17 @@ impl Table {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
 }
 
 impl Forget for Table {
     /// An operator reset the keys: their leases are dropped, not returned
     /// (a return would take from the fresh state what the reset gave).
     fn forget(&self, keys: &[StateKey]) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
         for key in keys {
             if let Some(entry) = self.lock(key).get_mut(key) {
                 entry.lease = None;
@@ -221,6 +285,7 @@ impl Forget for Table {
     }
 
     fn forget_all(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
         for shard in self.shards.iter() {
             for entry in shard
                 .lock()
@@ -271,6 +336,8 @@ pub struct Leased<S> {
     /// How long a request waits for another's fetch: the store's deadline.
     wait: Duration,
     clock: Arc<dyn Clock>,
+    /// Never stepped: a lease's age is also measured by it.
+    monotonic: Arc<dyn Clock>,
     /// Started on first use, on the proxy's runtime.
     returns: OnceLock<mpsc::UnboundedSender<Return>>,
     metrics: Option<LeaseMetrics>,
@@ -288,13 +355,28 @@ impl<S: Store + 'static> Leased<S> {
             inner: Arc::new(inner),
             table: Arc::new(Table {
                 shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+                generation: AtomicU64::new(0),
             }),
             settings,
             divisor: instances.max(1).saturating_mul(2),
             wait,
             clock,
+            monotonic: Arc::new(MonotonicClock::default()),
             returns: OnceLock::new(),
             metrics: None,
+        }
+    }
+
+    /// Measures leases' ages also by `monotonic` (a test's own clock).
+    pub fn with_monotonic(mut self, monotonic: Arc<dyn Clock>) -> Self {
+        self.monotonic = monotonic;
+        self
+    }
+
+    fn now(&self) -> Now {
+        Now {
+            wall_us: self.clock.now_us(),
+            monotonic_us: self.monotonic.now_us(),
         }
     }
 
@@ -341,7 +423,7 @@ impl<S: Store + 'static> Leased<S> {
             tokio::spawn(send_returns(
                 self.inner.clone(),
                 self.table.clone(),
-                self.clock.clone(),
+                (self.clock.clone(), self.monotonic.clone()),
                 self.settings.ttl_us,
                 self.metrics.clone(),
                 receiver,
@@ -350,8 +432,8 @@ impl<S: Store + 'static> Leased<S> {
         })
     }
 
-    fn give_back(&self, lease: Lease, now_us: u64) {
-        if let Some(back) = returned(lease, now_us) {
+    fn give_back(&self, lease: Lease, now: Now) {
+        if let Some(back) = returned(lease, now, self.table.generation()) {
             let _ = self.returns().send(back);
         }
     }
@@ -374,12 +456,20 @@ impl<S: Store + 'static> Leased<S> {
     /// (the fetch is then this caller's, and so is the over lease's return,
     /// to send before the fetch: the store must not refuse for units on
     /// their way back) or that a fetch is out.
-    fn take(&self, check: &Check, now_us: u64) -> Taken {
+    fn take(&self, check: &Check, now: Now) -> Taken {
         let mut shard = self.table.lock(&check.key);
+        if !shard.contains_key(&check.key) && shard.len() >= MAX_KEYS / SHARDS {
+            return Taken::Alone;
+        }
         let entry = shard.entry(check.key).or_default();
         if let Some(lease) = &mut entry.lease {
-            if lease.check.algorithm == check.algorithm && lease.take(check.cost, now_us) {
-                return Taken::Local(lease.decision(now_us));
+            if lease.check.algorithm == check.algorithm {
+                if let Some(mark) = lease.take(check.cost, now) {
+                    return Taken::Local(Took {
+                        decision: lease.decision(now),
+                        mark,
+                    });
+                }
             }
         }
         let over = entry.lease.take();
@@ -394,40 +484,48 @@ impl<S: Store + 'static> Leased<S> {
                     notify,
                 };
                 drop(shard);
-                let back = over.and_then(|lease| returned(lease, now_us));
+                let back = over.and_then(|lease| returned(lease, now, self.table.generation()));
                 return Taken::Fetch(fetching, back);
             }
         };
         drop(shard);
         if let Some(lease) = over {
-            self.give_back(lease, now_us);
+            self.give_back(lease, now);
         }
         taken
     }
 
     /// Units taken from a lease by a request that was then refused
-    /// elsewhere: back into the lease, or to the store if it is gone.
-    fn untake(&self, check: &Check, decision: &Decision) {
+    /// elsewhere: back into the lease, or, for a count whose lease is gone,
+    /// to the store. A bucket's take whose lease is gone is not given back:
+    /// the store's schedule may have moved on past it.
+    fn untake(&self, check: &Check, took: &Took) {
         let mut shard = self.table.lock(&check.key);
         if let Some(lease) = shard.get_mut(&check.key).and_then(|e| e.lease.as_mut()) {
             if lease.check.algorithm == check.algorithm
-                && lease.counted_at_us == decision.counted_at_us()
+                && lease.counted_at_us == took.decision.counted_at_us()
             {
-                lease.put_back(check.cost, self.clock.now_us());
+                lease.put_back(check.cost, took.mark);
                 return;
             }
         }
         drop(shard);
-        let _ = self.returns().send(Return {
-            check: check.clone(),
-            counted_at_us: decision.counted_at_us(),
-        });
+        if check.algorithm.kind() != Kind::TokenBucket {
+            let _ = self.returns().send(Return {
+                check: check.clone(),
+                counted_at_us: took.decision.counted_at_us(),
+                generation: self.table.generation(),
+            });
+        }
     }
 
     /// Installs what the store leased beside `check` (its decision after
-    /// the lease, sent at `sent_us`); the request's own decision.
-    fn install(&self, check: &Check, after: Decision, units: u64, sent_us: u64) -> Decision {
-        let now_us = self.clock.now_us();
+    /// the lease, asked for at `sent_us` in `generation`); the request's
+    /// own decision. A lease from before a reset is not installed.
+    fn install(&self, check: &Check, after: Decision, units: u64, sent: (Now, u64)) -> Decision {
+        let (sent_at, generation) = sent;
+        let sent_us = sent_at.wall_us;
+        let now = self.now();
         let reset_at_us = sent_us.saturating_add(after.reset_after_us());
         let room = match check.algorithm.kind() {
             // The shared bucket is full again at `reset_at_us`; the lease's
@@ -451,13 +549,17 @@ impl<S: Store + 'static> Leased<S> {
             limit: after.limit(),
             reset_at_us,
             start_us: sent_us,
+            started_us: sent_at.monotonic_us,
         };
-        let decision = lease.decision(now_us);
+        let decision = lease.decision(now);
         let mut shard = self.table.lock(&check.key);
+        if self.table.generation() != generation {
+            return decision;
+        }
         let replaced = shard.entry(check.key).or_default().lease.replace(lease);
         drop(shard);
         if let Some(old) = replaced {
-            self.give_back(old, now_us);
+            self.give_back(old, now);
         }
         decision
     }
@@ -465,30 +567,29 @@ impl<S: Store + 'static> Leased<S> {
     /// Gives every lease back now and waits for the returns (shutdown,
     /// reload).
     pub async fn return_all(&self) {
-        let now_us = self.clock.now_us();
+        let now = self.now();
+        let generation = self.table.generation();
         let mut backs = Vec::new();
         for shard in self.table.shards.iter() {
             let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
             for entry in shard.values_mut() {
-                if let Some(back) = entry.lease.take().and_then(|l| returned(l, now_us)) {
-                    backs.push(back);
+                if let Some(back) = entry
+                    .lease
+                    .take()
+                    .and_then(|l| returned(l, now, generation))
+                {
+                    backs.push((back, None));
                 }
             }
             shard.retain(|_, e| e.fetching.is_some());
         }
-        let inner = &self.inner;
-        futures_util::future::join_all(
-            backs
-                .iter()
-                .map(|back| inner.refund(&back.check, back.counted_at_us)),
-        )
-        .await;
+        send(&*self.inner, &self.table, self.metrics.as_ref(), backs).await;
     }
 }
 
-/// The return of a lease's unused units at `now_us`, if worth sending.
-fn returned(lease: Lease, now_us: u64) -> Option<Return> {
-    let units = lease.returnable(now_us);
+/// The return of a lease's unused units at `now`, if worth sending.
+fn returned(lease: Lease, now: Now, generation: u64) -> Option<Return> {
+    let units = lease.returnable(now);
     if units == 0 {
         return None;
     }
@@ -498,14 +599,53 @@ fn returned(lease: Lease, now_us: u64) -> Option<Return> {
             ..lease.check
         },
         counted_at_us: lease.counted_at_us,
+        generation,
     })
 }
 
+/// Sends `backs` together (a few at a time, so that they share script
+/// runs), each holding its key's fetch, if any, until it has landed. A
+/// return from before a reset is dropped; one that fails leaves its units
+/// spent until their window or refill ends them: under-admission, never
+/// over.
+async fn send<S: Store>(
+    inner: &S,
+    table: &Table,
+    metrics: Option<&LeaseMetrics>,
+    backs: Vec<(Return, Option<Fetching>)>,
+) {
+    let mut backs = backs.into_iter().peekable();
+    while backs.peek().is_some() {
+        let batch: Vec<_> = backs.by_ref().take(RETURNS_AT_ONCE).collect();
+        let sent = batch.iter().map(|(back, _)| async move {
+            if back.generation != table.generation() {
+                return;
+            }
+            if inner.refund(&back.check, back.counted_at_us).await.is_ok() {
+                if let Some(m) = metrics {
+                    m.returned_units.inc_by(back.check.cost);
+                }
+            }
+        });
+        futures_util::future::join_all(sent).await;
+    }
+}
+
+/// Units a request took from a lease, and where the lease's schedule then
+/// stood (a token bucket's; 0 for a count).
+#[derive(Clone, Copy)]
+struct Took {
+    decision: Decision,
+    mark: u64,
+}
+
 enum Taken {
-    Local(Decision),
+    Local(Took),
     /// The caller fetches; first it gives back what the over lease left.
     Fetch(Fetching, Option<Return>),
     Out(Arc<Notify>),
+    /// No room in the table: the store decides alone.
+    Alone,
 }
 
 /// Sends returns as they come, and every tick ends the leases whose time
@@ -513,52 +653,56 @@ enum Taken {
 async fn send_returns<S: Store + 'static>(
     inner: Arc<S>,
     table: Arc<Table>,
-    clock: Arc<dyn Clock>,
+    clocks: (Arc<dyn Clock>, Arc<dyn Clock>),
     ttl_us: u64,
     metrics: Option<LeaseMetrics>,
     mut queue: mpsc::UnboundedReceiver<Return>,
 ) {
     let mut tick = tokio::time::interval(Duration::from_micros(ttl_us.clamp(1_000, 250_000)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut queued = Vec::new();
     loop {
         let backs = tokio::select! {
-            back = queue.recv() => match back {
-                Some(back) => vec![(back, None)],
-                None => return,
-            },
+            got = queue.recv_many(&mut queued, RETURNS_AT_ONCE) => {
+                if got == 0 {
+                    return;
+                }
+                queued.drain(..).map(|back| (back, None)).collect()
+            }
             _ = tick.tick() => {
-                let (backs, held) = expired(&table, clock.now_us());
+                let now = Now {
+                    wall_us: clocks.0.now_us(),
+                    monotonic_us: clocks.1.now_us(),
+                };
+                let (backs, held) = expired(&table, now);
                 if let Some(m) = &metrics {
                     m.held.set(i64::try_from(held).unwrap_or(i64::MAX));
                 }
                 backs
             }
         };
-        // Each return holds its key's fetch (if it could take it) until it
-        // lands: a request for the key meanwhile waits rather than be
-        // refused for units on their way back.
-        for (back, _fetching) in backs {
-            // A failed return leaves its units spent until their window or
-            // refill ends them: under-admission, never over.
-            if inner.refund(&back.check, back.counted_at_us).await.is_ok() {
-                if let Some(m) = &metrics {
-                    m.returned_units.inc_by(back.check.cost);
-                }
-            }
-        }
+        // Each expired lease's return holds its key's fetch (if it could
+        // take it) until it lands: a request for the key meanwhile waits
+        // rather than be refused for units on their way back.
+        send(&*inner, &table, metrics.as_ref(), backs).await;
     }
 }
 
-/// Ends the leases over at `now_us`; what they give back, and how many
+/// Ends the leases over at `now`; what they give back, and how many
 /// leases are left.
-fn expired(table: &Arc<Table>, now_us: u64) -> (Vec<(Return, Option<Fetching>)>, usize) {
+fn expired(table: &Arc<Table>, now: Now) -> (Vec<(Return, Option<Fetching>)>, usize) {
     let mut backs = Vec::new();
     let mut held = 0;
+    let generation = table.generation();
     for shard in table.shards.iter() {
         let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
         shard.retain(|key, entry| {
-            if entry.lease.as_ref().is_some_and(|l| l.ends_at_us <= now_us) {
-                if let Some(back) = entry.lease.take().and_then(|l| returned(l, now_us)) {
+            if entry.lease.as_ref().is_some_and(|l| l.over(now)) {
+                if let Some(back) = entry
+                    .lease
+                    .take()
+                    .and_then(|l| returned(l, now, generation))
+                {
                     let fetching = entry.fetching.is_none().then(|| {
                         let notify = Arc::new(Notify::new());
                         entry.fetching = Some(notify.clone());
@@ -587,15 +731,18 @@ impl<S: Store + 'static> Store for Leased<S> {
         // A fetch out for one of the keys: wait for it once, then decide.
         let mut waited = false;
         loop {
-            let now_us = self.clock.now_us();
-            let mut local: SmallVec<[Option<Decision>; 4]> = SmallVec::new();
+            let now = self.now();
+            // Before any script runs for this request: a reset after it
+            // makes what the request leases worthless.
+            let generation = self.table.generation();
+            let mut local: SmallVec<[Option<Took>; 4]> = SmallVec::new();
             let mut asks: SmallVec<[Option<LeaseAsk>; 4]> = SmallVec::new();
             let mut fetches: SmallVec<[Fetching; 2]> = SmallVec::new();
             let mut out: Option<(StateKey, Arc<Notify>)> = None;
             let mut backs: SmallVec<[Return; 1]> = SmallVec::new();
             for check in checks {
                 let (decided, ask) = if Self::leasable(check) {
-                    match self.take(check, now_us) {
+                    match self.take(check, now) {
                         Taken::Local(d) => (Some(d), None),
                         Taken::Fetch(fetch, back) => {
                             fetches.push(fetch);
@@ -610,6 +757,7 @@ impl<S: Store + 'static> Store for Leased<S> {
                             out.get_or_insert((check.key, notify));
                             (None, None)
                         }
+                        Taken::Alone => (None, None),
                     }
                 } else {
                     (None, None)
@@ -644,23 +792,13 @@ impl<S: Store + 'static> Store for Leased<S> {
                 if let Some(m) = &self.metrics {
                     m.decisions.inc_by(local.len() as u64);
                 }
-                return Ok(local.into_iter().flatten().collect());
+                return Ok(local.into_iter().flatten().map(|t| t.decision).collect());
             }
-            for back in &backs {
-                // A return that fails leaves its units spent until their
-                // window or refill ends them: under-admission, never over.
-                if self
-                    .inner
-                    .refund(&back.check, back.counted_at_us)
-                    .await
-                    .is_ok()
-                {
-                    if let Some(m) = &self.metrics {
-                        m.returned_units.inc_by(back.check.cost);
-                    }
-                }
-            }
-            return self.decide_rest(checks, local, &asks, now_us).await;
+            let backs = backs.into_iter().map(|back| (back, None)).collect();
+            send(&*self.inner, &self.table, self.metrics.as_ref(), backs).await;
+            return self
+                .decide_rest(checks, local, &asks, (now, generation))
+                .await;
         }
     }
 
@@ -671,7 +809,11 @@ impl<S: Store + 'static> Store for Leased<S> {
     async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
         let keys: SmallVec<[StateKey; 4]> = checks.iter().map(|c| c.key).collect();
         self.table.forget(&keys);
-        self.inner.reset(checks).await
+        let reset = self.inner.reset(checks).await;
+        // Again: a fetch that ran while the store was resetting may have
+        // leased from the state before it.
+        self.table.forget(&keys);
+        reset
     }
 
     async fn credit(&self, check: &Check) -> Result<Decision, LimiterError> {
@@ -681,7 +823,7 @@ impl<S: Store + 'static> Store for Leased<S> {
     /// A reservation taken from a lease goes back into it while the lease
     /// holds units counted in the same place; otherwise to the store.
     async fn refund(&self, check: &Check, counted_at_us: u64) -> Result<(), LimiterError> {
-        let now_us = self.clock.now_us();
+        let now = self.now();
         {
             let mut shard = self.table.lock(&check.key);
             if let Some(lease) = shard.get_mut(&check.key).and_then(|e| e.lease.as_mut()) {
@@ -689,10 +831,10 @@ impl<S: Store + 'static> Store for Leased<S> {
                 // place in the lease's stretch of the schedule.
                 if lease.check.algorithm == check.algorithm
                     && lease.counted_at_us == counted_at_us
-                    && now_us < lease.ends_at_us
+                    && !lease.over(now)
                     && matches!(lease.room, Room::Count { .. })
                 {
-                    lease.put_back(check.cost, now_us);
+                    lease.put_back(check.cost, 0);
                     return Ok(());
                 }
             }
@@ -732,9 +874,9 @@ impl<S: Store + 'static> Leased<S> {
     async fn decide_rest(
         &self,
         checks: &[Check],
-        local: SmallVec<[Option<Decision>; 4]>,
+        local: SmallVec<[Option<Took>; 4]>,
         asks: &[Option<LeaseAsk>],
-        sent_us: u64,
+        sent: (Now, u64),
     ) -> Result<Vec<Decision>, LimiterError> {
         let rest: Vec<Check> = checks
             .iter()
@@ -753,6 +895,10 @@ impl<S: Store + 'static> Leased<S> {
             Ok(decided) => decided,
             Err(e) => {
                 self.untake_all(checks, &local);
+                // The store's state is unknown now (a restart may have
+                // emptied it, a failover lost its last writes): no lease
+                // taken from it is spent on top of what it says next.
+                self.table.forget_all();
                 return Err(e);
             }
         };
@@ -761,7 +907,7 @@ impl<S: Store + 'static> Leased<S> {
         let mut decisions = Vec::with_capacity(checks.len());
         for (check, from_lease) in checks.iter().zip(&local) {
             match from_lease {
-                Some(d) => decisions.push(*d),
+                Some(took) => decisions.push(took.decision),
                 None => {
                     let Some(d) = remote.next() else {
                         self.untake_all(checks, &local);
@@ -776,7 +922,7 @@ impl<S: Store + 'static> Leased<S> {
                         if let Some(m) = &self.metrics {
                             m.taken.inc();
                         }
-                        self.install(check, d, units, sent_us)
+                        self.install(check, d, units, sent)
                     } else {
                         d
                     });
@@ -792,10 +938,10 @@ impl<S: Store + 'static> Leased<S> {
         Ok(decisions)
     }
 
-    fn untake_all(&self, checks: &[Check], local: &[Option<Decision>]) {
-        for (check, decided) in checks.iter().zip(local) {
-            if let Some(d) = decided {
-                self.untake(check, d);
+    fn untake_all(&self, checks: &[Check], local: &[Option<Took>]) {
+        for (check, took) in checks.iter().zip(local) {
+            if let Some(took) = took {
+                self.untake(check, took);
             }
         }
     }

@@ -148,7 +148,7 @@ async fn a_refused_layer_elsewhere_puts_the_units_taken_from_a_lease_back() {
 }
 
 #[tokio::test]
-async fn a_failed_store_call_takes_nothing_from_the_leases() {
+async fn a_failed_store_call_takes_nothing_and_no_lease_outlives_it() {
     let (clock, store) = setup();
     let gate = leased(&store, &clock, 1);
     let hot = leasing(Algorithm::fixed_window(1_000, 60 * SEC).unwrap(), 1, 1);
@@ -160,8 +160,101 @@ async fn a_failed_store_call_takes_nothing_from_the_leases() {
     store.fail_with(LimiterError::Timeout(Duration::ZERO));
     assert!(gate.decide(&[hot.clone(), other]).await.is_err());
     store.recover();
+    // The store's state is unknown after a failure (a restarted Redis is
+    // empty): the lease is dropped, neither spent on top of it nor given
+    // back into it.
+    assert_eq!(gate.leases_held(), 0);
     gate.return_all().await;
-    assert_eq!(shared_remaining(&store, &hot, T0), 999);
+    assert_eq!(shared_remaining(&store, &hot, T0), 1_000 - 1 - MAX);
+    let calls = store.decisions();
+    gate.decide(std::slice::from_ref(&hot)).await.unwrap();
+    assert_eq!(store.decisions(), calls + 1);
+}
+
+#[tokio::test]
+async fn a_lease_whose_fetch_ran_before_a_reset_is_not_installed_after_it() {
+    let (clock, store) = setup();
+    let gate = Arc::new(leased(&store, &clock, 1));
+    let hot = leasing(Algorithm::fixed_window(100, 60 * SEC).unwrap(), 1, 1);
+    store.hold_decisions();
+    let fetch = tokio::spawn({
+        let (gate, hot) = (gate.clone(), hot.clone());
+        async move { gate.decide(std::slice::from_ref(&hot)).await }
+    });
+    while store.decisions() == 0 {
+        tokio::task::yield_now().await;
+    }
+    // The script has run (the store charged the lease); the reset lands
+    // before its reply does.
+    gate.forgetter().forget(&[hot.key]);
+    store.memory().forget(std::slice::from_ref(&hot));
+    store.let_one_through();
+    assert!(fetch.await.unwrap().unwrap()[0].allowed());
+    assert_eq!(gate.leases_held(), 0, "a lease from before the reset");
+    // The fresh state gives the whole limit, through the store only.
+    let mut admitted = 0;
+    for _ in 0..120 {
+        store.let_one_through();
+        if gate.decide(std::slice::from_ref(&hot)).await.unwrap()[0].allowed() {
+            admitted += 1;
+        }
+    }
+    assert!(admitted <= 100, "{admitted} admitted after the reset");
+}
+
+#[tokio::test]
+async fn a_buckets_take_undone_never_frees_a_slot_taken_after_it() {
+    let (clock, store) = setup();
+    let gate = leased(&store, &clock, 1);
+    // 1,000 tokens, one back every 1 ms: a lease of MAX tokens.
+    let bucket = Algorithm::token_bucket(1_000, 1_000).unwrap();
+    let hot = leasing(bucket, 1, 1);
+    gate.decide(std::slice::from_ref(&hot)).await.unwrap();
+    // A request takes 5 tokens from the lease, but another of its layers
+    // refuses it; meanwhile others took tokens after it.
+    let x = Check {
+        cost: 5,
+        ..hot.clone()
+    };
+    let spent = Check {
+        lease: false,
+        key: StateKey {
+            limit: 9,
+            identity: 1,
+        },
+        name: LimitName::new("spent"),
+        ..leasing(Algorithm::fixed_window(1, 60 * SEC).unwrap(), 1, 1)
+    };
+    store.memory().decide_at(std::slice::from_ref(&spent), T0);
+    let Taken::Local(took) = gate.take(&x, gate.now()) else {
+        panic!("the lease has room");
+    };
+    let mut after = 0;
+    while matches!(gate.take(&hot, gate.now()), Taken::Local(_)) {
+        after += 1;
+    }
+    gate.untake(&x, &took);
+    assert!(
+        !matches!(gate.take(&hot, gate.now()), Taken::Local(_)),
+        "the undone take freed slots {after} later takes hold"
+    );
+}
+
+#[tokio::test]
+async fn a_clock_stepped_back_does_not_make_an_old_lease_young() {
+    let (clock, store) = setup();
+    let monotonic = Arc::new(ManualClock::new(0));
+    let gate = leased(&store, &clock, 1).with_monotonic(monotonic.clone());
+    let window = 5 * SEC;
+    let hot = leasing(Algorithm::fixed_window(1_000, window).unwrap(), 1, 1);
+    gate.decide(std::slice::from_ref(&hot)).await.unwrap();
+    // The lease lives a tenth of the window: time passes it, and the wall
+    // clock is stepped back to where it was.
+    monotonic.advance(window / 10);
+    clock.set(T0);
+    let calls = store.decisions();
+    gate.decide(std::slice::from_ref(&hot)).await.unwrap();
+    assert_eq!(store.decisions(), calls + 1, "an over lease was used");
 }
 
 #[tokio::test]

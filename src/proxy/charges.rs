@@ -205,6 +205,10 @@ fn owed_check(mut check: Check, cost: u64) -> Check {
     check.algorithm = check.algorithm.without_ceiling();
     check.cost = cost;
     check.peek = false;
+    // A debt is charged where the budget is, never from or into a lease:
+    // without a ceiling, a lease taken beside it would be as large as the
+    // most a lease takes, whatever the limit.
+    check.lease = false;
     check
 }
 

@@ -180,7 +180,10 @@ fn redis_store(
         metrics: &Metrics,
         clock: Arc<dyn Clock>,
     ) -> (Arc<dyn Store>, Forgetter) {
-        let remembering = KnownRefusals::new(shared, KNOWN_REFUSALS, clock.clone());
+        let mut remembering = KnownRefusals::new(shared, KNOWN_REFUSALS, clock.clone());
+        if let Some(leases) = settings.leases {
+            remembering = remembering.with_lease_ttl(leases.ttl_us);
+        }
         let forgetter = remembering.forgetter();
         let Some(leases) = settings.leases else {
             let store = Arc::new(Fallback::new(

@@ -412,16 +412,22 @@ impl<C: Connect> Scripted<C> {
         check: &Check,
         counted_at_us: u64,
     ) -> Result<(), LimiterError> {
-        let mut layers = self.layers([check], true);
-        for layer in &mut layers {
-            layer.mode = Mode::Refund;
-            layer.refund_at = counted_at_us;
-        }
+        let layers = self.refund_layers(check, counted_at_us);
         let requests = [layers.as_slice()];
         self.within_deadline(|mut connection| async move {
             self.run(&mut connection, &requests).await.map(drop)
         })
         .await
+    }
+
+    /// The script's layer that gives a reservation back (`refund`).
+    pub(super) fn refund_layers(&self, check: &Check, counted_at_us: u64) -> Vec<ScriptLayer> {
+        let mut layers = self.layers([check], true);
+        for layer in &mut layers {
+            layer.mode = Mode::Refund;
+            layer.refund_at = counted_at_us;
+        }
+        layers
     }
 
     /// Publishes the layers whose state an operator changed on

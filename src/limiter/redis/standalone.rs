@@ -142,8 +142,12 @@ impl Store for RedisStandalone {
         self.scripted.credit(check).await
     }
 
+    /// In the next script run with the decisions: a busy instance's
+    /// returns of leases and settled reservations cost no call of their own.
     async fn refund(&self, check: &Check, counted_at_us: u64) -> Result<(), LimiterError> {
-        self.scripted.refund(check, counted_at_us).await
+        self.queued(self.scripted.refund_layers(check, counted_at_us))
+            .await
+            .map(drop)
     }
 
     async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
