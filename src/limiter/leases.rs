@@ -22,7 +22,9 @@
 //!
 //! One fetch per key at a time: requests that find the lease empty while a
 //! fetch is out wait for it (within the Redis deadline) instead of sending
-//! their own.
+//! their own. A window's or a quota's lease half spent is topped up in the
+//! background (a lease asked beside a request of cost 0), so that under
+//! steady load no request waits for Redis at all.
 //!
 //! A lease's times are counted from when it was asked for, by the wall
 //! clock and by a monotonic one, whichever has gone further: a clock
@@ -65,6 +67,8 @@ struct Lease {
     /// the numbers ends the lease), name and key (for the return).
     check: Check,
     room: Room,
+    /// Units leased (with the top-ups since): half spent, it is topped up.
+    units: u64,
     /// Where its units are counted (a refund finds them there).
     counted_at_us: u64,
     /// On this instance's clock: it is not used from then on.
@@ -326,8 +330,9 @@ impl Drop for Fetching {
     }
 }
 
-/// A store that takes leases from `inner` and decides from them.
-pub struct Leased<S> {
+/// What a `Leased` store is: shared with its background tasks (returns,
+/// expiry, top-ups).
+struct Core<S> {
     inner: Arc<S>,
     table: Arc<Table>,
     settings: LeaseSettings,
@@ -343,6 +348,9 @@ pub struct Leased<S> {
     metrics: Option<LeaseMetrics>,
 }
 
+/// A store that takes leases from `inner` and decides from them.
+pub struct Leased<S>(Arc<Core<S>>);
+
 impl<S: Store + 'static> Leased<S> {
     pub fn new(
         inner: S,
@@ -351,7 +359,7 @@ impl<S: Store + 'static> Leased<S> {
         wait: Duration,
         clock: Arc<dyn Clock>,
     ) -> Self {
-        Leased {
+        Leased(Arc::new(Core {
             inner: Arc::new(inner),
             table: Arc::new(Table {
                 shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
@@ -364,15 +372,43 @@ impl<S: Store + 'static> Leased<S> {
             monotonic: Arc::new(MonotonicClock::default()),
             returns: OnceLock::new(),
             metrics: None,
-        }
+        }))
     }
 
     /// Measures leases' ages also by `monotonic` (a test's own clock).
     pub fn with_monotonic(mut self, monotonic: Arc<dyn Clock>) -> Self {
-        self.monotonic = monotonic;
+        if let Some(core) = Arc::get_mut(&mut self.0) {
+            core.monotonic = monotonic;
+        }
         self
     }
 
+    /// Also counts what the leases do in `metrics`.
+    pub fn with_metrics(mut self, metrics: LeaseMetrics) -> Self {
+        if let Some(core) = Arc::get_mut(&mut self.0) {
+            core.metrics = Some(metrics);
+        }
+        self
+    }
+
+    /// Forgets the leases of keys another instance's operator reset.
+    pub fn forgetter(&self) -> Arc<dyn Forget> {
+        self.0.table.clone()
+    }
+
+    /// Leases held now.
+    pub fn leases_held(&self) -> usize {
+        self.0.leases_held()
+    }
+
+    /// Gives every lease back now and waits for the returns (shutdown,
+    /// reload).
+    pub async fn return_all(&self) {
+        self.0.return_all().await;
+    }
+}
+
+impl<S: Store + 'static> Core<S> {
     fn now(&self) -> Now {
         Now {
             wall_us: self.clock.now_us(),
@@ -380,19 +416,7 @@ impl<S: Store + 'static> Leased<S> {
         }
     }
 
-    /// Also counts what the leases do in `metrics`.
-    pub fn with_metrics(mut self, metrics: LeaseMetrics) -> Self {
-        self.metrics = Some(metrics);
-        self
-    }
-
-    /// Forgets the leases of keys another instance's operator reset.
-    pub fn forgetter(&self) -> Arc<dyn Forget> {
-        self.table.clone()
-    }
-
-    /// Leases held now (for tests and the status page).
-    pub fn leases_held(&self) -> usize {
+    fn leases_held(&self) -> usize {
         self.table
             .shards
             .iter()
@@ -465,10 +489,24 @@ impl<S: Store + 'static> Leased<S> {
         if let Some(lease) = &mut entry.lease {
             if lease.check.algorithm == check.algorithm {
                 if let Some(mark) = lease.take(check.cost, now) {
-                    return Taken::Local(Took {
+                    let took = Took {
                         decision: lease.decision(now),
                         mark,
+                    };
+                    let half_spent = match lease.room {
+                        Room::Count { unused } => unused.saturating_mul(2) < lease.units,
+                        Room::Tokens { .. } => false,
+                    };
+                    let top_up = (half_spent && entry.fetching.is_none()).then(|| {
+                        let notify = Arc::new(Notify::new());
+                        entry.fetching = Some(notify.clone());
+                        Fetching {
+                            table: self.table.clone(),
+                            key: check.key,
+                            notify,
+                        }
                     });
+                    return Taken::Local(took, top_up);
                 }
             }
         }
@@ -543,6 +581,7 @@ impl<S: Store + 'static> Leased<S> {
         let lease = Lease {
             check: check.clone(),
             room,
+            units,
             counted_at_us: after.counted_at_us(),
             ends_at_us: self.ends_at(&check.algorithm, sent_us, reset_at_us),
             shared_remaining: after.remaining(),
@@ -551,12 +590,30 @@ impl<S: Store + 'static> Leased<S> {
             start_us: sent_us,
             started_us: sent_at.monotonic_us,
         };
-        let decision = lease.decision(now);
+        let mut lease = lease;
         let mut shard = self.table.lock(&check.key);
         if self.table.generation() != generation {
-            return decision;
+            return lease.decision(now);
         }
-        let replaced = shard.entry(check.key).or_default().lease.replace(lease);
+        let entry = shard.entry(check.key).or_default();
+        // A top-up: what the lease still holds joins the new units.
+        if let Some(Lease {
+            room: Room::Count { unused },
+            check: held,
+            counted_at_us,
+            ..
+        }) = &entry.lease
+        {
+            if held.algorithm == check.algorithm && *counted_at_us == lease.counted_at_us {
+                if let Room::Count { unused: new } = &mut lease.room {
+                    *new += unused;
+                }
+                lease.units += unused;
+                entry.lease = None;
+            }
+        }
+        let decision = lease.decision(now);
+        let replaced = entry.lease.replace(lease);
         drop(shard);
         if let Some(old) = replaced {
             self.give_back(old, now);
@@ -564,9 +621,41 @@ impl<S: Store + 'static> Leased<S> {
         decision
     }
 
-    /// Gives every lease back now and waits for the returns (shutdown,
-    /// reload).
-    pub async fn return_all(&self) {
+    /// Leases more units beside a request of cost 0 while the lease still
+    /// has some: the fetch is held meanwhile, so that a request finding the
+    /// lease empty waits for it rather than send its own.
+    async fn top_up(&self, check: Check, fetching: Fetching) {
+        let sent = (self.now(), self.table.generation());
+        let probe = Check {
+            cost: 0,
+            ..check.clone()
+        };
+        let ask = LeaseAsk {
+            max: self.settings.max,
+            divisor: self.divisor,
+        };
+        match self
+            .inner
+            .decide_leasing(std::slice::from_ref(&probe), &[Some(ask)])
+            .await
+        {
+            Ok((decided, leased)) => {
+                let units = leased.first().copied().unwrap_or(0);
+                if let (Some(after), true) = (decided.first(), units > 0) {
+                    if after.allowed() {
+                        if let Some(m) = &self.metrics {
+                            m.taken.inc();
+                        }
+                        self.install(&check, *after, units, sent);
+                    }
+                }
+            }
+            Err(_) => self.table.forget_all(),
+        }
+        drop(fetching);
+    }
+
+    async fn return_all(&self) {
         let now = self.now();
         let generation = self.table.generation();
         let mut backs = Vec::new();
@@ -640,7 +729,8 @@ struct Took {
 }
 
 enum Taken {
-    Local(Took),
+    /// From the lease; and the fetch of a top-up, when it is half spent.
+    Local(Took, Option<Fetching>),
     /// The caller fetches; first it gives back what the over lease left.
     Fetch(Fetching, Option<Return>),
     Out(Arc<Notify>),
@@ -725,6 +815,52 @@ fn expired(table: &Arc<Table>, now: Now) -> (Vec<(Return, Option<Fetching>)>, us
 #[async_trait]
 impl<S: Store + 'static> Store for Leased<S> {
     async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
+        self.0.decide(checks).await
+    }
+
+    async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
+        self.0.inner.peek(checks).await
+    }
+
+    async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
+        self.0.reset(checks).await
+    }
+
+    async fn credit(&self, check: &Check) -> Result<Decision, LimiterError> {
+        self.0.inner.credit(check).await
+    }
+
+    async fn refund(&self, check: &Check, counted_at_us: u64) -> Result<(), LimiterError> {
+        self.0.refund(check, counted_at_us).await
+    }
+
+    async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
+        self.0.inner.acquire(slot).await
+    }
+
+    async fn renew(&self, slot: &Slot) -> Result<bool, LimiterError> {
+        self.0.inner.renew(slot).await
+    }
+
+    async fn release(&self, slot: &Slot) -> Result<bool, LimiterError> {
+        self.0.inner.release(slot).await
+    }
+
+    async fn probe(&self) -> Result<(), LimiterError> {
+        self.0.inner.probe().await
+    }
+
+    fn deciding(&self) -> Deciding {
+        self.0.inner.deciding()
+    }
+
+    async fn return_leases(&self) {
+        self.0.return_all().await;
+    }
+}
+
+impl<S: Store + 'static> Core<S> {
+    async fn decide(self: &Arc<Self>, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
         if !checks.iter().any(Self::leasable) {
             return self.inner.decide(checks).await;
         }
@@ -743,7 +879,14 @@ impl<S: Store + 'static> Store for Leased<S> {
             for check in checks {
                 let (decided, ask) = if Self::leasable(check) {
                     match self.take(check, now) {
-                        Taken::Local(d) => (Some(d), None),
+                        Taken::Local(took, top_up) => {
+                            if let Some(fetching) = top_up {
+                                let core = self.clone();
+                                let check = check.clone();
+                                tokio::spawn(async move { core.top_up(check, fetching).await });
+                            }
+                            (Some(took), None)
+                        }
                         Taken::Fetch(fetch, back) => {
                             fetches.push(fetch);
                             backs.extend(back);
@@ -802,10 +945,6 @@ impl<S: Store + 'static> Store for Leased<S> {
         }
     }
 
-    async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
-        self.inner.peek(checks).await
-    }
-
     async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
         let keys: SmallVec<[StateKey; 4]> = checks.iter().map(|c| c.key).collect();
         self.table.forget(&keys);
@@ -814,10 +953,6 @@ impl<S: Store + 'static> Store for Leased<S> {
         // leased from the state before it.
         self.table.forget(&keys);
         reset
-    }
-
-    async fn credit(&self, check: &Check) -> Result<Decision, LimiterError> {
-        self.inner.credit(check).await
     }
 
     /// A reservation taken from a lease goes back into it while the lease
@@ -841,33 +976,9 @@ impl<S: Store + 'static> Store for Leased<S> {
         }
         self.inner.refund(check, counted_at_us).await
     }
-
-    async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
-        self.inner.acquire(slot).await
-    }
-
-    async fn renew(&self, slot: &Slot) -> Result<bool, LimiterError> {
-        self.inner.renew(slot).await
-    }
-
-    async fn release(&self, slot: &Slot) -> Result<bool, LimiterError> {
-        self.inner.release(slot).await
-    }
-
-    async fn probe(&self) -> Result<(), LimiterError> {
-        self.inner.probe().await
-    }
-
-    fn deciding(&self) -> Deciding {
-        self.inner.deciding()
-    }
-
-    async fn return_leases(&self) {
-        self.return_all().await;
-    }
 }
 
-impl<S: Store + 'static> Leased<S> {
+impl<S: Store + 'static> Core<S> {
     /// The layers not decided from a lease go to the store, with a lease
     /// asked beside those that had none; the request is admitted only if
     /// they all are, and the units taken from leases go back if not.

@@ -226,16 +226,16 @@ async fn a_buckets_take_undone_never_frees_a_slot_taken_after_it() {
         ..leasing(Algorithm::fixed_window(1, 60 * SEC).unwrap(), 1, 1)
     };
     store.memory().decide_at(std::slice::from_ref(&spent), T0);
-    let Taken::Local(took) = gate.take(&x, gate.now()) else {
+    let Taken::Local(took, _) = gate.0.take(&x, gate.0.now()) else {
         panic!("the lease has room");
     };
     let mut after = 0;
-    while matches!(gate.take(&hot, gate.now()), Taken::Local(_)) {
+    while matches!(gate.0.take(&hot, gate.0.now()), Taken::Local(..)) {
         after += 1;
     }
-    gate.untake(&x, &took);
+    gate.0.untake(&x, &took);
     assert!(
-        !matches!(gate.take(&hot, gate.now()), Taken::Local(_)),
+        !matches!(gate.0.take(&hot, gate.0.now()), Taken::Local(..)),
         "the undone take freed slots {after} later takes hold"
     );
 }
@@ -416,4 +416,35 @@ proptest! {
             Ok(())
         })?;
     }
+}
+
+#[tokio::test]
+async fn a_half_spent_lease_is_topped_up_before_it_runs_dry() {
+    let (clock, store) = setup();
+    let metrics = LeaseMetrics {
+        taken: prometheus::IntCounter::new("taken", "t").unwrap(),
+        decisions: prometheus::IntCounter::new("decisions", "d").unwrap(),
+        returned_units: prometheus::IntCounter::new("returned", "r").unwrap(),
+        held: prometheus::IntGauge::new("held", "h").unwrap(),
+    };
+    let gate = leased(&store, &clock, 1).with_metrics(metrics.clone());
+    let hot = leasing(Algorithm::fixed_window(1_000_000, 60 * SEC).unwrap(), 1, 1);
+    for _ in 0..200 {
+        assert!(gate.decide(std::slice::from_ref(&hot)).await.unwrap()[0].allowed());
+        // The top-up's own call runs between requests, as on a busy proxy.
+        for _ in 0..4 {
+            tokio::task::yield_now().await;
+        }
+    }
+    // Only the first request went to the store; each top-up was a call of
+    // its own, beside no request.
+    assert_eq!(metrics.decisions.get(), 199);
+    assert!(
+        metrics.taken.get() >= 200 / MAX,
+        "{} leases",
+        metrics.taken.get()
+    );
+    assert_eq!(store.decisions() as u64, metrics.taken.get());
+    gate.return_all().await;
+    assert_eq!(shared_remaining(&store, &hot, T0), 1_000_000 - 200);
 }
