@@ -88,7 +88,7 @@ fn near_the_limit_every_request_is_decided_by_redis() {
     // share of one, so none is ever taken.
     let proxy = on_redis(&upstream, &redis.url())
         .redis_lines("instances = 10")
-        .limit(Limit::fixed_window("tight", "global", 10, "1m"))
+        .limit(Limit::fixed_window("tight", "global", 10, "1h"))
         .start();
     assert_eq!(proxy.get("/").status, 200);
     let _: String = redis.cmd(&["CONFIG", "RESETSTAT"]);
@@ -105,7 +105,7 @@ fn three_proxies_with_leases_never_pass_the_limit_and_lose_nothing_once_leases_e
     let upstream = Upstream::start();
     let config = on_redis(&upstream, &redis.url())
         .redis_lines("instances = 3")
-        .limit(Limit::fixed_window("shared", "global", 100, "10m"));
+        .limit(Limit::fixed_window("shared", "global", 100, "1h"));
     let proxies: Vec<Proxy> = (0..3).map(|_| config.start()).collect();
     let addrs: Vec<_> = proxies.iter().map(|p| p.addr).collect();
     let first = burst(&addrs, 600, "GET", "/", &[]);
@@ -165,7 +165,7 @@ fn redis_killed_mid_lease_admits_at_most_what_was_leased_and_counts_nothing_twic
         .redis(&redis.url())
         .admin()
         .redis_lines("on_failure = \"deny\"\ntimeout = \"200ms\"")
-        .limit(Limit::fixed_window("hot", "global", 1_000, "10m"))
+        .limit(Limit::fixed_window("hot", "global", 1_000, "1h"))
         .start();
     assert_eq!(proxy.get("/").status, 200);
     let leased = proxy.metric("floodgate_redis_leases_total");
@@ -242,7 +242,7 @@ fn a_stop_and_a_reload_give_the_unused_units_back() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
     let config =
-        on_redis(&upstream, &redis.url()).limit(Limit::fixed_window("hot", "global", 1_000, "10m"));
+        on_redis(&upstream, &redis.url()).limit(Limit::fixed_window("hot", "global", 1_000, "1h"));
     let mut proxy = config.start();
     assert_eq!(proxy.get("/").status, 200);
     let key = state_key(&redis, "hot");

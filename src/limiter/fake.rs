@@ -105,6 +105,19 @@ impl Shared {
         self.probes.load(Ordering::SeqCst)
     }
 
+    /// What a decision waits for before it answers: a permit while
+    /// decisions are held, then the failure set, if any.
+    async fn answer(&self) -> Result<(), LimiterError> {
+        if self.held.load(Ordering::SeqCst) {
+            self.permits
+                .acquire()
+                .await
+                .map_err(|_| LimiterError::Stopped)?
+                .forget();
+        }
+        self.failure()
+    }
+
     fn failure(&self) -> Result<(), LimiterError> {
         match self.failure.lock().expect("failure").clone() {
             Some(error) => Err(error),
@@ -118,14 +131,7 @@ impl Store for FakeStore {
     async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
         self.decisions.fetch_add(1, Ordering::SeqCst);
         let decided = self.memory.decide(checks).await;
-        if self.held.load(Ordering::SeqCst) {
-            self.permits
-                .acquire()
-                .await
-                .map_err(|_| LimiterError::Stopped)?
-                .forget();
-        }
-        self.failure()?;
+        self.answer().await?;
         decided
     }
 
@@ -135,14 +141,7 @@ impl Store for FakeStore {
         asks: &[Option<LeaseAsk>],
     ) -> Result<(Vec<Decision>, SmallVec<[u64; 4]>), LimiterError> {
         self.decisions.fetch_add(1, Ordering::SeqCst);
-        if self.held.load(Ordering::SeqCst) {
-            self.permits
-                .acquire()
-                .await
-                .map_err(|_| LimiterError::Stopped)?
-                .forget();
-        }
-        self.failure()?;
+        self.answer().await?;
         self.memory.decide_leasing(checks, asks).await
     }
 

@@ -73,6 +73,9 @@ struct Lease {
     counted_at_us: u64,
     /// On this instance's clock: it is not used from then on.
     ends_at_us: u64,
+    /// How long it lives past its last use (a window's never past the
+    /// window, a bucket's never past a lifetime from when it was taken).
+    ttl_us: u64,
     /// What the shared state had left beside the lease: for the headers.
     shared_remaining: u64,
     limit: u64,
@@ -190,10 +193,23 @@ impl Lease {
         self.room.unused(now_us)
     }
 
-    /// Takes `cost`; where the schedule then stands (see `put_back`).
+    /// Takes `cost`; where the schedule then stands (see `put_back`). A
+    /// count in use lives on, up to its window's end: only an idle lease
+    /// goes back.
     fn take(&mut self, cost: u64, now: Now) -> Option<u64> {
         let now_us = self.local(now);
-        (now_us < self.ends_at_us && self.room.take(cost, now_us)).then(|| self.room.mark())
+        if now_us >= self.ends_at_us || !self.room.take(cost, now_us) {
+            return None;
+        }
+        if let Room::Count { .. } = self.room {
+            self.ends_at_us = self.reset_at_us.min(now_us.saturating_add(self.ttl_us));
+        }
+        Some(self.room.mark())
+    }
+
+    /// Half of what was leased is spent: time to lease more.
+    fn half_spent(&self, now: Now) -> bool {
+        self.room.unused(self.local(now)).saturating_mul(2) < self.units
     }
 
     fn put_back(&mut self, cost: u64, mark: u64) {
@@ -464,15 +480,18 @@ impl<S: Store + 'static> Core<S> {
 
     /// How long a lease taken for `algorithm` at `sent_us` may live.
     fn ends_at(&self, algorithm: &Algorithm, sent_us: u64, window_end_us: u64) -> u64 {
-        let ttl = self
-            .settings
-            .ttl_us
-            .min((algorithm.window_us() / 10).max(1));
-        let end = sent_us.saturating_add(ttl);
+        let end = sent_us.saturating_add(self.ttl(algorithm));
         match algorithm.kind() {
             Kind::TokenBucket => end,
             _ => end.min(window_end_us),
         }
+    }
+
+    /// `lease_ttl`, and never more than a tenth of the limit's window.
+    fn ttl(&self, algorithm: &Algorithm) -> u64 {
+        self.settings
+            .ttl_us
+            .min((algorithm.window_us() / 10).max(1))
     }
 
     /// Takes `check.cost` from its key's lease if it has room. Otherwise
@@ -493,11 +512,7 @@ impl<S: Store + 'static> Core<S> {
                         decision: lease.decision(now),
                         mark,
                     };
-                    let half_spent = match lease.room {
-                        Room::Count { unused } => unused.saturating_mul(2) < lease.units,
-                        Room::Tokens { .. } => false,
-                    };
-                    let top_up = (half_spent && entry.fetching.is_none()).then(|| {
+                    let top_up = (lease.half_spent(now) && entry.fetching.is_none()).then(|| {
                         let notify = Arc::new(Notify::new());
                         entry.fetching = Some(notify.clone());
                         Fetching {
@@ -584,6 +599,7 @@ impl<S: Store + 'static> Core<S> {
             units,
             counted_at_us: after.counted_at_us(),
             ends_at_us: self.ends_at(&check.algorithm, sent_us, reset_at_us),
+            ttl_us: self.ttl(&check.algorithm),
             shared_remaining: after.remaining(),
             limit: after.limit(),
             reset_at_us,
@@ -597,19 +613,55 @@ impl<S: Store + 'static> Core<S> {
         }
         let entry = shard.entry(check.key).or_default();
         // A top-up: what the lease still holds joins the new units.
-        if let Some(Lease {
-            room: Room::Count { unused },
-            check: held,
-            counted_at_us,
-            ..
-        }) = &entry.lease
+        if let Some(held) = entry
+            .lease
+            .as_mut()
+            .filter(|h| h.check.algorithm == check.algorithm)
         {
-            if held.algorithm == check.algorithm && *counted_at_us == lease.counted_at_us {
-                if let Room::Count { unused: new } = &mut lease.room {
-                    *new += unused;
+            match (&mut held.room, &mut lease.room) {
+                (Room::Count { unused }, Room::Count { unused: new })
+                    if held.counted_at_us == lease.counted_at_us =>
+                {
+                    *new += *unused;
+                    lease.units = *new;
+                    entry.lease = None;
                 }
-                lease.units += unused;
-                entry.lease = None;
+                // A bucket's new tokens right after the lease's in the
+                // schedule (nobody charged in between): the stretch goes
+                // on, in the lease's own clock.
+                (
+                    Room::Tokens {
+                        end_us,
+                        interval_us,
+                        ..
+                    },
+                    Room::Tokens { .. },
+                ) if lease
+                    .counted_at_us
+                    .checked_sub(units.saturating_mul(*interval_us))
+                    == Some(held.counted_at_us) =>
+                {
+                    let span = units.saturating_mul(*interval_us);
+                    *end_us = end_us.saturating_add(span);
+                    held.reset_at_us = held.reset_at_us.saturating_add(span);
+                    held.counted_at_us = lease.counted_at_us;
+                    held.units = held.room.unused(held.local(now));
+                    held.ends_at_us = held
+                        .ends_at_us
+                        .max(held.local(now).saturating_add(held.ttl_us));
+                    held.shared_remaining = lease.shared_remaining;
+                    return held.decision(now);
+                }
+                // Somebody charged in between: the new tokens go straight
+                // back (nobody has charged after them yet, most likely),
+                // and the lease keeps its own stretch.
+                (Room::Tokens { .. }, Room::Tokens { .. }) => {
+                    let decision = held.decision(now);
+                    drop(shard);
+                    self.give_back(lease, now);
+                    return decision;
+                }
+                _ => {}
             }
         }
         let decision = lease.decision(now);

@@ -474,17 +474,24 @@ fn could_make_room(shard: &Shard, needed: usize, now_us: u64, request: &[Check])
         >= short
 }
 
-/// `check` against the state held in `entry`; idle or absent state is fresh.
+/// `decide` on the state held in `entry`; idle or absent state is fresh.
+fn with_state<T>(
+    check: &Check,
+    entry: Option<&Entry>,
+    now_us: u64,
+    decide: impl FnOnce(&State) -> T,
+) -> T {
+    match entry {
+        Some(entry) if entry.idle_at_us > now_us => decide(&entry.state),
+        _ => decide(&check.algorithm.fresh_state()),
+    }
+}
+
+/// `check` against the state held in `entry`.
 fn evaluate(check: &Check, entry: Option<&Entry>, now_us: u64) -> Evaluation {
-    let fresh;
-    let state = match entry {
-        Some(entry) if entry.idle_at_us > now_us => &entry.state,
-        _ => {
-            fresh = check.algorithm.fresh_state();
-            &fresh
-        }
-    };
-    check.algorithm.evaluate(state, now_us, check.cost)
+    with_state(check, entry, now_us, |state| {
+        check.algorithm.evaluate(state, now_us, check.cost)
+    })
 }
 
 /// `check` and the lease `ask`ed beside it against the state in `entry`.
@@ -494,17 +501,11 @@ fn evaluate_leasing(
     now_us: u64,
     ask: LeaseAsk,
 ) -> (Evaluation, u64) {
-    let fresh;
-    let state = match entry {
-        Some(entry) if entry.idle_at_us > now_us => &entry.state,
-        _ => {
-            fresh = check.algorithm.fresh_state();
-            &fresh
-        }
-    };
-    check
-        .algorithm
-        .evaluate_leasing(state, now_us, check.cost, ask.max, ask.divisor)
+    with_state(check, entry, now_us, |state| {
+        check
+            .algorithm
+            .evaluate_leasing(state, now_us, check.cost, ask.max, ask.divisor)
+    })
 }
 
 fn update(entry: &mut Entry, check: &Check, evaluation: &Evaluation, now_us: u64) {

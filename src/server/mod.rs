@@ -185,14 +185,24 @@ fn redis_store(
             remembering = remembering.with_lease_ttl(leases.ttl_us);
         }
         let forgetter = remembering.forgetter();
-        let Some(leases) = settings.leases else {
-            let store = Arc::new(Fallback::new(
-                remembering,
+        fn with_fallback<S: Store + 'static>(
+            shared: S,
+            settings: &RedisSettings,
+            memory: Arc<MemoryStore>,
+            metrics: &Metrics,
+            clock: Arc<dyn Clock>,
+        ) -> Arc<dyn Store> {
+            let instances = settings.instances;
+            Arc::new(Fallback::new(
+                shared,
                 memory,
-                settings.instances,
+                instances,
                 metrics.redis.clone(),
                 clock,
-            ));
+            ))
+        }
+        let Some(leases) = settings.leases else {
+            let store = with_fallback(remembering, settings, memory, metrics, clock);
             return (store, forgetter);
         };
         let leased = Leased::new(
@@ -204,14 +214,10 @@ fn redis_store(
         )
         .with_metrics(metrics.redis.leases.clone());
         let forgetter = forgetter.and(leased.forgetter());
-        let store = Arc::new(Fallback::new(
-            leased,
-            memory,
-            settings.instances,
-            metrics.redis.clone(),
-            clock,
-        ));
-        (store, forgetter)
+        (
+            with_fallback(leased, settings, memory, metrics, clock),
+            forgetter,
+        )
     }
     let timer = metrics.redis.call_seconds.clone();
     match &settings.topology {
