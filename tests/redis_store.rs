@@ -47,31 +47,55 @@ fn no_5xx(responses: &[Response]) {
 fn three_proxies_share_one_token_bucket_exactly() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
-    let config = on_redis(&upstream, &redis.url())
-        .redis_lines("instances = 3")
-        .raw("[clients.api_keys]\n\"shared-key\" = \"free\"\n\"other-key\" = \"free\"\n\"third-key\" = \"free\"")
-        .limit(Limit::token_bucket("per-account", "api_key", 100, 1.0));
-    let proxies: Vec<Proxy> = (0..3).map(|_| config.start()).collect();
-    let refs: Vec<&Proxy> = proxies.iter().collect();
     let mut figures = String::new();
-    for key in ["shared-key", "other-key", "third-key"] {
-        upstream.reset();
-        let started = Instant::now();
-        let responses = spread_burst(&refs, 600, "/", &[("X-API-Key", key)]);
-        let elapsed = started.elapsed().as_secs();
-        no_5xx(&responses);
-        let admitted = count_status(&responses, 200);
-        assert!(
-            admitted >= 100 && admitted as u64 <= 100 + elapsed,
-            "{key}: admitted {admitted} in {elapsed}s"
-        );
-        assert_eq!(upstream.count(), admitted, "{key}: the upstream agrees");
-        assert_eq!(count_status(&responses, 429), 600 - admitted);
-        figures.push_str(&format!(
-            "{key}: 600 requests over 3 proxies in {:.2}s, {admitted} admitted (bound 100 + {elapsed}), upstream saw {}\n",
-            started.elapsed().as_secs_f64(),
-            upstream.count()
-        ));
+    // Without leases every request is Redis's: the burst gets the bucket,
+    // exactly. With them, no burst gets more, whatever follows; what a
+    // lease still held when the burst ended goes back once leases end if
+    // nobody charged after it, and otherwise comes back only as the bucket
+    // refills: at most a lease per proxy, 16 tokens each here (99 left /
+    // (2 x 3 instances)).
+    for leases in ["off", "auto"] {
+        let config = on_redis(&upstream, &redis.url())
+            .admin()
+            .redis_lines(&format!("instances = 3\nleases = \"{leases}\""))
+            .raw("[clients.api_keys]\n\"shared-key\" = \"free\"\n\"other-key\" = \"free\"\n\"third-key\" = \"free\"")
+            .limit(Limit::token_bucket("per-account", "api_key", 100, 1.0));
+        let proxies: Vec<Proxy> = (0..3).map(|_| config.start()).collect();
+        let refs: Vec<&Proxy> = proxies.iter().collect();
+        for key in ["shared-key", "other-key", "third-key"] {
+            let _: () = redis.cmd(&["FLUSHALL"]);
+            upstream.reset();
+            let started = Instant::now();
+            let responses = spread_burst(&refs, 600, "/", &[("X-API-Key", key)]);
+            no_5xx(&responses);
+            let mut admitted = count_status(&responses, 200);
+            assert_eq!(count_status(&responses, 429), 600 - admitted);
+            if leases == "auto" {
+                assert!(admitted <= 100, "{key}: a burst admitted {admitted}");
+                assert!(
+                    wait_until(Duration::from_secs(5), || proxies
+                        .iter()
+                        .all(|p| p.metric("floodgate_redis_leases_held") == 0.0)),
+                    "{key}: leases end"
+                );
+                let again = spread_burst(&refs, 300, "/", &[("X-API-Key", key)]);
+                no_5xx(&again);
+                admitted += count_status(&again, 200);
+            }
+            let elapsed = started.elapsed().as_secs();
+            let lost_at_most = if leases == "auto" { 3 * 16 } else { 0 };
+            assert!(
+                admitted + lost_at_most >= 100 && admitted as u64 <= 100 + elapsed,
+                "{key}, leases {leases}: admitted {admitted} in {elapsed}s"
+            );
+            assert_eq!(upstream.count(), admitted, "{key}: the upstream agrees");
+            figures.push_str(&format!(
+                "leases {leases}, {key}: 600 requests over 3 proxies{}, {admitted} admitted in {:.2}s (bound 100 + {elapsed}), upstream saw {}\n",
+                if leases == "auto" { " then 300 once leases ended" } else { "" },
+                started.elapsed().as_secs_f64(),
+                upstream.count()
+            ));
+        }
     }
     record("distributed_exactness", &figures);
 }
@@ -213,8 +237,10 @@ fn script_flush_between_requests_changes_nothing() {
 fn one_evalsha_per_request_and_keys_hold_no_user_input_and_expire() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
+    // Leases off: what is counted is the call each request makes without
+    // them (tests/leases.rs counts them with).
     let proxy = on_redis(&upstream, &redis.url())
-        .redis_lines("key_prefix = \"fg\"")
+        .redis_lines("key_prefix = \"fg\"\nleases = \"off\"")
         .raw("[clients]\ntrusted_proxies = [\"127.0.0.1/32\"]\n[clients.api_keys]\n\"secret-key-123\" = \"free\"")
         .limit(Limit::token_bucket("per-ip", "ip", 50, 100.0))
         .limit(Limit::sliding_window("per-account", "api_key", 50, "1s"))
@@ -325,23 +351,25 @@ fn a_client_redis_refused_is_refused_locally_until_its_retry_time() {
     // One token every 10 s of the proxy's clock, which only the test moves
     // that far: no refill comes while the 22 requests are made.
     let clock = TestClock::new();
+    // Leases off: a lease's return would be a call of its own, whenever
+    // the lease ends; what is counted here is the refusals remembered.
     let proxy = on_redis_local_clock(&upstream, &redis.url(), &clock)
+        .redis_lines("leases = \"off\"")
         .limit(Limit::token_bucket("per-ip", "ip", 3, 0.1))
         .start();
     assert_eq!(proxy.get("/").status, 200);
     let _: String = redis.cmd(&["CONFIG", "RESETSTAT"]);
     let statuses: Vec<u16> = (0..22).map(|_| proxy.get("/").status).collect();
     assert_eq!(count_status(&statuses, 200), 2, "{statuses:?}");
-    // Two admitted (the first from the unit the warm-up leased), one
-    // refused by Redis; the other 19 never reached it.
-    assert_eq!(redis.calls("evalsha"), 2);
+    // Two admitted, one refused by Redis; the other 19 never reached it.
+    assert_eq!(redis.calls("evalsha"), 3);
     // And the local answer is Redis's: a retry at the advertised time passes.
     let refused = proxy.get("/");
     assert_eq!(refused.status, 429);
     let ms = refused.retry_after_ms().expect("retry_after_ms");
     clock.advance(Duration::from_millis(ms));
     assert_eq!(proxy.get("/").status, 200);
-    assert_eq!(redis.calls("evalsha"), 3, "the retry was decided by Redis");
+    assert_eq!(redis.calls("evalsha"), 4, "the retry was decided by Redis");
 }
 
 #[test]

@@ -207,9 +207,13 @@ impl Lease {
         Some(self.room.mark())
     }
 
-    /// Half of what was leased is spent: time to lease more.
+    /// Half of a count's units are spent: time to lease more. A bucket's
+    /// lease is not topped up: with several instances charging the same
+    /// bucket, tokens leased early would often be past returning (someone
+    /// charged after them) and lost until the bucket refills them.
     fn half_spent(&self, now: Now) -> bool {
-        self.room.unused(self.local(now)).saturating_mul(2) < self.units
+        matches!(self.room, Room::Count { .. })
+            && self.room.unused(self.local(now)).saturating_mul(2) < self.units
     }
 
     fn put_back(&mut self, cost: u64, mark: u64) {
@@ -618,50 +622,14 @@ impl<S: Store + 'static> Core<S> {
             .as_mut()
             .filter(|h| h.check.algorithm == check.algorithm)
         {
-            match (&mut held.room, &mut lease.room) {
-                (Room::Count { unused }, Room::Count { unused: new })
-                    if held.counted_at_us == lease.counted_at_us =>
-                {
+            if let (Room::Count { unused }, Room::Count { unused: new }) =
+                (&held.room, &mut lease.room)
+            {
+                if held.counted_at_us == lease.counted_at_us {
                     *new += *unused;
                     lease.units = *new;
                     entry.lease = None;
                 }
-                // A bucket's new tokens right after the lease's in the
-                // schedule (nobody charged in between): the stretch goes
-                // on, in the lease's own clock.
-                (
-                    Room::Tokens {
-                        end_us,
-                        interval_us,
-                        ..
-                    },
-                    Room::Tokens { .. },
-                ) if lease
-                    .counted_at_us
-                    .checked_sub(units.saturating_mul(*interval_us))
-                    == Some(held.counted_at_us) =>
-                {
-                    let span = units.saturating_mul(*interval_us);
-                    *end_us = end_us.saturating_add(span);
-                    held.reset_at_us = held.reset_at_us.saturating_add(span);
-                    held.counted_at_us = lease.counted_at_us;
-                    held.units = held.room.unused(held.local(now));
-                    held.ends_at_us = held
-                        .ends_at_us
-                        .max(held.local(now).saturating_add(held.ttl_us));
-                    held.shared_remaining = lease.shared_remaining;
-                    return held.decision(now);
-                }
-                // Somebody charged in between: the new tokens go straight
-                // back (nobody has charged after them yet, most likely),
-                // and the lease keeps its own stretch.
-                (Room::Tokens { .. }, Room::Tokens { .. }) => {
-                    let decision = held.decision(now);
-                    drop(shard);
-                    self.give_back(lease, now);
-                    return decision;
-                }
-                _ => {}
             }
         }
         let decision = lease.decision(now);
