@@ -163,6 +163,25 @@ fn clock_from_env() -> Result<Arc<dyn Clock>, BuildError> {
 /// retries cost no Redis call until its retry time.
 const KNOWN_REFUSALS: usize = 100_000;
 
+/// `shared` behind the circuit breaker, deciding by `on_failure` (in
+/// `memory` for "local") while it cannot answer.
+fn with_fallback<S: Store + 'static>(
+    shared: S,
+    settings: &RedisSettings,
+    memory: Arc<MemoryStore>,
+    metrics: &Metrics,
+    clock: Arc<dyn Clock>,
+) -> Arc<dyn Store> {
+    let instances = settings.instances;
+    Arc::new(Fallback::new(
+        shared,
+        memory,
+        instances,
+        metrics.redis.clone(),
+        clock,
+    ))
+}
+
 /// The shared store, with the refusals it gave remembered and `on_failure`
 /// (deciding in `memory` for "local") when it cannot answer.
 /// Also the handle that forgets remembered refusals when another instance
@@ -185,22 +204,6 @@ fn redis_store(
             remembering = remembering.with_lease_ttl(leases.ttl_us);
         }
         let forgetter = remembering.forgetter();
-        fn with_fallback<S: Store + 'static>(
-            shared: S,
-            settings: &RedisSettings,
-            memory: Arc<MemoryStore>,
-            metrics: &Metrics,
-            clock: Arc<dyn Clock>,
-        ) -> Arc<dyn Store> {
-            let instances = settings.instances;
-            Arc::new(Fallback::new(
-                shared,
-                memory,
-                instances,
-                metrics.redis.clone(),
-                clock,
-            ))
-        }
         let Some(leases) = settings.leases else {
             let store = with_fallback(remembering, settings, memory, metrics, clock);
             return (store, forgetter);
