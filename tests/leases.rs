@@ -17,6 +17,19 @@ fn on_redis(upstream: &Upstream, url: &str) -> ConfigBuilder {
         .admin()
 }
 
+/// `proxy`, once it leases: from its first subscription to operators'
+/// changes on (before, every request is decided on Redis).
+fn leasing(proxy: Proxy) -> Proxy {
+    assert!(
+        wait_until(Duration::from_secs(10), || proxy
+            .log()
+            .contains("leases from now on")),
+        "never listened for operators' changes: {}",
+        proxy.log()
+    );
+    proxy
+}
+
 /// `total` GETs over `connections` keep-alive connections at once.
 fn keepalive_load(proxy: &Proxy, connections: usize, total: usize) -> Vec<u16> {
     let addr = proxy.addr;
@@ -58,9 +71,11 @@ fn window_count(redis: &RedisServer, key: &str) -> u64 {
 fn a_hot_key_far_from_its_limit_costs_redis_almost_nothing() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
-    let proxy = on_redis(&upstream, &redis.url())
-        .limit(Limit::fixed_window("global", "global", 1_000_000, "1m"))
-        .start();
+    let proxy = leasing(
+        on_redis(&upstream, &redis.url())
+            .limit(Limit::fixed_window("global", "global", 1_000_000, "1m"))
+            .start(),
+    );
     assert_eq!(proxy.get("/").status, 200);
     let _: String = redis.cmd(&["CONFIG", "RESETSTAT"]);
     let statuses = keepalive_load(&proxy, 8, 2_000);
@@ -86,10 +101,12 @@ fn near_the_limit_every_request_is_decided_by_redis() {
     let upstream = Upstream::start();
     // Ten instances share 10 units: a lease would take more than the
     // share of one, so none is ever taken.
-    let proxy = on_redis(&upstream, &redis.url())
-        .redis_lines("instances = 10")
-        .limit(Limit::fixed_window("tight", "global", 10, "1h"))
-        .start();
+    let proxy = leasing(
+        on_redis(&upstream, &redis.url())
+            .redis_lines("instances = 10")
+            .limit(Limit::fixed_window("tight", "global", 10, "1h"))
+            .start(),
+    );
     assert_eq!(proxy.get("/").status, 200);
     let _: String = redis.cmd(&["CONFIG", "RESETSTAT"]);
     let statuses = keepalive_load(&proxy, 1, 9);
@@ -106,7 +123,7 @@ fn three_proxies_with_leases_never_pass_the_limit_and_lose_nothing_once_leases_e
     let config = on_redis(&upstream, &redis.url())
         .redis_lines("instances = 3")
         .limit(Limit::fixed_window("shared", "global", 100, "1h"));
-    let proxies: Vec<Proxy> = (0..3).map(|_| config.start()).collect();
+    let proxies: Vec<Proxy> = (0..3).map(|_| leasing(config.start())).collect();
     let addrs: Vec<_> = proxies.iter().map(|p| p.addr).collect();
     let first = burst(&addrs, 600, "GET", "/", &[]);
     let admitted = count_status(&first, 200);
@@ -161,12 +178,14 @@ fn three_proxies_with_leases_never_pass_the_limit_and_lose_nothing_once_leases_e
 fn redis_killed_mid_lease_admits_at_most_what_was_leased_and_counts_nothing_twice() {
     let mut redis = RedisServer::start();
     let upstream = Upstream::start();
-    let proxy = ConfigBuilder::new(upstream.addr)
-        .redis(&redis.url())
-        .admin()
-        .redis_lines("on_failure = \"deny\"\ntimeout = \"200ms\"")
-        .limit(Limit::fixed_window("hot", "global", 1_000, "1h"))
-        .start();
+    let proxy = leasing(
+        ConfigBuilder::new(upstream.addr)
+            .redis(&redis.url())
+            .admin()
+            .redis_lines("on_failure = \"deny\"\ntimeout = \"200ms\"")
+            .limit(Limit::fixed_window("hot", "global", 1_000, "1h"))
+            .start(),
+    );
     assert_eq!(proxy.get("/").status, 200);
     let leased = proxy.metric("floodgate_redis_leases_total");
     assert_eq!(leased, 1.0);
@@ -213,23 +232,30 @@ fn redis_killed_mid_lease_admits_at_most_what_was_leased_and_counts_nothing_twic
 fn a_limit_can_decide_every_request_on_redis_and_leases_can_be_off() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
-    let proxy = on_redis(&upstream, &redis.url())
-        .limit(Limit::fixed_window("per-request", "global", 100_000, "1m").line("leases = \"off\""))
-        .start();
+    let proxy = leasing(
+        on_redis(&upstream, &redis.url())
+            .limit(
+                Limit::fixed_window("per-request", "global", 100_000, "1m")
+                    .line("leases = \"off\""),
+            )
+            .start(),
+    );
     assert_eq!(proxy.get("/").status, 200);
     let _: String = redis.cmd(&["CONFIG", "RESETSTAT"]);
     let statuses = keepalive_load(&proxy, 1, 20);
     assert_eq!(count_status(&statuses, 200), 20);
     assert_eq!(redis.calls("evalsha"), 20);
-    let everywhere = on_redis(&upstream, &redis.url())
-        .redis_lines("leases = \"off\"")
-        .limit(Limit::fixed_window(
-            "per-request-too",
-            "global",
-            100_000,
-            "1m",
-        ))
-        .start();
+    let everywhere = leasing(
+        on_redis(&upstream, &redis.url())
+            .redis_lines("leases = \"off\"")
+            .limit(Limit::fixed_window(
+                "per-request-too",
+                "global",
+                100_000,
+                "1m",
+            ))
+            .start(),
+    );
     assert_eq!(everywhere.get("/").status, 200);
     let _: String = redis.cmd(&["CONFIG", "RESETSTAT"]);
     let statuses = keepalive_load(&everywhere, 1, 20);
@@ -243,15 +269,16 @@ fn a_stop_and_a_reload_give_the_unused_units_back() {
     let upstream = Upstream::start();
     let config =
         on_redis(&upstream, &redis.url()).limit(Limit::fixed_window("hot", "global", 1_000, "1h"));
-    let mut proxy = config.start();
+    let mut proxy = leasing(config.start());
     assert_eq!(proxy.get("/").status, 200);
     let key = state_key(&redis, "hot");
     assert_eq!(window_count(&redis, &key), 101, "a request and its lease");
     proxy.signal("-HUP");
     assert!(
         wait_until(Duration::from_secs(5), || window_count(&redis, &key) == 1),
-        "a reload gives the lease back: {}",
-        window_count(&redis, &key)
+        "a reload gives the lease back: {}\n{}",
+        window_count(&redis, &key),
+        proxy.log()
     );
     assert_eq!(proxy.get("/").status, 200);
     assert_eq!(window_count(&redis, &key), 102, "leased anew");

@@ -66,6 +66,10 @@ pub trait Forget: Send + Sync {
 
     /// Everything: what was announced while nobody listened is unknown.
     fn forget_all(&self);
+
+    /// Operators' changes are heard from now on (after the `forget_all` of
+    /// a new subscription).
+    fn listening(&self) {}
 }
 
 impl Forget for Remembered {
@@ -110,6 +114,12 @@ impl Forgetter {
     pub fn forget_all(&self) {
         for held in &self.0 {
             held.forget_all();
+        }
+    }
+
+    pub fn listening(&self) {
+        for held in &self.0 {
+            held.listening();
         }
     }
 }

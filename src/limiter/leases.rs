@@ -34,7 +34,7 @@
 //! start a new generation: a fetch or a return from before it is not used.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -281,6 +281,10 @@ struct Table {
     /// made before it is not sent (it would take from the fresh state what
     /// the reset gave).
     generation: AtomicU64,
+    /// Whether operators' changes are heard. Until they are, nothing is
+    /// leased: the first subscription forgets every lease (a reset may have
+    /// been announced before it), and a lease forgotten is not given back.
+    listening: AtomicBool,
 }
 
 impl Table {
@@ -319,6 +323,10 @@ impl Forget for Table {
                 entry.lease = None;
             }
         }
+    }
+
+    fn listening(&self) {
+        self.listening.store(true, Ordering::Release);
     }
 }
 
@@ -384,6 +392,7 @@ impl<S: Store + 'static> Leased<S> {
             table: Arc::new(Table {
                 shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
                 generation: AtomicU64::new(0),
+                listening: AtomicBool::new(true),
             }),
             settings,
             divisor: instances.max(1).saturating_mul(2),
@@ -400,6 +409,13 @@ impl<S: Store + 'static> Leased<S> {
         if let Some(core) = Arc::get_mut(&mut self.0) {
             core.monotonic = monotonic;
         }
+        self
+    }
+
+    /// Leases nothing until the channel of operators' changes is heard
+    /// (`Forget::listening`).
+    pub fn until_listening(self) -> Self {
+        self.0.table.listening.store(false, Ordering::Release);
         self
     }
 
@@ -451,8 +467,9 @@ impl<S: Store + 'static> Core<S> {
     }
 
     /// Whether `check` may be decided from a lease.
-    fn leasable(check: &Check) -> bool {
-        check.lease
+    fn leasable(&self, check: &Check) -> bool {
+        self.table.listening.load(Ordering::Acquire)
+            && check.lease
             && !check.peek
             && !check.shadow
             && check.cost > 0
@@ -881,7 +898,7 @@ impl<S: Store + 'static> Store for Leased<S> {
 
 impl<S: Store + 'static> Core<S> {
     async fn decide(self: &Arc<Self>, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
-        if !checks.iter().any(Self::leasable) {
+        if !checks.iter().any(|c| self.leasable(c)) {
             return self.inner.decide(checks).await;
         }
         // A fetch out for one of the keys: wait for it once, then decide.
@@ -897,7 +914,7 @@ impl<S: Store + 'static> Core<S> {
             let mut out: Option<(StateKey, Arc<Notify>)> = None;
             let mut backs: SmallVec<[Return; 1]> = SmallVec::new();
             for check in checks {
-                let (decided, ask) = if Self::leasable(check) {
+                let (decided, ask) = if self.leasable(check) {
                     match self.take(check, now) {
                         Taken::Local(took, top_up) => {
                             if let Some(fetching) = top_up {

@@ -75,6 +75,29 @@ async fn far_from_the_limit_the_lease_decides_and_the_store_is_asked_once_per_le
 }
 
 #[tokio::test]
+async fn nothing_is_leased_before_operators_changes_are_heard() {
+    let (clock, store) = setup();
+    let gate = leased(&store, &clock, 1).until_listening();
+    let check = leasing(Algorithm::fixed_window(10_000, 60 * SEC).unwrap(), 1, 1);
+    for _ in 0..5 {
+        assert!(gate.decide(std::slice::from_ref(&check)).await.unwrap()[0].allowed());
+    }
+    // Each decided by the store, nothing taken ahead: the subscription's
+    // first forgetting would drop a lease without giving it back.
+    assert_eq!(store.decisions(), 5);
+    assert_eq!(shared_remaining(&store, &check, T0), 10_000 - 5);
+    assert_eq!(gate.leases_held(), 0);
+    let forgetter = gate.forgetter();
+    forgetter.forget_all();
+    forgetter.listening();
+    for _ in 0..5 {
+        assert!(gate.decide(std::slice::from_ref(&check)).await.unwrap()[0].allowed());
+    }
+    assert_eq!(store.decisions(), 6, "one call, then the lease");
+    assert_eq!(gate.leases_held(), 1);
+}
+
+#[tokio::test]
 async fn near_the_limit_every_request_is_decided_by_the_store_and_the_limit_holds() {
     let (clock, store) = setup();
     let instances = 3;

@@ -519,6 +519,15 @@ impl Proxy {
     }
 
     pub fn signal(&self, sig: &str) {
+        // Pingora installs the handlers once it runs, after the listeners
+        // may already answer: a SIGHUP before them would end the process.
+        assert!(
+            wait_until(Duration::from_secs(10), || self
+                .log()
+                .contains("signals: SIGHUP reloads")),
+            "the signal handlers were never installed: {}",
+            self.log()
+        );
         let ok = Command::new("kill")
             .args([sig, &self.pid().to_string()])
             .status()

@@ -33,6 +33,7 @@ pub async fn listen(settings: RedisSettings, forgetter: Forgetter, local: Arc<Me
     };
     let channel = changes_channel(&settings.key_prefix);
     let mut lost_logged = false;
+    let mut heard_before = false;
     for attempt in 0usize.. {
         let Some(url) = urls.get(attempt % urls.len().max(1)) else {
             return;
@@ -46,9 +47,13 @@ pub async fn listen(settings: RedisSettings, forgetter: Forgetter, local: Arc<Me
         match tokio::time::timeout(settings.timeout.max(RETRY), subscribed).await {
             Ok(Ok(pubsub)) => {
                 forgetter.forget_all();
+                forgetter.listening();
                 if lost_logged {
                     info!("listening again for operators' changes on {channel}");
+                } else if !heard_before {
+                    info!("listening for operators' changes on {channel}; leases from now on");
                 }
+                heard_before = true;
                 let (mut sink, mut messages) = pubsub.split();
                 // A connection that went silent (a partition, a failover
                 // without a reset) ends no stream: a ping that goes
