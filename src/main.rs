@@ -183,6 +183,15 @@ impl log::Log for CappedLogger {
         if !Self::allowed(record.metadata()) || !self.0.enabled(record.metadata()) {
             return;
         }
+        // Pingora's pool lost a race for an idle upstream connection (its
+        // idle watch, on another thread, still held it): the request opens a
+        // new connection and goes on. Nothing for an operator to do; the
+        // new connections are counted in floodgate_upstream_connections_total.
+        if record.target().starts_with("pingora_core::connectors")
+            && record.args().as_str() == Some("failed to acquire reusable stream")
+        {
+            return;
+        }
         if record.target().starts_with("pingora") && record.level() <= log::Level::Warn {
             if !Self::pingora_line_due() {
                 PINGORA_DROPPED.fetch_add(1, Ordering::Relaxed);

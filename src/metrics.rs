@@ -36,6 +36,9 @@ pub struct RequestMetrics {
     pub duration: Histogram,
     pub upstream_duration: Histogram,
     pub access_log_dropped: IntCounter,
+    /// Requests sent upstream on a new connection, and on a pooled one.
+    pub upstream_connected: IntCounter,
+    pub upstream_reused: IntCounter,
 }
 
 impl RequestMetrics {
@@ -96,6 +99,9 @@ pub struct ConnectionMetrics {
     pub open: IntGauge,
     /// By cap: `total`, `per_ip`.
     pub refused: IntCounterVec,
+    /// Of those, the ones closed in the accept loop: no task, no TLS
+    /// handshake, no buffer.
+    pub refused_at_accept: IntCounter,
     pub header_timeouts: IntCounter,
     pub idle_timeouts: IntCounter,
 }
@@ -279,6 +285,16 @@ impl Metrics {
         let latency_buckets = vec![
             0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
         ];
+        let upstream_connections = registered(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "floodgate_upstream_connections_total",
+                    "Requests sent upstream, by whether they went on a pooled keep-alive connection (reused=\"true\") or on a new one (reused=\"false\"): new ones rising with the request rate mean the upstream or the pool closes connections",
+                ),
+                &["reused"],
+            ),
+        );
         let requests = RequestMetrics {
             by_class: ["none", "1xx", "2xx", "3xx", "4xx", "5xx"]
                 .map(|class| requests_total.with_label_values(&[class])),
@@ -309,6 +325,8 @@ impl Metrics {
                     "Access log lines dropped because the writer's queue was full",
                 ),
             ),
+            upstream_connected: upstream_connections.with_label_values(&["false"]),
+            upstream_reused: upstream_connections.with_label_values(&["true"]),
         };
         let reloads = registered(
             &registry,
@@ -397,6 +415,13 @@ fn connection_metrics(registry: &Registry, prefix: &str, what: &str) -> Connecti
                     format!("{what} connections closed at once, by the cap they hit (total, per_ip)"),
                 ),
                 &["cap"],
+            ),
+        ),
+        refused_at_accept: registered(
+            registry,
+            IntCounter::new(
+                format!("{prefix}_connections_refused_at_accept_total"),
+                format!("{what} connections closed in the accept loop, before a task or a buffer existed (also counted in {prefix}_connections_refused_total)"),
             ),
         ),
         header_timeouts: registered(

@@ -848,3 +848,30 @@ fn a_client_that_chooses_h2_and_says_nothing_is_closed_in_time() {
     let r = raw_request(proxy.addr, b"GET / HTTP/1.0\r\n\r\n");
     assert_eq!(r.status, 200);
 }
+
+#[test]
+fn each_worker_keeps_its_upstream_connections_for_the_next_requests() {
+    let upstream = Upstream::start();
+    // (The test config runs two workers.)
+    let proxy = ConfigBuilder::new(upstream.addr).admin().start();
+    let addr = proxy.addr;
+    let statuses: Vec<u16> = std::thread::scope(|s| {
+        let clients: Vec<_> = (0..4)
+            .map(|_| s.spawn(move || keepalive_gets(addr, "/", vec![Vec::new(); 250])))
+            .collect();
+        clients
+            .into_iter()
+            .flat_map(|c| c.join().expect("client"))
+            .collect()
+    });
+    assert_eq!(statuses.iter().filter(|&&s| s == 200).count(), 1_000);
+    let new = proxy.metric("floodgate_upstream_connections_total{reused=\"false\"}");
+    let reused = proxy.metric("floodgate_upstream_connections_total{reused=\"true\"}");
+    assert_eq!(new + reused, 1_000.0);
+    // Four clients at a time, on two workers with a pool each: a handful of
+    // connections, each kept for the requests after it.
+    assert!(
+        new <= 8.0,
+        "{new} new upstream connections for 1,000 requests"
+    );
+}

@@ -258,6 +258,74 @@ fn one_address_cannot_hold_more_than_its_share() {
 }
 
 #[test]
+fn a_connection_over_its_cap_is_closed_in_the_accept_loop_and_never_becomes_a_request() {
+    let upstream = Upstream::start();
+    let proxy = proxy_with(
+        &upstream,
+        "header_timeout = \"30s\"\nmax_connections_per_ip = 3",
+    )
+    .limit(Limit::fixed_window("per-ip", "ip", 1000, "1h"))
+    .start();
+    let admitted = "floodgate_decisions_total{limit=\"per-ip\",outcome=\"admitted\"}";
+    let held: Vec<TcpStream> = (0..3)
+        .map(|_| {
+            let mut s = TcpStream::connect(proxy.addr).expect("connect");
+            s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+                .expect("send");
+            let mut reader = BufReader::new(s.try_clone().expect("clone"));
+            assert_eq!(read_response(&mut reader).map(|r| r.0), Some(200));
+            s
+        })
+        .collect();
+    assert!(wait_until(Duration::from_secs(5), || proxy
+        .metric("floodgate_connections_open")
+        == 3.0));
+    for _ in 0..50 {
+        let mut extra = TcpStream::connect(proxy.addr).expect("connect");
+        let _ = extra.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n");
+        let (got, closed) = until_closed(&mut extra, Duration::from_secs(2));
+        assert!(
+            closed.is_some() && got.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&got)
+        );
+    }
+    // Every one of them closed by the accept loop's check: none was given a
+    // task, so none was parsed, decided or forwarded.
+    assert_eq!(
+        proxy.metric("floodgate_connections_refused_at_accept_total"),
+        50.0
+    );
+    assert_eq!(
+        proxy.metric("floodgate_connections_refused_total{cap=\"per_ip\"}"),
+        50.0
+    );
+    assert!(wait_until(Duration::from_secs(5), || proxy
+        .metric(admitted)
+        == 3.0));
+    assert_eq!(upstream.count(), 3);
+    // A peer under its cap is served, through the same accept loop.
+    let mut other = connect_from("127.0.0.2", proxy.addr).expect("connect from 127.0.0.2");
+    other
+        .write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .expect("send");
+    assert_eq!(
+        read_response(&mut BufReader::new(other)).map(|r| r.0),
+        Some(200)
+    );
+    // (Counted once the response is out.)
+    assert!(wait_until(Duration::from_secs(5), || proxy
+        .metric(admitted)
+        == 4.0));
+    assert_eq!(
+        proxy.metric("floodgate_connections_refused_at_accept_total"),
+        50.0
+    );
+    drop(held);
+    assert!(wait_until(Duration::from_secs(5), || proxy.get("/").status == 200));
+}
+
+#[test]
 fn the_total_cap_keeps_the_proxy_within_a_low_fd_limit() {
     let upstream = Upstream::start();
     // 200 descriptors: the derived cap is (200 - 64) / 2 = 68 connections.

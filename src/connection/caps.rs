@@ -120,6 +120,27 @@ impl ConnectionCaps {
         })
     }
 
+    /// Whether a connection from `address` would find a place now, without
+    /// taking one: the accept loop's check, before a task exists. A
+    /// connection that passes still takes its place with `admit`, which
+    /// stays the exact count (connections accepted at once may all pass here).
+    pub fn has_room(&self, address: Option<IpAddr>) -> Result<(), CapReached> {
+        if let Some(ip) = address {
+            if self
+                .lock()
+                .open
+                .get(&ip)
+                .is_some_and(|&n| n >= self.max_per_ip)
+            {
+                return Err(CapReached::PerAddress);
+            }
+        }
+        if self.total.load(Ordering::Acquire) >= self.max_total {
+            return Err(CapReached::Total);
+        }
+        Ok(())
+    }
+
     /// Counts a refusal; logs it unless this address was logged within the
     /// last minute.
     /// `group` is the address as the per-address cap counts it (an IPv6

@@ -8,7 +8,8 @@
 //! TCP connection itself (`FrontDoor`, a `ServerApp` around Pingora's proxy):
 //!
 //! ```text
-//! accept -> permit (total cap, per-address cap)   none: closed at once
+//! accept -> over a cap already? (AcceptFilter, in Pingora's accept loop) closed at once
+//!        -> permit (total cap, per-address cap)   none: closed at once
 //!        -> stream wrapped with a HeadClock
 //!        -> TLS listeners: the handshake, under the same clock (a handshake
 //!           that never completes is as slow as a head that never does)
@@ -26,12 +27,14 @@
 //! when a response is over (`await_next_head`), through the connection's
 //! user context that Pingora hands to `ProxyHttp::on_connection_reuse`.
 
+mod accept;
 pub mod caps;
 pub mod clock;
 mod door;
 mod guarded;
 pub mod h2_watch;
 
+pub use accept::AcceptFilter;
 pub use caps::{CapReached, ConnectionCaps, ConnectionSettings, Permit, StreamCaps, StreamPermit};
 pub use clock::{HeadClock, MAX_HEAD_BYTES, MIN_BODY_RATE};
 pub use door::{AdminDoor, FrontDoor, ADMIN_CONNECTIONS};

@@ -601,6 +601,24 @@ impl ProxyHttp for Gateway {
         Ok(())
     }
 
+    async fn connected_to_upstream(
+        &self,
+        _session: &mut Session,
+        reused: bool,
+        _peer: &HttpPeer,
+        _fd: std::os::unix::io::RawFd,
+        _digest: Option<&pingora::protocols::Digest>,
+        _ctx: &mut Self::CTX,
+    ) -> Result<()> {
+        let requests = &self.state.metrics.requests;
+        if reused {
+            requests.upstream_reused.inc();
+        } else {
+            requests.upstream_connected.inc();
+        }
+        Ok(())
+    }
+
     /// Pingora's summary carries the query string; ours does not.
     fn request_summary(&self, session: &Session, _ctx: &Self::CTX) -> String {
         let request = session.req_header();
