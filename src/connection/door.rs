@@ -125,16 +125,6 @@ impl FrontDoor {
             + self.settings.header_timeout;
         H2Watch::new(self.settings.header_timeout, hold_limit)
     }
-
-    /// Pingora's own per-read keep-alive timeout, kept out of the way of the
-    /// clock's deadlines (it would close silently where a 408 is due).
-    fn backstop_secs(&self) -> u64 {
-        self.settings
-            .header_timeout
-            .max(self.settings.keepalive_timeout)
-            .as_secs()
-            + 1
-    }
 }
 
 fn peer_of(stream: &Stream) -> Option<IpAddr> {
@@ -203,14 +193,21 @@ impl ServerApp for FrontDoor {
         let mut persisted = None;
         loop {
             let mut session = ServerSession::new_http1(stream);
+            let next_head = persisted.is_some();
             if let Some(settings) = persisted {
                 pingora::apps::HttpPersistentSettings::apply_to_session(settings, &mut session);
             }
-            // After the persisted settings, which say "forever" for HTTP/1.1.
+            // After the persisted settings. No keep-alive timer of Pingora's
+            // (0: none; it cost a timer registration per request): the
+            // clock's deadlines end idle and slow connections, and every
+            // head after the first is read under the idle deadline set here.
             if *shutdown.borrow() {
                 session.set_keepalive(None);
             } else {
-                session.set_keepalive(Some(self.backstop_secs()));
+                session.set_keepalive(Some(0));
+            }
+            if next_head {
+                clock.await_next_head();
             }
             // After the persisted settings, which carry no context of ours.
             session.set_connection_user_context(Some(Box::new(clock.clone())));
