@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
-# Load test: floodgate against nginx, all in one run, on 127.0.0.1 only.
+# Load test: floodgate against a bare Pingora proxy and nginx, all in one run,
+# on 127.0.0.1 only.
 #
 #   scripts/loadtest.sh [seconds per case, default 10] [connections, default 64]
 #
+#   SECTIONS="main threads nokeepalive flood curves" (the default: all of them)
+#   FLOODGATE_BEFORE=path/to/an/older/floodgate   adds that build's rows beside
+#                                                 this one's (a before/after run)
+#
 # Installs oha (cargo install), nginx and redis-server when missing, builds
-# floodgate in release mode, then measures each case with oha at a fixed
-# concurrency and duration, and prints req/s, p50 and p99 latency, the
-# ratio to the upstream alone, and the server's CPU time per request (read
-# from /proc: user + system time of the server's processes, divided by the
-# requests answered). Every server it starts is stopped by PID at the end.
+# floodgate and examples/bare_proxy.rs in release mode, then measures each
+# case with oha at a fixed concurrency and duration: req/s, p50 and p99, and
+# the server's CPU time per request (user + system time of the server's
+# processes from /proc, divided by the requests answered). Each proxy is
+# started for its case and stopped after it; every process is stopped by PID.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION="${1:-10}"
 CONNECTIONS="${2:-64}"
+SECTIONS="${SECTIONS:-main threads nokeepalive flood curves}"
+BEFORE="${FLOODGATE_BEFORE:-}"
 
 FLOODGATE_NEEDS_REDIS=1 source scripts/setup.sh
 if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
@@ -23,8 +30,9 @@ NGINX="$(command -v nginx || echo /usr/sbin/nginx)"
 command -v oha >/dev/null 2>&1 || [ -x "$HOME/.cargo/bin/oha" ] || cargo install oha --locked
 OHA="$(command -v oha || echo "$HOME/.cargo/bin/oha")"
 command -v python3 >/dev/null 2>&1 || { echo "python3 is needed to read oha's JSON" >&2; exit 1; }
-cargo build --release --quiet --bin floodgate
+cargo build --release --quiet --bin floodgate --example bare_proxy
 FLOODGATE="$PWD/target/release/floodgate"
+BARE="$PWD/target/release/examples/bare_proxy"
 
 WORK="$(mktemp -d)"
 PIDS=()
@@ -35,17 +43,43 @@ cleanup() {
 }
 trap cleanup EXIT
 
-UP=18000; NGX_PROXY=18001; NGX_LIMIT=18002; NGX_REFUSE=18003; REDIS=18379
-FG_PLAIN=18010; FG_MEMORY=18011; FG_REDIS=18012; FG_REFUSE=18013; FG_REFUSE_REDIS=18014
-FG_REDIS_OFF=18015; FG_REDIS_GLOBAL=18016; FG_REDIS_CLIENTS=18017
-NGX_TLS=18020; FG_TLS=18021; FG_TLS_PLAIN=18022
+UP=18000; REDIS=18379; PROXY_PORT=18001; TLS_PORT=18002
+for port in $UP $REDIS $PROXY_PORT $TLS_PORT; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "port $port is taken: stop what listens there first" >&2; exit 1
+  fi
+done
 
 # One certificate for both TLS terminators (ECDSA P-256, as most edges serve).
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
   -keyout "$WORK/tls.key" -out "$WORK/tls.crt" -days 2 -subj "/CN=localhost" \
   -addext "subjectAltName=IP:127.0.0.1,DNS:localhost" >/dev/null 2>&1
 
-nginx_conf() { # name port workers body
+declare -A PID_OF
+start() { # name command...: starts in the background, records the PID
+  local name="$1"; shift
+  "$@" >"$WORK/$name.log" 2>&1 &
+  PIDS+=($!)
+  PID_OF[$name]=$!
+}
+stop() { # name: stops it by PID and waits until it is gone
+  local pid="${PID_OF[$1]}"
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  for _ in $(seq 1 200); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$PROXY_PORT") 2>/dev/null || (exec 3<>"/dev/tcp/127.0.0.1/$TLS_PORT") 2>/dev/null || return 0
+    sleep 0.05
+  done
+}
+wait_port() {
+  for _ in $(seq 1 300); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "nothing listens on $1" >&2; cat "$WORK"/*.log >&2; exit 1
+}
+
+nginx_conf() { # name port workers location-body [http-body] [listen-extra]
   cat > "$WORK/$1.conf" <<CONF
 worker_processes $3;
 daemon off;
@@ -55,9 +89,10 @@ events { worker_connections 4096; }
 http {
   access_log off;
   upstream backend { server 127.0.0.1:$UP; keepalive 128; }
-  $5
+  ${5:-}
   server {
-    listen 127.0.0.1:$2 reuseport;
+    listen 127.0.0.1:$2 ${6:-} reuseport;
+    ${7:-}
     location / {
       $4
     }
@@ -66,47 +101,30 @@ http {
 CONF
 }
 PROXY='proxy_pass http://backend; proxy_http_version 1.1; proxy_set_header Connection "";'
-# Proxies get the same number of workers (nginx) and threads (floodgate):
-# one by default, since oha needs the other core of a 2-core machine.
-WORKERS="${PROXY_WORKERS:-1}"
-nginx_conf upstream $UP 1 'return 200 "ok";' ''
-nginx_conf proxy $NGX_PROXY "$WORKERS" "$PROXY" ''
-nginx_conf limit $NGX_LIMIT "$WORKERS" "limit_req zone=ip burst=1000000 nodelay; limit_req_status 429; $PROXY" \
-  'limit_req_zone $binary_remote_addr zone=ip:10m rate=1000000r/s;'
-nginx_conf refuse $NGX_REFUSE "$WORKERS" "limit_req zone=ip; limit_req_status 429; $PROXY" \
-  'limit_req_zone $binary_remote_addr zone=ip:10m rate=1r/m;'
-# nginx terminating TLS (h2 and http/1.1 by ALPN) with the same certificate.
-nginx_conf tls $NGX_TLS "$WORKERS" "$PROXY" ''
-# (`listen ... http2`: the spelling Debian 12's nginx 1.22 understands.)
-sed -i "s|listen 127.0.0.1:$NGX_TLS reuseport;|listen 127.0.0.1:$NGX_TLS ssl http2 reuseport; ssl_certificate $WORK/tls.crt; ssl_certificate_key $WORK/tls.key;|" "$WORK/tls.conf"
+ADMIT_ZONE='limit_req_zone $binary_remote_addr zone=ip:10m rate=1000000r/s;'
+REFUSE_ZONE='limit_req_zone $binary_remote_addr zone=ip:10m rate=1r/m;'
+ADMIT="limit_req zone=ip burst=1000000 nodelay; limit_req_status 429; $PROXY"
+REFUSE="limit_req zone=ip; limit_req_status 429; $PROXY"
 
-declare -A PID_OF
-start() { # name command...: starts in the background, records the PID
-  local name="$1"; shift
-  "$@" >"$WORK/$name.log" 2>&1 &
-  PIDS+=($!)
-  PID_OF[$name]=$!
-}
-wait_port() {
-  for _ in $(seq 1 300); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "nothing listens on $1" >&2; exit 1
-}
+# The upstream: nginx answering a fixed 200, and Redis, up for the whole run.
+nginx_conf upstream $UP 1 'return 200 "ok";'
+start upstream "$NGINX" -c "$WORK/upstream.conf" -p "$WORK"
+start redis redis-server --port $REDIS --bind 127.0.0.1 --save "" --appendonly no
+wait_port $UP; wait_port $REDIS
 
-floodgate_conf() { # name port body
-  cat > "$WORK/$1.toml" <<CONF
+floodgate_conf() { # threads body: the config of one case, on PROXY_PORT
+  cat > "$WORK/fg.toml" <<CONF
 [server]
-listen = "127.0.0.1:$2"
-threads = $WORKERS
+listen = "127.0.0.1:$PROXY_PORT"
+threads = $1
+${SERVER_EXTRA:-}
 [upstream]
 servers = ["127.0.0.1:$UP"]
-$3
+$2
 CONF
 }
-per_ip_bucket() { # capacity refill_rate
-  printf '[[limits]]\nname = "per-ip"\nkey = "ip"\nalgorithm = "token_bucket"\ncapacity = %s\nrefill_rate = %s\n' "$1" "$2"
+per_ip_bucket() { # capacity refill_rate [name]
+  printf '[[limits]]\nname = "%s"\nkey = "ip"\nalgorithm = "token_bucket"\ncapacity = %s\nrefill_rate = %s\n' "${3:-per-ip}" "$1" "$2"
 }
 # Never reached. (A refill of 1,000/s, not faster: a leased token is usable
 # only until its place in the bucket's schedule has passed, so a lease of 100
@@ -116,58 +134,28 @@ ABUSE="$(per_ip_bucket 1 0.001)"             # one client refused almost always
 REDIS_TABLE="[redis]
 url = \"redis://127.0.0.1:$REDIS/0\"
 timeout = \"50ms\""
-floodgate_conf plain $FG_PLAIN ''
-floodgate_conf memory $FG_MEMORY "$NEVER"
-floodgate_conf redis $FG_REDIS "$REDIS_TABLE
-$NEVER"
-# Leases off: every request one decision on Redis (the previous release).
-floodgate_conf redis-off $FG_REDIS_OFF "$REDIS_TABLE
-leases = \"off\"
-$NEVER"
 # One key for everyone, far from its limit: the hot key leases serve.
-floodgate_conf redis-global $FG_REDIS_GLOBAL "$REDIS_TABLE
-[[limits]]
-name = \"global\"
-key = \"global\"
-algorithm = \"fixed_window\"
+GLOBAL='[[limits]]
+name = "global"
+key = "global"
+algorithm = "fixed_window"
 limit = 10000000
-window = \"1m\""
-# A thousand clients (the query's k, drawn per request), each far from its
-# limit: a lease per client.
-floodgate_conf redis-clients $FG_REDIS_CLIENTS "$REDIS_TABLE
-[[limits]]
-name = \"per-client\"
-key = \"query:k\"
-algorithm = \"fixed_window\"
-limit = 10000000
-window = \"1m\""
-floodgate_conf refuse $FG_REFUSE "$ABUSE"
-floodgate_conf refuse-redis $FG_REFUSE_REDIS "$REDIS_TABLE
-$ABUSE"
-floodgate_conf tls $FG_TLS_PLAIN "$NEVER"
-sed -i "s|^\[upstream\]|[server.tls]\nlisten = \"127.0.0.1:$FG_TLS\"\ncert_file = \"$WORK/tls.crt\"\nkey_file = \"$WORK/tls.key\"\n\n[upstream]|" "$WORK/tls.toml"
+window = "1m"'
+# A key per query parameter k, far from its limit.
+PER_K='[[limits]]
+name = "per-client"
+key = "query:k"
+algorithm = "fixed_window"
+limit = 1000000000
+window = "1m"'
+TLS_TABLE="[server.tls]
+listen = \"127.0.0.1:$TLS_PORT\"
+cert_file = \"$WORK/tls.crt\"
+key_file = \"$WORK/tls.key\""
 
-PORTS="$UP $NGX_PROXY $NGX_LIMIT $NGX_REFUSE $REDIS $FG_PLAIN $FG_MEMORY $FG_REDIS $FG_REFUSE $FG_REFUSE_REDIS $NGX_TLS $FG_TLS $FG_TLS_PLAIN $FG_REDIS_OFF $FG_REDIS_GLOBAL $FG_REDIS_CLIENTS"
-for port in $PORTS; do
-  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-    echo "port $port is taken: stop what listens there first" >&2; exit 1
-  fi
-done
-start upstream "$NGINX" -c "$WORK/upstream.conf" -p "$WORK"
-start proxy "$NGINX" -c "$WORK/proxy.conf" -p "$WORK"
-start limit "$NGINX" -c "$WORK/limit.conf" -p "$WORK"
-start refuse "$NGINX" -c "$WORK/refuse.conf" -p "$WORK"
-start tls "$NGINX" -c "$WORK/tls.conf" -p "$WORK"
-start redis redis-server --port $REDIS --bind 127.0.0.1 --save "" --appendonly no
 # Refusals are logged at info, one line each; the load would mostly measure
 # the terminal. FLOODGATE_LOG=info measures that too.
 export RUST_LOG="${FLOODGATE_LOG:-warn}"
-for name in plain memory redis redis-off redis-global redis-clients refuse refuse-redis tls; do
-  start "fg-$name" "$FLOODGATE" --config "$WORK/$name.toml"
-done
-for port in $PORTS; do
-  wait_port "$port"
-done
 
 cpu_ticks() { # pid: user+system ticks of the process and its children (nginx workers)
   local total=0 p
@@ -178,23 +166,20 @@ cpu_ticks() { # pid: user+system ticks of the process and its children (nginx wo
   done
   echo "$total"
 }
-
-RESULTS="$WORK/results.tsv"
-: > "$RESULTS"
 server_ticks() { # pid...: the sum over the server's processes
   local total=0 p
   for p in "$@"; do total=$((total + $(cpu_ticks "$p"))); done
   echo "$total"
 }
-measure() { # label port server-pid [more server pids: redis-server]
-  local label="$1" port="$2"; shift 2
-  measure_url "$label" "http://127.0.0.1:$port/" "" "$@"
-}
 script_calls() { # EVALSHA calls Redis has run since it started
   redis-cli -p $REDIS info commandstats | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\).*/\1/p' | tr -d '\r' | grep . || echo 0
 }
-measure_url() { # label url "oha flags" server-pid...
-  local label="$1" url="$2" flags="$3"; shift 3
+
+RESULTS="$WORK/results.tsv"
+: > "$RESULTS"
+# measure section label url "oha flags" pid...: one row of the results.
+measure() {
+  local section="$1" label="$2" url="$3" flags="$4"; shift 4
   # shellcheck disable=SC2086
   "$OHA" -n 2000 -c "$CONNECTIONS" --no-tui $flags "$url" >/dev/null 2>&1 || true
   local before after calls_before calls_after
@@ -204,65 +189,242 @@ measure_url() { # label url "oha flags" server-pid...
   "$OHA" -z "${DURATION}s" -c "$CONNECTIONS" --no-tui $flags --output-format json "$url" > "$WORK/oha.json"
   after=$(server_ticks "$@")
   calls_after=$(script_calls)
-  python3 - "$label" "$WORK/oha.json" "$((after - before))" "$(getconf CLK_TCK)" "$((calls_after - calls_before))" >> "$RESULTS" <<'PY'
+  python3 - "$section" "$label" "$WORK/oha.json" "$((after - before))" "$(getconf CLK_TCK)" "$((calls_after - calls_before))" >> "$RESULTS" <<'PY'
 import json, sys
-label, path, ticks, hz, calls = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+section, label, path, ticks, hz, calls = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 data = json.load(open(path))
 summary, pct = data["summary"], data["latencyPercentiles"]
 codes = data.get("statusCodeDistribution", {})
-total = sum(int(v) for v in codes.values()) or 1
+# Connections closed without an answer (the flood rows) count as attempts.
+failed = sum(int(v) for v in data.get("errorDistribution", {}).values())
+total = sum(int(v) for v in codes.values()) + failed or 1
 refused = int(codes.get("429", 0))
 cpu_us = ticks / hz * 1e6 / total
-print(f"{label}\t{summary['requestsPerSec']:.0f}\t{pct['p50'] * 1e3:.3f}\t{pct['p99'] * 1e3:.3f}\t{cpu_us:.1f}\t{refused / total:.3f}\t{calls / total:.4f}")
+rate = total / summary["total"] if summary.get("total") else summary["requestsPerSec"]
+print(f"{section}\t{label}\t{rate:.0f}\t{pct['p50'] * 1e3:.3f}\t{pct['p99'] * 1e3:.3f}\t{cpu_us:.1f}\t{refused / total:.3f}\t{calls / total:.4f}")
 PY
 }
 
-measure "upstream alone (nginx, fixed 200)" $UP "${PID_OF[upstream]}"
-measure "nginx reverse proxy" $NGX_PROXY "${PID_OF[proxy]}"
-measure "nginx limit_req, admitting" $NGX_LIMIT "${PID_OF[limit]}"
-measure "floodgate, no limits" $FG_PLAIN "${PID_OF[fg-plain]}"
-measure "floodgate memory, admitting" $FG_MEMORY "${PID_OF[fg-memory]}"
-measure "floodgate redis, admitting" $FG_REDIS "${PID_OF[fg-redis]}" "${PID_OF[redis]}"
-measure "floodgate redis, leases off" $FG_REDIS_OFF "${PID_OF[fg-redis-off]}" "${PID_OF[redis]}"
-measure "floodgate redis, global key" $FG_REDIS_GLOBAL "${PID_OF[fg-redis-global]}" "${PID_OF[redis]}"
-measure_url "floodgate redis, 1,000 clients" "http://127[.]0[.]0[.]1:$FG_REDIS_CLIENTS/[?]k=[0-9]{3}" "--rand-regex-url" "${PID_OF[fg-redis-clients]}" "${PID_OF[redis]}"
-measure "nginx limit_req, refusing" $NGX_REFUSE "${PID_OF[refuse]}"
-measure "floodgate memory, refusing" $FG_REFUSE "${PID_OF[fg-refuse]}"
-measure "floodgate redis, refusing" $FG_REFUSE_REDIS "${PID_OF[fg-refuse-redis]}" "${PID_OF[redis]}"
-# TLS at the edge: the same certificate, HTTP/1.1 and HTTP/2 (one connection
-# per oha worker either way), against nginx terminating TLS.
-measure_url "nginx TLS, http/1.1" "https://127.0.0.1:$NGX_TLS/" "--insecure" "${PID_OF[tls]}"
-measure_url "floodgate TLS memory, http/1.1" "https://127.0.0.1:$FG_TLS/" "--insecure" "${PID_OF[fg-tls]}"
-measure_url "nginx TLS, h2" "https://127.0.0.1:$NGX_TLS/" "--insecure --http2" "${PID_OF[tls]}"
-measure_url "floodgate TLS memory, h2" "https://127.0.0.1:$FG_TLS/" "--insecure --http2" "${PID_OF[fg-tls]}"
+URL="http://127.0.0.1:$PROXY_PORT/"
+# nginx_case section label workers location-body http-body [oha flags] [tls]
+nginx_case() {
+  local section="$1" label="$2" workers="$3" body="$4" http="$5" flags="${6:-}"
+  if [ "${7:-}" = tls ]; then
+    nginx_conf case $TLS_PORT "$workers" "$body" "$http" "ssl http2" \
+      "ssl_certificate $WORK/tls.crt; ssl_certificate_key $WORK/tls.key;"
+    start case "$NGINX" -c "$WORK/case.conf" -p "$WORK"; wait_port $TLS_PORT
+    measure "$section" "$label" "https://127.0.0.1:$TLS_PORT/" "--insecure $flags" "${PID_OF[case]}"
+  else
+    nginx_conf case $PROXY_PORT "$workers" "$body" "$http"
+    start case "$NGINX" -c "$WORK/case.conf" -p "$WORK"; wait_port $PROXY_PORT
+    measure "$section" "$label" "$URL" "$flags" "${PID_OF[case]}"
+  fi
+  stop case
+}
+bare_case() { # section label threads [oha flags]
+  start case "$BARE" "127.0.0.1:$PROXY_PORT" "127.0.0.1:$UP" "$3"; wait_port $PROXY_PORT
+  measure "$1" "$2" "$URL" "${4:-}" "${PID_OF[case]}"
+  stop case
+}
+# fg_case section label threads config-body [oha flags] [url] [binary] [redis]
+fg_case() {
+  local section="$1" label="$2" threads="$3" body="$4" flags="${5:-}" url="${6:-$URL}" binary="${7:-$FLOODGATE}"
+  floodgate_conf "$threads" "$body"
+  start case "$binary" --config "$WORK/fg.toml"
+  case "$url" in https*) wait_port $TLS_PORT ;; *) wait_port $PROXY_PORT ;; esac
+  if [ "${8:-}" = redis ]; then
+    measure "$section" "$label" "$url" "$flags" "${PID_OF[case]}" "${PID_OF[redis]}"
+  else
+    measure "$section" "$label" "$url" "$flags" "${PID_OF[case]}"
+  fi
+  stop case
+}
 
-python3 - "$RESULTS" "$DURATION" "$CONNECTIONS" "$(nproc)" "$WORKERS" <<'PY'
+has() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
+if has main; then
+  measure main "upstream alone (nginx, fixed 200)" "http://127.0.0.1:$UP/" "" "${PID_OF[upstream]}"
+  nginx_case main "nginx reverse proxy" 1 "$PROXY" ""
+  nginx_case main "nginx limit_req, admitting" 1 "$ADMIT" "$ADMIT_ZONE"
+  bare_case main "bare Pingora proxy" 1
+  fg_case main "floodgate, no limits" 1 ""
+  fg_case main "floodgate memory, admitting" 1 "$NEVER"
+  fg_case main "floodgate redis, admitting" 1 "$REDIS_TABLE
+$NEVER" "" "" "" redis
+  fg_case main "floodgate redis, leases off" 1 "$REDIS_TABLE
+leases = \"off\"
+$NEVER" "" "" "" redis
+  fg_case main "floodgate redis, global key" 1 "$REDIS_TABLE
+$GLOBAL" "" "" "" redis
+  fg_case main "floodgate redis, 1,000 clients" 1 "$REDIS_TABLE
+$PER_K" "--rand-regex-url" "http://127[.]0[.]0[.]1:$PROXY_PORT/[?]k=[0-9]{3}" "" redis
+  nginx_case main "nginx limit_req, refusing" 1 "$REFUSE" "$REFUSE_ZONE"
+  fg_case main "floodgate memory, refusing" 1 "$ABUSE"
+  fg_case main "floodgate redis, refusing" 1 "$REDIS_TABLE
+$ABUSE" "" "" "" redis
+  # TLS at the edge: the same certificate, HTTP/1.1 and HTTP/2 (one
+  # connection per oha worker either way), against nginx terminating TLS.
+  nginx_case main "nginx TLS, http/1.1" 1 "$PROXY" "" "" tls
+  fg_case main "floodgate TLS memory, http/1.1" 1 "$TLS_TABLE
+$NEVER" "--insecure" "https://127.0.0.1:$TLS_PORT/"
+  nginx_case main "nginx TLS, h2" 1 "$PROXY" "" "--http2" tls
+  fg_case main "floodgate TLS memory, h2" 1 "$TLS_TABLE
+$NEVER" "--insecure --http2" "https://127.0.0.1:$TLS_PORT/"
+  if [ -n "$BEFORE" ]; then
+    fg_case main "previous build, no limits" 1 "" "" "" "$BEFORE"
+    fg_case main "previous build memory, admitting" 1 "$NEVER" "" "" "$BEFORE"
+    fg_case main "previous build memory, refusing" 1 "$ABUSE" "" "" "$BEFORE"
+  fi
+fi
+
+if has threads; then
+  for n in 1 2 4; do
+    nginx_case threads "nginx limit_req, admitting, $n" "$n" "$ADMIT" "$ADMIT_ZONE"
+    bare_case threads "bare Pingora proxy, $n" "$n"
+    fg_case threads "floodgate memory, admitting, $n" "$n" "$NEVER"
+    nginx_case threads "nginx limit_req, refusing, $n" "$n" "$REFUSE" "$REFUSE_ZONE"
+    fg_case threads "floodgate memory, refusing, $n" "$n" "$ABUSE"
+  done
+fi
+
+if has nokeepalive; then
+  # A scripted abuser's pattern: a new connection for every request.
+  nginx_case nokeepalive "nginx limit_req, admitting" 1 "$ADMIT" "$ADMIT_ZONE" "--disable-keepalive"
+  bare_case nokeepalive "bare Pingora proxy" 1 "--disable-keepalive"
+  fg_case nokeepalive "floodgate memory, admitting" 1 "$NEVER" "--disable-keepalive"
+  nginx_case nokeepalive "nginx limit_req, refusing" 1 "$REFUSE" "$REFUSE_ZONE" "--disable-keepalive"
+  fg_case nokeepalive "floodgate memory, refusing" 1 "$ABUSE" "--disable-keepalive"
+fi
+
+if has flood; then
+  # One address opening connection after connection while its cap (1) is
+  # held: each is closed at once. The rate is connection attempts per
+  # second, the CPU per attempt.
+  SERVER_EXTRA="max_connections_per_ip = 1"
+  fg_case flood "floodgate, connections over the cap" 1 "" "--disable-keepalive"
+  if [ -n "$BEFORE" ]; then
+    fg_case flood "previous build, connections over the cap" 1 "" "--disable-keepalive" "" "$BEFORE"
+  fi
+  SERVER_EXTRA=""
+fi
+
+if has curves; then
+  # What one more layer, key, header or token costs. Every layer matches
+  # every request and is never reached.
+  for n in 1 3 10; do
+    body=""
+    for i in $(seq 1 "$n"); do body="$body
+$(per_ip_bucket 1000000000 1000 "layer-$i")"; done
+    fg_case curves "layers: $n" 1 "$body"
+  done
+  fg_case curves "keys: 1" 1 "$PER_K" "" "${URL}?k=0"
+  for digits in 2 4 6; do
+    fg_case curves "keys: 1e$digits" 1 "$PER_K" "--rand-regex-url" "http://127[.]0[.]0[.]1:$PROXY_PORT/[?]k=[0-9]{$digits}"
+  done
+  for mode in none draft both; do
+    fg_case curves "headers: $mode" 1 "[response]
+headers = \"$mode\"
+$NEVER"
+  done
+  # A verified token (RS256, 2,048-bit key) as the key, against the address.
+  openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$WORK/jwt.pem" >/dev/null 2>&1
+  TOKEN="$(python3 - "$WORK" <<'PY'
+import base64, json, subprocess, sys, time
+work = sys.argv[1]
+b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+modulus = subprocess.run(["openssl", "rsa", "-in", f"{work}/jwt.pem", "-noout", "-modulus"], capture_output=True, text=True, check=True).stdout
+n = bytes.fromhex(modulus.strip().split("=", 1)[1])
+json.dump({"keys": [{"kty": "RSA", "kid": "load", "use": "sig", "n": b64(n), "e": "AQAB"}]}, open(f"{work}/jwks.json", "w"))
+head = b64(json.dumps({"alg": "RS256", "kid": "load", "typ": "JWT"}).encode())
+body = b64(json.dumps({"sub": "load-test", "iss": "load", "aud": "api", "exp": int(time.time()) + 3600}).encode())
+signature = subprocess.run(["openssl", "dgst", "-sha256", "-sign", f"{work}/jwt.pem"], input=f"{head}.{body}".encode(), capture_output=True, check=True).stdout
+print(f"{head}.{body}.{b64(signature)}")
+PY
+)"
+  fg_case curves "key: ip" 1 "$NEVER"
+  fg_case curves "key: verified jwt:sub" 1 "[clients.jwt]
+jwks_file = \"$WORK/jwks.json\"
+algorithms = [\"RS256\"]
+issuer = \"load\"
+audience = \"api\"
+header = \"X-Token\"
+[[limits]]
+name = \"per-user\"
+key = \"jwt:sub\"
+algorithm = \"token_bucket\"
+capacity = 1000000000
+refill_rate = 1000" "-H X-Token:$TOKEN"
+fi
+
+python3 - "$RESULTS" "$DURATION" "$CONNECTIONS" "$(nproc)" <<'PY'
 import sys
 rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1]) if line.strip()]
-base = float(rows[0][1])
-print(f"oha -c {sys.argv[3]} -z {sys.argv[2]}s on 127.0.0.1, {sys.argv[4]} cores shared by servers and oha, {sys.argv[5]} worker(s) per proxy")
+print(f"oha -c {sys.argv[3]} -z {sys.argv[2]}s on 127.0.0.1, {sys.argv[4]} cores shared by servers and oha; 1 worker per proxy unless the case says")
 print("CPU µs/req: the server's processes (nginx master and workers; floodgate; plus redis-server on the Redis rows)")
-print("Redis calls/req: EVALSHA calls per request answered\n")
-print(f"| {'case':<34} | {'req/s':>8} | {'p50 ms':>7} | {'p99 ms':>7} | {'ratio':>5} | {'CPU µs/req':>10} | {'429 share':>9} | {'Redis calls/req':>15} |")
-print(f"|{'-'*36}|{'-'*10}|{'-'*9}|{'-'*9}|{'-'*7}|{'-'*12}|{'-'*11}|{'-'*17}|")
-for label, rps, p50, p99, cpu, refused, calls in rows:
-    print(f"| {label:<34} | {float(rps):>8.0f} | {float(p50):>7.3f} | {float(p99):>7.3f} | {float(rps) / base:>5.2f} | {float(cpu):>10.1f} | {float(refused):>9.3f} | {float(calls):>15.4f} |")
-by_label = {row[0]: row for row in rows}
-def rps(label): return float(by_label[label][1])
-def p99(label): return float(by_label[label][3])
-limit_req = rps("nginx limit_req, admitting")
-print("\nAgainst nginx limit_req in this run (targets in parentheses):")
-print(f"  memory store admitting   {rps('floodgate memory, admitting') / limit_req:.2f}x (>= 1.0)")
-print(f"  Redis store admitting    {rps('floodgate redis, admitting') / limit_req:.2f}x (>= 0.8)")
-refusing = rps("nginx limit_req, refusing")
-print(f"  refusing, memory / Redis {rps('floodgate memory, refusing') / refusing:.2f}x / {rps('floodgate redis, refusing') / refusing:.2f}x (>= 1.0)")
-added = p99("floodgate redis, admitting") - p99("floodgate, no limits")
-print(f"  p99 added by Redis over no limits {added:.2f} ms (<= 1)")
-memory = rps("floodgate memory, admitting")
-print("Redis admitting against memory admitting in this run (leases: within 15%):")
-for label in ("floodgate redis, admitting", "floodgate redis, global key", "floodgate redis, 1,000 clients", "floodgate redis, leases off"):
-    print(f"  {label[len('floodgate redis, '):]:<14} {rps(label) / memory:.2f}x, p99 {p99(label) - p99('floodgate, no limits'):+.2f} ms over no limits")
-print("Against nginx terminating TLS with the same certificate:")
-for proto in ("http/1.1", "h2"):
-    print(f"  TLS {proto:<8} {rps(f'floodgate TLS memory, {proto}') / rps(f'nginx TLS, {proto}'):.2f}x")
+print("× bare, × nginx: req/s as a share of the bare Pingora proxy's and of nginx's (limit_req for admitting and refusing, plain for no limits, nginx TLS for TLS), same section and workers; CPU ÷ bare: CPU µs/req over the bare proxy's")
+by = {(r[0], r[1]): r for r in rows}
+def val(section, label, i):
+    row = by.get((section, label))
+    return float(row[i]) if row else None
+
+def references(section, label):
+    """The bare proxy and the nginx case a row is compared with."""
+    suffix = ""
+    if section == "threads":
+        label, _, n = label.rpartition(", ")
+        suffix = f", {n}"
+    bare = f"bare Pingora proxy{suffix}"
+    if "TLS" in label:
+        nginx = f"nginx TLS, {label.rsplit(', ', 1)[1]}"
+        bare = None
+    elif "refusing" in label:
+        nginx = f"nginx limit_req, refusing{suffix}"
+    elif "no limits" in label:
+        nginx = "nginx reverse proxy"
+    else:
+        nginx = f"nginx limit_req, admitting{suffix}"
+    if section == "curves":
+        nginx = None
+    return bare, nginx
+
+titles = {"flood": "A flood of connections from one address over its cap (1): attempts/s and CPU per attempt", "main": "One worker per proxy, keep-alive", "threads": "Threads: floodgate and the bare proxy with 1, 2, 4 threads, nginx with 1, 2, 4 workers",
+          "nokeepalive": "Without keep-alive (oha --disable-keepalive): a new connection per request",
+          "curves": "Cost curves: floodgate memory store, one worker; each step against the one before"}
+for section in ("main", "threads", "nokeepalive", "flood", "curves"):
+    part = [r for r in rows if r[0] == section]
+    if not part:
+        continue
+    print(f"\n{titles[section]}\n")
+    print(f"| {'case':<36} | {'req/s':>7} | {'p50 ms':>6} | {'p99 ms':>6} | {'CPU µs/req':>10} | {'CPU ÷ bare':>10} | {'× bare':>6} | {'× nginx':>7} | {'429 share':>9} | {'Redis calls/req':>15} |")
+    print(f"|{'-'*38}|{'-'*9}|{'-'*8}|{'-'*8}|{'-'*12}|{'-'*12}|{'-'*8}|{'-'*9}|{'-'*11}|{'-'*17}|")
+    previous = None
+    for sec, label, rps, p50, p99, cpu, refused, calls in part:
+        bare, nginx = references(section, label)
+        fg = "floodgate" in label or "previous build" in label or section == "curves"
+        bare_rps, bare_cpu = (val(section, bare, 2), val(section, bare, 5)) if bare and fg else (None, None)
+        nginx_rps = val(section, nginx, 2) if nginx and fg else None
+        cpu_ratio = f"{float(cpu) / bare_cpu:.2f}" if bare_cpu else ""
+        x_bare = f"{float(rps) / bare_rps:.2f}" if bare_rps else ""
+        x_nginx = f"{float(rps) / nginx_rps:.2f}" if nginx_rps else ""
+        if section == "curves":
+            same_curve = previous and previous[1].split(":")[0] == label.split(":")[0]
+            cpu_ratio = f"{float(cpu) / float(previous[5]):.2f} step" if same_curve else ""
+            x_bare = ""
+            previous = (sec, label, rps, p50, p99, cpu)
+        print(f"| {label:<36} | {float(rps):>7.0f} | {float(p50):>6.3f} | {float(p99):>6.3f} | {float(cpu):>10.1f} | {cpu_ratio:>10} | {x_bare:>6} | {x_nginx:>7} | {float(refused):>9.3f} | {float(calls):>15.4f} |")
+
+def cpu(section, label): return val(section, label, 5)
+def rps(section, label): return val(section, label, 2)
+print("\nTargets, in this run:")
+if ("main", "floodgate, no limits") in by:
+    print(f"  no limits, CPU/req over the bare proxy's      {cpu('main', 'floodgate, no limits') / cpu('main', 'bare Pingora proxy'):.2f} (<= 1.10)")
+    print(f"  memory admitting, CPU/req over no limits'     {cpu('main', 'floodgate memory, admitting') / cpu('main', 'floodgate, no limits'):.2f} (<= 1.05)")
+    print(f"  memory admitting, × nginx limit_req (1 worker) {rps('main', 'floodgate memory, admitting') / rps('main', 'nginx limit_req, admitting'):.2f} (>= 0.75)")
+    print(f"  refusing, × nginx refusing (keep-alive)       {rps('main', 'floodgate memory, refusing') / rps('main', 'nginx limit_req, refusing'):.2f} (>= 1.0)")
+    for proto in ("http/1.1", "h2"):
+        print(f"  TLS {proto:<8}, × nginx TLS                   {rps('main', f'floodgate TLS memory, {proto}') / rps('main', f'nginx TLS, {proto}'):.2f} (>= 0.75)")
+if ("threads", "floodgate memory, admitting, 2") in by:
+    print(f"  memory admitting, × nginx limit_req (2)       {rps('threads', 'floodgate memory, admitting, 2') / rps('threads', 'nginx limit_req, admitting, 2'):.2f} (>= 0.75)")
+if ("nokeepalive", "floodgate memory, refusing") in by:
+    print(f"  refusing, × nginx refusing (no keep-alive)    {rps('nokeepalive', 'floodgate memory, refusing') / rps('nokeepalive', 'nginx limit_req, refusing'):.2f} (>= 1.0)")
 PY
