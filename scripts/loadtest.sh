@@ -146,7 +146,7 @@ PER_K='[[limits]]
 name = "per-client"
 key = "query:k"
 algorithm = "fixed_window"
-limit = 1000000000
+limit = 10000000
 window = "1m"'
 TLS_TABLE="[server.tls]
 listen = \"127.0.0.1:$TLS_PORT\"
@@ -221,8 +221,8 @@ nginx_case() {
   fi
   stop case
 }
-bare_case() { # section label threads [oha flags]
-  start case "$BARE" "127.0.0.1:$PROXY_PORT" "127.0.0.1:$UP" "$3"; wait_port $PROXY_PORT
+bare_case() { # section label threads [oha flags] [refuse]
+  start case "$BARE" "127.0.0.1:$PROXY_PORT" "127.0.0.1:$UP" "$3" ${5:-}; wait_port $PROXY_PORT
   measure "$1" "$2" "$URL" "${4:-}" "${PID_OF[case]}"
   stop case
 }
@@ -242,6 +242,11 @@ fg_case() {
 
 has() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
+# REPEATS rounds of every case, one after the other (noise on a shared
+# machine comes in bursts: each row is the median of its rounds).
+REPEATS="${REPEATS:-1}"
+for round in $(seq 1 "$REPEATS"); do
+
 if has main; then
   measure main "upstream alone (nginx, fixed 200)" "http://127.0.0.1:$UP/" "" "${PID_OF[upstream]}"
   nginx_case main "nginx reverse proxy" 1 "$PROXY" ""
@@ -259,6 +264,7 @@ $GLOBAL" "" "" "" redis
   fg_case main "floodgate redis, 1,000 clients" 1 "$REDIS_TABLE
 $PER_K" "--rand-regex-url" "http://127[.]0[.]0[.]1:$PROXY_PORT/[?]k=[0-9]{3}" "" redis
   nginx_case main "nginx limit_req, refusing" 1 "$REFUSE" "$REFUSE_ZONE"
+  bare_case main "bare Pingora proxy, refusing" 1 "" refuse
   fg_case main "floodgate memory, refusing" 1 "$ABUSE"
   fg_case main "floodgate redis, refusing" 1 "$REDIS_TABLE
 $ABUSE" "" "" "" redis
@@ -283,6 +289,7 @@ if has threads; then
     bare_case threads "bare Pingora proxy, $n" "$n"
     fg_case threads "floodgate memory, admitting, $n" "$n" "$NEVER"
     nginx_case threads "nginx limit_req, refusing, $n" "$n" "$REFUSE" "$REFUSE_ZONE"
+    bare_case threads "bare Pingora proxy, refusing, $n" "$n" "" refuse
     fg_case threads "floodgate memory, refusing, $n" "$n" "$ABUSE"
   done
 fi
@@ -293,6 +300,7 @@ if has nokeepalive; then
   bare_case nokeepalive "bare Pingora proxy" 1 "--disable-keepalive"
   fg_case nokeepalive "floodgate memory, admitting" 1 "$NEVER" "--disable-keepalive"
   nginx_case nokeepalive "nginx limit_req, refusing" 1 "$REFUSE" "$REFUSE_ZONE" "--disable-keepalive"
+  bare_case nokeepalive "bare Pingora proxy, refusing" 1 "--disable-keepalive" refuse
   fg_case nokeepalive "floodgate memory, refusing" 1 "$ABUSE" "--disable-keepalive"
 fi
 
@@ -356,10 +364,17 @@ capacity = 1000000000
 refill_rate = 1000" "-H X-Token:$TOKEN"
 fi
 
-python3 - "$RESULTS" "$DURATION" "$CONNECTIONS" "$(nproc)" <<'PY'
-import sys
-rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1]) if line.strip()]
-print(f"oha -c {sys.argv[3]} -z {sys.argv[2]}s on 127.0.0.1, {sys.argv[4]} cores shared by servers and oha; 1 worker per proxy unless the case says")
+done
+
+python3 - "$RESULTS" "$DURATION" "$CONNECTIONS" "$(nproc)" "$REPEATS" <<'PY'
+import statistics, sys
+raw = [line.rstrip("\n").split("\t") for line in open(sys.argv[1]) if line.strip()]
+rows, seen = [], {}
+for r in raw:
+    seen.setdefault((r[0], r[1]), []).append(r)
+for (section, label), runs in seen.items():
+    rows.append([section, label] + [f"{statistics.median(float(run[i]) for run in runs)}" for i in range(2, 8)])
+print(f"oha -c {sys.argv[3]} -z {sys.argv[2]}s on 127.0.0.1, {sys.argv[4]} cores shared by servers and oha; 1 worker per proxy unless the case says; each row the median of {sys.argv[5]} round(s)")
 print("CPU µs/req: the server's processes (nginx master and workers; floodgate; plus redis-server on the Redis rows)")
 print("× bare, × nginx: req/s as a share of the bare Pingora proxy's and of nginx's (limit_req for admitting and refusing, plain for no limits, nginx TLS for TLS), same section and workers; CPU ÷ bare: CPU µs/req over the bare proxy's")
 by = {(r[0], r[1]): r for r in rows}
@@ -379,6 +394,7 @@ def references(section, label):
         bare = None
     elif "refusing" in label:
         nginx = f"nginx limit_req, refusing{suffix}"
+        bare = f"bare Pingora proxy, refusing{suffix}"
     elif "no limits" in label:
         nginx = "nginx reverse proxy"
     else:
@@ -421,6 +437,7 @@ if ("main", "floodgate, no limits") in by:
     print(f"  memory admitting, CPU/req over no limits'     {cpu('main', 'floodgate memory, admitting') / cpu('main', 'floodgate, no limits'):.2f} (<= 1.05)")
     print(f"  memory admitting, × nginx limit_req (1 worker) {rps('main', 'floodgate memory, admitting') / rps('main', 'nginx limit_req, admitting'):.2f} (>= 0.75)")
     print(f"  refusing, × nginx refusing (keep-alive)       {rps('main', 'floodgate memory, refusing') / rps('main', 'nginx limit_req, refusing'):.2f} (>= 1.0)")
+    print(f"  the floor: bare Pingora proxy × nginx limit_req admitting {rps('main', 'bare Pingora proxy') / rps('main', 'nginx limit_req, admitting'):.2f}, refusing {rps('main', 'bare Pingora proxy, refusing') / rps('main', 'nginx limit_req, refusing'):.2f}")
     for proto in ("http/1.1", "h2"):
         print(f"  TLS {proto:<8}, × nginx TLS                   {rps('main', f'floodgate TLS memory, {proto}') / rps('main', f'nginx TLS, {proto}'):.2f} (>= 0.75)")
 if ("threads", "floodgate memory, admitting, 2") in by:
