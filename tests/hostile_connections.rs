@@ -20,6 +20,40 @@ fn proxy_with(upstream: &Upstream, server_lines: &str) -> ConfigBuilder {
         .server(server_lines)
 }
 
+/// `n` keep-alive connections from 127.0.0.1, each idle after one answered
+/// request, once the proxy counts them all open.
+fn hold_idle(proxy: &Proxy, n: usize) -> Vec<TcpStream> {
+    let held: Vec<TcpStream> = (0..n)
+        .map(|_| {
+            let mut s = TcpStream::connect(proxy.addr).expect("connect");
+            s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+                .expect("send");
+            let mut reader = BufReader::new(s.try_clone().expect("clone"));
+            assert_eq!(read_response(&mut reader).map(|r| r.0), Some(200));
+            s
+        })
+        .collect();
+    assert!(wait_until(Duration::from_secs(5), || proxy
+        .metric("floodgate_connections_open")
+        == n as f64));
+    held
+}
+
+/// `n` more connections from 127.0.0.1, each sending a request: every one
+/// closed without an answer.
+fn closed_unanswered(proxy: &Proxy, n: usize) {
+    for _ in 0..n {
+        let mut extra = TcpStream::connect(proxy.addr).expect("connect");
+        let _ = extra.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n");
+        let (got, closed) = until_closed(&mut extra, Duration::from_secs(2));
+        assert!(
+            closed.is_some() && got.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&got)
+        );
+    }
+}
+
 /// A TCP connection to `to` from the local address `from` (any 127.x.y.z).
 fn connect_from(from: &str, to: SocketAddr) -> std::io::Result<TcpStream> {
     use socket2::{Domain, Socket, Type};
@@ -200,32 +234,11 @@ fn one_address_cannot_hold_more_than_its_share() {
     .start();
     let rss_before = resident_kib(proxy.pid());
     // 50 idle connections from 127.0.0.1, each after one request.
-    let held: Vec<TcpStream> = (0..50)
-        .map(|_| {
-            let mut s = TcpStream::connect(proxy.addr).expect("connect");
-            s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
-                .expect("send");
-            let mut reader = BufReader::new(s.try_clone().expect("clone"));
-            assert_eq!(read_response(&mut reader).map(|r| r.0), Some(200));
-            s
-        })
-        .collect();
-    assert!(wait_until(Duration::from_secs(5), || proxy
-        .metric("floodgate_connections_open")
-        == 50.0));
+    let held = hold_idle(&proxy, 50);
     let rss_held = resident_kib(proxy.pid());
     // The 51st from the same address is closed at once, without an answer;
     // so are the next 200 attempts.
-    for _ in 0..200 {
-        let mut extra = TcpStream::connect(proxy.addr).expect("connect");
-        let _ = extra.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n");
-        let (got, closed) = until_closed(&mut extra, Duration::from_secs(2));
-        assert!(
-            closed.is_some() && got.is_empty(),
-            "{}",
-            String::from_utf8_lossy(&got)
-        );
-    }
+    closed_unanswered(&proxy, 200);
     // Another address is served.
     let mut other = connect_from("127.0.0.2", proxy.addr).expect("connect from 127.0.0.2");
     other
@@ -267,29 +280,8 @@ fn a_connection_over_its_cap_is_closed_in_the_accept_loop_and_never_becomes_a_re
     .limit(Limit::fixed_window("per-ip", "ip", 1000, "1h"))
     .start();
     let admitted = "floodgate_decisions_total{limit=\"per-ip\",outcome=\"admitted\"}";
-    let held: Vec<TcpStream> = (0..3)
-        .map(|_| {
-            let mut s = TcpStream::connect(proxy.addr).expect("connect");
-            s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
-                .expect("send");
-            let mut reader = BufReader::new(s.try_clone().expect("clone"));
-            assert_eq!(read_response(&mut reader).map(|r| r.0), Some(200));
-            s
-        })
-        .collect();
-    assert!(wait_until(Duration::from_secs(5), || proxy
-        .metric("floodgate_connections_open")
-        == 3.0));
-    for _ in 0..50 {
-        let mut extra = TcpStream::connect(proxy.addr).expect("connect");
-        let _ = extra.write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n");
-        let (got, closed) = until_closed(&mut extra, Duration::from_secs(2));
-        assert!(
-            closed.is_some() && got.is_empty(),
-            "{}",
-            String::from_utf8_lossy(&got)
-        );
-    }
+    let held = hold_idle(&proxy, 3);
+    closed_unanswered(&proxy, 50);
     // Every one of them closed by the accept loop's check: none was given a
     // task, so none was parsed, decided or forwarded.
     assert_eq!(

@@ -20,12 +20,9 @@ fn on_redis(upstream: &Upstream, url: &str) -> ConfigBuilder {
 /// `proxy`, once it leases: from its first subscription to operators'
 /// changes on (before, every request is decided on Redis).
 fn leasing(proxy: Proxy) -> Proxy {
-    assert!(
-        wait_until(Duration::from_secs(10), || proxy
-            .log()
-            .contains("leases from now on")),
-        "never listened for operators' changes: {}",
-        proxy.log()
+    proxy.await_log(
+        "leases from now on",
+        "never listened for operators' changes",
     );
     proxy
 }

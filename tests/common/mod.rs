@@ -518,15 +518,22 @@ impl Proxy {
             .unwrap_or(0.0)
     }
 
+    /// Waits (10 s at most) until the log says `line`; fails the test with
+    /// `what` and the log otherwise.
+    pub fn await_log(&self, line: &str, what: &str) {
+        assert!(
+            wait_until(Duration::from_secs(10), || self.log().contains(line)),
+            "{what}: {}",
+            self.log()
+        );
+    }
+
     pub fn signal(&self, sig: &str) {
         // Pingora installs the handlers once it runs, after the listeners
         // may already answer: a SIGHUP before them would end the process.
-        assert!(
-            wait_until(Duration::from_secs(10), || self
-                .log()
-                .contains("signals: SIGHUP reloads")),
-            "the signal handlers were never installed: {}",
-            self.log()
+        self.await_log(
+            "signals: SIGHUP reloads",
+            "the signal handlers were never installed",
         );
         let ok = Command::new("kill")
             .args([sig, &self.pid().to_string()])
