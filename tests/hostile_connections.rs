@@ -318,6 +318,55 @@ fn a_connection_over_its_cap_is_closed_in_the_accept_loop_and_never_becomes_a_re
 }
 
 #[test]
+fn sixty_connections_at_once_from_one_address_get_no_more_than_its_cap() {
+    let upstream = Upstream::start();
+    let proxy = proxy_with(
+        &upstream,
+        "header_timeout = \"30s\"\nmax_connections_per_ip = 3",
+    )
+    .start();
+    // All 60 connect before any is served: the accept loop's check sees the
+    // places still free, so the exact count is the tasks' permits.
+    let connected: Vec<TcpStream> = (0..60)
+        .filter_map(|_| TcpStream::connect(proxy.addr).ok())
+        .collect();
+    let statuses: Vec<Option<u16>> = std::thread::scope(|s| {
+        let clients: Vec<_> = connected
+            .iter()
+            .map(|stream| {
+                s.spawn(move || {
+                    let mut stream = stream.try_clone().ok()?;
+                    stream
+                        .write_all(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+                        .ok()?;
+                    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+                    read_response(&mut BufReader::new(stream)).map(|r| r.0)
+                })
+            })
+            .collect();
+        clients
+            .into_iter()
+            .map(|c| c.join().expect("client"))
+            .collect()
+    });
+    let served = statuses.iter().filter(|s| **s == Some(200)).count();
+    assert!(
+        served <= 3,
+        "{served} of 60 served at once from one address"
+    );
+    assert!(served >= 1, "none served: {statuses:?}");
+    assert_eq!(proxy.metric("floodgate_connections_open"), served as f64);
+    assert_eq!(
+        proxy.metric("floodgate_connections_refused_total{cap=\"per_ip\"}"),
+        (connected.len() - served) as f64
+    );
+    drop(connected);
+    assert!(wait_until(Duration::from_secs(5), || proxy
+        .metric("floodgate_connections_open")
+        == 0.0));
+}
+
+#[test]
 fn the_total_cap_keeps_the_proxy_within_a_low_fd_limit() {
     let upstream = Upstream::start();
     // 200 descriptors: the derived cap is (200 - 64) / 2 = 68 connections.

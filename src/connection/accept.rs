@@ -4,7 +4,7 @@
 //! costs an accept and a close each, not a task and its buffers.
 
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -12,6 +12,12 @@ use pingora::listeners::ConnectionFilter;
 
 use super::caps::ConnectionCaps;
 use crate::state::AppState;
+
+/// The address a connection from `peer` counts against under the
+/// per-address cap: grouped as limits group it, none for a trusted proxy.
+pub(super) fn counted_as(state: &AppState, peer: Option<IpAddr>) -> Option<IpAddr> {
+    peer.and_then(|ip| state.runtime.load().policy.clients.connection_group(ip))
+}
 
 pub struct AcceptFilter {
     caps: Arc<ConnectionCaps>,
@@ -34,14 +40,7 @@ impl fmt::Debug for AcceptFilter {
 impl ConnectionFilter for AcceptFilter {
     async fn should_accept(&self, addr: Option<&SocketAddr>) -> bool {
         let peer = addr.map(|a| crate::identity::normalize(a.ip()));
-        let group = peer.and_then(|ip| {
-            self.state
-                .runtime
-                .load()
-                .policy
-                .clients
-                .connection_group(ip)
-        });
+        let group = counted_as(&self.state, peer);
         match self.caps.has_room(group) {
             Ok(()) => true,
             Err(reason) => {

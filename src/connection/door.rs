@@ -141,10 +141,7 @@ impl ServerApp for FrontDoor {
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
         let peer = peer_of(&stream);
-        let counted_as = peer.and_then(|ip| {
-            let runtime = self.state.runtime.load();
-            runtime.policy.clients.connection_group(ip)
-        });
+        let counted_as = super::accept::counted_as(&self.state, peer);
         let _permit = match self.caps.admit(counted_as) {
             Ok(permit) => permit,
             Err(reason) => {
