@@ -36,6 +36,9 @@ fn leased(store: &FakeStore, clock: &Arc<ManualClock>, instances: u64) -> Leased
         Duration::from_millis(50),
         clock.clone(),
     )
+    // Leases age by the test's clock alone: on a loaded machine the real
+    // one would end them at moments no run repeats.
+    .with_monotonic(clock.clone())
 }
 
 fn setup() -> (Arc<ManualClock>, FakeStore) {
