@@ -10,7 +10,7 @@ use floodgate::algorithm::Algorithm;
 use floodgate::clock::SystemClock;
 use floodgate::identity::StateKey;
 use floodgate::limiter::redis::LeaseSettings;
-use floodgate::limiter::{Check, Leased, LimitName, MemoryStore, OnFailure, Store};
+use floodgate::limiter::{Check, Instances, Leased, LimitName, MemoryStore, OnFailure, Store};
 
 fn check(algorithm: Algorithm) -> Check {
     Check {
@@ -58,7 +58,7 @@ fn leases(c: &mut Criterion) {
                 max: 1 << 20,
                 ttl_us: 60_000_000,
             },
-            1,
+            Instances::fixed(1),
             Duration::from_millis(50),
             Arc::new(SystemClock),
         );

@@ -1,6 +1,6 @@
 # Sourced by the other scripts: installs what building and testing floodgate
-# needs when it is missing (cmake for Pingora's zlib-ng; redis-server for the
-# Redis tests), from the system's packages.
+# needs when it is missing (cmake for Pingora's zlib-ng; redis-server and
+# redis-sentinel for the Redis tests), from the system's packages.
 need=()
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 if [ "${FLOODGATE_NEEDS_REDIS:-0}" = 1 ]; then
@@ -8,6 +8,8 @@ if [ "${FLOODGATE_NEEDS_REDIS:-0}" = 1 ]; then
   # curl and nghttp for HTTP/2, prlimit for the fd-limit test, pip for the
   # Python gRPC and WebSocket clients.
   command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+  # The Sentinel tests' three sentinels.
+  command -v redis-sentinel >/dev/null 2>&1 || need+=(redis-sentinel)
   command -v openssl >/dev/null 2>&1 || need+=(openssl)
   command -v curl >/dev/null 2>&1 || need+=(curl)
   command -v nghttp >/dev/null 2>&1 || need+=(nghttp2-client)

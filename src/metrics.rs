@@ -78,6 +78,8 @@ pub struct RedisMetrics {
     pub failures: IntCounter,
     pub fallback_decisions: IntCounter,
     pub leases: LeaseMetrics,
+    /// The instances sharing Redis, as the fallback's share divides by.
+    pub instances: IntGauge,
 }
 
 /// What leases of the shared budget do (`limiter::Leased`).
@@ -249,6 +251,13 @@ impl Metrics {
                 ),
             ),
         };
+        let instances = registered(
+            &registry,
+            IntGauge::new(
+                "floodgate_redis_instances",
+                "Instances sharing Redis: [redis].instances, or the live count with \"auto\"",
+            ),
+        );
         let fallback_active = registered(
             &registry,
             IntGauge::new(
@@ -355,6 +364,7 @@ impl Metrics {
                 failures,
                 fallback_decisions,
                 leases,
+                instances,
             },
             fallback_active,
             local_keys,

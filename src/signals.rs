@@ -11,16 +11,37 @@ use log::{error, info, warn};
 use pingora::server::{ShutdownSignal, ShutdownSignalWatch};
 use tokio::signal::unix::{signal, SignalKind};
 
+use crate::limiter::Roster;
 use crate::state::AppState;
 
 pub struct Signals {
     state: Arc<AppState>,
     grace: Duration,
+    /// With `instances = "auto"`: left at a stop, so the others' share
+    /// grows at once instead of when this one's slot expires.
+    roster: Option<Arc<Roster>>,
 }
 
 impl Signals {
-    pub fn new(state: Arc<AppState>, grace: Duration) -> Self {
-        Signals { state, grace }
+    pub fn new(state: Arc<AppState>, grace: Duration, roster: Option<Arc<Roster>>) -> Self {
+        Signals {
+            state,
+            grace,
+            roster,
+        }
+    }
+
+    /// What a stop does last: leases back, this instance off the count.
+    async fn leave(&self) {
+        self.return_leases().await;
+        if let Some(roster) = &self.roster {
+            if tokio::time::timeout(LEASE_RETURN_TIME, roster.leave())
+                .await
+                .is_err()
+            {
+                warn!("could not take this instance off the count in time: the others count it until its slot expires");
+            }
+        }
     }
 
     /// Waits for the requests in flight to finish, at most the grace period.
@@ -39,7 +60,6 @@ impl Signals {
             0 => info!("drained in {:.2}s", started.elapsed().as_secs_f64()),
             n => warn!("grace period over with {n} request(s) still in flight"),
         }
-        self.return_leases().await;
     }
 
     /// Budget leased from Redis and not used goes back, so that the other
@@ -82,14 +102,15 @@ impl ShutdownSignalWatch for Signals {
                 }
                 _ = term.recv() => {
                     self.drain().await;
+                    self.leave().await;
                     return ShutdownSignal::GracefulTerminate;
                 }
                 _ = int.recv() => {
-                    self.return_leases().await;
+                    self.leave().await;
                     return ShutdownSignal::FastShutdown;
                 }
                 _ = quit.recv() => {
-                    self.return_leases().await;
+                    self.leave().await;
                     return ShutdownSignal::GracefulUpgrade;
                 }
             }

@@ -13,7 +13,7 @@ use crate::access_log::AccessLog;
 use crate::admin::auth::AdminToken;
 use crate::config::{Config, Inputs};
 use crate::headers::HeaderStyle;
-use crate::limiter::{Deciding, Store};
+use crate::limiter::{Deciding, Instances, Store};
 use crate::metrics::{LayerCounters, Metrics};
 use crate::policy::Policy;
 use crate::status::Status;
@@ -66,6 +66,8 @@ pub struct AppState {
     pub header_timeout: std::time::Duration,
     /// `[server].slot_body_timeout`.
     pub slot_body_timeout: std::time::Duration,
+    /// How many instances share Redis (none with the memory store).
+    pub instances: Option<Instances>,
     /// What the TLS listeners serve; swapped on reload.
     pub certificates: Option<Arc<CertResolver>>,
     pub config_path: PathBuf,
@@ -99,6 +101,7 @@ impl AppState {
         store: Arc<dyn Store>,
         metrics: Arc<Metrics>,
         access_log: Option<AccessLog>,
+        instances: Option<Instances>,
     ) -> AppState {
         AppState {
             status: Status::new(store.deciding()),
@@ -110,6 +113,7 @@ impl AppState {
             block_log: crate::blocklist::BlockLog::new(10_000),
             header_timeout: config.server.header_timeout,
             slot_body_timeout: config.server.slot_body_timeout,
+            instances,
             certificates: config
                 .tls
                 .as_ref()

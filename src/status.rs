@@ -53,6 +53,8 @@ pub struct Scene<'a> {
     pub counters: &'a [LayerCounters],
     pub config: String,
     pub store_target: Option<String>,
+    /// The instances sharing Redis, and whether counted live ("auto").
+    pub instances: Option<(u64, bool)>,
     pub connections_open: i64,
     pub in_flight: usize,
     pub admin_connections_open: i64,
@@ -275,6 +277,10 @@ impl Status {
                 "deciding": deciding.as_str(),
                 "since": since,
                 "target": scene.store_target,
+                "instances": scene.instances.map(|(count, counted)| json!({
+                    "count": count,
+                    "source": if counted { "auto" } else { "config" },
+                })),
             },
             "connections": {
                 "open": scene.connections_open,

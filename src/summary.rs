@@ -8,6 +8,7 @@ use crate::policy::{AfterResponse, KeySource, OnMissing, Rule};
 
 use crate::config::Config;
 use crate::identity::IdentityKeySource;
+use crate::limiter::redis::InstanceCount;
 use crate::path::EscapedSlashes;
 
 pub fn describe(config: &Config) -> String {
@@ -49,7 +50,7 @@ pub fn describe(config: &Config) -> String {
         Some(r) => {
             let _ = writeln!(
                 out,
-                "store     redis {} (timeout {:?}, on_failure {}, {} instance(s))",
+                "store     redis {} (timeout {:?}, on_failure {}, {})",
                 r.redacted_target(),
                 r.timeout,
                 r.on_failure.as_str(),
@@ -237,7 +238,10 @@ pub fn describe(config: &Config) -> String {
             out,
             "leases    at most {} units or what is left / {}, for at most {:?}: {}",
             lease.max,
-            2 * instances,
+            match instances {
+                InstanceCount::Fixed(n) => (2 * n).to_string(),
+                InstanceCount::Auto => "(2 x the instances counted)".to_string(),
+            },
             Duration::from_micros(lease.ttl_us),
             if leased.is_empty() {
                 "no limit leases".to_string()

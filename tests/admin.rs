@@ -466,6 +466,8 @@ fn the_status_shows_which_store_decides_and_since_when() {
     let store = || json(&with_token(at, "GET", "/v1/status"))["store"].clone();
     let before = store();
     assert_eq!(before["deciding"], "redis", "{before}");
+    assert_eq!(before["instances"]["count"], 1, "{before}");
+    assert_eq!(before["instances"]["source"], "config", "{before}");
     assert_eq!(before["target"], redis.url().as_str(), "{before}");
 
     redis.kill();

@@ -12,7 +12,7 @@ use common::Rng;
 use floodgate::algorithm::{takes_lease, Algorithm, Calendar, Decision, Period};
 use floodgate::clock::ManualClock;
 use floodgate::identity::StateKey;
-use floodgate::limiter::redis::Topology;
+use floodgate::limiter::redis::{InstanceCount, Topology};
 use floodgate::limiter::{
     Check, ClockSource, LeaseAsk, LimitName, MemoryStore, OnFailure, RedisSettings,
     RedisStandalone, Store,
@@ -25,7 +25,7 @@ fn settings(url: String) -> RedisSettings {
         clock: ClockSource::Local,
         key_prefix: "diff".into(),
         on_failure: OnFailure::Deny,
-        instances: 1,
+        instances: InstanceCount::Fixed(1),
         tls_ca: None,
         leases: None,
     }

@@ -295,9 +295,9 @@ fn three_stores_leasing_from_one_redis_never_admit_past_the_limit() {
     use floodgate::algorithm::Algorithm;
     use floodgate::clock::{Clock, ManualClock};
     use floodgate::identity::StateKey;
-    use floodgate::limiter::redis::{LeaseSettings, Topology};
+    use floodgate::limiter::redis::{InstanceCount, LeaseSettings, Topology};
     use floodgate::limiter::{
-        Check, ClockSource, Leased, LimitName, MemoryStore, OnFailure, RedisSettings,
+        Check, ClockSource, Instances, Leased, LimitName, MemoryStore, OnFailure, RedisSettings,
         RedisStandalone, Store,
     };
 
@@ -313,7 +313,7 @@ fn three_stores_leasing_from_one_redis_never_admit_past_the_limit() {
         clock: ClockSource::Local,
         key_prefix: "prop".into(),
         on_failure: OnFailure::Deny,
-        instances: 3,
+        instances: InstanceCount::Fixed(3),
         tls_ca: None,
         leases: None,
     };
@@ -354,7 +354,7 @@ fn three_stores_leasing_from_one_redis_never_admit_past_the_limit() {
                     Leased::new(
                         RedisStandalone::new(settings.clone(), clock.clone()),
                         leases,
-                        3,
+                        Instances::fixed(3),
                         Duration::from_secs(5),
                         clock.clone(),
                     )

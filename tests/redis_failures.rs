@@ -5,11 +5,9 @@
 mod common;
 
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread;
 use std::time::{Duration, Instant};
 
+use common::load::Load;
 use common::redis_server::RedisServer;
 use common::*;
 
@@ -48,61 +46,6 @@ fn start(upstream: &Upstream, redis: &RedisServer, on_failure: &str) -> Proxy {
 /// every 250 ms while Redis cannot decide.
 fn failures(proxy: &Proxy) -> f64 {
     proxy.metric("floodgate_redis_failures_total")
-}
-
-/// (sent at, latency, status) of every request the load made.
-type Samples = Arc<Mutex<Vec<(Instant, Duration, u16)>>>;
-
-/// Steady concurrent traffic that never hits a limit, recorded.
-struct Load {
-    stop: Arc<AtomicBool>,
-    samples: Samples,
-    threads: Vec<thread::JoinHandle<()>>,
-}
-
-impl Load {
-    fn start(proxy: &Proxy, threads: usize) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let samples: Samples = Arc::new(Mutex::new(Vec::new()));
-        let deadline = Instant::now() + Duration::from_secs(40);
-        let threads = (0..threads)
-            .map(|i| {
-                let (stop, samples, addr) = (stop.clone(), samples.clone(), proxy.addr);
-                thread::spawn(move || {
-                    let id = format!("load-{i}");
-                    while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
-                        let sent = Instant::now();
-                        let r = request(addr, "GET", "/", &[("X-Load", &id)], b"");
-                        if let Ok(mut s) = samples.lock() {
-                            s.push((sent, sent.elapsed(), r.status));
-                        }
-                        thread::sleep(Duration::from_millis(2));
-                    }
-                })
-            })
-            .collect();
-        Load {
-            stop,
-            samples,
-            threads,
-        }
-    }
-
-    /// Requests answered that were sent at `from` or later.
-    fn answered_since(&self, from: Instant) -> usize {
-        self.samples
-            .lock()
-            .map(|s| s.iter().filter(|(sent, _, _)| *sent >= from).count())
-            .unwrap_or(0)
-    }
-
-    fn finish(self) -> Vec<(Instant, Duration, u16)> {
-        self.stop.store(true, Ordering::SeqCst);
-        for t in self.threads {
-            let _ = t.join();
-        }
-        self.samples.lock().map(|s| s.clone()).unwrap_or_default()
-    }
 }
 
 fn percentile(mut latencies: Vec<Duration>, p: f64) -> Duration {
@@ -152,7 +95,7 @@ fn outage_under_load(kind: Outage, name: &str) {
         5
     );
     let load_start = Instant::now();
-    let load = Load::start(&proxy, 4);
+    let load = Load::start(proxy.addr, 4);
     assert!(
         wait_until(Duration::from_secs(10), || load.answered_since(load_start)
             >= 50),
@@ -348,7 +291,7 @@ fn a_redis_that_refuses_writes_keeps_the_breaker_open() {
         let upstream = Upstream::start();
         let proxy = start(&upstream, &redis, "local");
         assert_eq!(statuses(&proxy, "GET", "/", "before", 1), [200]);
-        let load = Load::start(&proxy, 2);
+        let load = Load::start(proxy.addr, 2);
         let _: String = redis.cmd(break_it);
         assert!(
             wait_until(Duration::from_secs(5), || proxy.log().contains(warn)),

@@ -419,7 +419,7 @@ fn concurrent_decisions_share_one_script_run() {
     use floodgate::algorithm::Algorithm;
     use floodgate::clock::SystemClock;
     use floodgate::identity::StateKey;
-    use floodgate::limiter::redis::Topology;
+    use floodgate::limiter::redis::{InstanceCount, Topology};
     use floodgate::limiter::{
         Check, ClockSource, LimitName, OnFailure, RedisSettings, RedisStandalone, Store,
     };
@@ -432,7 +432,7 @@ fn concurrent_decisions_share_one_script_run() {
             clock: ClockSource::Redis,
             key_prefix: "together".into(),
             on_failure: OnFailure::Deny,
-            instances: 1,
+            instances: InstanceCount::Fixed(1),
             tls_ca: None,
             leases: None,
         },

@@ -13,7 +13,7 @@ use common::Rng;
 use floodgate::algorithm::Decision;
 use floodgate::clock::ManualClock;
 use floodgate::identity::StateKey;
-use floodgate::limiter::redis::Topology;
+use floodgate::limiter::redis::{InstanceCount, Topology};
 use floodgate::limiter::{
     ClockSource, LimitName, MemoryStore, OnFailure, RedisCluster, RedisSettings, RedisStandalone,
     Slot, Store,
@@ -29,7 +29,7 @@ fn settings(topology: Topology) -> RedisSettings {
         clock: ClockSource::Local,
         key_prefix: "slots".into(),
         on_failure: OnFailure::Deny,
-        instances: 1,
+        instances: InstanceCount::Fixed(1),
         tls_ca: None,
         leases: None,
     }

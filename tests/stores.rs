@@ -12,7 +12,7 @@ use common::redis_server::{RedisCluster as LocalCluster, RedisServer};
 use floodgate::algorithm::{Algorithm, Decision};
 use floodgate::clock::ManualClock;
 use floodgate::identity::StateKey;
-use floodgate::limiter::redis::Topology;
+use floodgate::limiter::redis::{InstanceCount, Topology};
 use floodgate::limiter::{
     Check, ClockSource, LimitName, MemoryStore, OnFailure, RedisCluster, RedisSettings,
     RedisStandalone, Store,
@@ -46,7 +46,7 @@ fn settings(topology: Topology) -> RedisSettings {
         clock: ClockSource::Local,
         key_prefix: "contract".into(),
         on_failure: OnFailure::Deny,
-        instances: 1,
+        instances: InstanceCount::Fixed(1),
         tls_ca: None,
         leases: None,
     }

@@ -241,6 +241,7 @@ impl Admin {
             counters: &runtime.counters,
             config: state.config_path.display().to_string(),
             store_target: state.store_target(),
+            instances: state.instances.as_ref().map(|i| (i.get(), i.is_counted())),
             connections_open: state.metrics.connections.open.get(),
             in_flight: state.in_flight(),
             admin_connections_open: state.metrics.admin_connections.open.get(),

@@ -156,15 +156,33 @@ pub(super) struct MemorySection {
 pub(super) struct RedisSection {
     pub(super) url: Option<String>,
     pub(super) cluster: Option<Vec<String>>,
+    pub(super) sentinel: Option<SentinelSection>,
     pub(super) timeout: Option<String>,
     pub(super) clock: Option<ClockSource>,
     pub(super) key_prefix: Option<String>,
     pub(super) on_failure: Option<FailureMode>,
-    pub(super) instances: Option<u64>,
+    pub(super) instances: Option<InstancesName>,
     pub(super) tls_ca_file: Option<PathBuf>,
     pub(super) leases: Option<LeasesMode>,
     pub(super) lease_max: Option<u64>,
     pub(super) lease_ttl: Option<String>,
+}
+
+/// `[redis].sentinel`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SentinelSection {
+    pub(super) master: String,
+    pub(super) nodes: Vec<String>,
+    pub(super) password_file: Option<PathBuf>,
+}
+
+/// `[redis].instances`: a number, or "auto".
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub(super) enum InstancesName {
+    Count(i64),
+    Word(String),
 }
 
 /// `[redis].leases` and a limit's `leases`.

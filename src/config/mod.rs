@@ -238,7 +238,7 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
     let (exempt_paths, exempt_tiers) =
         limits::validate_exempt(&raw.exempt, &clients.tiers, &compile_pattern)?;
     let block = block::validate_block(&raw.block, &clients)?;
-    let instances = redis.as_ref().map_or(1, |r| r.instances);
+    let instances = redis.as_ref().map_or(1, |r| r.instances.assumed());
     let leases = redis.as_ref().is_some_and(|r| r.leases.is_some());
     let limits = limits::validate_limits(
         &raw.limits,

@@ -2,24 +2,38 @@
 
 use std::time::Duration;
 
-use super::file::{LeasesMode, RedisSection};
+use super::file::{InstancesName, LeasesMode, RedisSection, SentinelSection};
 use super::{at, duration, AsSegment, Inputs, Invalid};
 use crate::limiter::redis::LeaseSettings;
-use crate::limiter::redis::Topology;
+use crate::limiter::redis::{InstanceCount, SentinelSettings, Topology};
 use crate::limiter::{ClockSource, OnFailure, RedisSettings};
 
 pub(super) fn validate_redis(r: &RedisSection, inputs: &Inputs) -> Result<RedisSettings, Invalid> {
     let cluster = r.cluster.clone().unwrap_or_default();
     let url = inputs.redis_url.clone().or_else(|| r.url.clone());
-    if url.is_none() && cluster.is_empty() {
-        return Err(at(&[&"redis"], "needs `url` (or REDIS_URL) or `cluster`"));
-    }
-    if r.url.is_some() && !cluster.is_empty() {
+    if url.is_none() && cluster.is_empty() && r.sentinel.is_none() {
         return Err(at(
-            &[&"redis", &"cluster"],
-            "give either `url` or `cluster`, not both",
+            &[&"redis"],
+            "needs `url` (or REDIS_URL), `sentinel` or `cluster`",
         ));
     }
+    let given = [r.url.is_some(), !cluster.is_empty(), r.sentinel.is_some()];
+    if given.iter().filter(|&&g| g).count() > 1 {
+        let key = if r.sentinel.is_some() {
+            "sentinel"
+        } else {
+            "cluster"
+        };
+        return Err(at(
+            &[&"redis", &key],
+            "give one of `url`, `sentinel` and `cluster`",
+        ));
+    }
+    let sentinel = r
+        .sentinel
+        .as_ref()
+        .map(|s| validate_sentinel(s, inputs))
+        .transpose()?;
     for (i, u) in cluster.iter().enumerate() {
         check_redis_url(u, &[&"redis", &"cluster", &i])?;
     }
@@ -45,10 +59,20 @@ pub(super) fn validate_redis(r: &RedisSection, inputs: &Inputs) -> Result<RedisS
             "must be non-empty letters, digits, '_', '-', '.' or ':'",
         ));
     }
-    let instances = r.instances.unwrap_or(1);
-    if instances == 0 {
-        return Err(at(&[&"redis", &"instances"], "must be at least 1"));
-    }
+    let instances = match &r.instances {
+        None => InstanceCount::Fixed(1),
+        Some(InstancesName::Count(n)) if *n >= 1 => InstanceCount::Fixed(*n as u64),
+        Some(InstancesName::Count(_)) => {
+            return Err(at(&[&"redis", &"instances"], "must be at least 1"))
+        }
+        Some(InstancesName::Word(word)) if word == "auto" => InstanceCount::Auto,
+        Some(InstancesName::Word(word)) => {
+            return Err(at(
+                &[&"redis", &"instances"],
+                format!("must be a number of instances or \"auto\", not \"{word}\""),
+            ))
+        }
+    };
     let tls_ca = r
         .tls_ca_file
         .as_ref()
@@ -86,8 +110,11 @@ pub(super) fn validate_redis(r: &RedisSection, inputs: &Inputs) -> Result<RedisS
             ttl_us: lease_ttl.as_micros() as u64,
         }),
     };
-    let topology = match url {
-        Some(url) if cluster.is_empty() => Topology::Standalone(url),
+    // REDIS_URL stands in for `url` only: it does not override a sentinel
+    // or cluster section.
+    let topology = match (sentinel, url) {
+        (Some(sentinel), _) => Topology::Sentinel(sentinel),
+        (None, Some(url)) if cluster.is_empty() => Topology::Standalone(url),
         _ => Topology::Cluster(cluster),
     };
     Ok(RedisSettings {
@@ -99,6 +126,55 @@ pub(super) fn validate_redis(r: &RedisSection, inputs: &Inputs) -> Result<RedisS
         instances,
         tls_ca,
         leases,
+    })
+}
+
+fn validate_sentinel(s: &SentinelSection, inputs: &Inputs) -> Result<SentinelSettings, Invalid> {
+    if s.master.is_empty() {
+        return Err(at(
+            &[&"redis", &"sentinel", &"master"],
+            "must name the master the sentinels monitor",
+        ));
+    }
+    if s.nodes.is_empty() {
+        return Err(at(
+            &[&"redis", &"sentinel", &"nodes"],
+            "needs at least one sentinel's \"host:port\"",
+        ));
+    }
+    for (i, node) in s.nodes.iter().enumerate() {
+        let port = node
+            .rsplit_once(':')
+            .map(|(host, port)| (host, port.parse::<u16>()));
+        if !matches!(port, Some((host, Ok(p))) if !host.is_empty() && !host.contains('/') && p > 0)
+        {
+            return Err(at(
+                &[&"redis", &"sentinel", &"nodes", &i],
+                format!("\"{node}\" must be a sentinel's \"host:port\""),
+            ));
+        }
+    }
+    let password = s
+        .password_file
+        .as_ref()
+        .map(|file| {
+            let here = [&"redis" as &dyn AsSegment, &"sentinel", &"password_file"];
+            let bytes = inputs
+                .read(file)
+                .map_err(|e| at(&here, format!("cannot read {}: {e}", file.display())))?;
+            let text = String::from_utf8(bytes)
+                .map_err(|_| at(&here, format!("{} is not text", file.display())))?;
+            let password = text.trim_end_matches(['\r', '\n']).to_string();
+            if password.is_empty() {
+                return Err(at(&here, format!("{} is empty", file.display())));
+            }
+            Ok(password)
+        })
+        .transpose()?;
+    Ok(SentinelSettings {
+        master: s.master.clone(),
+        nodes: s.nodes.clone(),
+        password,
     })
 }
 

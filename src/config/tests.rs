@@ -6,7 +6,7 @@ use http::Method;
 use super::*;
 use crate::algorithm::Algorithm;
 use crate::identity::IdentityKeySource;
-use crate::limiter::redis::Topology;
+use crate::limiter::redis::{InstanceCount, SentinelSettings, Topology};
 use crate::limiter::{ClockSource, OnFailure};
 use crate::policy::Rule;
 
@@ -40,7 +40,7 @@ fn full_example_resolves_every_key() {
     assert_eq!(c.max_keys, 1_000_000);
     let redis = c.redis.expect("redis table");
     assert_eq!(redis.timeout, Duration::from_millis(50));
-    assert_eq!(redis.instances, 3);
+    assert_eq!(redis.instances, InstanceCount::Fixed(3));
     assert_eq!(redis.on_failure, OnFailure::Local);
     assert_eq!(redis.clock, ClockSource::Redis);
     let per_account = &c.policy.limits[1];
@@ -319,7 +319,7 @@ fn parse_depends_on_its_inputs_alone() {
     let err = parse_with(&Inputs::default().with_files(secret_file())).expect_err("no redis url");
     assert_eq!(
         err.to_string(),
-        "t.toml:5: redis: needs `url` (or REDIS_URL) or `cluster`"
+        "t.toml:5: redis: needs `url` (or REDIS_URL), `sentinel` or `cluster`"
     );
     let err = parse_with(
         &Inputs::default()
@@ -468,4 +468,69 @@ fn the_admin_token_is_read_checked_and_never_printed() {
             .starts_with("t.toml:8: admin.token_file: cannot read /run/secrets/admin: "),
         "{err}"
     );
+}
+
+#[test]
+fn redis_sentinel_and_a_live_instance_count() {
+    let with = |redis: &str| format!("{MINIMAL}[redis]\n{redis}\n");
+    let inputs = Inputs::default().with_files([(
+        PathBuf::from("/run/secrets/redis"),
+        b"s3cret pass\n".to_vec(),
+    )]);
+    let c = Config::parse(
+        Path::new("t.toml"),
+        &with("sentinel = { master = \"main\", nodes = [\"10.0.0.1:26379\", \"s2:26379\"], password_file = \"/run/secrets/redis\" }\ninstances = \"auto\""),
+        &inputs,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let redis = c.redis.as_ref().expect("redis table");
+    assert_eq!(
+        redis.topology,
+        Topology::Sentinel(SentinelSettings {
+            master: "main".into(),
+            nodes: vec!["10.0.0.1:26379".into(), "s2:26379".into()],
+            password: Some("s3cret pass".into()),
+        })
+    );
+    assert_eq!(redis.instances, InstanceCount::Auto);
+    // Logs and pages name the sentinels, never the password.
+    assert!(!format!("{:?} {}", redis, redis.redacted_target()).contains("s3cret"));
+    assert!(crate::summary::describe(&c).contains("instances counted live (auto)"));
+
+    let cases: &[(&str, &str)] = &[
+        (
+            "url = \"redis://a:1\"\ninstances = \"many\"",
+            "t.toml:7: redis.instances: must be a number of instances or \"auto\", not \"many\"",
+        ),
+        ("instances = 0\nurl = \"redis://a:1\"", "t.toml:6: redis.instances: must be at least 1"),
+        (
+            "url = \"redis://a:1\"\nsentinel = { master = \"m\", nodes = [\"a:1\"] }",
+            "t.toml:7: redis.sentinel: give one of `url`, `sentinel` and `cluster`",
+        ),
+        (
+            "sentinel = { master = \"m\", nodes = [] }",
+            "t.toml:6: redis.sentinel.nodes: needs at least one sentinel's \"host:port\"",
+        ),
+        (
+            "sentinel = { master = \"m\", nodes = [\"a:1\", \"redis://b:26379\"] }",
+            "t.toml:6: redis.sentinel.nodes[1]: \"redis://b:26379\" must be a sentinel's \"host:port\"",
+        ),
+        (
+            "sentinel = { master = \"\", nodes = [\"a:1\"] }",
+            "t.toml:6: redis.sentinel.master: must name the master the sentinels monitor",
+        ),
+        (
+            "sentinel = { master = \"m\", nodes = [\"a:1\"], password_file = \"/nowhere\" }",
+            "t.toml:6: redis.sentinel.password_file: cannot read /nowhere: entity not found",
+        ),
+    ];
+    for (redis, expected) in cases {
+        let err = Config::parse(
+            Path::new("t.toml"),
+            &with(redis),
+            &Inputs::default().with_files([]),
+        )
+        .expect_err(redis);
+        assert_eq!(&err.to_string(), expected, "{redis}");
+    }
 }

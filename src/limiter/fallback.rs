@@ -22,6 +22,7 @@ use log::{info, warn};
 use super::check::{Check, OnFailure, Slot};
 use super::deny_cache::open_decision;
 use super::error::LimiterError;
+use super::instances::Instances;
 use super::memory::MemoryStore;
 use super::store::{Deciding, Store};
 use crate::algorithm::Decision;
@@ -40,7 +41,7 @@ const DENY_RETRY_US: u64 = 1_000_000;
 struct Inner<S> {
     shared: S,
     local: Arc<MemoryStore>,
-    instances: u64,
+    instances: Instances,
     open: AtomicBool,
     probing: AtomicBool,
     opened_at_us: AtomicU64,
@@ -63,7 +64,7 @@ impl<S: Store + 'static> Fallback<S> {
     pub fn new(
         shared: S,
         local: Arc<MemoryStore>,
-        instances: u64,
+        instances: Instances,
         metrics: RedisMetrics,
         clock: Arc<dyn Clock>,
     ) -> Self {
@@ -114,8 +115,9 @@ impl<S: Store + 'static> Inner<S> {
                     String::new()
                 };
                 warn!(
-                    "Redis failed ({error}): deciding without it (on_failure; local limits divided by {}) until it answers again{flaps}",
-                    self.instances
+                    "Redis failed ({error}): deciding without it (on_failure; local limits divided by {}{}) until it answers again{flaps}",
+                    self.instances.get(),
+                    if self.instances.is_counted() { ", the instances last counted" } else { "" }
                 );
             } else {
                 self.suppressed_flaps.fetch_add(1, Ordering::AcqRel);
@@ -156,17 +158,18 @@ impl<S: Store + 'static> Inner<S> {
 
     /// A slot of this instance's share of the limit's slots (at least one).
     fn local_slot(&self, slot: &Slot) -> Slot {
-        slot.share(self.instances)
+        slot.share(self.instances.get())
     }
 
     /// The `on_failure = "local"` layers, each with this instance's share of
     /// its limit.
     fn local_share(&self, checks: &[Check]) -> Vec<Check> {
+        let instances = self.instances.get();
         checks
             .iter()
             .filter(|c| c.on_failure == OnFailure::Local)
             .map(|c| Check {
-                algorithm: c.algorithm.divided(self.instances),
+                algorithm: c.algorithm.divided(instances),
                 ..c.clone()
             })
             .collect()
@@ -376,6 +379,10 @@ mod tests {
     }
 
     fn rig(instances: u64) -> Rig {
+        rig_counting(Instances::fixed(instances))
+    }
+
+    fn rig_counting(instances: Instances) -> Rig {
         let clock = Arc::new(ManualClock::new(T0));
         let shared = FakeStore::new(clock.clone());
         let metrics = Metrics::new();
@@ -520,6 +527,31 @@ mod tests {
             asked + 1,
             "back on the shared store"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_local_share_follows_the_live_count_of_instances() {
+        let live = Instances::counted();
+        let rig = rig_counting(live.clone());
+        rig.shared.fail_with(LimiterError::Timeout(Duration::ZERO));
+        let admitted = |key: u128| {
+            let fallback = &rig.fallback;
+            async move {
+                let layer = [with(check(0, 12, key, 1), OnFailure::Local)];
+                let mut admitted = 0;
+                for _ in 0..20 {
+                    if fallback.decide(&layer).await.expect("decided")[0].allowed() {
+                        admitted += 1;
+                    }
+                }
+                admitted
+            }
+        };
+        assert_eq!(admitted(0).await, 12, "alone until counted");
+        live.set(3);
+        assert_eq!(admitted(1).await, 4, "a third of 12 once three are counted");
+        live.set(2);
+        assert_eq!(admitted(2).await, 6, "a half once one has stopped");
     }
 
     #[tokio::test(start_paused = true)]

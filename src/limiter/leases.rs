@@ -45,6 +45,7 @@ use tokio::sync::{mpsc, Notify};
 use super::check::{admitted, Check, LeaseAsk, Slot};
 use super::deny_cache::Forget;
 use super::error::LimiterError;
+use super::instances::Instances;
 use super::redis::LeaseSettings;
 use super::store::{Deciding, Store};
 use crate::algorithm::{takes_lease, Algorithm, Decision, Kind};
@@ -364,8 +365,9 @@ struct Core<S> {
     inner: Arc<S>,
     table: Arc<Table>,
     settings: LeaseSettings,
-    /// Twice the instances sharing the budget (`algorithm::lease_units`).
-    divisor: u64,
+    /// The instances sharing the budget: a lease is at most what is left
+    /// over twice their number (`algorithm::lease_units`).
+    instances: Instances,
     /// How long a request waits for another's fetch: the store's deadline.
     wait: Duration,
     clock: Arc<dyn Clock>,
@@ -383,7 +385,7 @@ impl<S: Store + 'static> Leased<S> {
     pub fn new(
         inner: S,
         settings: LeaseSettings,
-        instances: u64,
+        instances: Instances,
         wait: Duration,
         clock: Arc<dyn Clock>,
     ) -> Self {
@@ -395,7 +397,7 @@ impl<S: Store + 'static> Leased<S> {
                 listening: AtomicBool::new(true),
             }),
             settings,
-            divisor: instances.max(1).saturating_mul(2),
+            instances,
             wait,
             clock,
             monotonic: Arc::new(MonotonicClock::default()),
@@ -445,6 +447,11 @@ impl<S: Store + 'static> Leased<S> {
 }
 
 impl<S: Store + 'static> Core<S> {
+    /// Read at each fetch: with `instances = "auto"` the count moves.
+    fn divisor(&self) -> u64 {
+        self.instances.get().saturating_mul(2)
+    }
+
     fn now(&self) -> Now {
         Now {
             wall_us: self.clock.now_us(),
@@ -669,7 +676,7 @@ impl<S: Store + 'static> Core<S> {
         };
         let ask = LeaseAsk {
             max: self.settings.max,
-            divisor: self.divisor,
+            divisor: self.divisor(),
         };
         match self
             .inner
@@ -929,7 +936,7 @@ impl<S: Store + 'static> Core<S> {
                             backs.extend(back);
                             let ask = LeaseAsk {
                                 max: self.settings.max,
-                                divisor: self.divisor,
+                                divisor: self.divisor(),
                             };
                             (None, Some(ask))
                         }

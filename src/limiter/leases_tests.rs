@@ -32,7 +32,7 @@ fn leased(store: &FakeStore, clock: &Arc<ManualClock>, instances: u64) -> Leased
             max: MAX,
             ttl_us: TTL_US,
         },
-        instances,
+        crate::limiter::Instances::fixed(instances),
         Duration::from_millis(50),
         clock.clone(),
     )

@@ -15,9 +15,11 @@ mod check;
 mod deny_cache;
 mod error;
 mod fallback;
+mod instances;
 mod leases;
 mod memory;
 pub mod redis;
+mod roster;
 mod store;
 
 #[cfg(test)]
@@ -27,7 +29,9 @@ pub use check::{admitted, Check, LeaseAsk, LimitName, OnFailure, Slot, SlotError
 pub use deny_cache::{Forget, Forgetter, KnownRefusals};
 pub use error::LimiterError;
 pub use fallback::Fallback;
+pub use instances::Instances;
 pub use leases::Leased;
 pub use memory::MemoryStore;
 pub use redis::{ClockSource, RedisCluster, RedisSettings, RedisStandalone};
+pub use roster::Roster;
 pub use store::{Deciding, Store};

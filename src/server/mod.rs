@@ -21,10 +21,10 @@ use crate::clock::{Clock, OffsetClock, SystemClock};
 use crate::config::{Config, Inputs};
 use crate::connection::{AcceptFilter, AdminDoor, ConnectionCaps, ConnectionSettings, FrontDoor};
 use crate::identity::IdentityKeySource;
-use crate::limiter::redis::{changes, Topology};
+use crate::limiter::redis::{changes, InstanceCount, Topology};
 use crate::limiter::{
-    Fallback, Forgetter, KnownRefusals, Leased, MemoryStore, RedisCluster, RedisSettings,
-    RedisStandalone, Store,
+    Fallback, Forgetter, Instances, KnownRefusals, Leased, MemoryStore, RedisCluster,
+    RedisSettings, RedisStandalone, Roster, Store,
 };
 use crate::metrics::Metrics;
 use crate::proxy::Gateway;
@@ -118,6 +118,22 @@ impl BackgroundService for ChangesListener {
     }
 }
 
+/// `instances = "auto"`: keeps this instance counted (`limiter::Roster`).
+struct Counting {
+    roster: Arc<Roster>,
+}
+
+#[async_trait::async_trait]
+impl BackgroundService for Counting {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        self.roster
+            .run(async move {
+                let _ = shutdown.changed().await;
+            })
+            .await;
+    }
+}
+
 /// The proxy's clock. `FLOODGATE_CLOCK_OFFSET_MS` shifts it, which lets tests
 /// (and operators rehearsing) run instances whose clocks disagree.
 /// `FLOODGATE_CLOCK_FILE` names a file holding a further offset in
@@ -165,80 +181,111 @@ const KNOWN_REFUSALS: usize = 100_000;
 
 /// `shared` behind the circuit breaker, deciding by `on_failure` (in
 /// `memory` for "local") while it cannot answer.
-fn with_fallback<S: Store + 'static>(
-    shared: S,
-    settings: &RedisSettings,
-    memory: Arc<MemoryStore>,
-    metrics: &Metrics,
-    clock: Arc<dyn Clock>,
-) -> Arc<dyn Store> {
-    let instances = settings.instances;
+fn with_fallback<S: Store + 'static>(shared: S, parts: &StoreParts<'_>) -> Arc<dyn Store> {
     Arc::new(Fallback::new(
         shared,
-        memory,
-        instances,
-        metrics.redis.clone(),
-        clock,
+        parts.memory.clone(),
+        parts.instances.clone(),
+        parts.metrics.redis.clone(),
+        parts.clock.clone(),
     ))
+}
+
+/// What every layer of the shared store is built with.
+struct StoreParts<'a> {
+    settings: &'a RedisSettings,
+    memory: Arc<MemoryStore>,
+    metrics: &'a Metrics,
+    clock: Arc<dyn Clock>,
+    instances: Instances,
+}
+
+/// The shared store and what runs beside it.
+struct SharedStore {
+    store: Arc<dyn Store>,
+    /// Forgets remembered refusals when another instance announces an
+    /// operator's change (`changes`).
+    forgetter: Forgetter,
+    instances: Instances,
+    /// With `instances = "auto"`: this instance's place in the count.
+    roster: Option<Arc<Roster>>,
 }
 
 /// The shared store, with the refusals it gave remembered and `on_failure`
 /// (deciding in `memory` for "local") when it cannot answer.
-/// Also the handle that forgets remembered refusals when another instance
-/// announces an operator's change (`changes`).
 fn redis_store(
     settings: &RedisSettings,
     memory: Arc<MemoryStore>,
     metrics: &Metrics,
     clock: Arc<dyn Clock>,
-) -> (Arc<dyn Store>, Forgetter) {
-    fn wrap<S: Store + 'static>(
-        shared: S,
-        settings: &RedisSettings,
-        memory: Arc<MemoryStore>,
-        metrics: &Metrics,
-        clock: Arc<dyn Clock>,
-    ) -> (Arc<dyn Store>, Forgetter) {
-        let mut remembering = KnownRefusals::new(shared, KNOWN_REFUSALS, clock.clone());
+) -> SharedStore {
+    fn wrap<S: Store + 'static>(shared: S, parts: &StoreParts<'_>) -> (Arc<dyn Store>, Forgetter) {
+        let settings = parts.settings;
+        let mut remembering = KnownRefusals::new(shared, KNOWN_REFUSALS, parts.clock.clone());
         if let Some(leases) = settings.leases {
             remembering = remembering.with_lease_ttl(leases.ttl_us);
         }
         let forgetter = remembering.forgetter();
         let Some(leases) = settings.leases else {
-            let store = with_fallback(remembering, settings, memory, metrics, clock);
-            return (store, forgetter);
+            return (with_fallback(remembering, parts), forgetter);
         };
         let leased = Leased::new(
             remembering,
             leases,
-            settings.instances,
+            parts.instances.clone(),
             settings.timeout,
-            clock.clone(),
+            parts.clock.clone(),
         )
         .until_listening()
-        .with_metrics(metrics.redis.leases.clone());
+        .with_metrics(parts.metrics.redis.leases.clone());
         let forgetter = forgetter.and(leased.forgetter());
-        (
-            with_fallback(leased, settings, memory, metrics, clock),
-            forgetter,
-        )
+        (with_fallback(leased, parts), forgetter)
     }
+    let instances = match settings.instances {
+        InstanceCount::Fixed(n) => Instances::fixed(n),
+        InstanceCount::Auto => Instances::counted(),
+    };
+    let parts = StoreParts {
+        settings,
+        memory,
+        metrics,
+        clock: clock.clone(),
+        instances: instances.clone(),
+    };
     let timer = metrics.redis.call_seconds.clone();
-    match &settings.topology {
-        Topology::Standalone(_) => wrap(
-            RedisStandalone::new(settings.clone(), clock.clone()).with_call_timer(timer),
-            settings,
-            memory,
-            metrics,
-            clock,
-        ),
-        Topology::Cluster(_) => wrap(
-            RedisCluster::new(settings.clone(), clock.clone()).with_call_timer(timer),
-            settings,
-            memory,
-            metrics,
-            clock,
-        ),
+    // The roster has a connection of its own, outside the breaker: its
+    // count must come from Redis or not at all.
+    let (store, forgetter, roster_store): (_, _, Arc<dyn Store>) = match &settings.topology {
+        Topology::Standalone(_) | Topology::Sentinel(_) => {
+            let (store, forgetter) = wrap(
+                RedisStandalone::new(settings.clone(), clock.clone()).with_call_timer(timer),
+                &parts,
+            );
+            let roster = Arc::new(RedisStandalone::new(settings.clone(), clock));
+            (store, forgetter, roster)
+        }
+        Topology::Cluster(_) => {
+            let (store, forgetter) = wrap(
+                RedisCluster::new(settings.clone(), clock.clone()).with_call_timer(timer),
+                &parts,
+            );
+            let roster = Arc::new(RedisCluster::new(settings.clone(), clock));
+            (store, forgetter, roster)
+        }
+    };
+    metrics.redis.instances.set(instances.get() as i64);
+    let roster = instances.is_counted().then(|| {
+        Arc::new(Roster::new(
+            roster_store,
+            instances.clone(),
+            metrics.redis.instances.clone(),
+        ))
+    });
+    SharedStore {
+        store,
+        forgetter,
+        instances,
+        roster,
     }
 }
 
@@ -331,11 +378,16 @@ pub fn build(config: &Config, inputs: Inputs) -> Result<Floodgate, BuildError> {
         MemoryStore::new(config.max_keys, clock.clone())
             .with_overflow_metric(metrics.local_overflow.clone()),
     );
-    let (store, changes) = match &config.redis {
-        None => (memory as Arc<dyn Store>, None),
+    let (store, changes, instances, roster) = match &config.redis {
+        None => (memory as Arc<dyn Store>, None, None, None),
         Some(settings) => {
-            let (store, forgetter) = redis_store(settings, memory.clone(), &metrics, clock);
-            (store, Some((settings.clone(), forgetter, memory)))
+            let shared = redis_store(settings, memory.clone(), &metrics, clock);
+            (
+                shared.store,
+                Some((settings.clone(), shared.forgetter, memory)),
+                Some(shared.instances),
+                shared.roster,
+            )
         }
     };
     let runtime = Runtime::new(config, &metrics).map_err(|source| BuildError::Upstream {
@@ -357,6 +409,7 @@ pub fn build(config: &Config, inputs: Inputs) -> Result<Floodgate, BuildError> {
         store.clone(),
         metrics,
         access_log,
+        instances,
     ));
 
     // Draining is ours (see `signals`): Pingora stops the listeners once
@@ -476,9 +529,17 @@ pub fn build(config: &Config, inputs: Inputs) -> Result<Floodgate, BuildError> {
             },
         ));
     }
+    if let Some(roster) = &roster {
+        server.add_service(background_service(
+            "instance count",
+            Counting {
+                roster: roster.clone(),
+            },
+        ));
+    }
     Ok(Floodgate {
         server,
-        signals: Signals::new(state.clone(), config.server.grace_period),
+        signals: Signals::new(state.clone(), config.server.grace_period, roster),
         state,
     })
 }

@@ -5,6 +5,7 @@
 pub mod admin_token;
 mod config;
 pub mod keys;
+pub mod load;
 pub mod redis_server;
 
 // Not every test file builds a config.

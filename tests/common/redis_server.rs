@@ -37,16 +37,37 @@ impl RedisServer {
 
     /// A server that wants a password.
     pub fn start_with_password(password: &str) -> RedisServer {
+        RedisServer::start_with_password_and(password, &[])
+    }
+
+    /// A server that wants a password, with more arguments.
+    pub fn start_with_password_and(password: &str, extra: &[&str]) -> RedisServer {
+        let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        extra.extend(["--requirepass".into(), password.into()]);
         let mut server = RedisServer {
             port: free_port(),
             dir: temp_dir(),
             child: None,
-            extra: vec!["--requirepass".into(), password.into()],
+            extra,
             password: Some(password.into()),
             tls_ca: None,
         };
         server.spawn();
         server
+    }
+
+    /// What `ROLE` says first: "master" or "slave"; empty while the server
+    /// drops its clients (it does at a change of role).
+    pub fn role(&self) -> String {
+        let role: Vec<redis::Value> = self
+            .client()
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(500)))
+            .and_then(|mut c| redis::cmd("ROLE").query(&mut c))
+            .unwrap_or_default();
+        match role.first() {
+            Some(redis::Value::BulkString(name)) => String::from_utf8_lossy(name).into_owned(),
+            _ => String::new(),
+        }
     }
 
     /// A server that speaks TLS only, with a certificate from a fresh CA made
@@ -240,6 +261,183 @@ impl RedisCluster {
     /// Keys held by each node.
     pub fn keys_per_node(&self) -> Vec<Vec<String>> {
         self.nodes.iter().map(|n| n.keys()).collect()
+    }
+}
+
+/// A master with a password, its replica, and three sentinels watching
+/// them (quorum 2), on loopback: what `[redis].sentinel` follows.
+pub struct SentinelGroup {
+    /// `nodes[0]` is the first master, `nodes[1]` its replica; a failover
+    /// swaps their roles.
+    pub nodes: Vec<RedisServer>,
+    pub sentinels: Vec<Sentinel>,
+}
+
+/// The name the sentinels monitor the master by.
+pub const SENTINEL_MASTER: &str = "fgmaster";
+
+/// The master's (and the replica's) password.
+pub const SENTINEL_PASSWORD: &str = "sentinel-group-password";
+
+impl SentinelGroup {
+    pub fn start() -> SentinelGroup {
+        let pw = SENTINEL_PASSWORD;
+        let master = RedisServer::start_with_password_and(pw, &["--masterauth", pw]);
+        let master_port = master.port.to_string();
+        let replica = RedisServer::start_with_password_and(
+            pw,
+            &["--masterauth", pw, "--replicaof", "127.0.0.1", &master_port],
+        );
+        let sentinels = (0..3).map(|_| Sentinel::start(master.port)).collect();
+        let group = SentinelGroup {
+            nodes: vec![master, replica],
+            sentinels,
+        };
+        group.await_settled(0, 1);
+        group
+    }
+
+    /// Waits until `nodes[replica]` replicates `nodes[master]` and every
+    /// sentinel names that master and knows the replica and the other two
+    /// sentinels: only then can a failover happen.
+    pub fn await_settled(&self, master: usize, replica: usize) {
+        let (m, r) = (&self.nodes[master], &self.nodes[replica]);
+        let settled = wait_until(Duration::from_secs(40), || {
+            let info: String = r.cmd(&["INFO", "replication"]);
+            info.contains("master_link_status:up")
+                && info.contains(&format!("master_port:{}", m.port))
+                && self.sentinels.iter().all(|s| {
+                    s.master_port() == Some(m.port)
+                        && s.knows_replica(r.port)
+                        && s.other_sentinels() == 2
+                })
+        });
+        assert!(settled, "the sentinel group did not settle");
+    }
+
+    /// The `host:port` of every sentinel, for `[redis].sentinel.nodes`.
+    pub fn sentinel_nodes(&self) -> Vec<String> {
+        self.sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect()
+    }
+}
+
+/// One `redis-sentinel` process.
+pub struct Sentinel {
+    pub port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Sentinel {
+    fn start(master_port: u16) -> Sentinel {
+        let port = free_port();
+        let dir = temp_dir();
+        // A sentinel rewrites its config file: it must be its own, writable.
+        let config = dir.join("sentinel.conf");
+        let text = format!(
+            "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+             sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {master_port} 2\n\
+             sentinel auth-pass {SENTINEL_MASTER} {SENTINEL_PASSWORD}\n\
+             sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
+             sentinel failover-timeout {SENTINEL_MASTER} 10000\n\
+             sentinel parallel-syncs {SENTINEL_MASTER} 1\n",
+            dir = dir.display()
+        );
+        std::fs::write(&config, text).expect("sentinel config");
+        // The system's redis-sentinel when installed; redis-server in
+        // sentinel mode is the same program.
+        let mut command = if Command::new("redis-sentinel")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            let mut c = Command::new("redis-sentinel");
+            c.arg(&config);
+            c
+        } else {
+            let mut c = Command::new("redis-server");
+            c.arg(&config).arg("--sentinel");
+            c
+        };
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-sentinel must be installed (scripts/test.sh installs it)");
+        let sentinel = Sentinel {
+            port,
+            dir,
+            child: Some(child),
+        };
+        assert!(
+            wait_until(Duration::from_secs(10), || sentinel
+                .query::<String>(&["PING"])
+                .is_some()),
+            "redis-sentinel on {port} did not answer"
+        );
+        sentinel
+    }
+
+    pub fn query<T: redis::FromRedisValue>(&self, args: &[&str]) -> Option<T> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}", self.port)).ok()?;
+        let mut connection = client
+            .get_connection_with_timeout(Duration::from_millis(500))
+            .ok()?;
+        let mut c = redis::cmd(args[0]);
+        for a in &args[1..] {
+            c.arg(*a);
+        }
+        c.query(&mut connection).ok()
+    }
+
+    /// The master's port as this sentinel names it.
+    pub fn master_port(&self) -> Option<u16> {
+        self.query::<Option<(String, u16)>>(&[
+            "SENTINEL",
+            "GET-MASTER-ADDR-BY-NAME",
+            SENTINEL_MASTER,
+        ])
+        .flatten()
+        .map(|(_, port)| port)
+    }
+
+    fn knows_replica(&self, port: u16) -> bool {
+        self.query::<Vec<Vec<String>>>(&["SENTINEL", "REPLICAS", SENTINEL_MASTER])
+            .unwrap_or_default()
+            .iter()
+            .any(|fields| {
+                let field = |name: &str| {
+                    fields
+                        .iter()
+                        .position(|f| f == name)
+                        .and_then(|i| fields.get(i + 1))
+                        .cloned()
+                        .unwrap_or_default()
+                };
+                field("port") == port.to_string()
+                    && field("flags") == "slave"
+                    && field("master-link-status") == "ok"
+            })
+    }
+
+    fn other_sentinels(&self) -> usize {
+        self.query::<Vec<redis::Value>>(&["SENTINEL", "SENTINELS", SENTINEL_MASTER])
+            .map_or(0, |s| s.len())
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        super::remove_test_dir(&self.dir);
     }
 }
 

@@ -11,6 +11,7 @@ use futures_util::StreamExt;
 use log::{info, warn};
 
 use super::scripted::{changes_channel, decode_state_keys, install_tls_provider};
+use super::sentinel::{find_master, master_client};
 use super::settings::{RedisSettings, Topology};
 use crate::limiter::deny_cache::Forgetter;
 use crate::limiter::memory::MemoryStore;
@@ -21,6 +22,18 @@ const RETRY: Duration = Duration::from_secs(1);
 /// How often a subscription is asked whether it still answers.
 const PING_EVERY: Duration = Duration::from_secs(10);
 
+/// The node to subscribe on: the one at `url`, or the master the
+/// sentinels name now (a failover ends the old subscription).
+async fn subscriber(settings: &RedisSettings, url: &str) -> redis::RedisResult<redis::Client> {
+    match &settings.topology {
+        Topology::Sentinel(sentinel) => {
+            let (host, port) = find_master(sentinel).await?;
+            master_client(sentinel, &host, port)
+        }
+        _ => settings.client(url),
+    }
+}
+
 /// Listens until the process ends. Whenever the subscription is (re)made,
 /// every remembered refusal is forgotten: what was announced while nobody
 /// listened is unknown. A cluster's classic pub/sub reaches every node, so
@@ -30,6 +43,8 @@ pub async fn listen(settings: RedisSettings, forgetter: Forgetter, local: Arc<Me
     let urls = match &settings.topology {
         Topology::Standalone(url) => vec![url.clone()],
         Topology::Cluster(nodes) => nodes.clone(),
+        // The master, found again at each attempt (`subscriber`).
+        Topology::Sentinel(_) => vec![String::new()],
     };
     let channel = changes_channel(&settings.key_prefix);
     let mut lost_logged = false;
@@ -39,7 +54,7 @@ pub async fn listen(settings: RedisSettings, forgetter: Forgetter, local: Arc<Me
             return;
         };
         let subscribed = async {
-            let client = settings.client(url)?;
+            let client = subscriber(&settings, url).await?;
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(&channel).await?;
             Ok::<_, redis::RedisError>(pubsub)

@@ -28,6 +28,7 @@ impl Connect for ClusterConnection {
         let nodes = match &settings.topology {
             Topology::Cluster(nodes) => nodes.clone(),
             Topology::Standalone(url) => vec![url.clone()],
+            Topology::Sentinel(_) => Vec::new(),
         };
         let mut builder =
             redis::cluster::ClusterClient::builder(nodes).connection_timeout(settings.timeout);

@@ -10,10 +10,13 @@ mod batch;
 pub mod changes;
 mod cluster;
 mod scripted;
+mod sentinel;
 mod settings;
 mod standalone;
 
 pub use cluster::RedisCluster;
 pub use scripted::script_source;
-pub use settings::{ClockSource, LeaseSettings, RedisSettings, Topology};
+pub use settings::{
+    ClockSource, InstanceCount, LeaseSettings, RedisSettings, SentinelSettings, Topology,
+};
 pub use standalone::RedisStandalone;

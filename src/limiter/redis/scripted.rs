@@ -591,7 +591,7 @@ pub(super) fn install_tls_provider() {
 
 #[cfg(test)]
 mod tests {
-    use super::super::settings::Topology;
+    use super::super::settings::{InstanceCount, Topology};
     use super::*;
     use crate::clock::SystemClock;
     use crate::limiter::check::OnFailure;
@@ -606,7 +606,7 @@ mod tests {
                 clock: ClockSource::Redis,
                 key_prefix: "fg".into(),
                 on_failure: OnFailure::Deny,
-                instances: 1,
+                instances: InstanceCount::Fixed(1),
                 tls_ca: None,
                 leases: None,
             },

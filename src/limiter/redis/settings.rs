@@ -14,13 +14,65 @@ pub enum ClockSource {
     Local,
 }
 
-/// One node or a cluster.
+/// One node, the master sentinels name, or a cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Topology {
     /// A `redis://` or `rediss://` URL.
     Standalone(String),
+    /// Whichever node the sentinels name master, followed through failovers.
+    Sentinel(SentinelSettings),
     /// The seed nodes' URLs.
     Cluster(Vec<String>),
+}
+
+/// `[redis].sentinel`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SentinelSettings {
+    /// The name the sentinels monitor the master by.
+    pub master: String,
+    /// Each sentinel's `host:port`.
+    pub nodes: Vec<String>,
+    /// The master's password (`password_file`); its replicas share it.
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for SentinelSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelSettings")
+            .field("master", &self.master)
+            .field("nodes", &self.nodes)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+/// `[redis].instances`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstanceCount {
+    /// As many as the operator says.
+    Fixed(u64),
+    /// As many as announce themselves in Redis (`roster`).
+    Auto,
+}
+
+impl InstanceCount {
+    /// What config-time checks assume: with "auto", this instance alone
+    /// (the count is not known before the instances announce themselves).
+    pub fn assumed(self) -> u64 {
+        match self {
+            InstanceCount::Fixed(n) => n,
+            InstanceCount::Auto => 1,
+        }
+    }
+}
+
+impl std::fmt::Display for InstanceCount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            InstanceCount::Fixed(n) => write!(f, "{n} instance(s)"),
+            InstanceCount::Auto => f.write_str("instances counted live (auto)"),
+        }
+    }
 }
 
 /// `[redis]`, validated.
@@ -31,7 +83,7 @@ pub struct RedisSettings {
     pub clock: ClockSource,
     pub key_prefix: String,
     pub on_failure: OnFailure,
-    pub instances: u64,
+    pub instances: InstanceCount,
     /// PEM certificates to trust for rediss:// instead of the system's roots.
     pub tls_ca: Option<Vec<u8>>,
     /// Budget leased to this instance (`Leased`); none when `leases = "off"`.
@@ -58,6 +110,7 @@ impl RedisSettings {
     pub fn target(&self) -> String {
         match &self.topology {
             Topology::Standalone(url) => url.clone(),
+            Topology::Sentinel(sentinel) => sentinel_target(sentinel),
             Topology::Cluster(nodes) => nodes.join(", "),
         }
     }
@@ -72,6 +125,8 @@ impl RedisSettings {
         };
         match &self.topology {
             Topology::Standalone(url) => redact(url),
+            // The password is in a file of its own, never in the target.
+            Topology::Sentinel(sentinel) => sentinel_target(sentinel),
             Topology::Cluster(nodes) => nodes
                 .iter()
                 .map(|n| redact(n))
@@ -88,10 +143,31 @@ impl RedisSettings {
         }
     }
 
+    /// How a node's connection reconnects: in the background, a request
+    /// never waiting on more than one quick attempt.
+    pub(super) fn manager_config(&self) -> redis::aio::ConnectionManagerConfig {
+        redis::aio::ConnectionManagerConfig::new()
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(10))
+            .set_max_delay(Duration::from_millis(100))
+            .set_connection_timeout(Some(self.timeout))
+            // The deadline is ours (see `within_deadline`); a second timer
+            // per call would only cost.
+            .set_response_timeout(None)
+    }
+
     pub(super) fn tls_certificates(&self) -> Option<redis::TlsCertificates> {
         self.tls_ca.as_ref().map(|ca| redis::TlsCertificates {
             client_tls: None,
             root_cert: Some(ca.clone()),
         })
     }
+}
+
+fn sentinel_target(sentinel: &SentinelSettings) -> String {
+    format!(
+        "master \"{}\" of sentinels {}",
+        sentinel.master,
+        sentinel.nodes.join(", ")
+    )
 }

@@ -1,20 +1,20 @@
-//! One Redis node. All layers of a request go in one EVALSHA,
+//! One Redis node (at a fixed address, or the master Sentinel names). All layers of a request go in one EVALSHA,
 //! all-or-nothing, and requests that arrive while a run is in flight share
 //! the next one (`batch`): Redis pays one script call for many decisions.
 
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use pingora::prelude::fast_timeout::fast_timeout;
 use prometheus::Histogram;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager};
 use smallvec::SmallVec;
 
 use super::batch::{BatchQueue, RunBatch};
 use super::scripted::{
     connection_error, install_tls_provider, Connect, Decided, ScriptLayer, Scripted, SlotOp,
 };
+use super::sentinel::SentinelMaster;
 use super::settings::{RedisSettings, Topology};
 use crate::algorithm::Decision;
 use crate::clock::Clock;
@@ -28,27 +28,69 @@ impl Connect for ConnectionManager {
         let url = match &settings.topology {
             Topology::Standalone(url) => url.as_str(),
             Topology::Cluster(nodes) => nodes.first().map_or("", String::as_str),
+            Topology::Sentinel(_) => "",
         };
         let client = settings.client(url).map_err(connection_error)?;
-        // Reconnection happens in the background; a request never waits on
-        // more than one quick attempt.
-        let config = ConnectionManagerConfig::new()
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(10))
-            .set_max_delay(Duration::from_millis(100))
-            .set_connection_timeout(Some(settings.timeout))
-            // The deadline is ours (see `within_deadline`); a second timer
-            // per call would only cost.
-            .set_response_timeout(None);
-        ConnectionManager::new_with_config(client, config)
+        ConnectionManager::new_with_config(client, settings.manager_config())
             .await
             .map_err(connection_error)
     }
 }
 
+/// The one node: at a fixed address, or the master the sentinels name.
+#[derive(Clone)]
+pub enum NodeConnection {
+    Fixed(ConnectionManager),
+    Sentinel(SentinelMaster),
+}
+
+impl Connect for NodeConnection {
+    async fn connect(settings: &RedisSettings) -> Result<Self, LimiterError> {
+        match &settings.topology {
+            Topology::Sentinel(sentinel) => SentinelMaster::connect(settings, sentinel)
+                .await
+                .map(NodeConnection::Sentinel),
+            _ => ConnectionManager::connect(settings)
+                .await
+                .map(NodeConnection::Fixed),
+        }
+    }
+}
+
+impl ConnectionLike for NodeConnection {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            NodeConnection::Fixed(c) => c.req_packed_command(cmd),
+            NodeConnection::Sentinel(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            NodeConnection::Fixed(c) => c.req_packed_commands(pipeline, offset, count),
+            NodeConnection::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            NodeConnection::Fixed(c) => c.get_db(),
+            NodeConnection::Sentinel(c) => c.get_db(),
+        }
+    }
+}
+
 /// One script run per batch of requests, within the deadline.
 #[async_trait]
-impl RunBatch for Scripted<ConnectionManager> {
+impl RunBatch for Scripted<NodeConnection> {
     type Layer = ScriptLayer;
     type Decided = Decided;
 
@@ -61,7 +103,7 @@ impl RunBatch for Scripted<ConnectionManager> {
 }
 
 pub struct RedisStandalone {
-    scripted: Arc<Scripted<ConnectionManager>>,
+    scripted: Arc<Scripted<NodeConnection>>,
     /// Started on first use, on the proxy's runtime.
     queue: OnceLock<BatchQueue<ScriptLayer, Decided>>,
 }
