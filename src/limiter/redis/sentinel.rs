@@ -77,10 +77,7 @@ impl SentinelMaster {
     }
 
     fn master(&self) -> Arc<Master> {
-        match self.0.master.read() {
-            Ok(master) => master.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
+        self.0.current()
     }
 
     fn after(&self, result: &redis::RedisResult<impl Sized>) {
@@ -102,6 +99,15 @@ fn lost_master(e: &redis::RedisError) -> bool {
 }
 
 impl Followed {
+    /// The master in use. The lock guards one swap of an `Arc`: a
+    /// poisoned one still holds a whole value.
+    fn current(&self) -> Arc<Master> {
+        match self.master.read() {
+            Ok(master) => master.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
     /// One search at a time, in the background, until a master answers.
     fn search(self: Arc<Self>) {
         if self.searching.swap(true, Ordering::AcqRel) {
@@ -133,10 +139,7 @@ impl Followed {
         let (host, port) = find_master(&self.sentinel)
             .await
             .map_err(connection_error)?;
-        let old = match self.master.read() {
-            Ok(master) => master.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        };
+        let old = self.current();
         if old.host == host && old.port == port {
             return Ok(());
         }
