@@ -215,7 +215,13 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..3)
+        RedisCluster::start_with_replicas(0)
+    }
+
+    /// Three masters, each with `replicas` replicas (`nodes[0..3]` the
+    /// masters as `redis-cli` assigns them, then their replicas).
+    pub fn start_with_replicas(replicas: usize) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
             .map(|_| {
                 RedisServer::start_with(&[
                     "--cluster-enabled",
@@ -234,7 +240,7 @@ impl RedisCluster {
         let status = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
@@ -242,13 +248,32 @@ impl RedisCluster {
         assert!(status.success(), "redis-cli --cluster create failed");
         let cluster = RedisCluster { nodes };
         assert!(
-            wait_until(Duration::from_secs(20), || cluster.nodes.iter().all(|n| {
+            wait_until(Duration::from_secs(30), || cluster.nodes.iter().all(|n| {
                 let info: String = n.cmd(&["CLUSTER", "INFO"]);
+                let replication: String = n.cmd(&["INFO", "replication"]);
                 info.contains("cluster_state:ok")
+                    && (replicas == 0
+                        || replication.contains("master_link_status:up")
+                        || replication.contains("state=online"))
             })),
             "cluster did not become ready"
         );
         cluster
+    }
+
+    /// Whether the cluster, as the live node `at` sees it, serves every slot.
+    pub fn serves_all_slots(&self, at: usize) -> bool {
+        let info: Option<String> = self.nodes[at]
+            .client()
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(500)))
+            .and_then(|mut c| redis::cmd("CLUSTER").arg("INFO").query(&mut c))
+            .ok();
+        info.is_some_and(|i| i.contains("cluster_state:ok"))
+    }
+
+    /// The node id of `nodes[i]`.
+    pub fn node_id(&self, i: usize) -> String {
+        self.nodes[i].cmd(&["CLUSTER", "MYID"])
     }
 
     pub fn urls(&self) -> Vec<String> {
