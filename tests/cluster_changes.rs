@@ -38,12 +38,29 @@ fn slot_map_reads(cluster: &RedisCluster, live: &[usize]) -> u64 {
         .sum()
 }
 
-// A known defect, reproduced: right after the promotion, some of the
-// cluster store's calls still time out and the fallback decides beside
-// Redis (173 of 100 admitted in one run, 99 in another). Run with
-// `cargo test --test cluster_changes -- --ignored` while fixing it.
+/// When every proxy had last failed a Redis call, once each has gone
+/// `QUIET` under load with its breaker closed and no call failing (a call
+/// lasts at most the 1 s deadline, so a hung one shows within it). A
+/// breaker's reopenings after its first recovery are not logged, so the log
+/// cannot tell this.
+fn back_on_redis(proxies: &[Proxy]) -> Option<Instant> {
+    const QUIET: Duration = Duration::from_millis(1500);
+    let mut last_failures = vec![f64::NAN; proxies.len()];
+    let mut quiet_since = vec![Instant::now(); proxies.len()];
+    let back = wait_until(Duration::from_secs(20), || {
+        for (i, p) in proxies.iter().enumerate() {
+            let failures = p.metric("floodgate_redis_failures_total");
+            if p.metric("floodgate_fallback_active") != 0.0 || failures != last_failures[i] {
+                quiet_since[i] = Instant::now();
+            }
+            last_failures[i] = failures;
+        }
+        quiet_since.iter().all(|t| t.elapsed() >= QUIET)
+    });
+    back.then(|| quiet_since.into_iter().max()).flatten()
+}
+
 #[test]
-#[ignore = "open defect: over-admission right after a cluster failover (issue 24)"]
 fn a_master_killed_and_slots_moved_under_load_keep_the_limit_exact() {
     let mut cluster = RedisCluster::start_with_replicas(1);
     let upstream = Upstream::start();
@@ -110,21 +127,15 @@ fn a_master_killed_and_slots_moved_under_load_keep_the_limit_exact() {
     );
     let promoted_after = killed_at.elapsed();
     let promoted_at = Instant::now();
-    let back = "decisions are back on Redis";
-    assert!(
-        wait_until(Duration::from_secs(15), || {
-            proxies.iter().all(|p| {
-                request(p.addr, "GET", "/", &[("X-Client", "probe")], b"");
-                !p.log().contains("deciding without it") || p.log().contains(back)
-            })
-        }),
-        "decisions never came back to Redis: {}",
-        proxies[0].log()
-    );
-    let back_after = promoted_at.elapsed();
+    let back_at = back_on_redis(&proxies).expect("decisions never came back to Redis");
+    let back_after = back_at.saturating_duration_since(promoted_at);
     let answered_in_failover: usize = loads.iter().map(|l| l.answered_since(killed_at)).sum();
     let reads_in_failover = slot_map_reads(&cluster, &survivors) - reads_before;
-    let exact_after_failover = admitted_at_once(&all, "after-failover");
+    // Several clients: their keys fall on different masters, the promoted
+    // one's among them.
+    let exact_after_failover: Vec<usize> = (0..6)
+        .map(|i| admitted_at_once(&all, &format!("after-failover-{i}")))
+        .collect();
 
     // The dead node is forgotten, as an operator replacing it would; then
     // slots move from one master to another while the load goes on.
@@ -164,8 +175,12 @@ fn a_master_killed_and_slots_moved_under_load_keep_the_limit_exact() {
         wait_until(Duration::from_secs(15), || cluster.serves_all_slots(to)),
         "the cluster is not whole after the reshard"
     );
+    let reshard_back_at =
+        back_on_redis(&proxies).expect("decisions never came back to Redis after the reshard");
     let answered_in_reshard: usize = loads.iter().map(|l| l.answered_since(moving_at)).sum();
-    let exact_after_reshard = admitted_at_once(&all, "after-reshard");
+    let exact_after_reshard: Vec<usize> = (0..6)
+        .map(|i| admitted_at_once(&all, &format!("after-reshard-{i}")))
+        .collect();
 
     let samples: Vec<_> = loads.into_iter().flat_map(Load::finish).collect();
     let failed: Vec<u16> = samples.iter().map(|s| s.2).filter(|&s| s != 200).collect();
@@ -176,18 +191,22 @@ fn a_master_killed_and_slots_moved_under_load_keep_the_limit_exact() {
     // At most the limit, and at most a few units fewer: a request whose
     // reply was lost in the move may be charged and decided by the fallback.
     assert!(
-        (95..=100).contains(&exact_after_failover),
-        "{exact_after_failover} admitted once the replica took over: {}",
-        proxies[0]
-            .log()
-            .lines()
-            .filter(|l| l.contains("Redis") && !l.contains("rate limited"))
+        exact_after_failover.iter().all(|n| (95..=100).contains(n)),
+        "{exact_after_failover:?} admitted once the replica took over: {}",
+        proxies
+            .iter()
+            .flat_map(|p| p
+                .log()
+                .lines()
+                .filter(|l| l.contains("Redis failed") || l.contains("answers again"))
+                .map(String::from)
+                .collect::<Vec<_>>())
             .collect::<Vec<_>>()
             .join("\n")
     );
     assert!(
-        (95..=100).contains(&exact_after_reshard),
-        "{exact_after_reshard} admitted once the slots moved"
+        exact_after_reshard.iter().all(|n| (95..=100).contains(n)),
+        "{exact_after_reshard:?} admitted once the slots moved"
     );
     assert!(
         reads_in_failover < 300,
@@ -201,12 +220,15 @@ fn a_master_killed_and_slots_moved_under_load_keep_the_limit_exact() {
         "cluster_changes",
         &format!(
             "master killed: replica promoted after {:.1} s (cluster-node-timeout 2 s); decisions on Redis {:.2} s after; {answered_in_failover} load requests answered meanwhile; slot map read {reads_in_failover} times by 3 proxies\n\
-             reshard of 2000 slots under load: {:.1} s, {answered_in_reshard} load requests answered meanwhile\n\
+             reshard of 2000 slots under load: {:.1} s, decisions on Redis {:.2} s after; {answered_in_reshard} load requests answered meanwhile\n\
              load: {} requests, {} not 200; breaker openings per proxy {openings:?}\n\
-             300 at once against 100 after the failover: {exact_after_failover} admitted; after the reshard: {exact_after_reshard}\n",
+             300 at once against 100, for each of 6 clients, after the failover: {exact_after_failover:?} admitted; after the reshard: {exact_after_reshard:?}\n",
             promoted_after.as_secs_f64(),
             back_after.as_secs_f64(),
             moved_in.as_secs_f64(),
+            reshard_back_at
+                .saturating_duration_since(moving_at + moved_in)
+                .as_secs_f64(),
             samples.len(),
             failed.len(),
         ),

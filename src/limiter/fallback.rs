@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use log::{info, warn};
+use log::{debug, info, warn};
 
 use super::check::{Check, OnFailure, Slot};
 use super::deny_cache::open_decision;
@@ -120,6 +120,7 @@ impl<S: Store + 'static> Inner<S> {
                     if self.instances.is_counted() { ", the instances last counted" } else { "" }
                 );
             } else {
+                debug!("Redis failed again ({error}): deciding without it until it answers");
                 self.suppressed_flaps.fetch_add(1, Ordering::AcqRel);
             }
         }
@@ -136,7 +137,10 @@ impl<S: Store + 'static> Inner<S> {
             // finds it there.
             match self.shared.probe().await {
                 Ok(()) => break,
-                Err(_) => self.metrics.failures.inc(),
+                Err(error) => {
+                    debug!("Redis probe failed: {error}");
+                    self.metrics.failures.inc();
+                }
             }
         }
         let down_us = self

@@ -444,7 +444,12 @@ impl Proxy {
         command
             .arg("--config")
             .arg(&config_path)
-            .env("RUST_LOG", "info")
+            // FLOODGATE_TEST_RUST_LOG, e.g. "info,redis=debug", to see more
+            // of a failing test's proxies.
+            .env(
+                "RUST_LOG",
+                std::env::var("FLOODGATE_TEST_RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log);

@@ -6,11 +6,13 @@
 //! admitting group has been charged although the request is refused.
 
 use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use prometheus::Histogram;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
 use smallvec::SmallVec;
 
 use super::scripted::{connection_error, install_tls_provider, Connect, Scripted, SlotOp};
@@ -30,8 +32,21 @@ impl Connect for ClusterConnection {
             Topology::Standalone(url) => vec![url.clone()],
             Topology::Sentinel(_) => Vec::new(),
         };
-        let mut builder =
-            redis::cluster::ClusterClient::builder(nodes).connection_timeout(settings.timeout);
+        // redis-rs's defaults suit a client that may wait: a first retry
+        // after 1.28 s or more, and a dead node reconnected to for as long
+        // as its slot map lists it. Here a decision has `timeout` in all,
+        // and a killed master's slots would stay mapped to it after its
+        // replica took over, every call for them failing until the breaker
+        // decided beside Redis. So retries wait milliseconds, and a node
+        // that refuses a few reconnects is dropped, which makes the next
+        // call for its slots read the slot map again (once, not per call).
+        let timeout_ms = u64::try_from(settings.timeout.as_millis()).unwrap_or(u64::MAX);
+        let mut builder = redis::cluster::ClusterClient::builder(nodes)
+            .connection_timeout(settings.timeout)
+            .min_retry_wait(RETRY_WAIT_MIN_MS)
+            .max_retry_wait((timeout_ms / 4).max(RETRY_WAIT_MIN_MS + 1))
+            .retry_wait_formula(RETRY_WAIT_FACTOR_MS, 2)
+            .max_connection_attempts(RECONNECTS_BEFORE_DROPPING_A_NODE);
         if let Some(certificates) = settings.tls_certificates() {
             builder = builder.certs(certificates);
         }
@@ -42,6 +57,17 @@ impl Connect for ClusterConnection {
             .map_err(connection_error)
     }
 }
+
+/// A retry's wait: at least this, then doubling from the factor.
+const RETRY_WAIT_MIN_MS: u64 = 5;
+const RETRY_WAIT_FACTOR_MS: u64 = 5;
+
+/// Reconnects (50, 100, 200 ms apart) to a node before it is dropped until
+/// the slot map lists it again.
+const RECONNECTS_BEFORE_DROPPING_A_NODE: NonZeroUsize = match NonZeroUsize::new(3) {
+    Some(n) => n,
+    None => unreachable!(),
+};
 
 pub struct RedisCluster {
     scripted: Scripted<ClusterConnection>,
@@ -196,8 +222,24 @@ impl Store for RedisCluster {
         Ok(self.scripted.slots(SlotOp::Release, slot).await?.0)
     }
 
+    /// The probe script on one key, and every master the slot map lists
+    /// answering: a probe of one slot alone closed the breaker while a
+    /// killed master's slots still led to it.
     async fn probe(&self) -> Result<(), LimiterError> {
-        self.scripted.probe().await
+        self.scripted.probe().await?;
+        self.scripted
+            .within_deadline(|mut connection| async move {
+                let routing = RoutingInfo::MultiNode((
+                    MultipleNodeRoutingInfo::AllMasters,
+                    Some(ResponsePolicy::AllSucceeded),
+                ));
+                connection
+                    .route_command(redis::cmd("PING"), routing)
+                    .await
+                    .map(drop)
+                    .map_err(connection_error)
+            })
+            .await
     }
 
     fn deciding(&self) -> Deciding {
