@@ -269,9 +269,18 @@ fn sixty_concurrent_failures_cannot_pass_a_limit_of_five() {
 fn sixty_concurrent_failures_across_proxies_on_redis_cannot_pass_five() {
     let upstream = Upstream::start();
     let redis = RedisServer::start();
-    let config = five_failures(ConfigBuilder::new(upstream.addr).redis(&redis.url()));
+    // A deadline a loaded machine cannot miss: a first call past the default
+    // 50 ms let each proxy's fallback admit its own five beside Redis.
+    let config = five_failures(
+        ConfigBuilder::new(upstream.addr)
+            .redis(&redis.url())
+            .redis_lines("timeout = \"2s\""),
+    );
     let (a, b) = (config.start(), config.start());
     sixty_at_once(&[&a, &b], &upstream);
+    for p in [&a, &b] {
+        assert_eq!(p.metric("floodgate_fallback_decisions_total"), 0.0);
+    }
 }
 
 /// A success gives its reservation back: successes at once never spend
