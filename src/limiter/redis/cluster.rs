@@ -39,7 +39,9 @@ impl Connect for ClusterConnection {
         // replica took over, every call for them failing until the breaker
         // decided beside Redis. So retries wait milliseconds, and a node
         // that refuses a few reconnects is dropped, which makes the next
-        // call for its slots read the slot map again (once, not per call).
+        // call for its slots read the slot map again. While the dead master
+        // is still listed each such call rereads it (147-199 reads by three
+        // proxies in a 4-5 s failover, against 15 with the defaults).
         let timeout_ms = u64::try_from(settings.timeout.as_millis()).unwrap_or(u64::MAX);
         let mut builder = redis::cluster::ClusterClient::builder(nodes)
             .connection_timeout(settings.timeout)
