@@ -4,13 +4,16 @@
 //! floodgate so that what floodgate adds per request is its own cost, not the
 //! stack's.
 //!
-//!   cargo run --release --example bare_proxy -- LISTEN UPSTREAM [THREADS] [refuse]
+//!   cargo run --release --example bare_proxy -- LISTEN UPSTREAM [THREADS] [refuse] [tls ADDR CERT KEY]
 //!   e.g. bare_proxy 127.0.0.1:18009 127.0.0.1:18000 1
 //!
 //! With `refuse`, every request is answered 429 from `request_filter`, with
 //! no body and no headers but those Pingora writes: the floor of a refusal.
+//! With `tls`, it also terminates TLS on ADDR (h2 and http/1.1 by ALPN) with
+//! Pingora's own rustls listener: the floor of a TLS edge.
 
 use async_trait::async_trait;
+use pingora::listeners::tls::TlsSettings;
 use pingora::modules::http::HttpModules;
 use pingora::prelude::*;
 use pingora::server::configuration::{Opt, ServerConf};
@@ -54,22 +57,32 @@ impl ProxyHttp for Forward {
     }
 }
 
+fn usage() -> ! {
+    eprintln!("usage: bare_proxy LISTEN UPSTREAM [THREADS] [refuse] [tls ADDR CERT KEY]");
+    std::process::exit(2);
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let (Some(listen), Some(upstream)) = (args.next(), args.next()) else {
-        eprintln!("usage: bare_proxy LISTEN UPSTREAM [THREADS] [refuse]");
-        std::process::exit(2);
+        usage();
     };
-    let threads = args.next();
-    let refuse = args.next().as_deref() == Some("refuse");
-    let threads = match threads.map(|t| t.parse::<usize>()) {
-        None => 1,
-        Some(Ok(n)) if n > 0 => n,
-        Some(_) => {
-            eprintln!("THREADS must be a positive integer");
-            std::process::exit(2);
+    let mut threads = 1;
+    let mut refuse = false;
+    let mut tls = None;
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "refuse" => refuse = true,
+            "tls" => match (args.next(), args.next(), args.next()) {
+                (Some(addr), Some(cert), Some(key)) => tls = Some((addr, cert, key)),
+                _ => usage(),
+            },
+            number => match number.parse::<usize>() {
+                Ok(n) if n > 0 => threads = n,
+                _ => usage(),
+            },
         }
-    };
+    }
     // As floodgate's: a stop does not wait for a grace period.
     let conf = ServerConf {
         threads,
@@ -81,6 +94,17 @@ fn main() {
     server.bootstrap();
     let mut proxy = http_proxy_service(&server.configuration, Forward { upstream, refuse });
     proxy.add_tcp(&listen);
+    if let Some((addr, cert, key)) = tls {
+        let mut settings = match TlsSettings::intermediate(&cert, &key) {
+            Ok(settings) => settings,
+            Err(e) => {
+                eprintln!("tls: {e}");
+                std::process::exit(2);
+            }
+        };
+        settings.enable_h2();
+        proxy.add_tls_with_settings(&addr, None, settings);
+    }
     server.add_service(proxy);
     server.run_forever();
 }

@@ -226,6 +226,12 @@ bare_case() { # section label threads [oha flags] [refuse]
   measure "$1" "$2" "$URL" "${4:-}" "${PID_OF[case]}"
   stop case
 }
+bare_tls_case() { # section label [oha flags]
+  start case "$BARE" "127.0.0.1:$PROXY_PORT" "127.0.0.1:$UP" 1 tls "127.0.0.1:$TLS_PORT" "$WORK/tls.crt" "$WORK/tls.key"
+  wait_port $TLS_PORT
+  measure "$1" "$2" "https://127.0.0.1:$TLS_PORT/" "--insecure ${3:-}" "${PID_OF[case]}"
+  stop case
+}
 # fg_case section label threads config-body [oha flags] [url] [binary] [redis]
 fg_case() {
   local section="$1" label="$2" threads="$3" body="$4" flags="${5:-}" url="${6:-$URL}" binary="${7:-$FLOODGATE}"
@@ -271,9 +277,11 @@ $ABUSE" "" "" "" redis
   # TLS at the edge: the same certificate, HTTP/1.1 and HTTP/2 (one
   # connection per oha worker either way), against nginx terminating TLS.
   nginx_case main "nginx TLS, http/1.1" 1 "$PROXY" "" "" tls
+  bare_tls_case main "bare Pingora proxy TLS, http/1.1"
   fg_case main "floodgate TLS memory, http/1.1" 1 "$TLS_TABLE
 $NEVER" "--insecure" "https://127.0.0.1:$TLS_PORT/"
   nginx_case main "nginx TLS, h2" 1 "$PROXY" "" "--http2" tls
+  bare_tls_case main "bare Pingora proxy TLS, h2" "--http2"
   fg_case main "floodgate TLS memory, h2" 1 "$TLS_TABLE
 $NEVER" "--insecure --http2" "https://127.0.0.1:$TLS_PORT/"
   if [ -n "$BEFORE" ]; then
@@ -390,8 +398,9 @@ def references(section, label):
         suffix = f", {n}"
     bare = f"bare Pingora proxy{suffix}"
     if "TLS" in label:
-        nginx = f"nginx TLS, {label.rsplit(', ', 1)[1]}"
-        bare = None
+        proto = label.rsplit(', ', 1)[1]
+        nginx = f"nginx TLS, {proto}"
+        bare = f"bare Pingora proxy TLS, {proto}"
     elif "refusing" in label:
         nginx = f"nginx limit_req, refusing{suffix}"
         bare = f"bare Pingora proxy, refusing{suffix}"
@@ -439,7 +448,7 @@ if ("main", "floodgate, no limits") in by:
     print(f"  refusing, × nginx refusing (keep-alive)       {rps('main', 'floodgate memory, refusing') / rps('main', 'nginx limit_req, refusing'):.2f} (>= 1.0)")
     print(f"  the floor: bare Pingora proxy × nginx limit_req admitting {rps('main', 'bare Pingora proxy') / rps('main', 'nginx limit_req, admitting'):.2f}, refusing {rps('main', 'bare Pingora proxy, refusing') / rps('main', 'nginx limit_req, refusing'):.2f}")
     for proto in ("http/1.1", "h2"):
-        print(f"  TLS {proto:<8}, × nginx TLS                   {rps('main', f'floodgate TLS memory, {proto}') / rps('main', f'nginx TLS, {proto}'):.2f} (>= 0.75)")
+        print(f"  TLS {proto:<8}, × nginx TLS                   {rps('main', f'floodgate TLS memory, {proto}') / rps('main', f'nginx TLS, {proto}'):.2f} (>= 0.75); the bare proxy's {rps('main', f'bare Pingora proxy TLS, {proto}') / rps('main', f'nginx TLS, {proto}'):.2f}")
 if ("threads", "floodgate memory, admitting, 2") in by:
     print(f"  memory admitting, × nginx limit_req (2)       {rps('threads', 'floodgate memory, admitting, 2') / rps('threads', 'nginx limit_req, admitting, 2'):.2f} (>= 0.75)")
 if ("nokeepalive", "floodgate memory, refusing") in by:

@@ -4,6 +4,23 @@
 use serde::Deserialize;
 
 use crate::algorithm::Decision;
+use crate::header_name::SpelledName;
+
+pub static RATELIMIT_LIMIT: SpelledName =
+    SpelledName::from_static("ratelimit-limit", "RateLimit-Limit");
+pub static RATELIMIT_REMAINING: SpelledName =
+    SpelledName::from_static("ratelimit-remaining", "RateLimit-Remaining");
+pub static RATELIMIT_RESET: SpelledName =
+    SpelledName::from_static("ratelimit-reset", "RateLimit-Reset");
+pub static RATELIMIT_POLICY: SpelledName =
+    SpelledName::from_static("ratelimit-policy", "RateLimit-Policy");
+pub static RATELIMIT: SpelledName = SpelledName::from_static("ratelimit", "RateLimit");
+pub static RETRY_AFTER: SpelledName = SpelledName::from_static("retry-after", "Retry-After");
+pub static CONTENT_TYPE: SpelledName = SpelledName::from_static("content-type", "Content-Type");
+pub static CACHE_CONTROL: SpelledName = SpelledName::from_static("cache-control", "Cache-Control");
+
+/// A header floodgate writes: its name, built once, and its value.
+pub type Header = (&'static SpelledName, String);
 
 /// `[response].headers`: which rate-limit headers responses carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -67,17 +84,17 @@ pub fn rate_limit_headers(
     style: HeaderStyle,
     layers: &[Layer<'_>],
     shown: &Layer<'_>,
-) -> Vec<(&'static str, String)> {
+) -> Vec<Header> {
     // Built by hand rather than with format!: this runs on every admitted
     // request, and the formatting machinery cost more than the limiter.
     let mut out = Vec::with_capacity(5);
     let d = &shown.decision;
     let mut n = itoa::Buffer::new();
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
-        out.push(("RateLimit-Limit", n.format(d.limit()).to_string()));
-        out.push(("RateLimit-Remaining", n.format(d.remaining()).to_string()));
+        out.push((&RATELIMIT_LIMIT, n.format(d.limit()).to_string()));
+        out.push((&RATELIMIT_REMAINING, n.format(d.remaining()).to_string()));
         out.push((
-            "RateLimit-Reset",
+            &RATELIMIT_RESET,
             n.format(ceil_secs(d.reset_after_us())).to_string(),
         ));
     }
@@ -94,7 +111,7 @@ pub fn rate_limit_headers(
             policy.push_str(";w=");
             policy.push_str(n.format(ceil_secs(l.window_us).max(1)));
         }
-        out.push(("RateLimit-Policy", policy));
+        out.push((&RATELIMIT_POLICY, policy));
         let mut current = String::with_capacity(32);
         current.push('"');
         current.push_str(shown.name);
@@ -102,24 +119,24 @@ pub fn rate_limit_headers(
         current.push_str(n.format(d.remaining()));
         current.push_str(";t=");
         current.push_str(n.format(ceil_secs(d.reset_after_us())));
-        out.push(("RateLimit", current));
+        out.push((&RATELIMIT, current));
     }
     out
 }
 
 /// The headers of every JSON answer floodgate writes itself (429, 502, 503,
 /// 504): never cached.
-pub fn json_headers() -> Vec<(&'static str, String)> {
+pub fn json_headers() -> Vec<Header> {
     vec![
-        ("Content-Type", "application/json".to_string()),
-        ("Cache-Control", "no-store".to_string()),
+        (&CONTENT_TYPE, "application/json".to_string()),
+        (&CACHE_CONTROL, "no-store".to_string()),
     ]
 }
 
 /// Status, headers and body of the refusal.
 pub struct Rejection {
     pub status: u16,
-    pub headers: Vec<(&'static str, String)>,
+    pub headers: Vec<Header>,
     pub body: String,
 }
 
@@ -136,7 +153,7 @@ pub fn rejection(
     if refused.banned {
         // A ban has no rate to advertise: only when it ends.
         headers.push((
-            "Retry-After",
+            &RETRY_AFTER,
             ceil_secs(d.retry_after_us()).max(1).to_string(),
         ));
         let body = format!(
@@ -158,7 +175,7 @@ pub fn rejection(
         )
     } else {
         headers.push((
-            "Retry-After",
+            &RETRY_AFTER,
             ceil_secs(d.retry_after_us()).max(1).to_string(),
         ));
         format!(
@@ -191,6 +208,20 @@ mod tests {
     }
 
     #[test]
+    fn every_name_is_its_spelling_in_lower_case() {
+        crate::header_name::assert_lower_case_of_spelling(&[
+            &RATELIMIT_LIMIT,
+            &RATELIMIT_REMAINING,
+            &RATELIMIT_RESET,
+            &RATELIMIT_POLICY,
+            &RATELIMIT,
+            &RETRY_AFTER,
+            &CONTENT_TYPE,
+            &CACHE_CONTROL,
+        ]);
+    }
+
+    #[test]
     fn both_styles_have_exact_syntax() {
         let layers = [
             layer("per-ip", 200, 42, 6_500_000),
@@ -199,14 +230,14 @@ mod tests {
         let shown = most_constrained(&layers).expect("a layer");
         let h = rate_limit_headers(HeaderStyle::Both, &layers, shown);
         let expected = vec![
-            ("RateLimit-Limit", "200".to_string()),
-            ("RateLimit-Remaining", "42".to_string()),
-            ("RateLimit-Reset", "7".to_string()),
+            (&RATELIMIT_LIMIT, "200".to_string()),
+            (&RATELIMIT_REMAINING, "42".to_string()),
+            (&RATELIMIT_RESET, "7".to_string()),
             (
-                "RateLimit-Policy",
+                &RATELIMIT_POLICY,
                 "\"per-ip\";q=200;w=4, \"per-account\";q=100;w=2".to_string(),
             ),
-            ("RateLimit", "\"per-ip\";r=42;t=7".to_string()),
+            (&RATELIMIT, "\"per-ip\";r=42;t=7".to_string()),
         ];
         assert_eq!(h, expected);
         assert_eq!(
@@ -230,10 +261,10 @@ mod tests {
             r.body,
             "{\"error\":\"rate_limited\",\"limit\":\"login\",\"retry_after_ms\":1001,\"request_id\":\"r-1\"}"
         );
-        assert!(r.headers.contains(&("Retry-After", "2".to_string())));
+        assert!(r.headers.contains(&(&RETRY_AFTER, "2".to_string())));
         refused.decision = Decision::refused(5, 0, 3_000_000, 10);
         let r = rejection(HeaderStyle::None, &[refused], &refused, "r-2");
-        assert!(r.headers.contains(&("Retry-After", "1".to_string())));
+        assert!(r.headers.contains(&(&RETRY_AFTER, "1".to_string())));
         assert!(r
             .body
             .ends_with("\"retry_after_ms\":1,\"request_id\":\"r-2\"}"));
@@ -250,10 +281,10 @@ mod tests {
             r.body,
             "{\"error\":\"banned\",\"limit\":\"login\",\"retry_after_ms\":3599001,\"request_id\":\"r-3\"}"
         );
-        assert!(r.headers.contains(&("Retry-After", "3600".to_string())));
+        assert!(r.headers.contains(&(&RETRY_AFTER, "3600".to_string())));
         assert!(!r
             .headers
             .iter()
-            .any(|(name, _)| name.starts_with("RateLimit")));
+            .any(|(name, _)| name.spelling().starts_with("RateLimit")));
     }
 }

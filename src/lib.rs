@@ -9,6 +9,7 @@ pub mod client_headers;
 pub mod clock;
 pub mod config;
 pub mod connection;
+pub mod header_name;
 pub mod headers;
 pub mod identity;
 pub mod jwt;

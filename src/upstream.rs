@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use http::HeaderName;
+use crate::header_name::SpelledName;
 use pingora::prelude::HttpPeer;
 
 use crate::client_headers::ClientHeaders;
@@ -23,10 +23,12 @@ pub struct UpstreamSettings {
     pub ca_file: Option<PathBuf>,
     /// X-Forwarded-For (the resolved chain), -Proto, -Host and X-Real-IP.
     pub forwarded_headers: bool,
-    pub request_id_header: HeaderName,
-    /// The same name as the config spells it, for the headers floodgate
-    /// writes (HTTP/1.1 clients see `X-Request-Id`, not `x-request-id`).
-    pub request_id_header_spelling: String,
+    /// Spelled as the config spells it, for `preserve_header_case`.
+    pub request_id_header: SpelledName,
+    /// Header names written as they were spelled (Pingora's case map), at
+    /// the price of a parse and a second map entry per header floodgate
+    /// writes; else lower case (a dozen, like Host, title-cased by Pingora).
+    pub preserve_header_case: bool,
     /// Host sent upstream instead of the client's.
     pub host: Option<http::HeaderValue>,
     /// HTTP/2 to the upstream (h2c on plain connections): gRPC needs it.

@@ -535,3 +535,81 @@ fn a_slow_upstream_gets_a_504_after_read_timeout() {
         started.elapsed()
     );
 }
+
+/// Header names reach the upstream and the client in lower case (the few
+/// Pingora title-cases, such as Host and Content-Type, aside), as Envoy and
+/// HAProxy write them, unless
+/// `[upstream].preserve_header_case` keeps every spelling; the values are
+/// the same either way, on a forwarded answer and on a 429.
+#[test]
+fn header_names_are_written_in_lower_case_unless_their_case_is_preserved() {
+    let upstream = Upstream::start();
+    for preserve in [false, true] {
+        upstream.reset();
+        let mut builder =
+            ConfigBuilder::new(upstream.addr).limit(Limit::fixed_window("two", "ip", 2, "1h"));
+        if preserve {
+            builder = builder.upstream("preserve_header_case = true");
+        }
+        let proxy = builder.start();
+        let asked = [
+            ("X-Client-Thing", "1"),
+            ("X-Answer-Header", "X-Upstream-Thing: 2"),
+        ];
+        let r = request(proxy.addr, "GET", "/", &asked, b"");
+        assert_eq!(r.status, 200, "{}", r.body);
+        let seen = upstream.seen();
+        let seen = seen.last().expect("forwarded");
+        let sent = |name: &str| {
+            seen.names_as_sent
+                .iter()
+                .find(|n| n.eq_ignore_ascii_case(name))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let named = |r: &Response, name: &str| {
+            r.headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(n, _)| n.clone())
+                .unwrap_or_default()
+        };
+        let spelled = |spelling: &str| {
+            if preserve {
+                spelling.to_string()
+            } else {
+                spelling.to_ascii_lowercase()
+            }
+        };
+        assert_eq!(sent("host"), "Host", "preserve={preserve}");
+        for name in [
+            "X-Client-Thing",
+            "X-Forwarded-For",
+            "X-Real-IP",
+            "X-Request-Id",
+        ] {
+            assert_eq!(sent(name), spelled(name), "preserve={preserve}");
+        }
+        assert_eq!(
+            seen.headers
+                .iter()
+                .find(|(n, _)| n == "x-forwarded-for")
+                .map(|(_, v)| v.as_str()),
+            Some("127.0.0.1")
+        );
+        for name in ["X-Upstream-Thing", "RateLimit-Remaining", "X-Request-Id"] {
+            assert_eq!(named(&r, name), spelled(name), "preserve={preserve}");
+        }
+        assert_eq!(named(&r, "content-type"), "Content-Type");
+        assert_eq!(r.header("X-Upstream-Thing"), Some("2"));
+        assert_eq!(r.header("RateLimit-Remaining"), Some("1"));
+
+        assert_eq!(proxy.get("/").status, 200);
+        let refused = proxy.get("/");
+        assert_eq!(refused.status, 429);
+        for name in ["Retry-After", "RateLimit-Policy", "X-Request-Id"] {
+            assert_eq!(named(&refused, name), spelled(name), "preserve={preserve}");
+        }
+        assert!(refused.header("Retry-After").is_some());
+    }
+}

@@ -133,6 +133,8 @@ pub(super) struct UpstreamSection {
     pub(super) ca_file: Option<PathBuf>,
     pub(super) forwarded_headers: Option<bool>,
     pub(super) request_id_header: Option<String>,
+    #[serde(default)]
+    pub(super) preserve_header_case: bool,
     pub(super) host: Option<String>,
     #[serde(default)]
     pub(super) http2: bool,

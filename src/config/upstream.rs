@@ -7,6 +7,7 @@ use http::HeaderName;
 use super::file::UpstreamSection;
 use super::{at, duration, Inputs, Invalid};
 use crate::client_headers::{self, ClientHeaders};
+use crate::header_name::SpelledName;
 use crate::policy::PathPattern;
 use crate::upstream::UpstreamSettings;
 
@@ -68,7 +69,7 @@ pub(super) fn validate_upstream(
         }
     }
     let header_name = |text: &str, key: &'static str| {
-        HeaderName::from_bytes(text.as_bytes()).map_err(|_| {
+        SpelledName::new(text).map_err(|_| {
             at(
                 &[&"upstream", &key],
                 format!("\"{text}\" is not a valid header name"),
@@ -84,7 +85,7 @@ pub(super) fn validate_upstream(
     let reserved = |name: &str| {
         FRAMING.contains(&name) || ["x-forwarded-for", "x-real-ip", "forwarded"].contains(&name)
     };
-    if reserved(request_id_header.as_str()) {
+    if reserved(request_id_header.name().as_str()) {
         return Err(at(
             &[&"upstream", &"request_id_header"],
             format!("\"{request_id_header_spelling}\" already means something else; name a header of its own, e.g. \"X-Request-Id\""),
@@ -115,7 +116,7 @@ pub(super) fn validate_upstream(
         ca_file: u.ca_file.clone(),
         forwarded_headers: u.forwarded_headers.unwrap_or(true),
         request_id_header,
-        request_id_header_spelling,
+        preserve_header_case: u.preserve_header_case,
         host,
         http2: u.http2,
         websocket_idle_timeout,

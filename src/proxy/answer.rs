@@ -2,38 +2,31 @@
 //! each with the request id.
 
 use bytes::Bytes;
+use http::HeaderValue;
 use log::{debug, warn};
-use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
-use pingora::Result;
+use pingora::{Error, ErrorType, Result};
 
 use super::ctx::RequestCtx;
 use super::framing::request_has_body;
-use crate::headers::{self, Layer};
+use super::header_edit::{own_response, HeaderEdit};
+use crate::header_name::SpelledName;
+use crate::headers::{self, Header, Layer, CONTENT_TYPE};
 use crate::limiter::LimiterError;
 
 pub(super) async fn respond(
     session: &mut Session,
     ctx: &RequestCtx,
     status: u16,
-    headers: Vec<(&'static str, String)>,
+    headers: Vec<Header>,
     body: String,
 ) -> Result<()> {
-    // Without Pingora's case map: each header is stored once, not twice
-    // (4,400 fewer instructions per 429). HTTP/1.1 then writes standard
-    // names title-cased and floodgate's own (ratelimit-*, x-request-id) in
-    // lower case, as HTTP/2 writes every name; header names are
-    // case-insensitive.
-    let mut header = ResponseHeader::build_no_case(status, Some(headers.len() + 2))?;
-    // Owned values become header values without a copy.
-    for (name, value) in headers {
-        header.insert_header(name, value)?;
-    }
-    header.insert_header(
-        "Content-Length",
-        itoa::Buffer::new().format(body.len()).to_owned(),
-    )?;
-    add_request_id(&mut header, ctx)?;
+    let preserve_case = ctx.runtime.upstream.settings().preserve_header_case;
+    let header = own_response(status, headers.len() + 2, preserve_case, |h| {
+        write_headers(h, headers)?;
+        h.insert(&CONTENT_LENGTH, HeaderValue::from(body.len()))?;
+        add_request_id(h, ctx)
+    })?;
     if request_has_body(session) {
         session.set_keepalive(None);
     }
@@ -45,17 +38,26 @@ pub(super) async fn respond(
         .await
 }
 
-pub(super) fn add_request_id(header: &mut ResponseHeader, ctx: &RequestCtx) -> Result<()> {
-    if !ctx.request_id.is_empty() {
-        let name = ctx
-            .runtime
-            .upstream
-            .settings()
-            .request_id_header_spelling
-            .clone();
-        header.insert_header(name, ctx.request_id.as_str())?;
+static CONTENT_LENGTH: SpelledName = SpelledName::from_static("content-length", "Content-Length");
+
+/// Headers floodgate built itself; their values become header values
+/// without a copy.
+pub(super) fn write_headers(h: &mut dyn HeaderEdit, headers: Vec<Header>) -> Result<()> {
+    for (name, value) in headers {
+        let value = HeaderValue::try_from(value)
+            .map_err(|_| Error::explain(ErrorType::InvalidHTTPHeader, "invalid header value"))?;
+        h.insert(name, value)?;
     }
     Ok(())
+}
+
+pub(super) fn add_request_id(h: &mut dyn HeaderEdit, ctx: &RequestCtx) -> Result<()> {
+    if ctx.request_id.is_empty() {
+        return Ok(());
+    }
+    let value = HeaderValue::from_str(&ctx.request_id)
+        .map_err(|_| Error::explain(ErrorType::InvalidHTTPHeader, "invalid request id"))?;
+    h.insert(&ctx.runtime.upstream.settings().request_id_header, value)
 }
 
 /// A gRPC call (`application/grpc`, `application/grpc+proto`, ...) over
@@ -88,15 +90,14 @@ pub(super) async fn respond_grpc(
     ctx: &RequestCtx,
     status: GrpcStatus,
     message: &str,
-    headers: Vec<(&'static str, String)>,
+    headers: Vec<Header>,
 ) -> Result<()> {
     // HTTP/2 writes names in lower case: no case map to keep.
-    let mut header = ResponseHeader::build_no_case(200, Some(headers.len() + 2))?;
-    header.insert_header("Content-Type", "application/grpc")?;
-    for (name, value) in headers {
-        header.insert_header(name, value)?;
-    }
-    add_request_id(&mut header, ctx)?;
+    let header = own_response(200, headers.len() + 2, false, |h| {
+        h.insert(&CONTENT_TYPE, HeaderValue::from_static("application/grpc"))?;
+        write_headers(h, headers)?;
+        add_request_id(h, ctx)
+    })?;
     if request_has_body(session) {
         session.set_keepalive(None);
     }
@@ -200,7 +201,7 @@ pub(super) async fn too_many_in_flight(session: &mut Session, ctx: &RequestCtx) 
         ctx.request_id
     );
     let mut headers = headers::json_headers();
-    headers.push(("Retry-After", "1".to_string()));
+    headers.push((&headers::RETRY_AFTER, "1".to_string()));
     respond(
         session,
         ctx,
@@ -221,7 +222,7 @@ pub(super) async fn limiter_failed(
 ) -> Result<bool> {
     warn!("limiter failed: {e} request_id={}", ctx.request_id);
     let mut headers = headers::json_headers();
-    headers.push(("Retry-After", "1".to_string()));
+    headers.push((&headers::RETRY_AFTER, "1".to_string()));
     respond(
         session,
         ctx,

@@ -46,7 +46,7 @@ pub struct RequestCtx {
     /// What the limits said, once decided.
     pub(super) verdict: Option<Verdict>,
     /// Rate-limit headers to add to the upstream's response.
-    pub(super) rate_headers: Vec<(&'static str, String)>,
+    pub(super) rate_headers: Vec<crate::headers::Header>,
     pub(super) _in_flight: InFlight,
 }
 

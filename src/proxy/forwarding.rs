@@ -7,12 +7,14 @@ use pingora::proxy::Session;
 use pingora::Result;
 
 use super::ctx::{peer_ip, RequestCtx};
+use super::header_edit::HeaderEdit;
+use crate::header_name::SpelledName;
 use crate::request_id;
 
 /// The request id a trusted proxy sent, if it is a plain one; else a new one.
 pub(super) fn request_id_of(session: &Session, ctx: &RequestCtx) -> String {
     let runtime = &ctx.runtime;
-    let name = &runtime.upstream.settings().request_id_header;
+    let name = runtime.upstream.settings().request_id_header.name();
     // A proxy that adds its own id appends it: the last one is the proxy's.
     match session
         .req_header()
@@ -40,7 +42,7 @@ pub(super) fn request_id_of(session: &Session, ctx: &RequestCtx) -> String {
 /// trusted proxy writes it; and the status page's cookie, which opens the
 /// admin API to whoever reads it.
 pub(super) fn strip_what_the_client_may_not_say(
-    upstream_request: &mut pingora::http::RequestHeader,
+    upstream_request: &mut dyn HeaderEdit,
     trusted: bool,
     ctx: &RequestCtx,
 ) {
@@ -53,15 +55,15 @@ pub(super) fn strip_what_the_client_may_not_say(
         !trusted && settings.client_headers.strips(name.as_str().as_bytes())
     };
     // Most requests carry none: nothing is collected for them.
-    if upstream_request.headers.keys().any(strips) {
+    if upstream_request.map().keys().any(strips) {
         let spoofed: Vec<http::HeaderName> = upstream_request
-            .headers
+            .map()
             .keys()
             .filter(|name| strips(name))
             .cloned()
             .collect();
         for name in spoofed {
-            upstream_request.remove_header(&name);
+            upstream_request.remove(&name);
         }
     }
     if ctx.runtime.admin_token.is_some() {
@@ -70,13 +72,13 @@ pub(super) fn strip_what_the_client_may_not_say(
 }
 
 /// The request's cookies without the status page's.
-fn strip_admin_cookie(upstream_request: &mut pingora::http::RequestHeader) {
+fn strip_admin_cookie(upstream_request: &mut dyn HeaderEdit) {
     let name = crate::admin::auth::COOKIE_NAME;
     let carries = |value: &http::HeaderValue| {
         cookie_pairs(value.as_bytes()).any(|pair| is_admin_pair(pair, name))
     };
     if !upstream_request
-        .headers
+        .map()
         .get_all(http::header::COOKIE)
         .iter()
         .any(carries)
@@ -84,7 +86,7 @@ fn strip_admin_cookie(upstream_request: &mut pingora::http::RequestHeader) {
         return;
     }
     let kept: Vec<http::HeaderValue> = upstream_request
-        .headers
+        .map()
         .get_all(http::header::COOKIE)
         .iter()
         .filter_map(|value| {
@@ -96,9 +98,9 @@ fn strip_admin_cookie(upstream_request: &mut pingora::http::RequestHeader) {
                 .flatten()
         })
         .collect();
-    upstream_request.remove_header(&http::header::COOKIE);
+    upstream_request.remove(&http::header::COOKIE);
     for value in kept {
-        let _ = upstream_request.append_header(http::header::COOKIE, value);
+        let _ = upstream_request.append(&COOKIE, value);
     }
 }
 
@@ -122,7 +124,7 @@ fn is_admin_pair(pair: &[u8], name: &str) -> bool {
 /// say is gone already (`strip_what_the_client_may_not_say`).
 pub(super) fn tell_the_upstream_who_asked(
     session: &Session,
-    upstream_request: &mut pingora::http::RequestHeader,
+    upstream_request: &mut dyn HeaderEdit,
     ctx: &RequestCtx,
     peer: IpAddr,
 ) -> Result<()> {
@@ -137,13 +139,17 @@ pub(super) fn tell_the_upstream_who_asked(
         chain.push_str(", ");
         push_ip(&mut chain, *hop);
     }
-    upstream_request.insert_header("X-Forwarded-For", chain)?;
-    upstream_request.insert_header("X-Real-IP", real_ip)?;
-    if !upstream_request.headers.contains_key("x-forwarded-proto") {
+    upstream_request.insert(&X_FORWARDED_FOR, address_value(chain)?)?;
+    upstream_request.insert(&X_REAL_IP, address_value(real_ip)?)?;
+    if !upstream_request
+        .map()
+        .contains_key(X_FORWARDED_PROTO.name())
+    {
         let tls = session.digest().is_some_and(|d| d.ssl_digest.is_some());
-        upstream_request.insert_header("X-Forwarded-Proto", if tls { "https" } else { "http" })?;
+        let scheme = http::HeaderValue::from_static(if tls { "https" } else { "http" });
+        upstream_request.insert(&X_FORWARDED_PROTO, scheme)?;
     }
-    if !upstream_request.headers.contains_key("x-forwarded-host") {
+    if !upstream_request.map().contains_key(X_FORWARDED_HOST.name()) {
         let request = session.req_header();
         let host = request
             .headers
@@ -156,10 +162,30 @@ pub(super) fn tell_the_upstream_who_asked(
                     .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok())
             });
         if let Some(host) = host {
-            upstream_request.insert_header("X-Forwarded-Host", host)?;
+            upstream_request.insert(&X_FORWARDED_HOST, host)?;
         }
     }
     Ok(())
+}
+
+static X_FORWARDED_FOR: SpelledName =
+    SpelledName::from_static("x-forwarded-for", "X-Forwarded-For");
+static X_REAL_IP: SpelledName = SpelledName::from_static("x-real-ip", "X-Real-IP");
+static X_FORWARDED_PROTO: SpelledName =
+    SpelledName::from_static("x-forwarded-proto", "X-Forwarded-Proto");
+static X_FORWARDED_HOST: SpelledName =
+    SpelledName::from_static("x-forwarded-host", "X-Forwarded-Host");
+pub(super) static HOST: SpelledName = SpelledName::from_static("host", "Host");
+static COOKIE: SpelledName = SpelledName::from_static("cookie", "Cookie");
+
+/// Addresses are digits, dots, colons and commas: always a header value.
+fn address_value(text: String) -> Result<http::HeaderValue> {
+    http::HeaderValue::try_from(text).map_err(|_| {
+        pingora::Error::explain(
+            pingora::ErrorType::InternalError,
+            "address is no header value",
+        )
+    })
 }
 
 /// `ip` as text; an IPv4 address without the formatting machinery, which
@@ -194,6 +220,18 @@ fn is_forwarded(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_name_is_its_spelling_in_lower_case() {
+        crate::header_name::assert_lower_case_of_spelling(&[
+            &X_FORWARDED_FOR,
+            &X_REAL_IP,
+            &X_FORWARDED_PROTO,
+            &X_FORWARDED_HOST,
+            &COOKIE,
+            &HOST,
+        ]);
+    }
 
     #[test]
     fn addresses_are_written_as_the_standard_library_writes_them() {

@@ -17,14 +17,15 @@ use pingora::{Error, ErrorSource, ErrorType, Result};
 use super::access::access_line;
 use super::answer::{
     add_request_id, bad_request, blocked, grpc_refusal, is_grpc, limiter_failed, missing_key,
-    respond, respond_grpc, too_many_in_flight, GrpcStatus,
+    respond, respond_grpc, too_many_in_flight, write_headers, GrpcStatus,
 };
 use super::charges;
 use super::ctx::{peer_ip, RequestCtx, Reservation};
 use super::forwarding::{
-    request_id_of, strip_what_the_client_may_not_say, tell_the_upstream_who_asked,
+    request_id_of, strip_what_the_client_may_not_say, tell_the_upstream_who_asked, HOST,
 };
 use super::framing::{canonicalise_target, framing_problem, request_has_body};
+use super::header_edit::{edit_request, edit_response};
 use super::slots::HeldSlots;
 use super::strikes;
 use super::verdict::{Outcome, Verdict};
@@ -505,7 +506,7 @@ impl ProxyHttp for Gateway {
                 let headers = r
                     .headers
                     .into_iter()
-                    .filter(|(name, _)| *name != "Content-Type")
+                    .filter(|(name, _)| **name != headers::CONTENT_TYPE)
                     .collect();
                 respond_grpc(
                     session,
@@ -577,26 +578,23 @@ impl ProxyHttp for Gateway {
         let settings = ctx.runtime.upstream.settings();
         let peer = crate::identity::normalize(peer_ip(session));
         let trusted = ctx.runtime.policy.clients.is_trusted(&peer);
-        strip_what_the_client_may_not_say(upstream_request, trusted, ctx);
-        if settings.forwarded_headers {
-            tell_the_upstream_who_asked(session, upstream_request, ctx, peer)?;
-        }
-        if let Some(host) = &settings.host {
-            upstream_request.insert_header(http::header::HOST, host.clone())?;
-        } else if !upstream_request.headers.contains_key(http::header::HOST)
-            && session.req_header().version == http::Version::HTTP_10
-        {
-            // HTTP/1.0 allows no Host; the upstream (spoken to in HTTP/1.1) gets one.
-            let server = ctx.first_server + ctx.tries.saturating_sub(1);
-            upstream_request
-                .insert_header(http::header::HOST, ctx.runtime.upstream.host(server))?;
-        }
-        if !ctx.request_id.is_empty() {
-            upstream_request.insert_header(
-                settings.request_id_header_spelling.clone(),
-                ctx.request_id.as_str(),
-            )?;
-        }
+        let http_1_0 = session.req_header().version == http::Version::HTTP_10;
+        edit_request(upstream_request, settings.preserve_header_case, |h| {
+            strip_what_the_client_may_not_say(h, trusted, ctx);
+            if settings.forwarded_headers {
+                tell_the_upstream_who_asked(session, h, ctx, peer)?;
+            }
+            if let Some(host) = &settings.host {
+                h.insert(&HOST, host.clone())?;
+            } else if http_1_0 && !h.map().contains_key(http::header::HOST) {
+                // HTTP/1.0 allows no Host; the upstream (spoken to in HTTP/1.1) gets one.
+                let server = ctx.first_server + ctx.tries.saturating_sub(1);
+                let host = http::HeaderValue::try_from(ctx.runtime.upstream.host(server))
+                    .map_err(|_| Error::explain(ErrorType::InternalError, "address is no host"))?;
+                h.insert(&HOST, host)?;
+            }
+            add_request_id(h, ctx)
+        })?;
         ctx.upstream_sent = Some(Instant::now());
         Ok(())
     }
@@ -686,11 +684,12 @@ impl ProxyHttp for Gateway {
                 slots.upgraded();
             }
         }
-        for (name, value) in ctx.rate_headers.drain(..) {
-            upstream_response.insert_header(name, value)?;
-        }
-        add_request_id(upstream_response, ctx)?;
-        Ok(())
+        let headers = std::mem::take(&mut ctx.rate_headers);
+        let preserve_case = ctx.runtime.upstream.settings().preserve_header_case;
+        edit_response(upstream_response, preserve_case, |h| {
+            write_headers(h, headers)?;
+            add_request_id(h, ctx)
+        })
     }
 
     fn fail_to_connect(

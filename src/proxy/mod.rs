@@ -33,6 +33,7 @@ mod ctx;
 mod forwarding;
 mod framing;
 mod gateway;
+mod header_edit;
 mod slots;
 mod strikes;
 mod verdict;

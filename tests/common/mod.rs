@@ -28,6 +28,8 @@ pub struct Seen {
     pub method: String,
     pub path: String,
     pub headers: Vec<(String, String)>,
+    /// The header names as they were spelled on the wire, in order.
+    pub names_as_sent: Vec<String>,
 }
 
 /// An HTTP/1.1 server on 127.0.0.1 answering 200 "ok", recording every
@@ -159,6 +161,7 @@ fn serve_upstream(stream: TcpStream, seen: Arc<Mutex<Vec<Seen>>>, gate: Arc<Gate
         let method = parts.next().unwrap_or("").to_string();
         let path = parts.next().unwrap_or("").to_string();
         let mut headers = Vec::new();
+        let mut names_as_sent = Vec::new();
         let mut content_length = 0usize;
         let mut answer_status: Option<u16> = None;
         let mut answer_headers = String::new();
@@ -172,6 +175,7 @@ fn serve_upstream(stream: TcpStream, seen: Arc<Mutex<Vec<Seen>>>, gate: Arc<Gate
                 break;
             }
             if let Some((k, v)) = h.split_once(':') {
+                names_as_sent.push(k.trim().to_string());
                 let (k, v) = (k.trim().to_ascii_lowercase(), v.trim().to_string());
                 if k == "content-length" {
                     content_length = v.parse().unwrap_or(0);
@@ -208,6 +212,7 @@ fn serve_upstream(stream: TcpStream, seen: Arc<Mutex<Vec<Seen>>>, gate: Arc<Gate
                 method,
                 path: path.clone(),
                 headers,
+                names_as_sent,
             });
         }
         if path.starts_with("/hold") {

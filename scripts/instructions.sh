@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Instructions per request, counted by callgrind: repeatable where wall time
+# on a shared machine is not. Each case runs its proxy under callgrind in
+# front of nginx (a fixed 200) on 127.0.0.1, switches counting on once the
+# proxy listens, sends REQUESTS requests over 8 connections with oha, stops
+# the proxy and prints the instructions counted over the requests answered.
+#
+#   scripts/instructions.sh [floodgate binary ...]
+#
+# With no binary, builds `--profile profiling` and counts it; give two to
+# count a previous build beside this one (same run). The bare Pingora proxy
+# (examples/bare_proxy.rs, same profile) is counted first: the floor.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REQUESTS="${REQUESTS:-2000}"
+
+command -v valgrind >/dev/null 2>&1 || {
+  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq valgrind >/dev/null
+}
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nginx-light >/dev/null
+fi
+NGINX="$(command -v nginx || echo /usr/sbin/nginx)"
+command -v oha >/dev/null 2>&1 || [ -x "$HOME/.cargo/bin/oha" ] || cargo install oha --locked
+OHA="$(command -v oha || echo "$HOME/.cargo/bin/oha")"
+cargo build --profile profiling --quiet --bin floodgate --example bare_proxy
+BARE="$PWD/target/profiling/examples/bare_proxy"
+BINARIES=("$@")
+[ ${#BINARIES[@]} -gt 0 ] || BINARIES=("$PWD/target/profiling/floodgate")
+
+WORK="$(mktemp -d)"
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+UP=18100; PROXY_PORT=18101
+wait_port() {
+  for _ in $(seq 1 600); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  echo "nothing listens on $1" >&2; cat "$WORK"/*.log >&2; exit 1
+}
+cat > "$WORK/upstream.conf" <<CONF
+worker_processes 1;
+daemon off;
+pid $WORK/upstream.pid;
+error_log $WORK/upstream.error.log error;
+events { worker_connections 1024; }
+http { access_log off; server { listen 127.0.0.1:$UP; location / { return 200 "ok"; } } }
+CONF
+"$NGINX" -c "$WORK/upstream.conf" -p "$WORK" >"$WORK/upstream.log" 2>&1 &
+PIDS+=($!)
+wait_port $UP
+
+count() { # label command...: instructions per answered request
+  local label="$1"; shift
+  valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$WORK/cg.%p" "$@" >"$WORK/case.log" 2>&1 &
+  local pid=$!
+  PIDS+=($pid)
+  wait_port $PROXY_PORT
+  "$OHA" -c 2 -n 20 --no-tui "http://127.0.0.1:$PROXY_PORT/" >/dev/null 2>&1 # warm
+  callgrind_control -i on $pid >/dev/null 2>&1
+  "$OHA" -c 8 -n "$REQUESTS" --no-tui "http://127.0.0.1:$PROXY_PORT/" >/dev/null 2>&1
+  callgrind_control -i off $pid >/dev/null 2>&1
+  kill -INT $pid; wait $pid 2>/dev/null || true
+  local total
+  total=$(grep -h '^summary:\|^totals:' "$WORK"/cg.$pid* | awk '{s+=$2} END {print s}')
+  rm -f "$WORK"/cg.$pid*
+  printf '%-44s %9d\n' "$label" $((total / REQUESTS))
+}
+conf() { # body
+  printf '[server]\nlisten = "127.0.0.1:%s"\nthreads = 1\n[upstream]\nservers = ["127.0.0.1:%s"]\n%s\n' \
+    "$PROXY_PORT" "$UP" "$1" > "$WORK/fg.toml"
+}
+NEVER='[[limits]]
+name = "per-ip"
+key = "ip"
+algorithm = "token_bucket"
+capacity = 1000000000
+refill_rate = 1000'
+ABUSE='[[limits]]
+name = "per-ip"
+key = "ip"
+algorithm = "token_bucket"
+capacity = 1
+refill_rate = 0.001'
+export RUST_LOG=warn
+
+echo "instructions per request, $REQUESTS requests over 8 connections, one worker"
+count "bare Pingora proxy" "$BARE" "127.0.0.1:$PROXY_PORT" "127.0.0.1:$UP" 1
+count "bare Pingora proxy, refusing" "$BARE" "127.0.0.1:$PROXY_PORT" "127.0.0.1:$UP" 1 refuse
+for binary in "${BINARIES[@]}"; do
+  name="$(basename "$binary")"
+  conf ""; count "$name, no limits" "$binary" --config "$WORK/fg.toml"
+  conf "$NEVER"; count "$name memory, admitting" "$binary" --config "$WORK/fg.toml"
+  conf "$ABUSE"; count "$name memory, refusing" "$binary" --config "$WORK/fg.toml"
+done
