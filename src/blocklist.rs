@@ -3,11 +3,9 @@
 //! hashes, never in the clear.
 
 use std::collections::HashSet;
-use std::sync::Mutex;
 
 use http::HeaderMap;
 use ipnet::IpNet;
-use lru::LruCache;
 
 use crate::identity::{Client, ClientRules};
 
@@ -83,56 +81,5 @@ impl Blocklist {
             .subject_hash
             .is_some_and(|subject| self.jwt_subjects.contains(&subject))
             .then_some(BlockReason::JwtSubject)
-    }
-}
-
-/// At most one log line per blocked client per minute: a blocked client
-/// that keeps knocking must not fill the log.
-pub struct BlockLog {
-    last_logged_s: Mutex<LruCache<u128, u64>>,
-}
-
-const LOG_EVERY_S: u64 = 60;
-
-impl BlockLog {
-    pub fn new(clients: usize) -> BlockLog {
-        let size = std::num::NonZeroUsize::new(clients).unwrap_or(std::num::NonZeroUsize::MIN);
-        BlockLog {
-            last_logged_s: Mutex::new(LruCache::new(size)),
-        }
-    }
-
-    /// Whether `client` (its identity hash) is due a line at `now_s`; if so
-    /// it is not again for a minute.
-    pub fn due(&self, client: u128, now_s: u64) -> bool {
-        let mut last = self
-            .last_logged_s
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        match last.get(&client) {
-            Some(&at) if now_s < at + LOG_EVERY_S => false,
-            _ => {
-                last.put(client, now_s);
-                true
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_blocked_client_is_logged_once_a_minute() {
-        let log = BlockLog::new(2);
-        assert!(log.due(1, 100));
-        assert!(!log.due(1, 159));
-        assert!(log.due(2, 120));
-        assert!(log.due(1, 160));
-        // Forgetting (the oldest of more clients than it holds) only logs
-        // one more line.
-        assert!(log.due(3, 161));
-        assert!(log.due(2, 162));
     }
 }

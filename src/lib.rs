@@ -14,6 +14,7 @@ pub mod headers;
 pub mod identity;
 pub mod jwt;
 pub mod limiter;
+pub mod log_throttle;
 pub mod metrics;
 pub mod path;
 pub mod policy;

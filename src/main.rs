@@ -3,8 +3,6 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use anyhow::Context;
 
 // Pingora allocates many small objects on every request. mimalloc serves them
@@ -15,7 +13,9 @@ use anyhow::Context;
 // mimalloc per proxied request).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+use floodgate::clock::{Clock, SystemClock};
 use floodgate::config::{Config, Inputs};
+use floodgate::log_throttle::LogThrottle;
 
 const USAGE: &str = "\
 floodgate: an edge rate-limiting reverse proxy
@@ -145,9 +145,7 @@ fn init_logging() {
 /// can make it write one per failed handshake).
 struct CappedLogger(env_logger::Logger);
 
-/// The second of Pingora's last line, and Pingora's lines dropped since.
-static PINGORA_LAST_SECOND: AtomicU64 = AtomicU64::new(0);
-static PINGORA_DROPPED: AtomicU64 = AtomicU64::new(0);
+static PINGORA_LINES: LogThrottle = LogThrottle::new(std::time::Duration::from_secs(1));
 
 impl CappedLogger {
     fn allowed(metadata: &log::Metadata<'_>) -> bool {
@@ -159,18 +157,6 @@ impl CappedLogger {
         } else {
             true
         }
-    }
-
-    /// Whether one of Pingora's lines may go out now.
-    fn pingora_line_due() -> bool {
-        let second = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let last = PINGORA_LAST_SECOND.load(Ordering::Relaxed);
-        second != last
-            && PINGORA_LAST_SECOND
-                .compare_exchange(last, second, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
     }
 }
 
@@ -193,11 +179,9 @@ impl log::Log for CappedLogger {
             return;
         }
         if record.target().starts_with("pingora") && record.level() <= log::Level::Warn {
-            if !Self::pingora_line_due() {
-                PINGORA_DROPPED.fetch_add(1, Ordering::Relaxed);
+            let Some(dropped) = PINGORA_LINES.due(SystemClock.now_us()) else {
                 return;
-            }
-            let dropped = PINGORA_DROPPED.swap(0, Ordering::Relaxed);
+            };
             if dropped > 0 {
                 self.0.log(
                     &log::Record::builder()

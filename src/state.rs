@@ -61,7 +61,9 @@ pub struct AppState {
     /// HTTP/2 requests in flight per client address.
     pub streams: Arc<crate::connection::caps::StreamCaps>,
     /// When each blocked client was last logged (kept across reloads).
-    pub block_log: crate::blocklist::BlockLog,
+    /// Once a minute per blocked client: one that keeps knocking must not
+    /// fill the log.
+    pub block_log: crate::log_throttle::KeyedLogThrottle<u128>,
     /// `[server].header_timeout`: also the grace before a body's pace counts.
     pub header_timeout: std::time::Duration,
     /// `[server].slot_body_timeout`.
@@ -110,7 +112,11 @@ impl AppState {
             metrics,
             access_log,
             streams: crate::connection::caps::StreamCaps::new(config.server.max_connections_per_ip),
-            block_log: crate::blocklist::BlockLog::new(10_000),
+            block_log: crate::log_throttle::KeyedLogThrottle::new(
+                10_000,
+                std::time::Duration::from_secs(60),
+                std::time::Duration::ZERO,
+            ),
             header_timeout: config.server.header_timeout,
             slot_body_timeout: config.server.slot_body_timeout,
             instances,

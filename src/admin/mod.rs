@@ -7,8 +7,8 @@ pub mod auth;
 mod clients;
 mod reply;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use http::{Method, Response};
@@ -21,7 +21,9 @@ use auth::{authenticate, Credential, COOKIE_NAME, SESSION_S};
 use clients::Lookup;
 use reply::{error, html, json_reply, text, ApiError};
 
+use crate::clock::{Clock, SystemClock};
 use crate::identity::form_decode;
+use crate::log_throttle::LogThrottle;
 use crate::state::AppState;
 use crate::status::{unix_now, Scene};
 
@@ -48,36 +50,25 @@ impl Admin {
     }
 }
 
-/// Calls refused for want of the token, logged at most once per
-/// `REFUSALS_LOGGED_EVERY_S` with how many came since: a client guessing
-/// tokens cannot flood the log.
-#[derive(Default)]
-struct RefusalLog {
-    last_logged_s: AtomicU64,
-    unlogged: AtomicU64,
-}
+/// Calls refused for want of the token, logged at most once per 10 s with
+/// how many came since: a client guessing tokens cannot flood the log.
+struct RefusalLog(LogThrottle);
 
-const REFUSALS_LOGGED_EVERY_S: u64 = 10;
+impl Default for RefusalLog {
+    fn default() -> Self {
+        RefusalLog(LogThrottle::new(Duration::from_secs(10)))
+    }
+}
 
 impl RefusalLog {
     fn refused(&self, what: impl FnOnce() -> String) {
-        let now = unix_now();
-        let last = self.last_logged_s.load(Ordering::Relaxed);
-        let due = now.saturating_sub(last) >= REFUSALS_LOGGED_EVERY_S
-            && self
-                .last_logged_s
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok();
-        if due {
-            let more = self.unlogged.swap(0, Ordering::Relaxed);
+        if let Some(more) = self.0.due(SystemClock.now_us()) {
             let more = if more > 0 {
                 format!(" ({more} more refused since the last such line)")
             } else {
                 String::new()
             };
             warn!("admin: {}{more}", what());
-        } else {
-            self.unlogged.fetch_add(1, Ordering::Relaxed);
         }
     }
 }

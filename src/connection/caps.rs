@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use log::warn;
-use tokio::time::Instant;
 
+use crate::clock::{Clock, SystemClock};
+use crate::log_throttle::KeyedLogThrottle;
 use crate::metrics::ConnectionMetrics;
 
 /// `[server]` connection settings.
@@ -24,7 +25,8 @@ pub struct ConnectionSettings {
 /// How long a refused address stays quiet in the log.
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
-/// Beyond this many addresses remembered for log throttling, forget them all.
+/// Addresses remembered for log throttling; beyond them the least recently
+/// logged is forgotten (and the one line a second over all still holds).
 const REFUSAL_LOG_MEMORY: usize = 10_000;
 
 /// Open connections, in all and per client address.
@@ -33,17 +35,13 @@ pub struct ConnectionCaps {
     max_per_ip: usize,
     total: AtomicUsize,
     per_ip: Mutex<PerIp>,
+    refusal_log: KeyedLogThrottle<IpAddr>,
     pub(super) metrics: ConnectionMetrics,
 }
 
 #[derive(Default)]
 struct PerIp {
     open: HashMap<IpAddr, usize>,
-    /// When each address was last logged as refused.
-    logged: HashMap<IpAddr, Instant>,
-    /// When the last refusal line was written, and how many went unlogged.
-    last_line: Option<Instant>,
-    unlogged: u64,
 }
 
 /// One open connection's place under the caps, given back on drop.
@@ -84,6 +82,11 @@ impl ConnectionCaps {
             max_per_ip: settings.max_connections_per_ip,
             total: AtomicUsize::new(0),
             per_ip: Mutex::new(PerIp::default()),
+            refusal_log: KeyedLogThrottle::new(
+                REFUSAL_LOG_MEMORY,
+                REFUSAL_LOG_INTERVAL,
+                Duration::from_secs(1),
+            ),
             metrics,
         })
     }
@@ -151,36 +154,8 @@ impl ConnectionCaps {
             CapReached::PerAddress => ("per_ip", self.max_per_ip),
         };
         self.metrics.refused.with_label_values(&[label]).inc();
-        let now = Instant::now();
-        let due = {
-            let mut per_ip = self.lock();
-            if per_ip.logged.len() >= REFUSAL_LOG_MEMORY {
-                // Forget only what is a minute old; while the memory is full
-                // of fresh addresses, new ones are not logged at all.
-                per_ip
-                    .logged
-                    .retain(|_, at| now.duration_since(*at) < REFUSAL_LOG_INTERVAL);
-            }
-            let key = group.unwrap_or(IpAddr::from([0, 0, 0, 0]));
-            let fresh = per_ip
-                .logged
-                .get(&key)
-                .is_none_or(|at| now.duration_since(*at) >= REFUSAL_LOG_INTERVAL);
-            let room = per_ip.logged.len() < REFUSAL_LOG_MEMORY || per_ip.logged.contains_key(&key);
-            // And at most one such line a second over all addresses.
-            let quiet = per_ip
-                .last_line
-                .is_some_and(|at| now.duration_since(at) < Duration::from_secs(1));
-            if fresh && room && !quiet {
-                per_ip.logged.insert(key, now);
-                per_ip.last_line = Some(now);
-                Some(std::mem::take(&mut per_ip.unlogged))
-            } else {
-                per_ip.unlogged += 1;
-                None
-            }
-        };
-        if let Some(unlogged) = due {
+        let key = group.unwrap_or(IpAddr::from([0, 0, 0, 0]));
+        if let Some(unlogged) = self.refusal_log.due(key, SystemClock.now_us()) {
             let who = group.map_or_else(|| "unknown".to_string(), |ip| ip.to_string());
             warn!(
                 "connection from {who} closed at once: {label} connection cap ({cap}) reached (logged once a minute per address; {unlogged} refusals since the last line not logged)"

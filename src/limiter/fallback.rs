@@ -13,7 +13,7 @@
 //! bounded by the store's own deadline.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -27,13 +27,14 @@ use super::memory::MemoryStore;
 use super::store::{Deciding, Store};
 use crate::algorithm::Decision;
 use crate::clock::Clock;
+use crate::log_throttle::LogThrottle;
 use crate::metrics::RedisMetrics;
 
 /// How often an open breaker asks the store whether it is back.
 const PROBE_EVERY: Duration = Duration::from_millis(250);
 
 /// At most one logged open/close pair per this long.
-const LOG_PAIR_EVERY_US: u64 = 10_000_000;
+const LOG_PAIR_EVERY: Duration = Duration::from_secs(10);
 
 /// What a fail-closed layer tells the client to wait: about one probe.
 const DENY_RETRY_US: u64 = 1_000_000;
@@ -45,11 +46,10 @@ struct Inner<S> {
     open: AtomicBool,
     probing: AtomicBool,
     opened_at_us: AtomicU64,
-    /// When the last logged opening was, and whether the current opening
-    /// was logged (its closing is logged only if so).
-    last_logged_open_us: Mutex<Option<u64>>,
+    /// Openings logged (with the flaps held back since), and whether the
+    /// current one was (its closing is logged only if so).
+    openings_log: LogThrottle,
     open_logged: AtomicBool,
-    suppressed_flaps: AtomicU64,
     metrics: RedisMetrics,
     clock: Arc<dyn Clock>,
 }
@@ -76,9 +76,8 @@ impl<S: Store + 'static> Fallback<S> {
                 open: AtomicBool::new(false),
                 probing: AtomicBool::new(false),
                 opened_at_us: AtomicU64::new(0),
-                last_logged_open_us: Mutex::new(None),
+                openings_log: LogThrottle::new(LOG_PAIR_EVERY),
                 open_logged: AtomicBool::new(false),
-                suppressed_flaps: AtomicU64::new(0),
                 metrics,
                 clock,
             }),
@@ -97,18 +96,9 @@ impl<S: Store + 'static> Inner<S> {
         if !self.open.swap(true, Ordering::AcqRel) {
             let now_us = self.clock.now_us();
             self.opened_at_us.store(now_us, Ordering::Release);
-            let log = self.last_logged_open_us.lock().is_ok_and(|mut last| {
-                // A clock stepped back (NTP) makes the last report's time
-                // meaningless: report rather than stay quiet until it passes.
-                let due = last.is_none_or(|t| now_us < t || now_us - t >= LOG_PAIR_EVERY_US);
-                if due {
-                    *last = Some(now_us);
-                }
-                due
-            });
-            self.open_logged.store(log, Ordering::Release);
-            if log {
-                let flaps = self.suppressed_flaps.swap(0, Ordering::AcqRel);
+            let due = self.openings_log.due(now_us);
+            self.open_logged.store(due.is_some(), Ordering::Release);
+            if let Some(flaps) = due {
                 let flaps = if flaps > 0 {
                     format!(" ({flaps} more failures and recoveries since the last report were not logged)")
                 } else {
@@ -121,7 +111,6 @@ impl<S: Store + 'static> Inner<S> {
                 );
             } else {
                 debug!("Redis failed again ({error}): deciding without it until it answers");
-                self.suppressed_flaps.fetch_add(1, Ordering::AcqRel);
             }
         }
         if !self.probing.swap(true, Ordering::AcqRel) {

@@ -15,6 +15,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use log::warn;
@@ -28,6 +29,7 @@ use super::store::{Deciding, Store};
 use crate::algorithm::{Decision, Evaluation, Slots, State, Update};
 use crate::clock::Clock;
 use crate::identity::StateKey;
+use crate::log_throttle::LogThrottle;
 
 const SHARDS: usize = 64;
 
@@ -37,7 +39,7 @@ const SHARDS: usize = 64;
 const IDLE_SCAN: usize = 16;
 
 /// At most one overflow warning per this long.
-const OVERFLOW_LOG_INTERVAL_US: u64 = 60_000_000;
+const OVERFLOW_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 struct Entry {
     state: State,
@@ -52,7 +54,7 @@ pub struct MemoryStore {
     /// after the shards, never before.
     overflow: Mutex<HashMap<u64, Entry>>,
     overflow_decisions: AtomicU64,
-    overflow_logged_at_us: AtomicU64,
+    overflow_log: LogThrottle,
     /// Exported as `floodgate_local_overflow_decisions_total`.
     overflow_metric: Option<IntCounter>,
     /// Concurrency limits' leases. A key is here only while a lease on it
@@ -89,7 +91,7 @@ impl MemoryStore {
             shards,
             overflow: Mutex::new(HashMap::new()),
             overflow_decisions: AtomicU64::new(0),
-            overflow_logged_at_us: AtomicU64::new(0),
+            overflow_log: LogThrottle::new(OVERFLOW_LOG_INTERVAL),
             overflow_metric: None,
             slots: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             clock,
@@ -348,13 +350,7 @@ impl MemoryStore {
         if let Some(metric) = &self.overflow_metric {
             metric.inc_by(count);
         }
-        let last = self.overflow_logged_at_us.load(Ordering::Relaxed);
-        if (last == 0 || now_us.saturating_sub(last) >= OVERFLOW_LOG_INTERVAL_US)
-            && self
-                .overflow_logged_at_us
-                .compare_exchange(last, now_us.max(1), Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
+        if self.overflow_log.due(now_us).is_some() {
             let limits: Vec<&str> = checks
                 .iter()
                 .zip(homes)

@@ -87,9 +87,13 @@ impl Gateway {
         reason: BlockReason,
     ) -> Result<bool> {
         self.state.metrics.blocked[reason as usize].inc();
-        let now_s = SystemClock.now_us() / 1_000_000;
         if let Some(client) = &ctx.client {
-            if self.state.block_log.due(client.ip_hash, now_s) {
+            if self
+                .state
+                .block_log
+                .due(client.ip_hash, SystemClock.now_us())
+                .is_some()
+            {
                 info!(
                     "blocked ({}): {} request_id={} (once a minute per client)",
                     reason.as_str(),
