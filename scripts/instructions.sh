@@ -13,39 +13,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REQUESTS="${REQUESTS:-2000}"
+source scripts/bench_tools.sh
 
-command -v valgrind >/dev/null 2>&1 || {
-  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
-  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq valgrind >/dev/null
-}
-if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
-  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
-  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nginx-light >/dev/null
-fi
-NGINX="$(command -v nginx || echo /usr/sbin/nginx)"
-command -v oha >/dev/null 2>&1 || [ -x "$HOME/.cargo/bin/oha" ] || cargo install oha --locked
-OHA="$(command -v oha || echo "$HOME/.cargo/bin/oha")"
+command -v valgrind >/dev/null 2>&1 || install_package valgrind
 cargo build --profile profiling --quiet --bin floodgate --example bare_proxy
 BARE="$PWD/target/profiling/examples/bare_proxy"
 BINARIES=("$@")
 [ ${#BINARIES[@]} -gt 0 ] || BINARIES=("$PWD/target/profiling/floodgate")
 
-WORK="$(mktemp -d)"
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
 UP=18100; PROXY_PORT=18101
-wait_port() {
-  for _ in $(seq 1 600); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "nothing listens on $1" >&2; cat "$WORK"/*.log >&2; exit 1
-}
 cat > "$WORK/upstream.conf" <<CONF
 worker_processes 1;
 daemon off;

@@ -22,26 +22,11 @@ SECTIONS="${SECTIONS:-main threads nokeepalive flood curves}"
 BEFORE="${FLOODGATE_BEFORE:-}"
 
 FLOODGATE_NEEDS_REDIS=1 source scripts/setup.sh
-if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
-  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
-  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nginx-light >/dev/null
-fi
-NGINX="$(command -v nginx || echo /usr/sbin/nginx)"
-command -v oha >/dev/null 2>&1 || [ -x "$HOME/.cargo/bin/oha" ] || cargo install oha --locked
-OHA="$(command -v oha || echo "$HOME/.cargo/bin/oha")"
+source scripts/bench_tools.sh
 command -v python3 >/dev/null 2>&1 || { echo "python3 is needed to read oha's JSON" >&2; exit 1; }
 cargo build --release --quiet --bin floodgate --example bare_proxy
 FLOODGATE="$PWD/target/release/floodgate"
 BARE="$PWD/target/release/examples/bare_proxy"
-
-WORK="$(mktemp -d)"
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
 
 UP=18000; REDIS=18379; PROXY_PORT=18001; TLS_PORT=18002
 for port in $UP $REDIS $PROXY_PORT $TLS_PORT; do
@@ -70,13 +55,6 @@ stop() { # name: stops it by PID and waits until it is gone
     (exec 3<>"/dev/tcp/127.0.0.1/$PROXY_PORT") 2>/dev/null || (exec 3<>"/dev/tcp/127.0.0.1/$TLS_PORT") 2>/dev/null || return 0
     sleep 0.05
   done
-}
-wait_port() {
-  for _ in $(seq 1 300); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-    sleep 0.05
-  done
-  echo "nothing listens on $1" >&2; cat "$WORK"/*.log >&2; exit 1
 }
 
 nginx_conf() { # name port workers location-body [http-body] [listen-extra]

@@ -54,43 +54,33 @@ impl HeaderEdit for HeaderMap {
     }
 }
 
-impl HeaderEdit for RequestHeader {
-    fn map(&self) -> &HeaderMap {
-        &self.headers
-    }
+/// Pingora's own header types: every edit through its API, which keeps the
+/// spelling of each name.
+macro_rules! through_pingora {
+    ($header:ty) => {
+        impl HeaderEdit for $header {
+            fn map(&self) -> &HeaderMap {
+                &self.headers
+            }
 
-    fn insert(&mut self, name: &SpelledName, value: HeaderValue) -> Result<()> {
-        self.insert_header(name.spelling_bytes(), value)
-    }
+            fn insert(&mut self, name: &SpelledName, value: HeaderValue) -> Result<()> {
+                self.insert_header(name.spelling_bytes(), value)
+            }
 
-    fn append(&mut self, name: &SpelledName, value: HeaderValue) -> Result<()> {
-        self.append_header(name.spelling_bytes(), value)?;
-        Ok(())
-    }
+            fn append(&mut self, name: &SpelledName, value: HeaderValue) -> Result<()> {
+                self.append_header(name.spelling_bytes(), value)?;
+                Ok(())
+            }
 
-    fn remove(&mut self, name: &HeaderName) {
-        self.remove_header(name);
-    }
+            fn remove(&mut self, name: &HeaderName) {
+                self.remove_header(name);
+            }
+        }
+    };
 }
 
-impl HeaderEdit for ResponseHeader {
-    fn map(&self) -> &HeaderMap {
-        &self.headers
-    }
-
-    fn insert(&mut self, name: &SpelledName, value: HeaderValue) -> Result<()> {
-        self.insert_header(name.spelling_bytes(), value)
-    }
-
-    fn append(&mut self, name: &SpelledName, value: HeaderValue) -> Result<()> {
-        self.append_header(name.spelling_bytes(), value)?;
-        Ok(())
-    }
-
-    fn remove(&mut self, name: &HeaderName) {
-        self.remove_header(name);
-    }
-}
+through_pingora!(RequestHeader);
+through_pingora!(ResponseHeader);
 
 /// Runs `edit` on the request's headers: through Pingora's API when
 /// `preserve_case`, else on its header map, the case map dropped.
