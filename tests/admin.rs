@@ -433,6 +433,19 @@ fn what_cannot_be_answered_says_why() {
     let r = with_token(at, "PUT", "/v1/clients?ip=192.0.2.1");
     assert_eq!(r.status, 405, "{}", r.body);
     assert_eq!(r.header("allow"), Some("GET, DELETE"));
+    let r = with_token(at, "GET", "/v1/clients/credit");
+    assert_eq!(r.status, 405, "{}", r.body);
+    assert_eq!(r.header("allow"), Some("POST"));
+    let r = with_token(at, "GET", "/v1/client");
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert_eq!(json(&r)["error"], "not_found");
+    assert!(
+        json(&r)["reason"]
+            .as_str()
+            .is_some_and(|m| m.contains("/v1/clients/credit") && m.contains("/v1/status")),
+        "{}",
+        r.body
+    );
     let big = format!("{{\"ip\": \"{}\"}}", "1".repeat(20_000));
     let r = credit(at, &big);
     assert_eq!(r.status, 413, "{}", r.body);

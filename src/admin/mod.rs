@@ -182,25 +182,25 @@ impl Admin {
         let policy = &runtime.policy;
         let store = self.state.store.as_ref();
         let mut who = None;
-        let result = match (&method, path.as_str()) {
-            (&Method::GET, "/v1/limits") => Ok(clients::limits(policy)),
-            (&Method::GET, "/v1/status") => Ok(self.status_json(&runtime)),
-            (&Method::GET | &Method::DELETE, "/v1/clients") => {
-                let params = query_params(query.as_deref());
-                clients_call(&method, &params, policy, store, &peer, &mut who).await
-            }
-            (&Method::POST, "/v1/clients/credit") => {
-                credit_call(session, policy, store, &peer, &mut who).await
-            }
-            (_, known) if allowed(known).is_some() => Err(ApiError {
+        let result = match route(&path) {
+            None => Err(ApiError::not_found(
+                "not_found",
+                format!("try {}", routes_hint()),
+            )),
+            Some(route) if !route.serves(&method) => Err(ApiError {
                 status: 405,
                 code: "method_not_allowed",
                 reason: format!("{method} is not served on {path}"),
             }),
-            _ => Err(ApiError::not_found(
-                "not_found",
-                "try /v1/clients, /v1/clients/credit, /v1/limits or /v1/status",
-            )),
+            Some(route) => match route.call {
+                Call::Limits => Ok(clients::limits(policy)),
+                Call::Status => Ok(self.status_json(&runtime)),
+                Call::Clients => {
+                    let params = query_params(query.as_deref());
+                    clients_call(&method, &params, policy, store, &peer, &mut who).await
+                }
+                Call::Credit => credit_call(session, policy, store, &peer, &mut who).await,
+            },
         };
         let status = result.as_ref().map_or_else(|e| e.status, |_| 200);
         // The client by its label: never a key, a cookie or a token in full.
@@ -214,10 +214,11 @@ impl Admin {
             Ok(body) => json_reply(200, &body),
             Err(e) => {
                 let mut response = error(&e);
-                if let (405, Some(methods)) = (e.status, allowed(&path)) {
-                    response
-                        .headers_mut()
-                        .insert(http::header::ALLOW, http::HeaderValue::from_static(methods));
+                if let (405, Some(route)) = (e.status, route(&path)) {
+                    response.headers_mut().insert(
+                        http::header::ALLOW,
+                        http::HeaderValue::from_static(route.allow),
+                    );
                 }
                 response
             }
@@ -295,13 +296,64 @@ impl Admin {
     }
 }
 
-/// The methods an API path serves.
-fn allowed(path: &str) -> Option<&'static str> {
-    match path {
-        "/v1/limits" | "/v1/status" => Some("GET"),
-        "/v1/clients" => Some("GET, DELETE"),
-        "/v1/clients/credit" => Some("POST"),
-        _ => None,
+/// What an API route does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    Clients,
+    Credit,
+    Limits,
+    Status,
+}
+
+/// One path of the API and the methods it serves (its `Allow` header).
+struct Route {
+    path: &'static str,
+    allow: &'static str,
+    call: Call,
+}
+
+/// The API, in one place: the dispatch, a 405's `Allow` and a 404's hint
+/// all read it.
+const ROUTES: [Route; 4] = [
+    Route {
+        path: "/v1/clients",
+        allow: "GET, DELETE",
+        call: Call::Clients,
+    },
+    Route {
+        path: "/v1/clients/credit",
+        allow: "POST",
+        call: Call::Credit,
+    },
+    Route {
+        path: "/v1/limits",
+        allow: "GET",
+        call: Call::Limits,
+    },
+    Route {
+        path: "/v1/status",
+        allow: "GET",
+        call: Call::Status,
+    },
+];
+
+fn route(path: &str) -> Option<&'static Route> {
+    ROUTES.iter().find(|route| route.path == path)
+}
+
+impl Route {
+    fn serves(&self, method: &Method) -> bool {
+        self.allow.split(", ").any(|m| m == method.as_str())
+    }
+}
+
+/// "/v1/clients, ... or /v1/status".
+fn routes_hint() -> String {
+    let paths: Vec<&str> = ROUTES.iter().map(|route| route.path).collect();
+    match paths.split_last() {
+        Some((last, [])) => (*last).to_string(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
     }
 }
 
@@ -384,5 +436,36 @@ impl ServeHttp for Admin {
                 "not found: try /metrics, /healthz, /readyz, / (status page) or /v1/\n",
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_route_is_found_by_its_path_and_serves_what_it_allows() {
+        for r in &ROUTES {
+            let found = route(r.path).expect("found by its path");
+            assert_eq!(found.call, r.call);
+            for method in r.allow.split(", ") {
+                let method = Method::from_bytes(method.as_bytes()).expect("a method");
+                assert!(r.serves(&method), "{} {}", method, r.path);
+            }
+            assert!(http::HeaderValue::from_str(r.allow).is_ok());
+        }
+        assert!(route("/v1/clients/").is_none());
+        assert!(!route("/v1/clients").expect("a route").serves(&Method::PUT));
+        assert!(!route("/v1/clients/credit")
+            .expect("a route")
+            .serves(&Method::GET));
+    }
+
+    #[test]
+    fn the_hint_names_every_route() {
+        assert_eq!(
+            routes_hint(),
+            "/v1/clients, /v1/clients/credit, /v1/limits or /v1/status"
+        );
     }
 }
