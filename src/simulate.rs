@@ -247,47 +247,66 @@ pub fn translate(algorithm: &Algorithm, to: Kind) -> Result<Algorithm, Algorithm
 }
 
 /// The chart: per time slice, arrivals admitted (green) and refused (red)
-/// stacked, one row per run, on a shared time axis.
+/// stacked, one row per run, on a shared time axis that spans the arrivals
+/// (not the time before them), with each row's count scale, the window's
+/// edges dashed and a legend.
 pub fn svg(runs: &[Run]) -> String {
     const WIDTH: f64 = 900.0;
     const ROW: f64 = 160.0;
-    const LEFT: f64 = 150.0;
+    const LEFT: f64 = 310.0;
+    const TOP: f64 = 34.0;
     const SLICES: usize = 120;
-    let end_us = runs
-        .iter()
-        .flat_map(|r| r.outcomes.last())
-        .map(|o| o.at_us)
-        .max()
-        .unwrap_or(0)
-        + 1;
-    let slice_us = end_us.div_ceil(SLICES as u64).max(1);
-    let height = ROW * runs.len() as f64 + 40.0;
+    let first = |r: &Run| r.outcomes.first().map(|o| o.at_us);
+    let last = |r: &Run| r.outcomes.last().map(|o| o.at_us);
+    let start_us = runs.iter().filter_map(first).min().unwrap_or(0);
+    let last_us = runs.iter().filter_map(last).max().unwrap_or(0);
+    // A burst at one instant still gets a second of axis to stand in.
+    let arrivals_span_us = (last_us - start_us + 1).max(SEC_US);
+    // A round slice (1, 2 or 5 times a power of ten) holds evenly spaced
+    // arrivals evenly, where an odd one would draw a comb.
+    let slice_us = round_up_to_1_2_5(arrivals_span_us.div_ceil(SLICES as u64));
+    let slices = (arrivals_span_us.div_ceil(slice_us) as usize).clamp(1, SLICES);
+    let span_us = slice_us * slices as u64;
+    let x_of = |at_us: u64| LEFT + WIDTH * (at_us.saturating_sub(start_us)) as f64 / span_us as f64;
+    let height = TOP + ROW * runs.len() as f64 + 44.0;
     let mut out = String::new();
     let _ = write!(
         out,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{height}" font-family="sans-serif" font-size="12">"#,
-        WIDTH + LEFT + 20.0
+        WIDTH + LEFT + 30.0
     );
-    let bar = (WIDTH / SLICES as f64).max(1.0);
+    let _ = write!(
+        out,
+        r##"<rect x="{LEFT}" y="8" width="12" height="12" fill="#2e9d4f"/><text x="{}" y="18">admitted</text><rect x="{}" y="8" width="12" height="12" fill="#d0453a"/><text x="{}" y="18">refused</text><line x1="{}" y1="14" x2="{}" y2="14" stroke="#555" stroke-dasharray="4 3"/><text x="{}" y="18">a window's edge</text><text x="{}" y="18" text-anchor="end">arrivals per {}</text>"##,
+        LEFT + 16.0,
+        LEFT + 90.0,
+        LEFT + 106.0,
+        LEFT + 170.0,
+        LEFT + 194.0,
+        LEFT + 200.0,
+        LEFT + WIDTH,
+        duration_text(slice_us)
+    );
+    let bar = WIDTH / slices as f64;
     for (row, run) in runs.iter().enumerate() {
         let mut admitted = [0usize; SLICES];
         let mut refused = [0usize; SLICES];
         for o in &run.outcomes {
-            let slice = ((o.at_us / slice_us) as usize).min(SLICES - 1);
+            let slice = ((o.at_us.saturating_sub(start_us) / slice_us) as usize).min(slices - 1);
             if o.admitted {
                 admitted[slice] += 1;
             } else {
                 refused[slice] += 1;
             }
         }
-        let top = row as f64 * ROW + 10.0;
+        let top = TOP + row as f64 * ROW;
         let base = top + ROW - 30.0;
-        let tallest = (0..SLICES)
+        let tallest = (0..slices)
             .map(|i| admitted[i] + refused[i])
             .max()
             .unwrap_or(1)
-            .max(1) as f64;
-        let scale = (ROW - 50.0) / tallest;
+            .max(1);
+        let scale = (ROW - 50.0) / tallest as f64;
         let _ = write!(
             out,
             r#"<text x="10" y="{}">{}</text><text x="10" y="{}">admitted {} refused {}</text>"#,
@@ -297,7 +316,16 @@ pub fn svg(runs: &[Run]) -> String {
             run.admitted(),
             run.refused()
         );
-        for i in 0..SLICES {
+        // The count scale: 0 at the axis, the fullest slice at the top.
+        let _ = write!(
+            out,
+            r##"<line x1="{LEFT}" y1="{}" x2="{LEFT}" y2="{base}" stroke="black"/><text x="{}" y="{}" text-anchor="end">{tallest}</text><text x="{}" y="{base}" text-anchor="end">0</text>"##,
+            base - tallest as f64 * scale,
+            LEFT - 4.0,
+            base - tallest as f64 * scale + 4.0,
+            LEFT - 4.0,
+        );
+        for i in 0..slices {
             let x = LEFT + i as f64 * bar;
             let a = admitted[i] as f64 * scale;
             let r = refused[i] as f64 * scale;
@@ -316,20 +344,80 @@ pub fn svg(runs: &[Run]) -> String {
                 );
             }
         }
+        // Where a fixed window turns over (t = 0 is aligned to every window).
+        let window_us = run.algorithm.window_us().max(1);
+        let mut edge_us = start_us.div_ceil(window_us) * window_us;
+        for _ in 0..SLICES {
+            if edge_us > start_us + span_us {
+                break;
+            }
+            let x = x_of(edge_us);
+            let _ = write!(
+                out,
+                r##"<line x1="{x:.1}" y1="{}" x2="{x:.1}" y2="{base}" stroke="#555" stroke-dasharray="4 3"/>"##,
+                top + 4.0
+            );
+            edge_us += window_us;
+        }
         let _ = write!(
             out,
             r#"<line x1="{LEFT}" y1="{base}" x2="{}" y2="{base}" stroke="black"/>"#,
             LEFT + WIDTH
         );
     }
-    let axis = ROW * runs.len() as f64 + 25.0;
+    let axis = TOP + ROW * runs.len() as f64 + 4.0;
+    let span_s = span_us as f64 / SEC_US as f64;
+    let decimals = if span_s >= 20.0 { 0 } else { 1 };
     for tick in 0..=4 {
-        let x = LEFT + WIDTH * tick as f64 / 4.0;
-        let at = end_us as f64 * tick as f64 / 4.0 / SEC_US as f64;
-        let _ = write!(out, r#"<text x="{x:.1}" y="{axis}">{at:.1}s</text>"#);
+        let at_us = start_us + span_us * tick / 4;
+        let x = x_of(at_us);
+        let anchor = match tick {
+            0 => "start",
+            4 => "end",
+            _ => "middle",
+        };
+        let _ = write!(
+            out,
+            r#"<line x1="{x:.1}" y1="{}" x2="{x:.1}" y2="{}" stroke="black"/><text x="{x:.1}" y="{}" text-anchor="{anchor}">{:.decimals$}s</text>"#,
+            axis - 4.0,
+            axis + 2.0,
+            axis + 16.0,
+            at_us as f64 / SEC_US as f64
+        );
     }
+    let _ = write!(
+        out,
+        r#"<text x="{}" y="{}" text-anchor="middle">time since the pattern's t = 0</text>"#,
+        LEFT + WIDTH / 2.0,
+        axis + 34.0
+    );
     out.push_str("</svg>\n");
     out
+}
+
+/// The smallest of 1, 2 and 5 times a power of ten that is at least `us`.
+fn round_up_to_1_2_5(us: u64) -> u64 {
+    let mut decade = 1u64;
+    loop {
+        for step in [1, 2, 5] {
+            let round = decade.saturating_mul(step);
+            if round >= us {
+                return round;
+            }
+        }
+        decade = decade.saturating_mul(10);
+    }
+}
+
+/// A slice's length for the legend: "20 ms", "2 s" (slices are round).
+fn duration_text(us: u64) -> String {
+    if us >= SEC_US {
+        format!("{} s", us as f64 / SEC_US as f64)
+    } else if us >= 1_000 {
+        format!("{} ms", us as f64 / 1_000.0)
+    } else {
+        format!("{us} µs")
+    }
 }
 
 fn escape(text: &str) -> String {
@@ -341,6 +429,43 @@ fn escape(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_chart_spans_the_arrivals_and_says_what_it_shows() {
+        let arrivals = parse_pattern("boundary:100@60s").expect("a pattern");
+        let fixed = Algorithm::fixed_window(100, 60 * SEC_US).expect("valid");
+        let chart = svg(&[simulate(fixed, &arrivals)]);
+        // The axis runs from the first arrival (59 s) to the last (just
+        // under 61 s), both labels anchored inside the picture.
+        assert!(
+            chart.contains(r#"text-anchor="start">59.0s</text>"#),
+            "{chart}"
+        );
+        assert!(
+            chart.contains(r#"text-anchor="end">61.0s</text>"#),
+            "{chart}"
+        );
+        for words in [
+            "admitted",
+            "refused",
+            "a window's edge",
+            "arrivals per 20 ms",
+        ] {
+            assert!(chart.contains(words), "{words}: {chart}");
+        }
+        // The window's edge at 60 s: half way along an axis of 100 slices of
+        // 20 ms, drawn 900 px wide from x = 310.
+        assert!(chart.contains(r#"<line x1="760.0""#), "{chart}");
+        // The counts: 0 and the fullest slice (every 20 ms slice holds two
+        // of the arrivals 10 ms apart).
+        assert!(chart.contains(r#"text-anchor="end">2</text>"#), "{chart}");
+        // The bars fill the axis from its left end, not its last 3 %.
+        assert!(chart.contains(r#"<rect x="310.0""#), "{chart}");
+        assert_eq!(round_up_to_1_2_5(16_584), 20_000);
+        assert_eq!(round_up_to_1_2_5(1), 1);
+        assert_eq!(round_up_to_1_2_5(3), 5);
+        assert_eq!(round_up_to_1_2_5(501), 1_000);
+    }
 
     #[test]
     fn patterns_read_as_documented() {
