@@ -20,10 +20,14 @@ fn admitted_at_once(proxies: &[&Proxy], client: &str) -> usize {
     let addrs: Vec<_> = proxies.iter().map(|p| p.addr).collect();
     let answers = burst(&addrs, 300, "GET", "/", &[("X-Client", client)]);
     assert_eq!(answers.len(), 300);
-    assert_eq!(
-        count_status(&answers, 200) + count_status(&answers, 429),
-        300,
-        "every request answered 200 or 429"
+    let others: Vec<(u16, &str)> = answers
+        .iter()
+        .filter(|a| a.status != 200 && a.status != 429)
+        .map(|a| (a.status, a.body.as_str()))
+        .collect();
+    assert!(
+        others.is_empty(),
+        "every request answered 200 or 429: {others:?}"
     );
     count_status(&answers, 200)
 }
@@ -58,28 +62,6 @@ fn back_on_redis(proxies: &[Proxy]) -> Option<Instant> {
         quiet_since.iter().all(|t| t.elapsed() >= QUIET)
     });
     back.then(|| quiet_since.into_iter().max()).flatten()
-}
-
-/// Each proxy sends one request on each of `clients`' slots, through the
-/// `load` limit (a header key hashes the same whatever header carries it,
-/// and a client's slot is its identity's), then decides on Redis again: as
-/// live traffic on every slot would, the proxies have followed the move for
-/// those slots before a burst on them. A first burst of 300 on a moved slot
-/// that no proxy had touched yet had some of its calls miss the 1 s deadline
-/// in CI (118 and 133 of 100 admitted, the fallback's share beside Redis's):
-/// the first calls on a moved slot under concurrency are still slow, and
-/// that is left open.
-fn follow_the_move(proxies: &[Proxy], clients: &[String]) {
-    for proxy in proxies {
-        for client in clients {
-            let r = request(proxy.addr, "GET", "/", &[("X-Load", client.as_str())], b"");
-            assert_eq!(r.status, 200, "{}", r.body);
-        }
-    }
-    assert!(
-        back_on_redis(proxies).is_some(),
-        "decisions never came back to Redis after touching the moved slots"
-    );
 }
 
 #[test]
@@ -156,7 +138,6 @@ fn a_master_killed_and_slots_moved_under_load_keep_the_limit_exact() {
     // Several clients: their keys fall on different masters, the promoted
     // one's among them.
     let after_failover: Vec<String> = (0..6).map(|i| format!("after-failover-{i}")).collect();
-    follow_the_move(&proxies, &after_failover);
     let exact_after_failover: Vec<usize> = after_failover
         .iter()
         .map(|client| admitted_at_once(&all, client))
@@ -204,7 +185,6 @@ fn a_master_killed_and_slots_moved_under_load_keep_the_limit_exact() {
         back_on_redis(&proxies).expect("decisions never came back to Redis after the reshard");
     let answered_in_reshard: usize = loads.iter().map(|l| l.answered_since(moving_at)).sum();
     let after_reshard: Vec<String> = (0..6).map(|i| format!("after-reshard-{i}")).collect();
-    follow_the_move(&proxies, &after_reshard);
     let exact_after_reshard: Vec<usize> = after_reshard
         .iter()
         .map(|client| admitted_at_once(&all, client))

@@ -165,16 +165,27 @@ impl RedisServer {
     }
 
     pub fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        self.try_cmd(args).expect("redis command")
+    }
+
+    /// `cmd`, for a server that may be between roles (a failover drops its
+    /// clients): an error is `None`, for a poll to try again.
+    pub fn try_cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> Option<T> {
         let mut c = redis::cmd(args[0]);
         for a in &args[1..] {
             c.arg(*a);
         }
-        c.query(&mut self.connection()).expect("redis command")
+        let mut connection = self
+            .client()
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(500)))
+            .ok()?;
+        c.query(&mut connection).ok()
     }
 
-    /// Calls of one command since the last `CONFIG RESETSTAT`.
+    /// Calls of one command since the last `CONFIG RESETSTAT` (0 while the
+    /// server cannot answer).
     pub fn calls(&self, command: &str) -> u64 {
-        let stats: String = self.cmd(&["INFO", "commandstats"]);
+        let stats: String = self.try_cmd(&["INFO", "commandstats"]).unwrap_or_default();
         stats
             .lines()
             .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
@@ -183,8 +194,9 @@ impl RedisServer {
             .unwrap_or(0)
     }
 
+    /// Every key (none while the server cannot answer).
     pub fn keys(&self) -> Vec<String> {
-        self.cmd(&["KEYS", "*"])
+        self.try_cmd(&["KEYS", "*"]).unwrap_or_default()
     }
 
     pub fn kill(&mut self) {

@@ -15,8 +15,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
 use smallvec::SmallVec;
 
-use super::scripted::{connection_error, install_tls_provider, Connect, Scripted, SlotOp};
+use super::scripted::{connection_error, install_tls_provider, Scripted, SlotOp};
 use super::settings::{RedisSettings, Topology};
+use super::shared_connection::Connect;
 use crate::algorithm::Decision;
 use crate::clock::Clock;
 use crate::limiter::check::{Check, LeaseAsk, Slot};
@@ -25,6 +26,17 @@ use crate::limiter::error::LimiterError;
 use crate::limiter::store::{Deciding, Store};
 
 impl Connect for ClusterConnection {
+    /// The client's one task runs every call, and each call it polls spends
+    /// some of the task's tokio budget (128 units a poll): with a burst in
+    /// flight the budget ran out while calls it had woken still held read
+    /// permits on its connection map, a MOVED among them started a slot-map
+    /// refresh, and the refresh, waiting for the write lock, was all the
+    /// task polled from then on (tests/cluster_moved_burst.rs). With 16 in
+    /// flight a poll spends well under the budget; a wedge that happens
+    /// anyway costs one deadline, after which the connection is made anew.
+    const REPLACE_WHEN_STALLED: bool = true;
+    const MOST_CALLS_IN_FLIGHT: Option<usize> = Some(16);
+
     async fn connect(settings: &RedisSettings) -> Result<Self, LimiterError> {
         install_tls_provider();
         let nodes = match &settings.topology {

@@ -12,6 +12,7 @@ mod cluster;
 mod scripted;
 mod sentinel;
 mod settings;
+mod shared_connection;
 mod standalone;
 
 pub use cluster::RedisCluster;

@@ -4,18 +4,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus::Histogram;
-use redis::aio::ConnectionLike;
-use redis::Script;
-use smallvec::SmallVec;
-use tokio::sync::OnceCell;
-
 use super::settings::{ClockSource, RedisSettings};
+use super::shared_connection::{Connect, SharedConnection};
 use crate::algorithm::{Algorithm, Decision, ALGORITHMS};
 use crate::clock::Clock;
 use crate::identity::StateKey;
 use crate::limiter::check::{Check, LeaseAsk, LimitName, Slot};
 use crate::limiter::error::LimiterError;
+use prometheus::Histogram;
+use redis::Script;
+use smallvec::SmallVec;
 
 /// The algorithm scripts and the entry point, joined into one script after
 /// the algorithms' codes, which come from the algorithm table.
@@ -101,16 +99,13 @@ pub(super) struct Scripted<C> {
     pub(super) clock: Arc<dyn Clock>,
     pub(super) script: Script,
     pub(super) slots_script: Script,
-    pub(super) connection: OnceCell<C>,
+    pub(super) connection: SharedConnection<C>,
+    turns: Option<tokio::sync::Semaphore>,
     pub(super) call_seconds: Option<Histogram>,
 }
 
-/// How a store's connection is made.
-pub(super) trait Connect: ConnectionLike + Clone + Send + Sync + Sized + 'static {
-    fn connect(
-        settings: &RedisSettings,
-    ) -> impl std::future::Future<Output = Result<Self, LimiterError>> + Send;
-}
+static STALLED_LINES: crate::log_throttle::LogThrottle =
+    crate::log_throttle::LogThrottle::new(Duration::from_secs(10));
 
 impl<C: Connect> Scripted<C> {
     pub(super) fn new(settings: RedisSettings, clock: Arc<dyn Clock>) -> Self {
@@ -119,7 +114,8 @@ impl<C: Connect> Scripted<C> {
             clock,
             script: Script::new(&script_source()),
             slots_script: Script::new(SLOTS_SCRIPT),
-            connection: OnceCell::new(),
+            connection: SharedConnection::new(),
+            turns: C::MOST_CALLS_IN_FLIGHT.map(tokio::sync::Semaphore::new),
             call_seconds: None,
         }
     }
@@ -245,18 +241,37 @@ impl<C: Connect> Scripted<C> {
         F: FnOnce(C) -> Fut,
         Fut: std::future::Future<Output = Result<T, LimiterError>>,
     {
+        let mut generation = None;
         let run = async {
-            let connection = self
-                .connection
-                .get_or_try_init(|| C::connect(&self.settings))
-                .await?
-                .clone();
+            let _turn = match &self.turns {
+                Some(turns) => Some(turns.acquire().await.map_err(|_| LimiterError::Stopped)?),
+                None => None,
+            };
+            let (made, connection) = self.connection.get(&self.settings).await?;
+            generation = Some(made);
             work(connection).await
         };
         // Pingora's timer wheel: far cheaper per call than a tokio timer.
-        pingora::prelude::fast_timeout::fast_timeout(deadline, run)
-            .await
-            .map_err(|_| LimiterError::Timeout(deadline))?
+        match pingora::prelude::fast_timeout::fast_timeout(deadline, run).await {
+            Ok(result) => result,
+            Err(_) => {
+                if let Some(generation) = generation {
+                    self.stalled(generation);
+                }
+                Err(LimiterError::Timeout(deadline))
+            }
+        }
+    }
+
+    /// A call on the connection of `generation` missed its deadline.
+    fn stalled(&self, generation: u64) {
+        if !C::REPLACE_WHEN_STALLED {
+            return;
+        }
+        self.connection.stalled(generation);
+        if let Some(held_back) = STALLED_LINES.due(self.clock.now_us()) {
+            log::warn!("a call on the Redis connection missed its deadline: the next call connects anew, from a new slot map ({held_back} more since the last report)");
+        }
     }
 
     /// Times a decision (observed when dropped, failed calls included).

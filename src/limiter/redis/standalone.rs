@@ -12,10 +12,11 @@ use smallvec::SmallVec;
 
 use super::batch::{BatchQueue, RunBatch};
 use super::scripted::{
-    connection_error, install_tls_provider, Connect, Decided, ScriptLayer, Scripted, SlotOp,
+    connection_error, install_tls_provider, Decided, ScriptLayer, Scripted, SlotOp,
 };
 use super::sentinel::SentinelMaster;
 use super::settings::{RedisSettings, Topology};
+use super::shared_connection::Connect;
 use crate::algorithm::Decision;
 use crate::clock::Clock;
 use crate::limiter::check::{Check, LeaseAsk, Slot};
