@@ -20,17 +20,16 @@ use super::answer::{
     respond, respond_grpc, too_many_in_flight, write_headers, GrpcStatus,
 };
 use super::charges;
-use super::ctx::{peer_ip, RequestCtx, Reservation};
+use super::ctx::{peer_ip, RequestCtx};
+use super::decide::{ban_refusals, decide, refused};
 use super::forwarding::{
     request_id_of, strip_what_the_client_may_not_say, tell_the_upstream_who_asked, HOST,
 };
 use super::framing::{canonicalise_target, framing_problem, request_has_body};
 use super::header_edit::{edit_request, edit_response};
-use super::slots::HeldSlots;
 use super::strikes;
 use super::verdict::{Outcome, Verdict};
 
-use crate::algorithm::Decision;
 use crate::blocklist::BlockReason;
 use crate::clock::{Clock, SystemClock};
 use crate::connection::clock::HeadClock;
@@ -38,7 +37,6 @@ use crate::connection::h2_watch::{H2Stream, STREAM_HEADER};
 use crate::headers;
 use crate::identity::{normalize_host, Client, IdentityError};
 use crate::jwt::TokenCheck;
-use crate::limiter::Check;
 use crate::policy::{Layers, Plan, Policy, RequestView};
 use crate::state::AppState;
 
@@ -61,17 +59,6 @@ fn view_of<'a>(
         host,
         client,
     }
-}
-
-/// The bans among looked-up bans that refuse, as the limits that ban name
-/// them.
-fn ban_refusals(policy: &Policy, bans: impl Iterator<Item = (Check, Decision)>) -> Vec<Outcome> {
-    bans.filter(|(_, decision)| !decision.allowed())
-        .map(|(check, decision)| {
-            let name = policy.limits[check.layer].name.clone();
-            Outcome::of_ban(name, check, decision)
-        })
-        .collect()
 }
 
 impl Gateway {
@@ -376,9 +363,7 @@ impl ProxyHttp for Gateway {
             return Ok(false);
         };
         let view = view_of(session.req_header(), &path, host.as_deref(), client);
-        let refused =
-            |outcomes: &[Outcome]| outcomes.iter().any(|o| !o.shadow && !o.decision.allowed());
-        let mut layers = if refused(&outcomes) {
+        let layers = if refused(&outcomes) {
             // Banned by its address: nothing more to work out.
             Layers::default()
         } else {
@@ -395,80 +380,27 @@ impl ProxyHttp for Gateway {
                 Err(e) => return bad_request(session, ctx, e.code(), &e.to_string()).await,
             }
         };
-        // A banned key takes no slot: where there are slots to take, its
-        // bans are looked up first, on their own.
-        if !layers.slots.is_empty() && !layers.bans.is_empty() {
-            let bans = std::mem::take(&mut layers.bans);
-            match self.state.store.peek(&bans).await {
-                Ok(decisions) => outcomes = ban_refusals(policy, bans.into_iter().zip(decisions)),
-                Err(e) => return limiter_failed(session, ctx, e).await,
+        let decided = match decide(policy, &self.state.store, layers, outcomes).await {
+            Ok(decided) => decided,
+            Err(e) => return limiter_failed(session, ctx, e).await,
+        };
+        if let Some(taken_at) = decided.slots_taken_at {
+            // A client that stops reading (an HTTP/2 window kept shut), or
+            // sends its body by the drop, must not hold its slots for long.
+            session
+                .as_mut()
+                .set_write_timeout(Some(self.state.header_timeout));
+            let body_by = taken_at + self.state.slot_body_timeout;
+            if let Some(clock) = &ctx.head_clock {
+                clock.body_due_by(body_by);
+            }
+            if let Some(stream) = &ctx.h2_stream {
+                stream.body_deadline(body_by);
             }
         }
-        // Slots first: a request refused for want of one charges no rate.
-        if !refused(&outcomes) && !layers.slots.is_empty() {
-            match HeldSlots::acquire(self.state.store.clone(), layers.slots).await {
-                Ok((held, slot_outcomes)) => {
-                    ctx.slots = Some(held);
-                    outcomes = slot_outcomes;
-                    // A client that stops reading (an HTTP/2 window kept
-                    // shut), or sends its body by the drop, must not hold
-                    // its slots for long.
-                    session
-                        .as_mut()
-                        .set_write_timeout(Some(self.state.header_timeout));
-                    let body_by = tokio::time::Instant::now() + self.state.slot_body_timeout;
-                    if let Some(clock) = &ctx.head_clock {
-                        clock.body_due_by(body_by);
-                    }
-                    if let Some(stream) = &ctx.h2_stream {
-                        stream.body_deadline(body_by);
-                    }
-                }
-                Err(e) => return limiter_failed(session, ctx, e).await,
-            }
-        }
-        // Then one store call, all or nothing: the bans of the limits that
-        // ban, looked up first (a banned key is refused on every route, and
-        // a store that remembers refusals answers a ban before a rate); the
-        // rate layers, decided; the layers charged by the response, checked
-        // (refused only when already spent).
-        let (bans, counted) = (layers.bans.len(), layers.counted.len());
-        if !refused(&outcomes) && bans + counted + layers.checks.len() > 0 {
-            let checks = if bans + counted == 0 {
-                layers.checks
-            } else {
-                let mut all = layers.bans;
-                all.reserve(counted + layers.checks.len());
-                all.extend(layers.checks);
-                all.extend(layers.counted.iter().map(|(c, _)| c.clone()));
-                all
-            };
-            let decisions = match self.state.store.decide(&checks).await {
-                Ok(d) => d,
-                Err(e) => return limiter_failed(session, ctx, e).await,
-            };
-            let mut decided = checks.into_iter().zip(decisions);
-            let banned = ban_refusals(policy, decided.by_ref().take(bans));
-            if banned.is_empty() {
-                outcomes.extend(decided.map(|(check, d)| Outcome::of_check(check, d)));
-                // The layers charged by the response come last: what they
-                // reserved, to settle.
-                let first_counted = outcomes.len() - counted;
-                ctx.counted = layers
-                    .counted
-                    .into_iter()
-                    .zip(&outcomes[first_counted..])
-                    .map(|((check, after), o)| Reservation {
-                        check,
-                        after,
-                        decision: o.decision,
-                    })
-                    .collect();
-            } else {
-                // The ban is the answer, whatever else the layers said.
-                outcomes = banned;
-            }
-        }
+        ctx.slots = decided.slots;
+        ctx.counted = decided.reservations;
+        let outcomes = decided.outcomes;
         let verdict = ctx
             .verdict
             .insert(Verdict::new(outcomes, self.state.store.deciding()));
@@ -498,13 +430,6 @@ impl ProxyHttp for Gateway {
         verdict.decisive = decisive;
         verdict.refused = refusal.is_some();
         let delay_us = verdict.delay_us();
-        if refusal.is_some() {
-            // All or nothing: a refused request reserved nothing.
-            ctx.counted.clear();
-            if let Some(mut slots) = ctx.slots.take() {
-                slots.release().await;
-            }
-        }
         match refusal {
             Some((r, Some(grpc_message))) => {
                 let headers = r

@@ -4,9 +4,9 @@
 //! (connection)     caps and head deadlines: see `connection`
 //! request_filter   strict framing: a Content-Length list, CL with TE, no Host: 400
 //!                  (`framing`); canonical path (the upstream gets it too)
-//!                  identify -> plan layers -> bans peeked, slots taken
-//!                  (`slots`), layers charged by response peeked, the rest
-//!                  decided in one store call (`limiter::Store`)
+//!                  identify -> plan layers -> decided (`decide`: bans
+//!                  peeked, slots taken (`slots`), the rest in one store
+//!                  call, all or nothing)
 //!                  refused: 429 written here (`answer`), upstream never touched
 //!                  leaky bucket: wait for the slot, then go on
 //! upstream_peer    round robin over [upstream].servers, each server at most
@@ -30,6 +30,7 @@ mod access;
 mod answer;
 mod charges;
 mod ctx;
+mod decide;
 mod forwarding;
 mod framing;
 mod gateway;

@@ -1,0 +1,358 @@
+//! The decision on one request, apart from the HTTP exchange: its planned
+//! layers against the store, in a fixed order, all or nothing.
+//!
+//! 1. Where there are slots to take, the bans first, on their own: a banned
+//!    key takes no slot.
+//! 2. The slots: a request refused for want of one charges no rate.
+//! 3. One store call: the bans of the limits that ban (a banned key is
+//!    refused on every route, and a store that remembers refusals answers a
+//!    ban before a rate), the rate layers decided, and the layers charged by
+//!    the response checked (refused only when already spent). A refusing
+//!    ban is the answer, whatever the layers said.
+//! 4. Refused by any enforcing layer: the slots are given back and nothing
+//!    stays reserved.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::ctx::Reservation;
+use super::slots::HeldSlots;
+use super::verdict::Outcome;
+use crate::algorithm::Decision;
+use crate::limiter::{Check, LimiterError, Store};
+use crate::policy::{Layers, Policy};
+
+/// What deciding one request came to.
+pub(super) struct Decided {
+    /// Every layer's answer, in the order the request's headers and log
+    /// read them.
+    pub(super) outcomes: Vec<Outcome>,
+    /// The slots held, only when the request is admitted.
+    pub(super) slots: Option<HeldSlots>,
+    /// When its slots were taken (even if a rate then refused it): its body
+    /// and the client's reading are due within the slot timeouts from then.
+    pub(super) slots_taken_at: Option<Instant>,
+    /// What the layers charged by the response reserved, to settle once it
+    /// is known; empty when refused.
+    pub(super) reservations: Vec<Reservation>,
+}
+
+impl Decided {
+    pub(super) fn refused(&self) -> bool {
+        refused(&self.outcomes)
+    }
+}
+
+/// Whether an enforcing layer among `outcomes` refuses.
+pub(super) fn refused(outcomes: &[Outcome]) -> bool {
+    outcomes.iter().any(|o| !o.shadow && !o.decision.allowed())
+}
+
+/// Decides `layers` on `store`, after `outcomes` already known (a ban found
+/// while verifying a token: then nothing more is asked).
+pub(super) async fn decide(
+    policy: &Policy,
+    store: &Arc<dyn Store>,
+    mut layers: Layers,
+    mut outcomes: Vec<Outcome>,
+) -> Result<Decided, LimiterError> {
+    let mut decided = Decided {
+        outcomes: Vec::new(),
+        slots: None,
+        slots_taken_at: None,
+        reservations: Vec::new(),
+    };
+    if refused(&outcomes) {
+        decided.outcomes = outcomes;
+        return Ok(decided);
+    }
+    if !layers.slots.is_empty() && !layers.bans.is_empty() {
+        let bans = std::mem::take(&mut layers.bans);
+        let decisions = store.peek(&bans).await?;
+        outcomes = ban_refusals(policy, bans.into_iter().zip(decisions));
+    }
+    if !refused(&outcomes) && !layers.slots.is_empty() {
+        let (held, slot_outcomes) = HeldSlots::acquire(store.clone(), layers.slots).await?;
+        decided.slots = Some(held);
+        decided.slots_taken_at = Some(Instant::now());
+        outcomes = slot_outcomes;
+    }
+    let (bans, counted) = (layers.bans.len(), layers.counted.len());
+    if !refused(&outcomes) && bans + counted + layers.checks.len() > 0 {
+        let checks = if bans + counted == 0 {
+            layers.checks
+        } else {
+            let mut all = layers.bans;
+            all.reserve(counted + layers.checks.len());
+            all.extend(layers.checks);
+            all.extend(layers.counted.iter().map(|(c, _)| c.clone()));
+            all
+        };
+        let decisions = store.decide(&checks).await?;
+        let mut answers = checks.into_iter().zip(decisions);
+        let banned = ban_refusals(policy, answers.by_ref().take(bans));
+        if banned.is_empty() {
+            outcomes.extend(answers.map(|(check, d)| Outcome::of_check(check, d)));
+            let first_counted = outcomes.len() - counted;
+            decided.reservations = layers
+                .counted
+                .into_iter()
+                .zip(&outcomes[first_counted..])
+                .map(|((check, after), o)| Reservation {
+                    check,
+                    after,
+                    decision: o.decision,
+                })
+                .collect();
+        } else {
+            outcomes = banned;
+        }
+    }
+    decided.outcomes = outcomes;
+    if decided.refused() {
+        decided.reservations.clear();
+        if let Some(mut slots) = decided.slots.take() {
+            slots.release().await;
+        }
+    }
+    Ok(decided)
+}
+
+/// The bans among looked-up bans that refuse, as the limits that ban name
+/// them.
+pub(super) fn ban_refusals(
+    policy: &Policy,
+    bans: impl Iterator<Item = (Check, Decision)>,
+) -> Vec<Outcome> {
+    bans.filter(|(_, decision)| !decision.allowed())
+        .map(|(check, decision)| {
+            let name = policy.limits[check.layer].name.clone();
+            Outcome::of_ban(name, check, decision)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+    use std::path::Path;
+
+    use http::{HeaderMap, Method};
+
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::config::{Config, Inputs};
+    use crate::limiter::MemoryStore;
+    use crate::policy::{Plan, RequestView};
+
+    const HEAD: &str =
+        "[server]\nlisten = \"127.0.0.1:8080\"\n[upstream]\nservers = [\"127.0.0.1:8000\"]\n";
+
+    struct Bench {
+        policy: Arc<Policy>,
+        store: Arc<dyn Store>,
+    }
+
+    impl Bench {
+        fn new(limits: &str) -> Bench {
+            let text = format!("{HEAD}{limits}");
+            let config = Config::parse(Path::new("t.toml"), &text, &Inputs::default())
+                .unwrap_or_else(|e| panic!("{e}"));
+            let clock = Arc::new(ManualClock::new(1_000_000_000));
+            Bench {
+                policy: config.policy,
+                store: Arc::new(MemoryStore::new(1000, clock)),
+            }
+        }
+
+        /// The layers `path` plans for one client, its headers `headers`.
+        fn layers(&self, path: &str, headers: &[(&'static str, &str)]) -> Layers {
+            let mut map = HeaderMap::new();
+            for (name, value) in headers {
+                map.insert(*name, value.parse().expect("header value"));
+            }
+            let ip: IpAddr = "192.0.2.7".parse().expect("address");
+            let client = self.policy.clients.identify(ip, &map).expect("client");
+            let view = RequestView {
+                method: &Method::GET,
+                path,
+                headers: &map,
+                query: None,
+                host: None,
+                client: &client,
+            };
+            match self.policy.plan(&view).expect("plan") {
+                Plan::Check(layers) => layers,
+                Plan::Exempt => panic!("exempt"),
+            }
+        }
+
+        fn decide(&self, path: &str) -> Decided {
+            self.decide_with(path, &[])
+        }
+
+        fn decide_with(&self, path: &str, headers: &[(&'static str, &str)]) -> Decided {
+            let layers = self.layers(path, headers);
+            block_on(decide(&self.policy, &self.store, layers, Vec::new())).expect("decided")
+        }
+
+        /// What limit `name` would have left after one more request of
+        /// cost 1, looked up without taking it.
+        fn remaining(&self, path: &str, name: &str) -> u64 {
+            let layers = self.layers(path, &[]);
+            let check = layers
+                .checks
+                .iter()
+                .chain(layers.counted.iter().map(|(c, _)| c))
+                .find(|c| c.name.as_str() == name)
+                .expect("the limit's layer")
+                .clone();
+            block_on(self.store.peek(&[check])).expect("peek")[0].remaining()
+        }
+    }
+
+    fn block_on<F: std::future::Future>(future: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(future)
+    }
+
+    fn limit(name: &str, rest: &str) -> String {
+        format!("[[limits]]\nname = \"{name}\"\nkey = \"ip\"\n{rest}\n")
+    }
+
+    fn window(limit_: u64) -> String {
+        format!("algorithm = \"fixed_window\"\nlimit = {limit_}\nwindow = \"1m\"")
+    }
+
+    #[test]
+    fn a_refusing_layer_charges_no_other() {
+        let bench = Bench::new(&(limit("narrow", &window(1)) + &limit("wide", &window(10))));
+        assert!(!bench.decide("/").refused());
+        let refused = bench.decide("/");
+        assert!(refused.refused());
+        assert_eq!(
+            bench.remaining("/", "wide"),
+            8,
+            "the refused request took nothing"
+        );
+    }
+
+    #[test]
+    fn a_shadow_layer_that_would_refuse_refuses_nothing() {
+        let shadow = window(1) + "\nshadow = true";
+        let bench = Bench::new(&(limit("trial", &shadow) + &limit("wide", &window(10))));
+        bench.decide("/");
+        let second = bench.decide("/");
+        assert!(!second.refused());
+        let trial = second
+            .outcomes
+            .iter()
+            .find(|o| o.name.as_str() == "trial")
+            .expect("the shadow layer's outcome");
+        assert!(
+            !trial.decision.allowed(),
+            "it is still reported as refusing"
+        );
+        assert_eq!(bench.remaining("/", "wide"), 7);
+    }
+
+    #[test]
+    fn a_layer_charged_by_the_response_is_reserved_only_when_admitted() {
+        let counted = window(5) + "\ncount = { statuses = [401] }";
+        let bench = Bench::new(&(limit("failures", &counted) + &limit("narrow", &window(1))));
+        let first = bench.decide("/");
+        assert!(!first.refused());
+        assert_eq!(first.reservations.len(), 1, "reserved, to settle later");
+        let second = bench.decide("/");
+        assert!(second.refused());
+        assert!(
+            second.reservations.is_empty(),
+            "a refused request owes nothing"
+        );
+    }
+
+    #[test]
+    fn a_request_refused_by_a_rate_gives_its_slot_back() {
+        let slots = "algorithm = \"concurrency\"\nmax = 1";
+        let bench = Bench::new(&(limit("in-flight", slots) + &limit("narrow", &window(1))));
+        let first = bench.decide("/");
+        assert!(!first.refused());
+        assert!(first.slots.is_some() && first.slots_taken_at.is_some());
+        let mut held = first.slots;
+        let second = bench.decide("/");
+        assert!(second.refused(), "the one slot is taken");
+        assert!(second.slots.is_none());
+        if let Some(mut slots) = held.take() {
+            block_on(slots.release());
+        }
+        let third = bench.decide("/");
+        assert!(third.refused(), "the rate refuses now");
+        assert!(third.slots_taken_at.is_some(), "the slot was taken first");
+        assert!(third.slots.is_none(), "and given back");
+        let fourth_slot = bench.layers("/", &[]).slots;
+        let acquired = block_on(bench.store.acquire(&fourth_slot[0].slot)).expect("acquire");
+        assert!(acquired.allowed(), "the slot is free again");
+    }
+
+    #[test]
+    fn a_banned_key_takes_no_slot_and_is_charged_nothing() {
+        let banning = window(1) + "\nban = { after = 1, within = \"1m\", duration = \"1h\" }";
+        let slots = "algorithm = \"concurrency\"\nmax = 5";
+        let bench = Bench::new(
+            &(limit("banning", &banning)
+                + &limit("in-flight", slots)
+                + &limit("wide", &window(10))),
+        );
+        let layers = bench.layers("/", &[]);
+        let ban = bench.policy.limits[0].ban.as_ref().expect("the limit bans");
+        let identity = layers.bans[0].key.identity;
+        let penalty = ban.penalty_check(0, identity, false);
+        assert!(block_on(bench.store.decide(&[penalty])).expect("ban")[0].allowed());
+
+        let banned = bench.decide("/");
+        assert!(banned.refused());
+        assert!(
+            banned.outcomes.iter().all(|o| o.banned),
+            "the ban is the answer"
+        );
+        assert!(banned.slots_taken_at.is_none(), "no slot was taken");
+        assert_eq!(bench.remaining("/", "wide"), 9, "nothing was charged");
+    }
+
+    #[test]
+    fn a_ban_found_before_deciding_is_the_answer() {
+        let bench = Bench::new(&limit("wide", &window(10)));
+        let layers = bench.layers("/", &[]);
+        let check = layers.checks[0].clone();
+        let earlier = vec![Outcome::of_ban(
+            check.name.clone(),
+            check,
+            Decision::refused(1, 0, 1_000_000, 1_000_000),
+        )];
+        let decided =
+            block_on(decide(&bench.policy, &bench.store, layers, earlier)).expect("decided");
+        assert!(decided.refused());
+        assert_eq!(decided.outcomes.len(), 1);
+        assert_eq!(bench.remaining("/", "wide"), 9, "nothing was charged");
+    }
+
+    #[test]
+    fn a_cost_is_taken_from_every_layer_at_once() {
+        let costs = "[[costs]]\nmatch = { paths = [\"/heavy\"] }\ncost = 4\n";
+        let bench = Bench::new(&(limit("wide", &window(10)) + costs));
+        assert!(!bench.decide("/heavy").refused());
+        assert!(!bench.decide("/heavy").refused());
+        assert_eq!(bench.remaining("/", "wide"), 1, "2 left");
+        assert!(bench.decide("/heavy").refused(), "4 more than the 2 left");
+        assert_eq!(
+            bench.remaining("/", "wide"),
+            1,
+            "refused whole, not in part"
+        );
+        assert!(!bench.decide_with("/", &[]).refused());
+    }
+}
