@@ -54,7 +54,7 @@ fn header_formatting(c: &mut Criterion) {
     let decision = Decision::admitted(200, 42, 6_500_000);
     let layers = [
         Layer {
-            layer: 0,
+            position: 0,
             name: "per-ip",
             quota: algorithms()[0].quota(),
             window_us: algorithms()[0].window_us(),
@@ -62,7 +62,7 @@ fn header_formatting(c: &mut Criterion) {
             banned: false,
         },
         Layer {
-            layer: 1,
+            position: 1,
             name: "per-account",
             quota: algorithms()[3].quota(),
             window_us: algorithms()[3].window_us(),

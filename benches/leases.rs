@@ -14,7 +14,7 @@ use floodgate::limiter::{Check, Instances, Leased, LimitName, MemoryStore, OnFai
 
 fn check(algorithm: Algorithm) -> Check {
     Check {
-        layer: 0,
+        limit: floodgate::limiter::LimitId(0),
         name: LimitName::new("global"),
         algorithm,
         key: StateKey {

@@ -16,7 +16,7 @@ fn checks(identity: u128) -> [Check; 2] {
     let name = LimitName::new("per-ip");
     // Generous limits: the admitted path, which writes state, is the one measured.
     let check = |limit: u64, algorithm| Check {
-        layer: limit as usize,
+        limit: floodgate::limiter::LimitId(limit as usize),
         name: name.clone(),
         algorithm,
         key: StateKey { limit, identity },

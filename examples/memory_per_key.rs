@@ -59,7 +59,7 @@ fn measure(which: usize) {
         let name = LimitName::new("per-ip");
         for identity in 0..KEYS as u128 {
             let check = Check {
-                layer: 0,
+                limit: floodgate::limiter::LimitId(0),
                 name: name.clone(),
                 algorithm,
                 key: StateKey {

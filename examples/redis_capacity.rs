@@ -25,7 +25,7 @@ const CLIENTS: u128 = 1_000;
 fn layers(algorithm: Algorithm, count: usize, client: u128, lease: bool) -> Vec<Check> {
     (0..count)
         .map(|layer| Check {
-            layer,
+            limit: floodgate::limiter::LimitId(layer),
             name: LimitName::new(&format!("layer-{layer}")),
             algorithm,
             key: StateKey {

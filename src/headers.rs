@@ -35,8 +35,9 @@ pub enum HeaderStyle {
 /// One enforcing layer's outcome, as the headers describe it.
 #[derive(Debug, Clone, Copy)]
 pub struct Layer<'a> {
-    /// Which of the request's checks this is.
-    pub layer: usize,
+    /// Its place among the request's outcomes (`Verdict::outcomes`), not
+    /// the limit's in the policy (`LimitId`).
+    pub position: usize,
     pub name: &'a str,
     /// The limit's quota and its window in µs, for `RateLimit-Policy`
     /// (for a concurrency limit: its slots and its lease).
@@ -198,7 +199,7 @@ mod tests {
 
     fn layer(name: &str, capacity: u64, remaining: u64, reset_after_us: u64) -> Layer<'_> {
         Layer {
-            layer: 0,
+            position: 0,
             name,
             quota: capacity,
             window_us: capacity * 20_000,

@@ -8,7 +8,7 @@ use crate::blocklist::Blocklist;
 use crate::identity::{
     normalize_host, Client, ClientRules, IdentityError, KeyInputs, StateKey, Tier,
 };
-use crate::limiter::{Check, LimitName, OnFailure, Slot};
+use crate::limiter::{Check, LimitId, LimitName, OnFailure, Slot};
 use crate::path::PathRules;
 use crate::request_id::lease_id;
 
@@ -327,9 +327,9 @@ pub struct Ban {
 
 impl Ban {
     /// The ban of `identity` looked up (`peek`) or taken, for limit `layer`.
-    pub fn penalty_check(&self, layer: usize, identity: u128, peek: bool) -> Check {
+    pub fn penalty_check(&self, limit: LimitId, identity: u128, peek: bool) -> Check {
         self.check(
-            layer,
+            limit,
             &self.penalty_name,
             self.penalty,
             self.penalty_id,
@@ -339,9 +339,9 @@ impl Ban {
     }
 
     /// One strike on `identity` toward limit `layer`'s ban.
-    pub fn strike_check(&self, layer: usize, identity: u128) -> Check {
+    pub fn strike_check(&self, limit: LimitId, identity: u128) -> Check {
         self.check(
-            layer,
+            limit,
             &self.strikes_name,
             self.strikes,
             self.strikes_id,
@@ -352,7 +352,7 @@ impl Ban {
 
     fn check(
         &self,
-        layer: usize,
+        limit: LimitId,
         name: &LimitName,
         algorithm: Algorithm,
         id: u64,
@@ -360,7 +360,7 @@ impl Ban {
         peek: bool,
     ) -> Check {
         Check {
-            layer,
+            limit,
             name: name.clone(),
             algorithm,
             key: StateKey {
@@ -493,7 +493,7 @@ impl Layers {
 /// A concurrency layer of one request.
 #[derive(Debug, Clone)]
 pub struct SlotLayer {
-    pub layer: usize,
+    pub limit: LimitId,
     pub slot: Slot,
     pub upgrades: Upgrades,
     pub shadow: bool,
@@ -584,17 +584,24 @@ impl Policy {
             .iter()
             .enumerate()
             .filter(|(_, l)| l.key == KeySource::Ip)
-            .filter_map(|(i, l)| Some(l.ban.as_ref()?.penalty_check(i, client.ip_hash, true)))
+            .filter_map(|(i, l)| {
+                Some(
+                    l.ban
+                        .as_ref()?
+                        .penalty_check(LimitId(i), client.ip_hash, true),
+                )
+            })
             .collect()
     }
 
-    /// What a request costs limit `layer`: the first `[[costs]]` entry that
+    /// What a request costs limit `limit`: the first `[[costs]]` entry that
     /// matches it and prices that limit, else 1.
-    pub fn cost_of(&self, layer: usize, request: &RequestView<'_>) -> u64 {
+    pub fn cost_of(&self, limit: LimitId, request: &RequestView<'_>) -> u64 {
         self.costs
             .iter()
             .find(|c| {
-                (c.limits.is_empty() || c.limits.contains(&layer)) && c.matcher.applies(request)
+                (c.limits.is_empty() || c.limits.contains(&limit.index()))
+                    && c.matcher.applies(request)
             })
             .map_or(1, |c| c.cost)
     }
@@ -615,7 +622,8 @@ impl Policy {
             return Ok(Plan::Exempt);
         }
         let mut layers = Layers::default();
-        for (layer, limit) in self.limits.iter().enumerate() {
+        for (index, limit) in self.limits.iter().enumerate() {
+            let id = LimitId(index);
             let matches = limit.matcher.applies(request);
             if !matches && limit.ban.is_none() {
                 continue;
@@ -650,7 +658,7 @@ impl Policy {
             };
             let on_failure = limit.on_failure.unwrap_or(self.default_on_failure);
             if let Some(ban) = &limit.ban {
-                layers.bans.push(ban.penalty_check(layer, identity, true));
+                layers.bans.push(ban.penalty_check(id, identity, true));
             }
             if !matches {
                 continue;
@@ -662,11 +670,11 @@ impl Policy {
             match limit.rule_for(&client.tier) {
                 Rule::Rate(algorithm) => {
                     let mut check = Check {
-                        layer,
+                        limit: id,
                         name: limit.name.clone(),
                         algorithm,
                         key,
-                        cost: self.cost_of(layer, request),
+                        cost: self.cost_of(id, request),
                         shadow: limit.shadow,
                         peek: false,
                         on_failure,
@@ -699,7 +707,7 @@ impl Policy {
                         continue;
                     };
                     layers.slots.push(SlotLayer {
-                        layer,
+                        limit: id,
                         slot,
                         upgrades: c.upgrades,
                         shadow: limit.shadow,

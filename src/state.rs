@@ -26,7 +26,7 @@ pub struct Runtime {
     pub policy: Arc<Policy>,
     pub headers: HeaderStyle,
     pub upstream: Upstreams,
-    /// `counters[layer]` for `policy.limits[layer]`.
+    /// The counters of `policy.limits[i]` at `counters[i]` (a `LimitId`).
     pub counters: Vec<LayerCounters>,
     /// `[admin].token_file`'s token (a reload rotates it).
     pub admin_token: Option<AdminToken>,

@@ -81,7 +81,7 @@ fn request(rng: &mut Rng, name: &str, layers: &[Algorithm], client: u128, cost: 
         .iter()
         .enumerate()
         .map(|(layer, algorithm)| Check {
-            layer,
+            limit: floodgate::limiter::LimitId(layer),
             name: LimitName::new(&format!("{name}-{layer}")),
             algorithm: *algorithm,
             key: StateKey {

@@ -337,7 +337,7 @@ fn three_stores_leasing_from_one_redis_never_admit_past_the_limit() {
         let clock = Arc::new(ManualClock::new(1_800_000_000_000_000));
         let name = format!("shared-{seed}");
         let check = |cost| Check {
-            layer: 0,
+            limit: floodgate::limiter::LimitId(0),
             name: LimitName::new(&name),
             algorithm,
             key: StateKey {

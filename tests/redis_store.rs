@@ -439,7 +439,7 @@ fn concurrent_decisions_share_one_script_run() {
         Arc::new(SystemClock),
     );
     let check = Check {
-        layer: 0,
+        limit: floodgate::limiter::LimitId(0),
         name: LimitName::new("per-client"),
         algorithm: Algorithm::fixed_window(20, 3_600_000_000).expect("valid numbers"),
         key: StateKey {

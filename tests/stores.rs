@@ -23,7 +23,7 @@ const T0: u64 = 1_800_000_000 * SEC;
 
 fn check(name: &str, limit: u64, identity: u128, cost: u64) -> Check {
     Check {
-        layer: 0,
+        limit: floodgate::limiter::LimitId(0),
         name: LimitName::new(name),
         algorithm: Algorithm::fixed_window(limit, 3_600 * SEC).expect("valid numbers"),
         key: StateKey {

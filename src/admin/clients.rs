@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use super::reply::ApiError;
 use crate::algorithm::{Algorithm, Decision};
 use crate::identity::{ApiKey, KeySource, KnownPart, StateKey, Tier, SUBJECT};
-use crate::limiter::{Check, LimitName, OnFailure, Store};
+use crate::limiter::{Check, LimitId, LimitName, OnFailure, Store};
 use crate::policy::{OnMissing, Policy, Rule};
 
 /// What the operator named the client by.
@@ -43,7 +43,7 @@ pub struct Lookup {
 
 /// One limit that applies to the client, with its state's key.
 struct Applying {
-    layer: usize,
+    limit: LimitId,
     identity: u128,
     /// Keyed on the address because the client lacks the limit's key.
     by_address: bool,
@@ -197,20 +197,21 @@ impl Lookup {
         let mut applying = Vec::new();
         let mut hidden = Vec::new();
         let part = self.part();
-        for (layer, limit) in policy.limits.iter().enumerate() {
+        for (index, limit) in policy.limits.iter().enumerate() {
+            let id = LimitId(index);
             if let Some(identity) =
                 policy
                     .clients
                     .identity_for(&limit.key, &part, limit.case_insensitive_values)
             {
                 applying.push(Applying {
-                    layer,
+                    limit: id,
                     identity,
                     by_address: false,
                 });
             } else if let (Selector::Ip(ip), OnMissing::Ip) = (&self.selector, limit.on_missing) {
                 applying.push(Applying {
-                    layer,
+                    limit: id,
                     identity: policy.clients.address_identity(*ip),
                     by_address: true,
                 });
@@ -256,7 +257,10 @@ impl Lookup {
             .ok_or_else(|| {
                 ApiError::not_found("unknown_limit", format!("no limit named {name:?}"))
             })?;
-        let chosen: Vec<Applying> = applying.into_iter().filter(|a| a.layer == layer).collect();
+        let chosen: Vec<Applying> = applying
+            .into_iter()
+            .filter(|a| a.limit == LimitId(layer))
+            .collect();
         if chosen.is_empty() {
             return Err(ApiError::bad_request(format!(
                 "limit {name:?} is keyed on {}, not on {}",
@@ -276,11 +280,11 @@ impl Lookup {
         }
         match chosen
             .iter()
-            .find(|a| !policy.limits[a.layer].tiers.is_empty())
+            .find(|a| !policy.limits[a.limit.index()].tiers.is_empty())
         {
             Some(a) => Err(ApiError::bad_request(format!(
                 "limit {:?} has numbers per tier, and {} does not say which: add tier= (one of {})",
-                policy.limits[a.layer].name.as_str(),
+                policy.limits[a.limit.index()].name.as_str(),
                 self.label,
                 policy.clients.tiers.names().collect::<Vec<_>>().join(", ")
             ))),
@@ -297,8 +301,8 @@ fn seconds(us: u64) -> f64 {
     (us / 1_000) as f64 / 1_000.0
 }
 
-fn on_failure(policy: &Policy, layer: usize) -> OnFailure {
-    policy.limits[layer]
+fn on_failure(policy: &Policy, limit: LimitId) -> OnFailure {
+    policy.limits[limit.index()]
         .on_failure
         .unwrap_or(policy.default_on_failure)
 }
@@ -306,21 +310,21 @@ fn on_failure(policy: &Policy, layer: usize) -> OnFailure {
 /// A lookup of one key's state: decided, never charged.
 fn peek_check(
     policy: &Policy,
-    layer: usize,
+    limit: LimitId,
     name: &LimitName,
     algorithm: Algorithm,
     key: StateKey,
     cost: u64,
 ) -> Check {
     Check {
-        layer,
+        limit,
         name: name.clone(),
         algorithm,
         key,
         cost,
         shadow: false,
         peek: true,
-        on_failure: on_failure(policy, layer),
+        on_failure: on_failure(policy, limit),
         lease: false,
     }
 }
@@ -328,7 +332,7 @@ fn peek_check(
 /// The state keys one limit keeps for a client: its own (a rate limit's),
 /// and its ban's strikes and penalty.
 fn state_checks(policy: &Policy, lookup: &Lookup, a: &Applying, cost: u64) -> Vec<Check> {
-    let limit = &policy.limits[a.layer];
+    let limit = &policy.limits[a.limit.index()];
     let mut checks = Vec::new();
     if let Rule::Rate(algorithm) = limit.rule_for(&lookup.tier) {
         let key = StateKey {
@@ -337,7 +341,7 @@ fn state_checks(policy: &Policy, lookup: &Lookup, a: &Applying, cost: u64) -> Ve
         };
         checks.push(peek_check(
             policy,
-            a.layer,
+            a.limit,
             &limit.name,
             algorithm,
             key,
@@ -347,8 +351,8 @@ fn state_checks(policy: &Policy, lookup: &Lookup, a: &Applying, cost: u64) -> Ve
     if let Some(ban) = &limit.ban {
         // As requests look bans up: without the store, no ban is known.
         for check in [
-            ban.strike_check(a.layer, a.identity),
-            ban.penalty_check(a.layer, a.identity, true),
+            ban.strike_check(a.limit, a.identity),
+            ban.penalty_check(a.limit, a.identity, true),
         ] {
             checks.push(Check {
                 cost,
@@ -392,7 +396,7 @@ pub async fn show(
         let now: &[Decision] = &decisions[at..at + span];
         let next: &[Decision] = &decisions[at + span..at + 2 * span];
         at += 2 * span;
-        let limit = &policy.limits[a.layer];
+        let limit = &policy.limits[a.limit.index()];
         let rule = limit.rule_for(&lookup.tier);
         let mut entry = json!({
             "limit": limit.name.as_str(),
@@ -451,7 +455,7 @@ pub async fn reset(
     let mut skipped = Vec::new();
     for a in &chosen {
         let found = state_checks(policy, lookup, a, 0);
-        let name = policy.limits[a.layer].name.as_str();
+        let name = policy.limits[a.limit.index()].name.as_str();
         if found.is_empty() {
             skipped.push(json!({"limit": name, "why": "slots follow the requests in flight"}));
         } else {
@@ -485,7 +489,7 @@ pub async fn credit(
     let (chosen, _) = lookup.chosen(policy, Some(name))?;
     lookup.check_tier(policy, &chosen)?;
     let a = &chosen[0];
-    let limit = &policy.limits[a.layer];
+    let limit = &policy.limits[a.limit.index()];
     let Rule::Rate(algorithm) = limit.rule_for(&lookup.tier) else {
         return Err(ApiError::conflict(format!(
             "limit {name:?} counts requests in flight: there is nothing to credit"
@@ -510,7 +514,7 @@ pub async fn credit(
         limit: limit.id,
         identity: a.identity,
     };
-    let check = peek_check(policy, a.layer, &limit.name, algorithm, key, units);
+    let check = peek_check(policy, a.limit, &limit.name, algorithm, key, units);
     let unavailable = |e| {
         ApiError::unavailable(format!(
             "the store cannot answer, nothing was credited: {e}"
@@ -555,7 +559,7 @@ pub fn limits(policy: &Policy) -> Value {
                 "quota": limit.rule.quota(),
                 "tiers": tiers,
                 "shadow": limit.shadow,
-                "on_failure": on_failure(policy, layer).as_str(),
+                "on_failure": on_failure(policy, LimitId(layer)).as_str(),
                 "on_missing": limit.on_missing.as_str(),
                 "ban": limit.ban.as_ref().map(|b| json!({
                     "strikes": b.strikes.to_string(),

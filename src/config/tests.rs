@@ -413,9 +413,21 @@ fn quotas_response_costs_bans_and_per_layer_costs_resolve() {
         host: None,
         client: &client,
     };
-    assert_eq!(c.policy.cost_of(2, &view("/search")), 10);
-    assert_eq!(c.policy.cost_of(1, &view("/search")), 1);
-    assert_eq!(c.policy.cost_of(2, &view("/other")), 1);
+    assert_eq!(
+        c.policy
+            .cost_of(crate::limiter::LimitId(2), &view("/search")),
+        10
+    );
+    assert_eq!(
+        c.policy
+            .cost_of(crate::limiter::LimitId(1), &view("/search")),
+        1
+    );
+    assert_eq!(
+        c.policy
+            .cost_of(crate::limiter::LimitId(2), &view("/other")),
+        1
+    );
 }
 
 #[test]

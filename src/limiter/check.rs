@@ -50,11 +50,23 @@ impl OnFailure {
     }
 }
 
+/// Which limit of the running policy a layer belongs to: its place in
+/// `Policy::limits` (and in the counters kept beside them). A layer's place
+/// among one request's layers is another number (`headers::Layer::position`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LimitId(pub usize);
+
+impl LimitId {
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
+
 /// One layer to decide for one request.
 #[derive(Debug, Clone)]
 pub struct Check {
-    /// Index of the limit in the running policy.
-    pub layer: usize,
+    /// The limit this layer is of.
+    pub limit: LimitId,
     pub name: LimitName,
     pub algorithm: Algorithm,
     pub key: StateKey,

@@ -182,10 +182,10 @@ impl<S: Store> KnownRefusals<S> {
             .iter()
             .enumerate()
             .find_map(|(i, c)| Some((i, self.refusal(c, now_us)?)))?;
-        let layer = checks[at].layer;
+        let limit = checks[at].limit;
         if checks[..at]
             .iter()
-            .any(|c| c.peek && !c.shadow && c.layer == layer)
+            .any(|c| c.peek && !c.shadow && c.limit == limit)
         {
             return None;
         }
@@ -472,7 +472,7 @@ mod tests {
         // An unknown lookup behind the known refusal, or another limit's
         // ahead of it, changes nothing: not asked.
         let other = |layer| Check {
-            layer,
+            limit: crate::limiter::LimitId(layer),
             key: StateKey {
                 limit: 900 + layer as u64,
                 identity: 7,

@@ -21,7 +21,7 @@ pub const T0: u64 = 1_800_000_000 * SEC;
 /// A token bucket of `capacity`, one token back per second.
 pub fn check(layer: usize, capacity: u64, identity: u128, cost: u64) -> Check {
     Check {
-        layer,
+        limit: crate::limiter::LimitId(layer),
         name: LimitName::new(&format!("layer-{layer}")),
         algorithm: Algorithm::token_bucket(capacity, SEC).expect("valid numbers"),
         key: StateKey {

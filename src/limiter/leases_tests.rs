@@ -13,7 +13,7 @@ const TTL_US: u64 = SEC;
 
 fn leasing(algorithm: Algorithm, identity: u128, cost: u64) -> Check {
     Check {
-        layer: 0,
+        limit: crate::limiter::LimitId(0),
         name: LimitName::new("hot"),
         algorithm,
         key: StateKey { limit: 7, identity },

@@ -10,7 +10,7 @@ const T0: u64 = 1_800_000_000 * SEC;
 
 fn check(layer: usize, algorithm: Algorithm, identity: u128, cost: u64) -> Check {
     Check {
-        layer,
+        limit: crate::limiter::LimitId(layer),
         name: LimitName::new(&format!("layer-{layer}")),
         algorithm,
         key: StateKey {

@@ -25,7 +25,9 @@ mod store;
 #[cfg(test)]
 mod fake;
 
-pub use check::{admitted, Check, LeaseAsk, LimitName, OnFailure, Slot, SlotError, MAX_LEASE_US};
+pub use check::{
+    admitted, Check, LeaseAsk, LimitId, LimitName, OnFailure, Slot, SlotError, MAX_LEASE_US,
+};
 pub use deny_cache::{Forget, Forgetter, KnownRefusals};
 pub use error::LimiterError;
 pub use fallback::Fallback;

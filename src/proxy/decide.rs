@@ -127,7 +127,7 @@ pub(super) fn ban_refusals(
 ) -> Vec<Outcome> {
     bans.filter(|(_, decision)| !decision.allowed())
         .map(|(check, decision)| {
-            let name = policy.limits[check.layer].name.clone();
+            let name = policy.limits[check.limit.index()].name.clone();
             Outcome::of_ban(name, check, decision)
         })
         .collect()
@@ -310,7 +310,7 @@ mod tests {
         let layers = bench.layers("/", &[]);
         let ban = bench.policy.limits[0].ban.as_ref().expect("the limit bans");
         let identity = layers.bans[0].key.identity;
-        let penalty = ban.penalty_check(0, identity, false);
+        let penalty = ban.penalty_check(crate::limiter::LimitId(0), identity, false);
         assert!(block_on(bench.store.decide(&[penalty])).expect("ban")[0].allowed());
 
         let banned = bench.decide("/");

@@ -409,7 +409,7 @@ impl ProxyHttp for Gateway {
             Some(refused) => {
                 let r = headers::rejection(runtime.headers, &enforced, refused, &ctx.request_id);
                 let grpc_message = is_grpc(session).then(|| grpc_refusal(refused));
-                (Some(refused.layer), Some((r, grpc_message)))
+                (Some(refused.position), Some((r, grpc_message)))
             }
             None => {
                 // An admitted request's headers advertise its rates only: a
@@ -424,7 +424,7 @@ impl ProxyHttp for Gateway {
                 if let Some(shown) = shown {
                     ctx.rate_headers = headers::rate_limit_headers(runtime.headers, &rates, shown);
                 }
-                (shown.map(|l| l.layer), None)
+                (shown.map(|l| l.position), None)
             }
         };
         verdict.decisive = decisive;

@@ -48,7 +48,7 @@ impl HeldSlots {
                 admitted => admitted,
             };
             outcomes.push(Outcome {
-                layer: layer.layer,
+                limit: layer.limit,
                 name: layer.slot.name().clone(),
                 quota: layer.slot.max(),
                 window_us: layer.slot.lease_us(),

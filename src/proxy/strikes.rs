@@ -32,11 +32,11 @@ pub(super) async fn strike(store: &dyn Store, ctx: &RequestCtx) {
         if o.shadow || o.banned || o.decision.allowed() || o.decision.cost_exceeds_limit() {
             continue;
         }
-        let limit = &policy.limits[o.layer];
+        let limit = &policy.limits[o.limit.index()];
         let Some(ban) = &limit.ban else {
             continue;
         };
-        let strike = ban.strike_check(o.layer, o.identity);
+        let strike = ban.strike_check(o.limit, o.identity);
         let struck = match store.decide(std::slice::from_ref(&strike)).await {
             Ok(d) => d[0],
             Err(e) => {
@@ -49,10 +49,10 @@ pub(super) async fn strike(store: &dyn Store, ctx: &RequestCtx) {
         if away() || (struck.allowed() && struck.remaining() > 0) {
             continue;
         }
-        let penalty = ban.penalty_check(o.layer, o.identity, false);
+        let penalty = ban.penalty_check(o.limit, o.identity, false);
         match store.decide(std::slice::from_ref(&penalty)).await {
             Ok(d) if d[0].allowed() && !away() => {
-                ctx.runtime.counters[o.layer].bans.inc();
+                ctx.runtime.counters[o.limit.index()].bans.inc();
                 warn!(
                     "banned: {} limit={} for {}s after {} refusals within {}s request_id={}",
                     ctx.client

@@ -5,13 +5,12 @@ use log::info;
 use crate::algorithm::Decision;
 use crate::headers::{self, Layer};
 use crate::identity::Client;
-use crate::limiter::{Check, Deciding, LimitName};
+use crate::limiter::{Check, Deciding, LimitId, LimitName};
 use crate::state::Runtime;
 
 /// One layer's answer: a rate layer's decision or a concurrency layer's slot.
 pub(super) struct Outcome {
-    /// Index of the limit in the running policy.
-    pub(super) layer: usize,
+    pub(super) limit: LimitId,
     pub(super) name: LimitName,
     pub(super) quota: u64,
     pub(super) window_us: u64,
@@ -29,7 +28,7 @@ pub(super) struct Outcome {
 impl Outcome {
     pub(super) fn of_check(check: Check, decision: Decision) -> Outcome {
         Outcome {
-            layer: check.layer,
+            limit: check.limit,
             quota: check.algorithm.quota(),
             window_us: check.algorithm.window_us(),
             name: check.name,
@@ -79,8 +78,8 @@ impl Verdict {
             .iter()
             .enumerate()
             .filter(|(_, o)| !(o.shadow || (rates_only && o.concurrency)))
-            .map(|(layer, o)| Layer {
-                layer,
+            .map(|(position, o)| Layer {
+                position,
                 name: o.name.as_str(),
                 quota: o.quota,
                 window_us: o.window_us,
@@ -112,7 +111,7 @@ impl Verdict {
         let label = || client.map_or_else(String::new, Client::log_label);
         for o in &self.outcomes {
             let decision = &o.decision;
-            let counters = &runtime.counters[o.layer];
+            let counters = &runtime.counters[o.limit.index()];
             match (o.shadow, decision.allowed(), self.refused) {
                 _ if o.banned => counters.banned.inc(),
                 (true, false, _) => counters.shadow_refused.inc(),

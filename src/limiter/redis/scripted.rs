@@ -635,7 +635,7 @@ mod tests {
             0x0123_4567_89ab_cdef_fedc_ba98_7654_3210,
         ] {
             let check = Check {
-                layer: 0,
+                limit: crate::limiter::LimitId(0),
                 name: LimitName::new("per-ip"),
                 algorithm: Algorithm::fixed_window(1, 1).expect("valid numbers"),
                 key: StateKey { limit: 0, identity },
