@@ -545,15 +545,7 @@ impl ClientRules {
     /// Who asks, by address and API key; its token is `apply_token`'s.
     pub fn identify(&self, peer: IpAddr, headers: &HeaderMap) -> Result<Client, IdentityError> {
         let (client_ip, via) = self.client_ip(normalize(peer), headers)?;
-        let (ip, ip_prefix) = match client_ip {
-            IpAddr::V4(_) => (client_ip, 32),
-            IpAddr::V6(_) => {
-                let net = IpNet::new(client_ip, self.ipv6_prefix)
-                    .map(|n| n.trunc())
-                    .map_or(client_ip, |n| n.network());
-                (net, self.ipv6_prefix)
-            }
-        };
+        let (ip, ip_prefix) = self.address_group(client_ip);
         let mut key_values = headers.get_all(&self.api_key_header).iter();
         let key_value = key_values.next();
         if key_values.next().is_some() {
@@ -732,13 +724,20 @@ impl ClientRules {
     /// The identity of a client address as limits key it: IPv6 grouped by
     /// `ipv6_prefix`.
     pub fn address_identity(&self, ip: IpAddr) -> u128 {
-        let ip = normalize(ip);
+        let (group, prefix) = self.address_group(normalize(ip));
+        self.ip_hash(group, prefix)
+    }
+
+    /// The group an address is limited as, and its prefix length: an IPv4
+    /// address alone, an IPv6 one with every address of its `ipv6_prefix`
+    /// (a host is handed a /64 at least, and may pick any address in it).
+    fn address_group(&self, ip: IpAddr) -> (IpAddr, u8) {
         match ip {
-            IpAddr::V4(_) => self.ip_hash(ip, 32),
-            IpAddr::V6(_) => {
-                let net = IpNet::new(ip, self.ipv6_prefix).map_or(ip, |n| n.trunc().network());
-                self.ip_hash(net, self.ipv6_prefix)
-            }
+            IpAddr::V4(_) => (ip, 32),
+            IpAddr::V6(_) => (
+                IpNet::new(ip, self.ipv6_prefix).map_or(ip, |n| n.trunc().network()),
+                self.ipv6_prefix,
+            ),
         }
     }
 
@@ -761,12 +760,7 @@ impl ClientRules {
         if self.is_trusted(&peer) {
             return None;
         }
-        Some(match peer {
-            IpAddr::V4(_) => peer,
-            IpAddr::V6(_) => IpNet::new(peer, self.ipv6_prefix)
-                .map(|n| n.trunc().network())
-                .unwrap_or(peer),
-        })
+        Some(self.address_group(peer).0)
     }
 
     pub fn is_trusted(&self, ip: &IpAddr) -> bool {
