@@ -133,108 +133,8 @@ impl Gateway {
 impl ProxyHttp for Gateway {
     type CTX = RequestCtx;
 
-    /// No downstream modules: Pingora's default is a response compression
-    /// module that stays disabled but is still built and consulted on every
-    /// request.
-    fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
-
-    /// The connection's context: its `HeadClock`. The head has been parsed.
-    fn on_connection_reuse(
-        &self,
-        _session: &mut Session,
-        ctx: &mut Self::CTX,
-        connection: Box<dyn std::any::Any + Send + Sync>,
-    ) {
-        if let Ok(clock) = connection.downcast::<Arc<HeadClock>>() {
-            clock.head_arrived();
-            ctx.head_clock = Some(*clock);
-        }
-    }
-
-    /// The response is over, on every path: metrics, the access log line,
-    /// and the connection idles until the next head.
-    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Self::CTX) {
-        if let Some(clock) = &ctx.head_clock {
-            clock.await_next_head();
-        }
-        // A request that reached the upstream but whose client hung up
-        // before the answer is counted as if its status were listed:
-        // otherwise hanging up at once would dodge the count. Settled
-        // before the slots go, so that the next request a concurrency
-        // limit lets in sees it.
-        let client_left_mid_request = ctx.upstream_sent.is_some()
-            && ctx.upstream_status.is_none()
-            && e.is_some_and(|e| matches!(e.esource(), ErrorSource::Downstream));
-        if !ctx.counted.is_empty() {
-            let upstream_timed_out = e.is_some_and(|e| {
-                matches!(e.esource(), ErrorSource::Upstream)
-                    && matches!(e.etype(), ErrorType::ReadTimedout)
-            });
-            charges::charge_unanswered(
-                self.state.store.as_ref(),
-                ctx,
-                ctx.upstream_sent.is_some(),
-                client_left_mid_request,
-                upstream_timed_out,
-            )
-            .await;
-        }
-        // Over: the upstream answered, or floodgate gave up on it (a body
-        // that never came whole, the upstream's read timeout). A client
-        // that left once its request was whole was kept until then; a whole
-        // request whose exchange was cut all the same (its HTTP/2 connection
-        // torn down by the h2 server's own defences, say against a client
-        // opening more streams than it may) leaves the upstream working on
-        // it, so its place and its slots stay taken for as long as the
-        // upstream may work: its read timeout, counted from the request.
-        let cut_whole = || {
-            ctx.h2_stream
-                .as_ref()
-                .is_some_and(H2Stream::cut_while_whole)
-        };
-        if client_left_mid_request && cut_whole() {
-            let sent = ctx.upstream_sent.unwrap_or(ctx.started);
-            let until = sent + ctx.runtime.upstream.settings().read_timeout;
-            let (permit, slots) = (ctx.stream_permit.take(), ctx.slots.take());
-            tokio::spawn(async move {
-                tokio::time::sleep_until(until.into()).await;
-                drop(permit);
-                if let Some(mut slots) = slots {
-                    slots.release().await;
-                }
-            });
-        } else if let Some(mut slots) = ctx.slots.take() {
-            slots.release().await;
-        }
-        let status = session.response_written().map_or(0, |r| r.status.as_u16());
-        let took = ctx.started.elapsed();
-        let requests = &self.state.metrics.requests;
-        requests.finished(status).inc();
-        requests.duration.observe(took.as_secs_f64());
-        if let Some(upstream) = ctx.upstream_took {
-            requests.upstream_duration.observe(upstream.as_secs_f64());
-        }
-        // Struck before it is counted: once a refusal shows in the metrics,
-        // its strike is in the store.
-        strikes::strike(self.state.store.as_ref(), ctx).await;
-        if let Some(verdict) = &ctx.verdict {
-            verdict.account(&ctx.runtime, ctx.client.as_ref(), &ctx.request_id);
-            // The status page's board, kept only where there is a page.
-            let refusing = verdict.decisive.and_then(|i| verdict.outcomes.get(i));
-            if let (Some(o), Some(client), true, true) = (
-                refusing,
-                &ctx.client,
-                verdict.refused,
-                ctx.runtime.admin_token.is_some(),
-            ) {
-                self.state.status.refused(client, &o.name);
-            }
-        }
-        if let Some(log) = &self.state.access_log {
-            log.write(access_line(session, ctx, status, took));
-        }
-    }
-
+    /// Each request's context, under the running configuration as it is
+    /// when the request starts: a reload mid-request changes nothing for it.
     fn new_ctx(&self) -> Self::CTX {
         RequestCtx {
             runtime: self.state.runtime.load_full(),
@@ -257,6 +157,30 @@ impl ProxyHttp for Gateway {
         }
     }
 
+    /// No downstream modules: Pingora's default is a response compression
+    /// module that stays disabled but is still built and consulted on every
+    /// request.
+    fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
+
+    /// The connection's context: its `HeadClock`. The head has been parsed.
+    fn on_connection_reuse(
+        &self,
+        _session: &mut Session,
+        ctx: &mut Self::CTX,
+        connection: Box<dyn std::any::Any + Send + Sync>,
+    ) {
+        if let Ok(clock) = connection.downcast::<Arc<HeadClock>>() {
+            clock.head_arrived();
+            ctx.head_clock = Some(*clock);
+        }
+    }
+
+    /// The head is in, the body not yet read. Rejects what is malformed
+    /// (400), blocked (403) or over a limit (429, 503 for a limiter that
+    /// cannot decide) and answers it here: `true`, the upstream never
+    /// touched. Otherwise `false`, with the verdict, the slots and the
+    /// reservations in `ctx` for the later phases, and a leaky bucket's
+    /// wait already waited.
     async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
         // Requests that arrive before the previous answer are kept and
         // answered in order, each decided on its own.
@@ -477,6 +401,8 @@ impl ProxyHttp for Gateway {
         Ok(())
     }
 
+    /// The server to try: round robin over `[upstream].servers`, a retry
+    /// moving on to the next, each at most once per request.
     async fn upstream_peer(
         &self,
         session: &mut Session,
@@ -498,6 +424,28 @@ impl ProxyHttp for Gateway {
         Ok(Box::new(peer))
     }
 
+    /// A connection to the upstream is ready: counted as reused or new.
+    async fn connected_to_upstream(
+        &self,
+        _session: &mut Session,
+        reused: bool,
+        _peer: &HttpPeer,
+        _fd: std::os::unix::io::RawFd,
+        _digest: Option<&pingora::protocols::Digest>,
+        _ctx: &mut Self::CTX,
+    ) -> Result<()> {
+        let requests = &self.state.metrics.requests;
+        if reused {
+            requests.upstream_reused.inc();
+        } else {
+            requests.upstream_connected.inc();
+        }
+        Ok(())
+    }
+
+    /// What the upstream is sent: the client's say removed where only
+    /// floodgate or a trusted proxy may speak, then who asked, the request
+    /// id, and a Host for a request that had none.
     async fn upstream_request_filter(
         &self,
         session: &mut Session,
@@ -528,67 +476,10 @@ impl ProxyHttp for Gateway {
         Ok(())
     }
 
-    async fn connected_to_upstream(
-        &self,
-        _session: &mut Session,
-        reused: bool,
-        _peer: &HttpPeer,
-        _fd: std::os::unix::io::RawFd,
-        _digest: Option<&pingora::protocols::Digest>,
-        _ctx: &mut Self::CTX,
-    ) -> Result<()> {
-        let requests = &self.state.metrics.requests;
-        if reused {
-            requests.upstream_reused.inc();
-        } else {
-            requests.upstream_connected.inc();
-        }
-        Ok(())
-    }
-
-    /// Pingora's summary carries the query string; ours does not.
-    fn request_summary(&self, session: &Session, _ctx: &Self::CTX) -> String {
-        let request = session.req_header();
-        format!("{} {}", request.method, request.uri.path())
-    }
-
-    /// `fail_to_proxy` logs one line per failed request instead.
-    fn suppress_error_log(&self, _session: &Session, _ctx: &Self::CTX, _error: &Error) -> bool {
-        true
-    }
-
-    fn suppress_proxy_warn_log(
-        &self,
-        _session: &Session,
-        _ctx: &Self::CTX,
-        _error: &Error,
-        _context: pingora::proxy::ProxyWarnLogContext,
-    ) -> bool {
-        true
-    }
-
-    /// A failure after the request was sent is retried only where Pingora
-    /// would (an idempotent request on a pooled connection that turned out
-    /// stale), and never beyond one more round of the servers.
-    fn error_while_proxy(
-        &self,
-        peer: &HttpPeer,
-        session: &mut Session,
-        e: Box<Error>,
-        ctx: &mut Self::CTX,
-        client_reused: bool,
-    ) -> Box<Error> {
-        let mut e = e.more_context(format!("peer {peer}"));
-        let idempotent = session.req_header().method.is_idempotent()
-            && !session.as_ref().retry_buffer_truncated();
-        if idempotent && client_reused && ctx.tries <= ctx.runtime.upstream.len() {
-            e.retry.decide_reuse(client_reused);
-        } else {
-            e.set_retry(false);
-        }
-        e
-    }
-
+    /// The upstream's final head is in (an interim one only loses its cost
+    /// header): the layers charged by the response are charged before the
+    /// client sees the status, and the rate-limit headers and the request
+    /// id are added.
     async fn response_filter(
         &self,
         _session: &mut Session,
@@ -621,6 +512,29 @@ impl ProxyHttp for Gateway {
         })
     }
 
+    /// A failure after the request was sent is retried only where Pingora
+    /// would (an idempotent request on a pooled connection that turned out
+    /// stale), and never beyond one more round of the servers.
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        ctx: &mut Self::CTX,
+        client_reused: bool,
+    ) -> Box<Error> {
+        let mut e = e.more_context(format!("peer {peer}"));
+        let idempotent = session.req_header().method.is_idempotent()
+            && !session.as_ref().retry_buffer_truncated();
+        if idempotent && client_reused && ctx.tries <= ctx.runtime.upstream.len() {
+            e.retry.decide_reuse(client_reused);
+        } else {
+            e.set_retry(false);
+        }
+        e
+    }
+
+    /// Nothing reached this server: whether the next may take the request.
     fn fail_to_connect(
         &self,
         _session: &mut Session,
@@ -634,6 +548,10 @@ impl ProxyHttp for Gateway {
         e
     }
 
+    /// The exchange failed: the client is answered 502 or 504 when the
+    /// upstream failed (a JSON body, one warn line), 400 when its own
+    /// stream was malformed, nothing when it has gone or the answer had
+    /// begun.
     async fn fail_to_proxy(
         &self,
         session: &mut Session,
@@ -691,6 +609,113 @@ impl ProxyHttp for Gateway {
         FailToProxy {
             error_code: status,
             can_reuse_downstream: false,
+        }
+    }
+
+    /// Pingora's summary carries the query string; ours does not.
+    fn request_summary(&self, session: &Session, _ctx: &Self::CTX) -> String {
+        let request = session.req_header();
+        format!("{} {}", request.method, request.uri.path())
+    }
+
+    /// `fail_to_proxy` logs one line per failed request instead.
+    fn suppress_error_log(&self, _session: &Session, _ctx: &Self::CTX, _error: &Error) -> bool {
+        true
+    }
+
+    /// Pingora's warn line per failed exchange carries the query string:
+    /// `fail_to_proxy` writes ours.
+    fn suppress_proxy_warn_log(
+        &self,
+        _session: &Session,
+        _ctx: &Self::CTX,
+        _error: &Error,
+        _context: pingora::proxy::ProxyWarnLogContext,
+    ) -> bool {
+        true
+    }
+
+    /// The response is over, on every path: metrics, the access log line,
+    /// and the connection idles until the next head.
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Self::CTX) {
+        if let Some(clock) = &ctx.head_clock {
+            clock.await_next_head();
+        }
+        // A request that reached the upstream but whose client hung up
+        // before the answer is counted as if its status were listed:
+        // otherwise hanging up at once would dodge the count. Settled
+        // before the slots go, so that the next request a concurrency
+        // limit lets in sees it.
+        let client_left_mid_request = ctx.upstream_sent.is_some()
+            && ctx.upstream_status.is_none()
+            && e.is_some_and(|e| matches!(e.esource(), ErrorSource::Downstream));
+        if !ctx.counted.is_empty() {
+            let upstream_timed_out = e.is_some_and(|e| {
+                matches!(e.esource(), ErrorSource::Upstream)
+                    && matches!(e.etype(), ErrorType::ReadTimedout)
+            });
+            charges::charge_unanswered(
+                self.state.store.as_ref(),
+                ctx,
+                ctx.upstream_sent.is_some(),
+                client_left_mid_request,
+                upstream_timed_out,
+            )
+            .await;
+        }
+        // Over: the upstream answered, or floodgate gave up on it (a body
+        // that never came whole, the upstream's read timeout). A client
+        // that left once its request was whole was kept until then; a whole
+        // request whose exchange was cut all the same (its HTTP/2 connection
+        // torn down by the h2 server's own defences, say against a client
+        // opening more streams than it may) leaves the upstream working on
+        // it, so its place and its slots stay taken for as long as the
+        // upstream may work: its read timeout, counted from the request.
+        let cut_whole = || {
+            ctx.h2_stream
+                .as_ref()
+                .is_some_and(H2Stream::cut_while_whole)
+        };
+        if client_left_mid_request && cut_whole() {
+            let sent = ctx.upstream_sent.unwrap_or(ctx.started);
+            let until = sent + ctx.runtime.upstream.settings().read_timeout;
+            let (permit, slots) = (ctx.stream_permit.take(), ctx.slots.take());
+            tokio::spawn(async move {
+                tokio::time::sleep_until(until.into()).await;
+                drop(permit);
+                if let Some(mut slots) = slots {
+                    slots.release().await;
+                }
+            });
+        } else if let Some(mut slots) = ctx.slots.take() {
+            slots.release().await;
+        }
+        let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        let took = ctx.started.elapsed();
+        let requests = &self.state.metrics.requests;
+        requests.finished(status).inc();
+        requests.duration.observe(took.as_secs_f64());
+        if let Some(upstream) = ctx.upstream_took {
+            requests.upstream_duration.observe(upstream.as_secs_f64());
+        }
+        // Struck before it is counted: once a refusal shows in the metrics,
+        // its strike is in the store.
+        strikes::strike(self.state.store.as_ref(), ctx).await;
+        if let Some(verdict) = &ctx.verdict {
+            verdict.account(&ctx.runtime, ctx.client.as_ref(), &ctx.request_id);
+            // The status page's board, kept only where there is a page.
+            let refusing = verdict.decisive.and_then(|i| verdict.outcomes.get(i));
+            if let (Some(o), Some(client), true, true) = (
+                refusing,
+                &ctx.client,
+                verdict.refused,
+                ctx.runtime.admin_token.is_some(),
+            ) {
+                self.state.status.refused(client, &o.name);
+            }
+        }
+        if let Some(log) = &self.state.access_log {
+            log.write(access_line(session, ctx, status, took));
         }
     }
 }
