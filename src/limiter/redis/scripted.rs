@@ -4,6 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus::Histogram;
+use redis::Script;
+use smallvec::SmallVec;
+
 use super::settings::{ClockSource, RedisSettings};
 use super::shared_connection::{Connect, SharedConnection};
 use crate::algorithm::{Algorithm, Decision, ALGORITHMS};
@@ -11,9 +15,6 @@ use crate::clock::Clock;
 use crate::identity::StateKey;
 use crate::limiter::check::{Check, LeaseAsk, LimitName, Slot};
 use crate::limiter::error::LimiterError;
-use prometheus::Histogram;
-use redis::Script;
-use smallvec::SmallVec;
 
 /// The algorithm scripts and the entry point, joined into one script after
 /// the algorithms' codes, which come from the algorithm table.
@@ -263,12 +264,13 @@ impl<C: Connect> Scripted<C> {
         }
     }
 
-    /// A call on the connection of `generation` missed its deadline.
+    /// A call on the connection of `generation` missed its deadline: where
+    /// the client can wedge, the next call makes a new connection.
     fn stalled(&self, generation: u64) {
         if !C::REPLACE_WHEN_STALLED {
             return;
         }
-        self.connection.stalled(generation);
+        self.connection.discard(generation);
         if let Some(held_back) = STALLED_LINES.due(self.clock.now_us()) {
             log::warn!("a call on the Redis connection missed its deadline: the next call connects anew, from a new slot map ({held_back} more since the last report)");
         }

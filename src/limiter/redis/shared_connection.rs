@@ -52,12 +52,9 @@ impl<C: Connect> SharedConnection<C> {
         Ok(made)
     }
 
-    /// A call on `generation` missed its deadline: where the client can
-    /// wedge, the next call makes a new connection.
-    pub(super) fn stalled(&self, generation: u64) {
-        if !C::REPLACE_WHEN_STALLED {
-            return;
-        }
+    /// Forgets the connection of `generation` (not a newer one): the next
+    /// call makes a new connection.
+    pub(super) fn discard(&self, generation: u64) {
         let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
         if current.as_ref().is_some_and(|(g, _)| *g == generation) {
             *current = None;
