@@ -14,7 +14,7 @@ RUN cargo build --release --bin floodgate
 # Inside a container the proxy must listen beyond loopback. The admin
 # listener serves the health check, which runs inside the container: on
 # loopback it answers that and nobody outside (to scrape /metrics, mount a
-# config that binds it where only the scraper reaches, see the README).
+# config that binds it where only the scraper reaches, see docs/book/operating.md).
 COPY proxy.toml ./proxy.toml
 RUN sed -i 's/^listen = "127.0.0.1:8080"/listen = "0.0.0.0:8080"\nadmin_listen = "127.0.0.1:9091"/' proxy.toml \
  && ./target/release/floodgate check proxy.toml

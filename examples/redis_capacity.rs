@@ -4,7 +4,7 @@
 //! off and on, it makes the same decisions through floodgate's own stores
 //! (64 at a time, 1,000 clients far from their limits) and reads what Redis
 //! spent from `INFO commandstats`: microseconds of Redis CPU and script
-//! calls per decision. The sizing rule in the README comes from this table.
+//! calls per decision. The sizing rule in docs/book/redis.md comes from this table.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What a decision costs Redis, by algorithm, layers and leases: starts a
 # redis-server of its own on a free port (no persistence), runs
-# examples/redis_capacity.rs against it and prints the table the README's
+# examples/redis_capacity.rs against it and prints the table docs/book/redis.md's
 # sizing rule comes from. Bounded: 20,000 decisions per row, loopback only.
 set -euo pipefail
 cd "$(dirname "$0")/.."

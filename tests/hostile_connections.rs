@@ -381,7 +381,7 @@ fn the_total_cap_keeps_the_proxy_within_a_low_fd_limit() {
     let mut held = Vec::new();
     // Connections come in waves of 10, each wave handled before the next:
     // a burst of refused connections would hold descriptors until each is
-    // refused (see the README's note on bursts).
+    // refused (see the note on bursts in docs/book/edge.md).
     let handled = |proxy: &Proxy| {
         proxy.metric("floodgate_connections_open")
             + proxy.metric("floodgate_connections_refused_total{cap=\"total\"}")

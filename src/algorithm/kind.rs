@@ -65,7 +65,7 @@ pub struct Spec {
     /// The parameter that gives the period (a rate per second, a window or
     /// a calendar period).
     pub period: Parameter,
-    /// What it guarantees: the README's algorithm table says exactly this
+    /// What it guarantees: the book's algorithm table (docs/book/algorithms.md) says exactly this
     /// (a test compares them).
     pub summary: &'static str,
 }
@@ -162,8 +162,8 @@ impl Kind {
 mod tests {
     use super::*;
 
-    /// The README's row for an algorithm, as the table describes it.
-    fn readme_row(spec: &Spec) -> String {
+    /// The book's row for an algorithm, as the table describes it.
+    fn book_row(spec: &Spec) -> String {
         let per_second = if matches!(spec.period, Parameter::RefillRate | Parameter::Rate) {
             " (per second)"
         } else {
@@ -179,11 +179,14 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_describes_every_algorithm_as_the_table_does() {
-        let readme = include_str!("../../README.md");
+    fn the_book_describes_every_algorithm_as_the_table_does() {
+        let book = include_str!("../../docs/book/algorithms.md");
         for spec in &ALGORITHMS {
-            let row = readme_row(spec);
-            assert!(readme.lines().any(|l| l == row), "README lacks:\n{row}");
+            let row = book_row(spec);
+            assert!(
+                book.lines().any(|l| l == row),
+                "docs/book/algorithms.md lacks:\n{row}"
+            );
         }
     }
 

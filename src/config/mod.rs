@@ -292,4 +292,6 @@ fn duration(
 }
 
 #[cfg(test)]
+mod reference_tests;
+#[cfg(test)]
 mod tests;

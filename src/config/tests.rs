@@ -242,7 +242,7 @@ fn errors_name_line_and_key() {
         ),
         (
             "[server]\nlisten = \"127.0.0.1:8080\"\n[upstream]\nservers = [\"a:1\"]\nkeep_headers = [\"X-Debug\"]\n",
-            "t.toml:5: upstream.keep_headers[0]: \"X-Debug\" is not a header floodgate removes, so there is nothing to keep (see the list in the README)",
+            "t.toml:5: upstream.keep_headers[0]: \"X-Debug\" is not a header floodgate removes, so there is nothing to keep (see the list in docs/book/edge.md)",
         ),
         (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1h\"\ncost_from_response = {{ header = \"X-Cost\", max = 500, reserve = 200 }}\n"),

@@ -172,7 +172,7 @@ fn client_headers(u: &UpstreamSection) -> Result<ClientHeaders, Invalid> {
         if !client_headers::is_listed(name) {
             return Err(at(
                 &[&"upstream", &"keep_headers", &i],
-                format!("\"{name}\" is not a header floodgate removes, so there is nothing to keep (see the list in the README)"),
+                format!("\"{name}\" is not a header floodgate removes, so there is nothing to keep (see the list in docs/book/edge.md)"),
             ));
         }
     }

@@ -1,0 +1,239 @@
+//! The configuration reference (docs/book/configuration.md) against the
+//! parser: every key a section's type accepts has its row, and every row
+//! names a key that exists. The keys are read from the serde types
+//! themselves, so a key added to `file.rs` without its row fails here.
+
+use serde::de::{Error as _, Visitor};
+use serde::Deserialize;
+
+use super::file::{
+    AdminSection, BanSection, BlockSection, CertSection, ClientsSection, CostSection, CountSection,
+    ExemptSection, JwtSection, LimitSection, LogSection, MatchSection, MemorySection, RedisSection,
+    ResponseCostSection, ResponseSection, SentinelSection, ServerSection, TlsSection,
+    UpstreamSection,
+};
+
+const REFERENCE: &str = include_str!("../../docs/book/configuration.md");
+
+/// A deserializer that only listens: a derived `Deserialize` for a struct
+/// hands it the struct's field names (as renamed) before anything else.
+struct FieldNames<'a>(&'a mut Option<&'static [&'static str]>);
+
+impl<'de> serde::Deserializer<'de> for FieldNames<'_> {
+    type Error = serde::de::value::Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+        Err(Self::Error::custom("not a struct"))
+    }
+
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        fields: &'static [&'static str],
+        _visitor: V,
+    ) -> Result<V::Value, Self::Error> {
+        *self.0 = Some(fields);
+        Err(Self::Error::custom("fields read"))
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+        bytes byte_buf option unit unit_struct newtype_struct seq tuple
+        tuple_struct map enum identifier ignored_any
+    }
+}
+
+fn keys_of<T: for<'de> Deserialize<'de>>() -> Vec<&'static str> {
+    let mut fields = None;
+    let _ = T::deserialize(FieldNames(&mut fields));
+    let fields = fields.unwrap_or_else(|| panic!("{} is no struct", std::any::type_name::<T>()));
+    fields.to_vec()
+}
+
+/// The section's heading is "## `[name]`"; its rows run to the next heading.
+fn section(name: &str) -> &'static str {
+    let heading = format!("## `{name}`\n");
+    let start = REFERENCE
+        .find(&heading)
+        .unwrap_or_else(|| panic!("the reference has no section {name}"));
+    let body = &REFERENCE[start + heading.len()..];
+    &body[..body.find("\n## ").unwrap_or(body.len())]
+}
+
+/// Each table row's keys (the backquoted names of its first cell) with the
+/// rest of the row. A nested table's row (`[clients.jwt]`,
+/// `[limits.tiers.<tier>]`) names the key it is written under.
+fn rows(section: &str) -> Vec<(Vec<String>, &str)> {
+    section
+        .lines()
+        .filter_map(|line| {
+            let cells = line.strip_prefix('|')?;
+            let (first, rest) = cells.split_once('|')?;
+            let keys: Vec<String> = first
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .map(|quoted| {
+                    quoted
+                        .trim_matches(|c| c == '[' || c == ']')
+                        .split('.')
+                        .rfind(|part| !part.starts_with('<'))
+                        .unwrap_or_default()
+                        .to_owned()
+                })
+                .collect();
+            (!keys.is_empty()).then_some((keys, rest))
+        })
+        .collect()
+}
+
+/// Checks one section both ways; `elsewhere` are keys of the type that are
+/// documented as a section of their own.
+fn documented_as_parsed(name: &str, keys: &[&str], elsewhere: &[&str]) -> Vec<String> {
+    let documented: Vec<String> = rows(section(name))
+        .into_iter()
+        .flat_map(|(keys, _)| keys)
+        .collect();
+    let mut problems = Vec::new();
+    for key in keys {
+        if !elsewhere.contains(key) && !documented.iter().any(|d| d == key) {
+            problems.push(format!("{name}: `{key}` is parsed but has no row"));
+        }
+    }
+    for key in &documented {
+        if !keys.contains(&key.as_str()) {
+            problems.push(format!("{name}: `{key}` has a row but is not a key"));
+        }
+    }
+    problems
+}
+
+/// A key whose value is an inline table (`ban = { after, within,
+/// duration }`): each of its keys is named in the key's row.
+fn inline_keys_named(name: &str, key: &str, keys: &[&str]) -> Vec<String> {
+    let rows = rows(section(name));
+    let Some((_, row)) = rows
+        .iter()
+        .find(|(names, _)| names.iter().any(|n| n == key))
+    else {
+        return vec![format!("{name}: no row for `{key}`")];
+    };
+    keys.iter()
+        .filter(|inner| {
+            !row.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .any(|word| word == **inner)
+        })
+        .map(|inner| format!("{name}: the row of `{key}` does not name `{inner}`"))
+        .collect()
+}
+
+#[test]
+fn every_key_the_parser_takes_is_in_the_reference_and_no_other() {
+    let mut problems = Vec::new();
+    problems.extend(documented_as_parsed(
+        "[server]",
+        &keys_of::<ServerSection>(),
+        &["tls"],
+    ));
+    problems.extend(documented_as_parsed(
+        "[server.tls]",
+        &keys_of::<TlsSection>(),
+        &[],
+    ));
+    problems.extend(documented_as_parsed(
+        "[upstream]",
+        &keys_of::<UpstreamSection>(),
+        &[],
+    ));
+    problems.extend(documented_as_parsed("[log]", &keys_of::<LogSection>(), &[]));
+    problems.extend(documented_as_parsed(
+        "[admin]",
+        &keys_of::<AdminSection>(),
+        &[],
+    ));
+    problems.extend(documented_as_parsed(
+        "[memory]",
+        &keys_of::<MemorySection>(),
+        &[],
+    ));
+    problems.extend(documented_as_parsed(
+        "[redis]",
+        &keys_of::<RedisSection>(),
+        &[],
+    ));
+    problems.extend(documented_as_parsed(
+        "[clients]",
+        &keys_of::<ClientsSection>(),
+        &[],
+    ));
+    problems.extend(documented_as_parsed(
+        "[block]",
+        &keys_of::<BlockSection>(),
+        &[],
+    ));
+    problems.extend(documented_as_parsed(
+        "[exempt]",
+        &keys_of::<ExemptSection>(),
+        &[],
+    ));
+    problems.extend(documented_as_parsed(
+        "[[limits]]",
+        &keys_of::<LimitSection>(),
+        &[],
+    ));
+    problems.extend(documented_as_parsed(
+        "[[costs]]",
+        &keys_of::<CostSection>(),
+        &[],
+    ));
+    problems.extend(documented_as_parsed(
+        "[response]",
+        &keys_of::<ResponseSection>(),
+        &[],
+    ));
+    problems.extend(inline_keys_named(
+        "[server.tls]",
+        "certs",
+        &keys_of::<CertSection>(),
+    ));
+    problems.extend(inline_keys_named(
+        "[redis]",
+        "sentinel",
+        &keys_of::<SentinelSection>(),
+    ));
+    problems.extend(inline_keys_named(
+        "[clients]",
+        "jwt",
+        &keys_of::<JwtSection>(),
+    ));
+    for (key, keys) in [
+        ("match", keys_of::<MatchSection>()),
+        ("count", keys_of::<CountSection>()),
+        ("cost_from_response", keys_of::<ResponseCostSection>()),
+        ("ban", keys_of::<BanSection>()),
+    ] {
+        problems.extend(inline_keys_named("[[limits]]", key, &keys));
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_reading_of_the_reference_sees_what_it_should() {
+    // A check that reads nothing would pass: these are known rows.
+    let limits = rows(section("[[limits]]"));
+    assert!(limits.iter().any(|(keys, _)| keys == &["tiers"]));
+    assert!(limits
+        .iter()
+        .any(|(keys, _)| keys == &["period", "timezone", "week_starts"]));
+    assert_eq!(keys_of::<BanSection>(), ["after", "within", "duration"]);
+    assert!(keys_of::<LimitSection>().contains(&"match"));
+    let missing = documented_as_parsed("[block]", &["cidrs", "api_keys", "not_a_key"], &[]);
+    assert_eq!(
+        missing,
+        [
+            "[block]: `not_a_key` is parsed but has no row",
+            "[block]: `jwt_subjects` has a row but is not a key",
+            "[block]: `status` has a row but is not a key",
+        ]
+    );
+}
