@@ -6,7 +6,7 @@ command -v cmake >/dev/null 2>&1 || need+=(cmake)
 if [ "${FLOODGATE_NEEDS_REDIS:-0}" = 1 ]; then
   # The test suite's real servers and clients: Redis, openssl for test CAs,
   # curl and nghttp for HTTP/2, prlimit for the fd-limit test, pip for the
-  # Python gRPC and WebSocket clients.
+  # Python gRPC, WebSocket and HTTP/2 (h2, for how headers are encoded) clients.
   command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
   # The Sentinel tests' three sentinels.
   command -v redis-sentinel >/dev/null 2>&1 || need+=(redis-sentinel)
@@ -29,8 +29,8 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 command -v cargo >/dev/null 2>&1 || { echo "cargo is missing: install Rust from https://rustup.rs" >&2; exit 1; }
-if [ "${FLOODGATE_NEEDS_REDIS:-0}" = 1 ] && ! python3 -c 'import grpc, websockets, selenium' >/dev/null 2>&1; then
-  echo "installing: grpcio websockets selenium (PyPI)"
-  python3 -m pip install --quiet grpcio websockets selenium 2>/dev/null \
-    || python3 -m pip install --quiet --break-system-packages grpcio websockets selenium
+if [ "${FLOODGATE_NEEDS_REDIS:-0}" = 1 ] && ! python3 -c 'import grpc, websockets, selenium, h2' >/dev/null 2>&1; then
+  echo "installing: grpcio websockets selenium h2 (PyPI)"
+  python3 -m pip install --quiet grpcio websockets selenium h2 2>/dev/null \
+    || python3 -m pip install --quiet --break-system-packages grpcio websockets selenium h2
 fi

@@ -247,6 +247,25 @@ fn h2c_with_prior_knowledge_on_the_plain_listener() {
 }
 
 #[test]
+fn request_ids_go_over_http2_never_indexed_and_what_repeats_stays_indexable() {
+    // Each id is new: indexed, every response would store one in the
+    // connection's HPACK table, evicting what repeats, and the next would
+    // be compared with all of them.
+    let upstream = Upstream::start();
+    let proxy = ten_per_ip(ConfigBuilder::new(upstream.addr))
+        .server("h2c = true")
+        .start();
+    let got = run_client("h2_headers.py", &[&proxy.addr.to_string(), "/api/x", "3"]);
+    assert_eq!(got.len(), 3, "{got:?}");
+    for line in &got {
+        let fields: Vec<&str> = line.split(' ').collect();
+        assert_eq!(fields[0], "200", "{line}");
+        assert!(fields.contains(&"x-request-id=never"), "{line}");
+        assert!(fields.contains(&"ratelimit-policy=indexable"), "{line}");
+    }
+}
+
+#[test]
 fn check_shows_the_certificates_names_and_expiry() {
     let upstream = Upstream::start();
     let edge = edge(ConfigBuilder::new(upstream.addr), false);
