@@ -8,8 +8,8 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion};
 use floodgate::algorithm::Algorithm;
 use floodgate::clock::SystemClock;
-use floodgate::identity::StateKey;
 use floodgate::limiter::redis::LeaseSettings;
+use floodgate::limiter::StateKey;
 use floodgate::limiter::{Check, Instances, Leased, LimitName, MemoryStore, OnFailure, Store};
 
 fn check(algorithm: Algorithm) -> Check {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, Criterion};
 use floodgate::algorithm::Algorithm;
 use floodgate::clock::SystemClock;
-use floodgate::identity::StateKey;
+use floodgate::limiter::StateKey;
 use floodgate::limiter::{Check, LimitName, MemoryStore, OnFailure};
 
 const SEC: u64 = 1_000_000;

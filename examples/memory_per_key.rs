@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use floodgate::algorithm::Algorithm;
 use floodgate::clock::ManualClock;
-use floodgate::identity::StateKey;
+use floodgate::limiter::StateKey;
 use floodgate::limiter::{Check, LimitName, MemoryStore, OnFailure};
 
 const KEYS: usize = 1_000_000;

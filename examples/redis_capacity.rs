@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use floodgate::algorithm::Algorithm;
 use floodgate::clock::SystemClock;
-use floodgate::identity::StateKey;
 use floodgate::limiter::redis::{InstanceCount, LeaseSettings, Topology};
+use floodgate::limiter::StateKey;
 use floodgate::limiter::{
     Check, ClockSource, Instances, Leased, LimitName, OnFailure, RedisSettings, RedisStandalone,
     Store,

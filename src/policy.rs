@@ -5,10 +5,8 @@ use http::{HeaderMap, HeaderName, Method};
 
 use crate::algorithm::Algorithm;
 use crate::blocklist::Blocklist;
-use crate::identity::{
-    normalize_host, Client, ClientRules, IdentityError, KeyInputs, StateKey, Tier,
-};
-use crate::limiter::{Check, LimitId, LimitName, OnFailure, Slot};
+use crate::identity::{normalize_host, Client, ClientRules, IdentityError, KeyInputs, Tier};
+use crate::limiter::{Check, LimitId, LimitName, OnFailure, Slot, StateKey};
 use crate::path::PathRules;
 use crate::request_id::lease_id;
 

@@ -273,7 +273,7 @@ fn the_layers_point_one_way() {
     for (file, forbidden) in [
         ("limiter/", "config/"),
         ("headers.rs", "config/"),
-        ("identity.rs", "config/"),
+        ("identity/", "config/"),
         ("algorithm/", ""),
     ] {
         let found: Vec<String> = depends(file, forbidden)

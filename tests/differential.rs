@@ -11,8 +11,8 @@ use common::redis_server::RedisServer;
 use common::Rng;
 use floodgate::algorithm::{takes_lease, Algorithm, Calendar, Decision, Period};
 use floodgate::clock::ManualClock;
-use floodgate::identity::StateKey;
 use floodgate::limiter::redis::{InstanceCount, Topology};
+use floodgate::limiter::StateKey;
 use floodgate::limiter::{
     Check, ClockSource, LeaseAsk, LimitName, MemoryStore, OnFailure, RedisSettings,
     RedisStandalone, Store,

@@ -296,8 +296,8 @@ fn three_stores_leasing_from_one_redis_never_admit_past_the_limit() {
 
     use floodgate::algorithm::Algorithm;
     use floodgate::clock::{Clock, ManualClock};
-    use floodgate::identity::StateKey;
     use floodgate::limiter::redis::{InstanceCount, LeaseSettings, Topology};
+    use floodgate::limiter::StateKey;
     use floodgate::limiter::{
         Check, ClockSource, Instances, Leased, LimitName, MemoryStore, OnFailure, RedisSettings,
         RedisStandalone, Store,

@@ -418,8 +418,8 @@ fn concurrent_decisions_share_one_script_run() {
 
     use floodgate::algorithm::Algorithm;
     use floodgate::clock::SystemClock;
-    use floodgate::identity::StateKey;
     use floodgate::limiter::redis::{InstanceCount, Topology};
+    use floodgate::limiter::StateKey;
     use floodgate::limiter::{
         Check, ClockSource, LimitName, OnFailure, RedisSettings, RedisStandalone, Store,
     };

@@ -12,8 +12,8 @@ use common::redis_server::{RedisCluster as LocalCluster, RedisServer};
 use common::Rng;
 use floodgate::algorithm::Decision;
 use floodgate::clock::ManualClock;
-use floodgate::identity::StateKey;
 use floodgate::limiter::redis::{InstanceCount, Topology};
+use floodgate::limiter::StateKey;
 use floodgate::limiter::{
     ClockSource, LimitName, MemoryStore, OnFailure, RedisCluster, RedisSettings, RedisStandalone,
     Slot, Store,

@@ -11,8 +11,8 @@ use std::time::Duration;
 use common::redis_server::{RedisCluster as LocalCluster, RedisServer};
 use floodgate::algorithm::{Algorithm, Decision};
 use floodgate::clock::ManualClock;
-use floodgate::identity::StateKey;
 use floodgate::limiter::redis::{InstanceCount, Topology};
+use floodgate::limiter::StateKey;
 use floodgate::limiter::{
     Check, ClockSource, LimitName, MemoryStore, OnFailure, RedisCluster, RedisSettings,
     RedisStandalone, Store,

@@ -9,7 +9,8 @@ use serde_json::{json, Value};
 
 use super::reply::ApiError;
 use crate::algorithm::{Algorithm, Decision};
-use crate::identity::{ApiKey, KeySource, KnownPart, StateKey, Tier, SUBJECT};
+use crate::identity::{ApiKey, KeySource, KnownPart, Tier, SUBJECT};
+use crate::limiter::StateKey;
 use crate::limiter::{Check, LimitId, LimitName, OnFailure, Store};
 use crate::policy::{OnMissing, Policy, Rule};
 

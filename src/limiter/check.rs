@@ -4,7 +4,22 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::algorithm::{Algorithm, Decision};
-use crate::identity::StateKey;
+
+/// Where one layer's state lives: the limit and a fixed-size hash of the
+/// client's identity (never the raw value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StateKey {
+    pub limit: u64,
+    pub identity: u128,
+}
+
+impl StateKey {
+    /// Which of `shards` maps holds this key (the identity is already a keyed
+    /// hash, so no client can aim at a shard).
+    pub fn shard(&self, shards: usize) -> usize {
+        (self.identity as usize ^ self.limit as usize) % shards
+    }
+}
 
 /// A limit's name as the config spells it: what logs, headers, metrics and
 /// Redis keys call the limit. Cheap to clone.

@@ -14,12 +14,11 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use smallvec::SmallVec;
 
-use super::check::{Check, LeaseAsk, Slot};
+use super::check::{Check, LeaseAsk, Slot, StateKey};
 use super::error::LimiterError;
 use super::store::{Deciding, Store};
 use crate::algorithm::{Algorithm, Decision};
 use crate::clock::Clock;
-use crate::identity::StateKey;
 
 const SHARDS: usize = 16;
 

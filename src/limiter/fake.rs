@@ -7,13 +7,12 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use smallvec::SmallVec;
 
-use super::check::{Check, LeaseAsk, LimitName, OnFailure, Slot};
+use super::check::{Check, LeaseAsk, LimitName, OnFailure, Slot, StateKey};
 use super::error::LimiterError;
 use super::memory::MemoryStore;
 use super::store::{Deciding, Store};
 use crate::algorithm::{Algorithm, Decision};
 use crate::clock::Clock;
-use crate::identity::StateKey;
 
 pub const SEC: u64 = 1_000_000;
 pub const T0: u64 = 1_800_000_000 * SEC;

@@ -583,7 +583,7 @@ mod tests {
     async fn slots_without_the_shared_store_follow_on_failure() {
         let rig = rig(2);
         let slot = |id, on_failure| {
-            let key = crate::identity::StateKey {
+            let key = crate::limiter::StateKey {
                 limit: 1,
                 identity: 1,
             };

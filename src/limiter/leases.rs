@@ -42,7 +42,7 @@ use async_trait::async_trait;
 use smallvec::SmallVec;
 use tokio::sync::{mpsc, Notify};
 
-use super::check::{admitted, Check, LeaseAsk, Slot};
+use super::check::{admitted, Check, LeaseAsk, Slot, StateKey};
 use super::deny_cache::Forget;
 use super::error::LimiterError;
 use super::instances::Instances;
@@ -50,7 +50,6 @@ use super::redis::LeaseSettings;
 use super::store::{Deciding, Store};
 use crate::algorithm::{takes_lease, Algorithm, Decision, Kind};
 use crate::clock::{Clock, MonotonicClock};
-use crate::identity::StateKey;
 use crate::metrics::LeaseMetrics;
 
 const SHARDS: usize = 64;

@@ -23,12 +23,11 @@ use lru::LruCache;
 use prometheus::IntCounter;
 use smallvec::SmallVec;
 
-use super::check::{admitted, Check, LeaseAsk, Slot};
+use super::check::{admitted, Check, LeaseAsk, Slot, StateKey};
 use super::error::LimiterError;
 use super::store::{Deciding, Store};
 use crate::algorithm::{Decision, Evaluation, Slots, State, Update};
 use crate::clock::Clock;
-use crate::identity::StateKey;
 use crate::log_throttle::LogThrottle;
 
 const SHARDS: usize = 64;

@@ -26,7 +26,8 @@ mod store;
 mod fake;
 
 pub use check::{
-    admitted, Check, LeaseAsk, LimitId, LimitName, OnFailure, Slot, SlotError, MAX_LEASE_US,
+    admitted, Check, LeaseAsk, LimitId, LimitName, OnFailure, Slot, SlotError, StateKey,
+    MAX_LEASE_US,
 };
 pub use deny_cache::{Forget, Forgetter, KnownRefusals};
 pub use error::LimiterError;

@@ -15,11 +15,10 @@ use std::time::Duration;
 use log::{info, warn};
 use prometheus::IntGauge;
 
-use super::check::{OnFailure, Slot};
+use super::check::{OnFailure, Slot, StateKey};
 use super::error::LimiterError;
 use super::instances::Instances;
 use super::store::Store;
-use crate::identity::StateKey;
 use crate::limiter::LimitName;
 
 /// How often an instance renews its slot and reads the count.

@@ -12,8 +12,7 @@ use super::settings::{ClockSource, RedisSettings};
 use super::shared_connection::{Connect, SharedConnection};
 use crate::algorithm::{Algorithm, Decision, ALGORITHMS};
 use crate::clock::Clock;
-use crate::identity::StateKey;
-use crate::limiter::check::{Check, LeaseAsk, LimitName, Slot};
+use crate::limiter::check::{Check, LeaseAsk, LimitName, Slot, StateKey};
 use crate::limiter::error::LimiterError;
 
 /// The algorithm scripts and the entry point, joined into one script after

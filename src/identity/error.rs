@@ -1,0 +1,34 @@
+//! Why a request's client cannot be told: each a 400 with its own code.
+
+use http::HeaderName;
+
+/// A request whose client cannot be told for sure: answered with 400.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityError {
+    #[error("more than one API key header")]
+    AmbiguousApiKey,
+    #[error("a forwarded client entry from a trusted proxy is not an address")]
+    UnreadableForwardedEntry,
+    #[error("more than one value of the header {0}, which a limit is keyed on")]
+    AmbiguousKeyHeader(HeaderName),
+    #[error("more than one cookie {0}, which a limit is keyed on")]
+    AmbiguousKeyCookie(Box<str>),
+    #[error("more than one query parameter {0}, which a limit is keyed on")]
+    AmbiguousKeyQuery(Box<str>),
+    #[error("the request lacks what limit {0} is keyed on")]
+    MissingKey(Box<str>),
+}
+
+impl IdentityError {
+    /// The `error` of the 400's JSON body.
+    pub fn code(&self) -> &'static str {
+        match self {
+            IdentityError::AmbiguousApiKey => "ambiguous_api_key",
+            IdentityError::UnreadableForwardedEntry => "bad_forwarded_header",
+            IdentityError::AmbiguousKeyHeader(_) => "ambiguous_key_header",
+            IdentityError::AmbiguousKeyCookie(_) => "ambiguous_key_cookie",
+            IdentityError::AmbiguousKeyQuery(_) => "ambiguous_key_query",
+            IdentityError::MissingKey(_) => "missing_key",
+        }
+    }
+}

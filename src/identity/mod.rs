@@ -1,0 +1,344 @@
+//! Who is asking: the client's address (the TCP peer, or the forwarded client
+//! address when the peer is a trusted proxy), its API key and tier, and the
+//! keyed hashes that stand for them in limit state.
+
+mod error;
+mod forwarded;
+mod hashing;
+mod keys;
+mod tiers;
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderName};
+use ipnet::IpNet;
+use smallvec::SmallVec;
+
+use crate::jwt::{ClaimPath, JwtRules, TokenCheck};
+pub use error::IdentityError;
+pub use forwarded::{normalize, ForwardedHeader};
+use hashing::Kind;
+pub use hashing::{random_key, IdentityHasher, IdentityKeySource};
+use keys::{cookie, query_parameter};
+pub use keys::{form_decode, normalize_host, KeyInputs, KeySource, KnownPart};
+pub use tiers::{Tier, Tiers, ANONYMOUS, INTERNAL};
+
+/// Validated `[clients]` settings.
+#[derive(Debug, Clone)]
+pub struct ClientRules {
+    pub api_key_header: HeaderName,
+    pub trusted_proxies: Vec<IpNet>,
+    pub forwarded_header: ForwardedHeader,
+    pub ipv6_prefix: u8,
+    pub internal: Vec<IpNet>,
+    pub api_keys: HashMap<Box<[u8]>, Tier>,
+    /// Every tier the configuration names, anonymous and internal included.
+    pub tiers: Tiers,
+    pub hasher: IdentityHasher,
+    /// `[clients.jwt]`, when set.
+    pub jwt: Option<Arc<JwtRules>>,
+}
+
+/// A known API key, never kept in the clear beyond the lookup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKey {
+    /// Identity of the key for limit state.
+    pub hash: u128,
+    pub tier: Tier,
+}
+
+impl ApiKey {
+    /// What logs show instead of the key: enough to tell keys apart.
+    pub fn log_label(&self) -> String {
+        ApiKey::label_of(self.hash)
+    }
+
+    /// The label of the key whose identity is `hash`.
+    pub fn label_of(hash: u128) -> String {
+        format!("key#{:08x}", (hash >> 96) as u32)
+    }
+}
+
+/// The identified client of one request.
+#[derive(Debug, Clone)]
+pub struct Client {
+    /// The client's own address, as resolved (not aggregated).
+    pub address: IpAddr,
+    /// Trusted proxies between the client and the peer, client side first:
+    /// with the peer, the chain the upstream is told of.
+    pub via: SmallVec<[IpAddr; 2]>,
+    /// The client address, aggregated (IPv6 to its prefix).
+    pub ip: IpAddr,
+    pub ip_prefix: u8,
+    /// Identity of the (aggregated) address for limit state.
+    pub ip_hash: u128,
+    pub api_key: Option<ApiKey>,
+    pub tier: Tier,
+    /// The keyed hash of a verified token's subject, when there is one.
+    pub subject_hash: Option<u128>,
+    /// What the request's token came to, when `[clients.jwt]` is set.
+    pub token: Option<TokenCheck>,
+}
+
+impl Client {
+    /// For the rejection log: address, key label and tier.
+    pub fn log_label(&self) -> String {
+        let ip = self.address_label();
+        match &self.api_key {
+            Some(k) => format!("ip={ip} {} tier={}", k.log_label(), self.tier),
+            None => format!("ip={ip} tier={}", self.tier),
+        }
+    }
+}
+
+impl Client {
+    /// The (aggregated) address as logs print it: IPv6 with its prefix.
+    pub fn address_label(&self) -> String {
+        match self.ip {
+            IpAddr::V6(_) => format!("{}/{}", self.ip, self.ip_prefix),
+            IpAddr::V4(_) => self.ip.to_string(),
+        }
+    }
+}
+
+/// The claim `[block].jwt_subjects`, `jwt:sub` and the admin API's
+/// `jwt_sub` read.
+pub static SUBJECT: std::sync::LazyLock<ClaimPath> =
+    std::sync::LazyLock::new(|| ClaimPath::parse("sub").unwrap_or_else(|| unreachable!()));
+
+impl ClientRules {
+    /// Who asks, by address and API key; its token is `apply_token`'s.
+    pub fn identify(&self, peer: IpAddr, headers: &HeaderMap) -> Result<Client, IdentityError> {
+        let (client_ip, via) = forwarded::client_address(
+            normalize(peer),
+            headers,
+            self.forwarded_header,
+            &self.trusted_proxies,
+        )?;
+        let (ip, ip_prefix) = self.address_group(client_ip);
+        let mut key_values = headers.get_all(&self.api_key_header).iter();
+        let key_value = key_values.next();
+        if key_values.next().is_some() {
+            // The upstream might read either one: no limit may be keyed on a guess.
+            return Err(IdentityError::AmbiguousApiKey);
+        }
+        let api_key = key_value.and_then(|value| {
+            let tier = self.api_keys.get(value.as_bytes())?;
+            Some(ApiKey {
+                hash: self.hasher.hash(Kind::ApiKey, value.as_bytes()),
+                tier: tier.clone(),
+            })
+        });
+        let tier = if self.internal.iter().any(|n| n.contains(&client_ip)) {
+            self.tiers.internal()
+        } else {
+            api_key
+                .as_ref()
+                .map_or_else(|| self.tiers.anonymous(), |k| k.tier.clone())
+        };
+        Ok(Client {
+            address: client_ip,
+            via,
+            ip,
+            ip_prefix,
+            ip_hash: self.ip_hash(ip, ip_prefix),
+            api_key,
+            tier,
+            subject_hash: None,
+            token: None,
+        })
+    }
+
+    /// The client as its token says, once the token is known or checked
+    /// (`identify` leaves it out: a signature is checked only where a claim
+    /// is needed, and after the cheaper refusals). A verified token's tier
+    /// claim names the tier before an API key; an internal address stays
+    /// internal.
+    pub fn apply_token(&self, client: &mut Client, token: TokenCheck) {
+        if let (Some(jwt), Some(claims)) = (&self.jwt, token.claims()) {
+            let internal = self.internal.iter().any(|n| n.contains(&client.address));
+            let token_tier = jwt
+                .tier_claim
+                .as_ref()
+                .and_then(|path| claims.get(path))
+                .and_then(|value| {
+                    self.tiers
+                        .get(jwt.tiers.get(std::str::from_utf8(&value).ok()?)?)
+                });
+            if let (false, Some(tier)) = (internal, token_tier) {
+                client.tier = tier;
+            }
+            client.subject_hash = claims.get(&SUBJECT).map(|s| self.subject_hash(&s));
+        }
+        client.token = Some(token);
+    }
+
+    /// The keyed hash of an API key as sent (known to `api_keys` or not).
+    pub fn api_key_hash(&self, key: &[u8]) -> u128 {
+        self.hasher.hash(Kind::ApiKey, key)
+    }
+
+    /// The keyed hash of a token's subject.
+    pub fn subject_hash(&self, subject: &[u8]) -> u128 {
+        self.hasher.hash(Kind::Subject, subject)
+    }
+
+    fn ip_hash(&self, ip: IpAddr, prefix: u8) -> u128 {
+        let mut bytes = [0u8; 17];
+        let len = match ip {
+            IpAddr::V4(v4) => {
+                bytes[..4].copy_from_slice(&v4.octets());
+                4
+            }
+            IpAddr::V6(v6) => {
+                bytes[..16].copy_from_slice(&v6.octets());
+                16
+            }
+        };
+        bytes[len] = prefix;
+        self.hasher.hash(Kind::Ip, &bytes[..=len])
+    }
+
+    /// The identity hash a limit keys on; `None` when the request lacks it
+    /// (an `api_key` limit on an anonymous request), and the limit is skipped.
+    pub fn identity_of(
+        &self,
+        key: &KeySource,
+        client: &Client,
+        inputs: &KeyInputs<'_>,
+    ) -> Result<Option<u128>, IdentityError> {
+        Ok(match key {
+            KeySource::Ip => Some(client.ip_hash),
+            KeySource::ApiKey => client.api_key.as_ref().map(|k| k.hash),
+            KeySource::Header(name) => {
+                let mut values = inputs.headers.get_all(name).iter();
+                let value = values.next();
+                if values.next().is_some() {
+                    return Err(IdentityError::AmbiguousKeyHeader(name.clone()));
+                }
+                value.map(|v| self.hash_value(Kind::Header, v.as_bytes(), inputs.fold_case))
+            }
+            KeySource::Global => Some(0),
+            KeySource::Cookie(name) => cookie(inputs.headers, name)?
+                .map(|v| self.hash_value(Kind::Cookie, &v, inputs.fold_case)),
+            KeySource::Query(name) => query_parameter(inputs.query, name)?
+                .map(|v| self.hash_value(Kind::Query, &v, inputs.fold_case)),
+            KeySource::Host => inputs
+                .host
+                .map(|h| self.hasher.hash(Kind::Host, h.as_bytes())),
+            KeySource::Route => Some(self.hasher.hash(Kind::Route, inputs.route.as_bytes())),
+            KeySource::Jwt(path) => client
+                .token
+                .as_ref()
+                .and_then(TokenCheck::claims)
+                .and_then(|claims| claims.get(path))
+                .map(|value| self.hasher.hash(Kind::Claim, &value)),
+            KeySource::Composite(parts) => {
+                let mut joined = Vec::with_capacity(16 * parts.len());
+                for part in parts {
+                    match self.identity_of(part, client, inputs)? {
+                        Some(identity) => joined.extend_from_slice(&identity.to_le_bytes()),
+                        None => return Ok(None),
+                    }
+                }
+                Some(self.hasher.hash(Kind::Composite, &joined))
+            }
+        })
+    }
+
+    /// The identity a limit keyed on `key` gives a client known by `part`
+    /// alone (the admin API's lookups): none when the key reads something
+    /// else, or reads more than one thing (a composite key).
+    pub fn identity_for(
+        &self,
+        key: &KeySource,
+        part: &KnownPart<'_>,
+        fold_case: bool,
+    ) -> Option<u128> {
+        let hash = |kind, value: &[u8]| Some(self.hash_value(kind, value, fold_case));
+        match (key, part) {
+            (KeySource::Ip, KnownPart::Ip(ip)) => Some(self.address_identity(*ip)),
+            (KeySource::ApiKey, KnownPart::ApiKey(value)) => hash(Kind::ApiKey, value),
+            (KeySource::Header(name), KnownPart::Header(asked, value)) if name == *asked => {
+                hash(Kind::Header, value)
+            }
+            (KeySource::Cookie(name), KnownPart::Cookie(asked, value)) if **name == **asked => {
+                hash(Kind::Cookie, value)
+            }
+            (KeySource::Query(name), KnownPart::Query(asked, value)) if **name == **asked => {
+                hash(Kind::Query, value)
+            }
+            (KeySource::Jwt(path), KnownPart::Claim(asked, value)) if path == *asked => {
+                hash(Kind::Claim, value)
+            }
+            _ => None,
+        }
+    }
+
+    /// A value a client sends (header, cookie, query parameter, or a
+    /// claim), hashed as it is or ignoring case. Folding applies to the
+    /// values a client types, never to an API key (`Kind::ApiKey` keeps
+    /// its bytes: a key is a secret, and case is part of it).
+    fn hash_value(&self, kind: Kind, value: &[u8], fold_case: bool) -> u128 {
+        let folds = matches!(kind, Kind::Header | Kind::Cookie | Kind::Query);
+        if !fold_case || !folds {
+            return self.hasher.hash(kind, value);
+        }
+        let folded = match std::str::from_utf8(value) {
+            Ok(text) => text.to_lowercase().into_bytes(),
+            Err(_) => value.to_ascii_lowercase(),
+        };
+        self.hasher.hash(kind, &folded)
+    }
+
+    /// The identity of a client address as limits key it: IPv6 grouped by
+    /// `ipv6_prefix`.
+    pub fn address_identity(&self, ip: IpAddr) -> u128 {
+        let (group, prefix) = self.address_group(normalize(ip));
+        self.ip_hash(group, prefix)
+    }
+
+    /// The group an address is limited as, and its prefix length: an IPv4
+    /// address alone, an IPv6 one with every address of its `ipv6_prefix`
+    /// (a host is handed a /64 at least, and may pick any address in it).
+    fn address_group(&self, ip: IpAddr) -> (IpAddr, u8) {
+        match ip {
+            IpAddr::V4(_) => (ip, 32),
+            IpAddr::V6(_) => (
+                IpNet::new(ip, self.ipv6_prefix).map_or(ip, |n| n.trunc().network()),
+                self.ipv6_prefix,
+            ),
+        }
+    }
+
+    /// The tier a request from `ip` without key or token is in.
+    pub fn tier_of_address(&self, ip: IpAddr) -> Tier {
+        let ip = normalize(ip);
+        if self.internal.iter().any(|n| n.contains(&ip)) {
+            self.tiers.internal()
+        } else {
+            self.tiers.anonymous()
+        }
+    }
+
+    /// The address a connection from `peer` counts against for the
+    /// per-address connection cap: IPv6 grouped by `ipv6_prefix`, as limits
+    /// group it; none for a trusted proxy, whose connections carry many
+    /// clients.
+    pub fn connection_group(&self, peer: IpAddr) -> Option<IpAddr> {
+        let peer = normalize(peer);
+        if self.is_trusted(&peer) {
+            return None;
+        }
+        Some(self.address_group(peer).0)
+    }
+
+    pub fn is_trusted(&self, ip: &IpAddr) -> bool {
+        self.trusted_proxies.iter().any(|n| n.contains(ip))
+    }
+}
+
+#[cfg(test)]
+mod tests;

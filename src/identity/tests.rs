@@ -1,0 +1,326 @@
+use super::*;
+
+fn rules_with(forwarded_header: ForwardedHeader) -> ClientRules {
+    let mut api_keys = HashMap::new();
+    let mut tiers = Tiers::default();
+    api_keys.insert(b"k-pro".to_vec().into_boxed_slice(), tiers.intern("pro"));
+    ClientRules {
+        api_key_header: HeaderName::from_static("x-api-key"),
+        trusted_proxies: vec!["10.0.0.0/8".parse().unwrap()],
+        forwarded_header,
+        ipv6_prefix: 64,
+        internal: vec!["192.168.0.0/16".parse().unwrap()],
+        api_keys,
+        tiers,
+        hasher: IdentityHasher::from_secret(b"test secret of sixteen bytes"),
+        jwt: None,
+    }
+}
+
+fn rules() -> ClientRules {
+    rules_with(ForwardedHeader::XForwardedFor)
+}
+
+fn headers(pairs: &[(&str, &[u8])]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (k, v) in pairs {
+        h.append(
+            HeaderName::from_bytes(k.as_bytes()).unwrap(),
+            http::HeaderValue::from_bytes(v).unwrap(),
+        );
+    }
+    h
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn client_of(
+    r: &ClientRules,
+    peer: &str,
+    pairs: &[(&str, &[u8])],
+) -> Result<IpAddr, IdentityError> {
+    r.identify(ip(peer), &headers(pairs)).map(|c| c.ip)
+}
+
+#[test]
+fn forwarded_for_is_read_only_from_trusted_peers() {
+    let r = rules();
+    let chain: &[(&str, &[u8])] = &[("x-forwarded-for", b"6.6.6.6, 1.2.3.4, 10.0.0.7")];
+    assert_eq!(client_of(&r, "8.8.8.8", chain), Ok(ip("8.8.8.8")));
+    assert_eq!(client_of(&r, "10.1.1.1", chain), Ok(ip("1.2.3.4")));
+    let c = r.identify(ip("10.1.1.1"), &headers(chain)).unwrap();
+    assert_eq!(c.via.as_slice(), [ip("10.0.0.7")]);
+    let all_trusted: &[(&str, &[u8])] = &[("x-forwarded-for", b"10.0.0.9, 10.0.0.7")];
+    assert_eq!(client_of(&r, "10.1.1.1", all_trusted), Ok(ip("10.0.0.9")));
+    let split: &[(&str, &[u8])] = &[
+        ("x-forwarded-for", b"5.5.5.5"),
+        ("x-forwarded-for", b"10.0.0.2"),
+    ];
+    assert_eq!(client_of(&r, "10.1.1.1", split), Ok(ip("5.5.5.5")));
+    // No header from a trusted peer: the peer is the client.
+    assert_eq!(client_of(&r, "10.1.1.1", &[]), Ok(ip("10.1.1.1")));
+}
+
+#[test]
+fn one_odd_entry_spoils_only_itself() {
+    let r = rules();
+    // Garbage left of the client is never read.
+    for value in [
+        &b"\x80x, 198.51.100.11"[..],
+        b"bogus, 198.51.100.11, 10.0.0.7",
+        b", ,198.51.100.11,,",
+        b"\"quoted, 198.51.100.11",
+    ] {
+        assert_eq!(
+            client_of(&r, "10.1.1.1", &[("x-forwarded-for", value)]),
+            Ok(ip("198.51.100.11")),
+            "{}",
+            String::from_utf8_lossy(value)
+        );
+    }
+    // Garbage reached by the walk is never pinned on the proxy.
+    for value in [
+        &b"1.2.3.4, bogus, 10.0.0.7"[..],
+        b"1.2.3.4, \xff",
+        b"unknown",
+    ] {
+        assert_eq!(
+            client_of(&r, "10.1.1.1", &[("x-forwarded-for", value)]),
+            Err(IdentityError::UnreadableForwardedEntry),
+            "{}",
+            String::from_utf8_lossy(value)
+        );
+    }
+}
+
+#[test]
+fn only_the_configured_header_is_read() {
+    let xff = rules();
+    let fwd = rules_with(ForwardedHeader::Forwarded);
+    let both: &[(&str, &[u8])] = &[
+        ("x-forwarded-for", b"7.7.7.7"),
+        ("forwarded", b"for=9.9.9.9;proto=https"),
+    ];
+    assert_eq!(client_of(&xff, "10.1.1.1", both), Ok(ip("7.7.7.7")));
+    assert_eq!(client_of(&fwd, "10.1.1.1", both), Ok(ip("9.9.9.9")));
+    // A client's own X-Forwarded-For behind a Forwarded-writing proxy.
+    let spoof: &[(&str, &[u8])] = &[("x-forwarded-for", b"1.1.1.1")];
+    assert_eq!(client_of(&fwd, "10.1.1.1", spoof), Ok(ip("10.1.1.1")));
+}
+
+#[test]
+fn forwarded_header_is_understood() {
+    let r = rules_with(ForwardedHeader::Forwarded);
+    let h: &[(&str, &[u8])] = &[(
+        "forwarded",
+        b"for=9.9.9.9;proto=https, For=\"[2001:db8::5]:4711\";by=\"a,b\"",
+    )];
+    assert_eq!(client_of(&r, "10.1.1.1", h), Ok(ip("2001:db8::")));
+    let v4_port: &[(&str, &[u8])] = &[("forwarded", b"for=\"192.0.2.43:47011\"")];
+    assert_eq!(client_of(&r, "10.1.1.1", v4_port), Ok(ip("192.0.2.43")));
+    // A quote the client left open cannot swallow the proxy's element.
+    let swallow: &[(&str, &[u8])] = &[("forwarded", b"for=10.0.0.1;x=\", for=203.0.113.7")];
+    assert_eq!(
+        client_of(&r, "10.1.1.1", swallow),
+        Err(IdentityError::UnreadableForwardedEntry)
+    );
+    let two_lines: &[(&str, &[u8])] = &[
+        ("forwarded", b"for=10.0.0.1;x=\""),
+        ("forwarded", b"for=203.0.113.7"),
+    ];
+    assert_eq!(client_of(&r, "10.1.1.1", two_lines), Ok(ip("203.0.113.7")));
+    for bad in [
+        &b"for=unknown"[..],
+        b"proto=https",
+        b"for=_hidden",
+        b"for=1.2.3.4;for=5.6.7.8",
+    ] {
+        assert_eq!(
+            client_of(&r, "10.1.1.1", &[("forwarded", bad)]),
+            Err(IdentityError::UnreadableForwardedEntry)
+        );
+    }
+}
+
+#[test]
+fn ipv6_is_aggregated_and_mapped_v4_normalised() {
+    let r = rules();
+    let a = r
+        .identify(ip("2001:db8:1:2:aaaa::1"), &HeaderMap::new())
+        .unwrap();
+    let b = r
+        .identify(ip("2001:db8:1:2:bbbb::9"), &HeaderMap::new())
+        .unwrap();
+    assert_eq!(a.ip, b.ip);
+    assert_eq!(a.ip_hash, b.ip_hash);
+    assert_eq!(a.ip, ip("2001:db8:1:2::"));
+    assert_eq!(client_of(&r, "::ffff:1.2.3.4", &[]), Ok(ip("1.2.3.4")));
+}
+
+#[test]
+fn tiers_come_from_listed_keys_and_internal_ranges() {
+    let r = rules();
+    let pro = r
+        .identify(ip("1.1.1.1"), &headers(&[("x-api-key", b"k-pro")]))
+        .unwrap();
+    assert_eq!(pro.tier.name(), "pro");
+    assert!(pro.api_key.is_some());
+    let made_up = r
+        .identify(ip("1.1.1.1"), &headers(&[("x-api-key", b"k-made-up")]))
+        .unwrap();
+    assert_eq!(made_up.tier.name(), ANONYMOUS);
+    assert!(made_up.api_key.is_none());
+    let internal = r
+        .identify(ip("192.168.3.3"), &headers(&[("x-api-key", b"k-pro")]))
+        .unwrap();
+    assert_eq!(internal.tier.name(), INTERNAL);
+    let label = pro.log_label();
+    assert!(
+        !label.contains("k-pro") && label.contains("key#"),
+        "{label}"
+    );
+}
+
+#[test]
+fn two_api_keys_are_refused() {
+    let r = rules();
+    let h = headers(&[("x-api-key", b"junk"), ("x-api-key", b"k-pro")]);
+    assert_eq!(
+        r.identify(ip("1.1.1.1"), &h).map(|c| c.tier),
+        Err(IdentityError::AmbiguousApiKey)
+    );
+}
+
+#[test]
+fn hashes_depend_on_the_secret_and_the_kind() {
+    let a = rules();
+    let mut b = rules();
+    b.hasher = IdentityHasher::from_secret(b"another secret, sixteen bytes+");
+    let peer = ip("203.0.113.9");
+    let ca = a.identify(peer, &HeaderMap::new()).unwrap();
+    let cb = b.identify(peer, &HeaderMap::new()).unwrap();
+    assert_ne!(ca.ip_hash, cb.ip_hash);
+    let name = HeaderName::from_static("x-tenant");
+    let twice = headers(&[("x-tenant", b"a"), ("x-tenant", b"b")]);
+    assert_eq!(
+        a.identity_of(&KeySource::Header(name.clone()), &ca, &inputs(&twice, None)),
+        Err(IdentityError::AmbiguousKeyHeader(name))
+    );
+    assert_ne!(IdentityHasher::per_process(), IdentityHasher::public());
+    assert_eq!(IdentityHasher::per_process(), IdentityHasher::per_process());
+}
+
+fn inputs<'a>(headers: &'a HeaderMap, query: Option<&'a str>) -> KeyInputs<'a> {
+    KeyInputs {
+        headers,
+        query,
+        host: None,
+        route: "/users/*",
+        fold_case: false,
+    }
+}
+
+#[test]
+fn values_compared_ignoring_case_share_one_identity() {
+    let r = rules();
+    let client = r.identify(ip("1.1.1.1"), &HeaderMap::new()).unwrap();
+    let tenant = KeySource::Header(HeaderName::from_static("x-tenant"));
+    let id = |value: &[u8], fold_case: bool| {
+        let h = headers(&[("x-tenant", value)]);
+        let inputs = KeyInputs {
+            fold_case,
+            ..inputs(&h, None)
+        };
+        r.identity_of(&tenant, &client, &inputs).unwrap()
+    };
+    assert_ne!(id(b"Acme", false), id(b"acme", false));
+    assert_eq!(id(b"Acme", true), id(b"acme", true));
+    assert_eq!(id(b"ACME", true), id(b"acme", true));
+    assert_eq!(id("ÉCOLE".as_bytes(), true), id("école".as_bytes(), true));
+    assert_ne!(id(b"acme", true), id(b"acme2", true));
+    // The admin API's lookup folds as requests do.
+    let part = KnownPart::Header(&HeaderName::from_static("x-tenant"), b"ACME");
+    assert_eq!(r.identity_for(&tenant, &part, true), id(b"acme", true));
+    // An API key is a secret: its case is kept.
+    let key = KnownPart::ApiKey(b"K-Pro");
+    assert_ne!(
+        r.identity_for(&KeySource::ApiKey, &key, true),
+        r.identity_for(&KeySource::ApiKey, &KnownPart::ApiKey(b"k-pro"), true)
+    );
+}
+
+#[test]
+fn cookies_queries_and_composites_are_read_as_applications_read_them() {
+    let r = rules();
+    let client = r.identify(ip("203.0.113.9"), &HeaderMap::new()).unwrap();
+    let none = HeaderMap::new();
+    let id = |key: &KeySource, headers: &HeaderMap, query: Option<&str>| {
+        r.identity_of(key, &client, &inputs(headers, query))
+    };
+    let session = KeySource::Cookie("session".into());
+    let a = headers(&[("cookie", b"theme=dark; session=abc")]);
+    let split = headers(&[("cookie", b"theme=dark"), ("cookie", b"session=abc")]);
+    assert!(id(&session, &a, None).unwrap().is_some());
+    assert_eq!(id(&session, &a, None), id(&session, &split, None));
+    // Quoted or escaped, as frameworks read it: one session.
+    for spelling in [
+        &b"session=\"abc\""[..],
+        b"session=%61bc",
+        b"s%65ssion=a%62c",
+    ] {
+        let spelled = headers(&[("cookie", spelling)]);
+        assert_eq!(id(&session, &spelled, None), id(&session, &a, None));
+    }
+    assert_eq!(id(&session, &none, None), Ok(None));
+    let twice = headers(&[("cookie", b"session=abc; session=def")]);
+    assert_eq!(
+        id(&session, &twice, None),
+        Err(IdentityError::AmbiguousKeyCookie("session".into()))
+    );
+    // One value however it is spelled; a name spelled twice is ambiguous.
+    let user = KeySource::Query("user".into());
+    let plain = id(&user, &none, Some("user=ann+lee&x=1")).unwrap();
+    assert!(plain.is_some());
+    assert_eq!(id(&user, &none, Some("x=1&user=ann%20lee")).unwrap(), plain);
+    assert_eq!(id(&user, &none, Some("us%65r=ann+lee")).unwrap(), plain);
+    assert_eq!(
+        id(&user, &none, Some("user=a&us%65r=b")),
+        Err(IdentityError::AmbiguousKeyQuery("user".into()))
+    );
+    assert_eq!(id(&user, &none, Some("username=x")), Ok(None));
+    assert_eq!(id(&user, &none, None), Ok(None));
+    // A cookie's value and a query parameter's are different identities.
+    let same = headers(&[("cookie", b"user=ann")]);
+    assert_ne!(
+        id(&KeySource::Cookie("user".into()), &same, None),
+        id(&user, &none, Some("user=ann"))
+    );
+    // Composite: all parts or nothing; the route is the pattern.
+    let both = KeySource::Composite(vec![session.clone(), KeySource::Route]);
+    assert!(id(&both, &a, None).unwrap().is_some());
+    assert_ne!(id(&both, &a, None), id(&session, &a, None));
+    assert_eq!(id(&both, &none, None), Ok(None));
+    let other_route = KeyInputs {
+        route: "/orders",
+        ..inputs(&a, None)
+    };
+    assert_ne!(
+        r.identity_of(&both, &client, &other_route),
+        id(&both, &a, None)
+    );
+}
+
+#[test]
+fn hosts_compare_without_port_case_or_final_dot() {
+    for (host, expected) in [
+        ("API.Example.com", "api.example.com"),
+        ("api.example.com:8443", "api.example.com"),
+        ("api.example.com.", "api.example.com"),
+        ("[::1]:8080", "[::1]"),
+        ("127.0.0.1:80", "127.0.0.1"),
+    ] {
+        assert_eq!(normalize_host(host), expected, "{host}");
+    }
+}
