@@ -8,9 +8,9 @@ use serde::Deserialize;
 
 use super::file::{
     AdminSection, BanSection, BlockSection, CertSection, ClientsSection, CostSection, CountSection,
-    ExemptSection, JwtSection, LimitSection, LogSection, MatchSection, MemorySection, RedisSection,
-    ResponseCostSection, ResponseSection, SentinelSection, ServerSection, TlsSection,
-    UpstreamSection,
+    ExemptSection, FileConfig, JwtSection, LimitSection, LogSection, MatchSection, MemorySection,
+    Numbers, RedisSection, ResponseCostSection, ResponseSection, SentinelSection, ServerSection,
+    TlsSection, UpstreamSection,
 };
 
 const REFERENCE: &str = include_str!("../../docs/book/configuration.md");
@@ -213,6 +213,23 @@ fn every_key_the_parser_takes_is_in_the_reference_and_no_other() {
         ("ban", keys_of::<BanSection>()),
     ] {
         problems.extend(inline_keys_named("[[limits]]", key, &keys));
+    }
+    // Every table of the file has its section, as a table or a list of them.
+    for table in keys_of::<FileConfig>() {
+        let plain = format!("## `[{table}]`\n");
+        let list = format!("## `[[{table}]]`\n");
+        if !REFERENCE.contains(&plain) && !REFERENCE.contains(&list) {
+            problems.push(format!("[{table}] is parsed but has no section"));
+        }
+    }
+    // A tier's overrides are a limit's own numbers, documented there.
+    let limit_keys = keys_of::<LimitSection>();
+    for number in keys_of::<Numbers>() {
+        if !limit_keys.contains(&number) {
+            problems.push(format!(
+                "[limits.tiers.<tier>]: `{number}` is no key of a limit, so no row says it"
+            ));
+        }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
