@@ -9,7 +9,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends cmake && rm -rf
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
-COPY lua ./lua
+COPY crates ./crates
 RUN cargo build --release --bin floodgate
 # Inside a container the proxy must listen beyond loopback. The admin
 # listener serves the health check, which runs inside the container: on

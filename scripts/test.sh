@@ -5,12 +5,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 FLOODGATE_NEEDS_REDIS=1 source scripts/setup.sh
 cargo fmt --all -- --check
-cargo clippy --all-targets -- -D warnings
+cargo clippy --workspace --all-targets -- -D warnings
 # The benches only have to keep compiling; they run with `cargo bench`.
-cargo bench --no-run
+cargo bench --workspace --no-run
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
-cargo test --all-targets 2>&1 | tee "$log"
+cargo test --workspace --all-targets 2>&1 | tee "$log"
+# --all-targets leaves out doc tests, where the limiter's usage example is.
+cargo test --workspace --doc 2>&1 | tee -a "$log"
 # One closing line for the whole run: cargo prints one per test binary, and
 # the last of them belongs to a binary without tests.
 passed=$(grep -o 'test result: [a-zA-Z]*\. [0-9]* passed' "$log" | awk '{n += $4} END {print n + 0}')

@@ -4,6 +4,7 @@
 //! (`LayerCounters`), so a request increments an atomic and never looks a
 //! label up.
 
+pub use floodgate_limiter::metrics::{LeaseMetrics, RedisMetrics};
 use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
     TextEncoder,
@@ -69,30 +70,6 @@ impl TokenMetrics {
             TokenCheck::Rejected(why) => self.rejected[*why as usize].inc(),
         }
     }
-}
-
-/// What the Redis store reports.
-#[derive(Clone)]
-pub struct RedisMetrics {
-    pub call_seconds: Histogram,
-    pub failures: IntCounter,
-    pub fallback_decisions: IntCounter,
-    pub leases: LeaseMetrics,
-    /// The instances sharing Redis, as the fallback's share divides by.
-    pub instances: IntGauge,
-}
-
-/// What leases of the shared budget do (`limiter::Leased`).
-#[derive(Clone)]
-pub struct LeaseMetrics {
-    /// Leases taken beside a decision.
-    pub taken: IntCounter,
-    /// Requests decided from a lease, with no Redis call.
-    pub decisions: IntCounter,
-    /// Units given back unused.
-    pub returned_units: IntCounter,
-    /// Leases held now (updated every few hundred milliseconds).
-    pub held: IntGauge,
 }
 
 /// What the connection layer reports.

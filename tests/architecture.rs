@@ -1,17 +1,27 @@
-//! The layering the code map promises, checked on the sources: which module
-//! may depend on which, and no two files that depend on each other, directly
-//! or round a loop. A dependency is any path into the crate a file names
+//! What Cargo cannot check of the layering. Between crates, the manifests
+//! hold it (floodgate-algorithm names no other crate of floodgate,
+//! floodgate-limiter only the algorithms, floodgate-policy those two); within
+//! each crate, these tests do: no two files depend on each other, directly or
+//! round a loop, and the binary crate's rate-limit headers know nothing of
+//! the config. A dependency is any path into the crate a file names
 //! (`use crate::...`, `use super::...`, or a path written inline), resolved
 //! to the file that defines the module it names.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-const SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+/// Every crate's sources, the binary's and each under crates/.
+const CRATES: [&str; 4] = [
+    concat!(env!("CARGO_MANIFEST_DIR"), "/src"),
+    concat!(env!("CARGO_MANIFEST_DIR"), "/crates/algorithm/src"),
+    concat!(env!("CARGO_MANIFEST_DIR"), "/crates/limiter/src"),
+    concat!(env!("CARGO_MANIFEST_DIR"), "/crates/policy/src"),
+];
 
-/// Every source file, by its path under src/ ("limiter/redis/mod.rs").
-fn sources() -> BTreeMap<String, String> {
-    fn walk(dir: &Path, out: &mut BTreeMap<String, String>) {
+/// Every source file of the crate at `src`, by its path under it
+/// ("redis/mod.rs").
+fn sources(src: &str) -> BTreeMap<String, String> {
+    fn walk(src: &str, dir: &Path, out: &mut BTreeMap<String, String>) {
         let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
             .expect("read src")
             .map(|e| e.expect("entry").path())
@@ -19,10 +29,10 @@ fn sources() -> BTreeMap<String, String> {
         entries.sort();
         for path in entries {
             if path.is_dir() {
-                walk(&path, out);
+                walk(src, &path, out);
             } else if path.extension().is_some_and(|e| e == "rs") {
                 let name = path
-                    .strip_prefix(SRC)
+                    .strip_prefix(src)
                     .expect("under src")
                     .to_string_lossy()
                     .into_owned();
@@ -32,7 +42,7 @@ fn sources() -> BTreeMap<String, String> {
         }
     }
     let mut out = BTreeMap::new();
-    walk(Path::new(SRC), &mut out);
+    walk(src, Path::new(src), &mut out);
     out
 }
 
@@ -196,9 +206,9 @@ fn relative_uses(code: &str, module: &[String]) -> Vec<Vec<String>> {
         .collect()
 }
 
-/// file -> the other files it depends on.
-fn dependencies() -> BTreeMap<String, BTreeSet<String>> {
-    let files = sources();
+/// file -> the other files of its crate it depends on.
+fn dependencies(src: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let files = sources(src);
     files
         .iter()
         .map(|(file, text)| {
@@ -226,7 +236,19 @@ fn dependencies() -> BTreeMap<String, BTreeSet<String>> {
 
 #[test]
 fn no_two_files_depend_on_each_other_round_a_loop() {
-    let deps = dependencies();
+    for src in CRATES {
+        let deps = dependencies(src);
+        assert!(deps.len() > 3, "{src} holds the crate's sources");
+        let loops = loops(&deps);
+        assert!(
+            loops.is_empty(),
+            "import loops in {src}:\n{}",
+            loops.join("\n")
+        );
+    }
+}
+
+fn loops(deps: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
     // Depth-first search for a back edge; report the loop it closes.
     fn visit(
         file: &str,
@@ -252,45 +274,28 @@ fn no_two_files_depend_on_each_other_round_a_loop() {
     }
     let (mut done, mut loops) = (BTreeSet::new(), Vec::new());
     for file in deps.keys() {
-        visit(file, &deps, &mut Vec::new(), &mut done, &mut loops);
+        visit(file, deps, &mut Vec::new(), &mut done, &mut loops);
     }
-    assert!(loops.is_empty(), "import loops:\n{}", loops.join("\n"));
+    loops
 }
 
 #[test]
-fn the_layers_point_one_way() {
-    let deps = dependencies();
-    let depends = |file: &str, on: &str| {
-        deps.iter()
-            .filter(|(f, _)| f.starts_with(file))
-            .flat_map(|(f, d)| {
-                d.iter()
-                    .filter(|d| d.starts_with(on))
-                    .map(move |d| format!("{f} -> {d}"))
-            })
-            .collect::<Vec<_>>()
-    };
-    for (file, forbidden) in [
-        ("limiter/", "config/"),
-        ("headers.rs", "config/"),
-        ("identity/", "config/"),
-        ("algorithm/", ""),
-    ] {
-        let found: Vec<String> = depends(file, forbidden)
-            .into_iter()
-            .filter(|edge| {
-                !forbidden.is_empty()
-                    || edge
-                        .split(" -> ")
-                        .nth(1)
-                        .is_some_and(|d| !d.starts_with("algorithm/"))
-            })
-            .collect();
-        assert!(
-            found.is_empty(),
-            "{file} must not depend on {forbidden:?}: {found:?}"
-        );
-    }
+fn the_rate_limit_headers_know_nothing_of_the_config() {
+    // headers.rs is what a client reads; it is given numbers, not settings,
+    // so that a config change cannot silently change what a 429 says.
+    let deps = dependencies(CRATES[0]);
+    let headers = deps
+        .get("headers.rs")
+        .expect("headers.rs in the binary crate");
+    assert!(
+        !headers.is_empty(),
+        "the checker sees headers.rs's own dependencies"
+    );
+    let on_config: Vec<&String> = headers
+        .iter()
+        .filter(|d| d.starts_with("config/"))
+        .collect();
+    assert!(on_config.is_empty(), "headers.rs depends on {on_config:?}");
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! Concurrency slots on every store: lua/slots.lua against its Rust twin
+//! Concurrency slots on every store: crates/limiter/lua/slots.lua against its Rust twin
 //! (`algorithm::Slots` in the memory store) over random acquire, renew and
 //! release sequences on the same manual clock; and the same contract held
 //! by the memory store, one redis-server and a real three-node cluster.

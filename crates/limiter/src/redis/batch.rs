@@ -15,7 +15,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::limiter::error::LimiterError;
+use crate::error::LimiterError;
 
 /// Requests per script run at most: Redis runs nothing else while a script
 /// runs, so a run is kept to well under a millisecond.
@@ -98,7 +98,7 @@ mod tests {
     use tokio::sync::Semaphore;
 
     use super::*;
-    use crate::algorithm::Decision;
+    use floodgate_algorithm::Decision;
 
     /// Answers each request with one decision per layer whose `remaining`
     /// is the layer's value, records the size of each run, and runs only

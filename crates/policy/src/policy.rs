@@ -3,12 +3,12 @@
 
 use http::{HeaderMap, HeaderName, Method};
 
-use crate::algorithm::Algorithm;
 use crate::blocklist::Blocklist;
 use crate::identity::{normalize_host, Client, ClientRules, IdentityError, KeyInputs, Tier};
-use crate::limiter::{Check, LimitId, LimitName, OnFailure, Slot, StateKey};
 use crate::path::PathRules;
 use crate::request_id::lease_id;
+use floodgate_algorithm::Algorithm;
+use floodgate_limiter::{Check, LimitId, LimitName, OnFailure, Slot, StateKey};
 
 pub use crate::identity::KeySource;
 

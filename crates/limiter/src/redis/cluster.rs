@@ -18,12 +18,12 @@ use smallvec::SmallVec;
 use super::scripted::{connection_error, install_tls_provider, Scripted, SlotOp};
 use super::settings::{RedisSettings, Topology};
 use super::shared_connection::Connect;
-use crate::algorithm::Decision;
+use crate::check::{Check, LeaseAsk, Slot};
 use crate::clock::Clock;
-use crate::limiter::check::{Check, LeaseAsk, Slot};
-use crate::limiter::deny_cache::open_decision;
-use crate::limiter::error::LimiterError;
-use crate::limiter::store::{Deciding, Store};
+use crate::deny_cache::open_decision;
+use crate::error::LimiterError;
+use crate::store::{Deciding, Store};
+use floodgate_algorithm::Decision;
 
 impl Connect for ClusterConnection {
     /// The client's one task runs every call, and each call it polls spends

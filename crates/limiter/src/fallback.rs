@@ -25,10 +25,10 @@ use super::error::LimiterError;
 use super::instances::Instances;
 use super::memory::MemoryStore;
 use super::store::{Deciding, Store};
-use crate::algorithm::Decision;
 use crate::clock::Clock;
 use crate::log_throttle::LogThrottle;
 use crate::metrics::RedisMetrics;
+use floodgate_algorithm::Decision;
 
 /// How often an open breaker asks the store whether it is back.
 const PROBE_EVERY: Duration = Duration::from_millis(250);
@@ -361,14 +361,14 @@ impl<S: Store + 'static> Store for Fallback<S> {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
-    use crate::limiter::fake::{check, FakeStore, T0};
-    use crate::metrics::Metrics;
+    use crate::fake::{check, FakeStore, T0};
+    use crate::metrics::RedisMetrics;
 
     struct Rig {
         clock: Arc<ManualClock>,
         shared: FakeStore,
         fallback: Fallback<FakeStore>,
-        metrics: Metrics,
+        metrics: RedisMetrics,
     }
 
     fn rig(instances: u64) -> Rig {
@@ -378,13 +378,13 @@ mod tests {
     fn rig_counting(instances: Instances) -> Rig {
         let clock = Arc::new(ManualClock::new(T0));
         let shared = FakeStore::new(clock.clone());
-        let metrics = Metrics::new();
+        let metrics = RedisMetrics::detached();
         let local = Arc::new(MemoryStore::new(1000, clock.clone()));
         let fallback = Fallback::new(
             shared.clone(),
             local,
             instances,
-            metrics.redis.clone(),
+            metrics.clone(),
             clock.clone(),
         );
         Rig {
@@ -437,7 +437,7 @@ mod tests {
             rig.fallback.decide(&layer).await.expect("decided");
         }
         assert_eq!(rig.shared.decisions(), asked, "an open breaker asks nobody");
-        assert_eq!(rig.metrics.redis.fallback_decisions.get(), 6);
+        assert_eq!(rig.metrics.fallback_decisions.get(), 6);
     }
 
     /// A reservation is given back where it was taken: while the shared
@@ -491,7 +491,7 @@ mod tests {
             .await
             .expect("decided");
         assert!(rig.fallback.degraded());
-        assert_eq!(rig.metrics.redis.failures.get(), 1);
+        assert_eq!(rig.metrics.failures.get(), 1);
     }
 
     #[tokio::test(start_paused = true)]
@@ -583,11 +583,11 @@ mod tests {
     async fn slots_without_the_shared_store_follow_on_failure() {
         let rig = rig(2);
         let slot = |id, on_failure| {
-            let key = crate::limiter::StateKey {
+            let key = crate::StateKey {
                 limit: 1,
                 identity: 1,
             };
-            let name = crate::limiter::LimitName::new("in-flight");
+            let name = crate::LimitName::new("in-flight");
             Slot::new(name, key, 4, 60_000_000, id, on_failure).expect("a valid slot")
         };
         assert!(rig

@@ -11,8 +11,8 @@ use super::check::{Check, LeaseAsk, LimitName, OnFailure, Slot, StateKey};
 use super::error::LimiterError;
 use super::memory::MemoryStore;
 use super::store::{Deciding, Store};
-use crate::algorithm::{Algorithm, Decision};
 use crate::clock::Clock;
+use floodgate_algorithm::{Algorithm, Decision};
 
 pub const SEC: u64 = 1_000_000;
 pub const T0: u64 = 1_800_000_000 * SEC;
@@ -20,7 +20,7 @@ pub const T0: u64 = 1_800_000_000 * SEC;
 /// A token bucket of `capacity`, one token back per second.
 pub fn check(layer: usize, capacity: u64, identity: u128, cost: u64) -> Check {
     Check {
-        limit: crate::limiter::LimitId(layer),
+        limit: crate::LimitId(layer),
         name: LimitName::new(&format!("layer-{layer}")),
         algorithm: Algorithm::token_bucket(capacity, SEC).expect("valid numbers"),
         key: StateKey {

@@ -6,7 +6,7 @@ use smallvec::SmallVec;
 
 use super::check::{Check, LeaseAsk, Slot};
 use super::error::LimiterError;
-use crate::algorithm::Decision;
+use floodgate_algorithm::Decision;
 
 /// Which store makes the decisions right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -19,7 +19,7 @@ use redis::{Cmd, ConnectionAddr, IntoConnectionInfo, Pipeline, RedisFuture, Valu
 
 use super::scripted::connection_error;
 use super::settings::{RedisSettings, SentinelSettings};
-use crate::limiter::error::LimiterError;
+use crate::error::LimiterError;
 
 /// How long one sentinel, or the node it names, gets to answer.
 const ASK_WITHIN: Duration = Duration::from_millis(500);

@@ -5,7 +5,7 @@
 use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
-use pingora::prelude::fast_timeout::fast_timeout;
+use pingora_timeout::fast_timeout::fast_timeout;
 use prometheus::Histogram;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use smallvec::SmallVec;
@@ -17,11 +17,11 @@ use super::scripted::{
 use super::sentinel::SentinelMaster;
 use super::settings::{RedisSettings, Topology};
 use super::shared_connection::Connect;
-use crate::algorithm::Decision;
+use crate::check::{Check, LeaseAsk, Slot};
 use crate::clock::Clock;
-use crate::limiter::check::{Check, LeaseAsk, Slot};
-use crate::limiter::error::LimiterError;
-use crate::limiter::store::{Deciding, Store};
+use crate::error::LimiterError;
+use crate::store::{Deciding, Store};
+use floodgate_algorithm::Decision;
 
 impl Connect for ConnectionManager {
     async fn connect(settings: &RedisSettings) -> Result<Self, LimiterError> {

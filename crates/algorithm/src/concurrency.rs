@@ -3,7 +3,7 @@
 //! or, failing that, when the lease expires unless renewed, so slots held by
 //! a process that died come back after one lease.
 //!
-//! The Redis twin is lua/slots.lua: a sorted set of lease ids scored by
+//! The Redis twin is crates/limiter/lua/slots.lua: a sorted set of lease ids scored by
 //! their expiry. A lease expires at its expiry instant (`expires_us <= now`).
 
 use super::decision::Decision;

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::algorithm::{Algorithm, Decision};
+use floodgate_algorithm::{Algorithm, Decision};
 
 /// Where one layer's state lives: the limit and a fixed-size hash of the
 /// client's identity (never the raw value).

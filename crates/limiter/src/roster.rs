@@ -19,7 +19,7 @@ use super::check::{OnFailure, Slot, StateKey};
 use super::error::LimiterError;
 use super::instances::Instances;
 use super::store::Store;
-use crate::limiter::LimitName;
+use crate::LimitName;
 
 /// How often an instance renews its slot and reads the count.
 pub const ANNOUNCE_EVERY: Duration = Duration::from_secs(2);
@@ -130,8 +130,8 @@ fn instance_id() -> u64 {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
-    use crate::limiter::fake::T0;
-    use crate::limiter::MemoryStore;
+    use crate::fake::T0;
+    use crate::MemoryStore;
 
     fn roster(store: &Arc<MemoryStore>, instances: &Instances) -> Roster {
         Roster::new(

@@ -10,7 +10,9 @@
 //! scripts (whose numbers are doubles, exact below 2^53) reproduce each decision
 //! bit for bit; an `Algorithm` cannot be built with numbers that break this.
 //!
-//! This module depends on nothing else in the crate.
+//! This crate depends on no other part of floodgate, and Cargo holds it to
+//! that: its manifest names none.
+#![forbid(unsafe_code)]
 
 pub mod calendar;
 pub mod concurrency;

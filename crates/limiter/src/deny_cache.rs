@@ -17,8 +17,8 @@ use smallvec::SmallVec;
 use super::check::{Check, LeaseAsk, Slot, StateKey};
 use super::error::LimiterError;
 use super::store::{Deciding, Store};
-use crate::algorithm::{Algorithm, Decision};
 use crate::clock::Clock;
+use floodgate_algorithm::{Algorithm, Decision};
 
 const SHARDS: usize = 16;
 
@@ -345,7 +345,7 @@ impl<S: Store> Store for KnownRefusals<S> {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
-    use crate::limiter::fake::{check, FakeStore, SEC, T0};
+    use crate::fake::{check, FakeStore, SEC, T0};
 
     fn cached(capacity: usize) -> (Arc<ManualClock>, FakeStore, KnownRefusals<FakeStore>) {
         let clock = Arc::new(ManualClock::new(T0));
@@ -471,7 +471,7 @@ mod tests {
         // An unknown lookup behind the known refusal, or another limit's
         // ahead of it, changes nothing: not asked.
         let other = |layer| Check {
-            limit: crate::limiter::LimitId(layer),
+            limit: crate::LimitId(layer),
             key: StateKey {
                 limit: 900 + layer as u64,
                 identity: 7,

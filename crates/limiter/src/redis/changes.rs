@@ -13,8 +13,8 @@ use log::{info, warn};
 use super::scripted::{changes_channel, decode_state_keys, install_tls_provider};
 use super::sentinel::{find_master, master_client};
 use super::settings::{RedisSettings, Topology};
-use crate::limiter::deny_cache::Forgetter;
-use crate::limiter::memory::MemoryStore;
+use crate::deny_cache::Forgetter;
+use crate::memory::MemoryStore;
 
 /// How long a lost subscription waits before it is tried again.
 const RETRY: Duration = Duration::from_secs(1);

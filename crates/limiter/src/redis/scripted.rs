@@ -10,10 +10,10 @@ use smallvec::SmallVec;
 
 use super::settings::{ClockSource, RedisSettings};
 use super::shared_connection::{Connect, SharedConnection};
-use crate::algorithm::{Algorithm, Decision, ALGORITHMS};
+use crate::check::{Check, LeaseAsk, LimitName, Slot, StateKey};
 use crate::clock::Clock;
-use crate::limiter::check::{Check, LeaseAsk, LimitName, Slot, StateKey};
-use crate::limiter::error::LimiterError;
+use crate::error::LimiterError;
+use floodgate_algorithm::{Algorithm, Decision, ALGORITHMS};
 
 /// The algorithm scripts and the entry point, joined into one script after
 /// the algorithms' codes, which come from the algorithm table.
@@ -24,14 +24,14 @@ pub fn script_source() -> String {
     }
     source.push_str(" }\n");
     for part in [
-        include_str!("../../../lua/common.lua"),
-        include_str!("../../../lua/token_bucket.lua"),
-        include_str!("../../../lua/leaky_bucket.lua"),
-        include_str!("../../../lua/fixed_window.lua"),
-        include_str!("../../../lua/sliding_window.lua"),
-        include_str!("../../../lua/sliding_log.lua"),
-        include_str!("../../../lua/quota.lua"),
-        include_str!("../../../lua/decide.lua"),
+        include_str!("../../lua/common.lua"),
+        include_str!("../../lua/token_bucket.lua"),
+        include_str!("../../lua/leaky_bucket.lua"),
+        include_str!("../../lua/fixed_window.lua"),
+        include_str!("../../lua/sliding_window.lua"),
+        include_str!("../../lua/sliding_log.lua"),
+        include_str!("../../lua/quota.lua"),
+        include_str!("../../lua/decide.lua"),
     ] {
         source.push_str(part);
     }
@@ -39,7 +39,7 @@ pub fn script_source() -> String {
 }
 
 /// The concurrency limits' leases.
-pub(super) const SLOTS_SCRIPT: &str = include_str!("../../../lua/slots.lua");
+pub(super) const SLOTS_SCRIPT: &str = include_str!("../../lua/slots.lua");
 
 /// How long an operator's reset or credit may take at least.
 const OPERATOR_DEADLINE: Duration = Duration::from_secs(2);
@@ -252,7 +252,7 @@ impl<C: Connect> Scripted<C> {
             work(connection).await
         };
         // Pingora's timer wheel: far cheaper per call than a tokio timer.
-        match pingora::prelude::fast_timeout::fast_timeout(deadline, run).await {
+        match pingora_timeout::fast_timeout::fast_timeout(deadline, run).await {
             Ok(result) => result,
             Err(_) => {
                 if let Some(generation) = generation {
@@ -609,8 +609,8 @@ pub(super) fn install_tls_provider() {
 mod tests {
     use super::super::settings::{InstanceCount, Topology};
     use super::*;
+    use crate::check::OnFailure;
     use crate::clock::SystemClock;
-    use crate::limiter::check::OnFailure;
     use redis::aio::ConnectionManager;
 
     #[test]
@@ -636,7 +636,7 @@ mod tests {
             0x0123_4567_89ab_cdef_fedc_ba98_7654_3210,
         ] {
             let check = Check {
-                limit: crate::limiter::LimitId(0),
+                limit: crate::LimitId(0),
                 name: LimitName::new("per-ip"),
                 algorithm: Algorithm::fixed_window(1, 1).expect("valid numbers"),
                 key: StateKey { limit: 0, identity },

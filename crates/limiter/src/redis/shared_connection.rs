@@ -17,7 +17,7 @@ use tokio::sync::Mutex;
 use redis::aio::ConnectionLike;
 
 use super::settings::RedisSettings;
-use crate::limiter::error::LimiterError;
+use crate::error::LimiterError;
 
 pub(super) struct SharedConnection<C> {
     /// The connection and its generation: a call that missed its deadline

@@ -3,17 +3,17 @@ use std::sync::Arc;
 use proptest::prelude::*;
 
 use super::*;
+use crate::check::{LimitName, OnFailure};
 use crate::clock::ManualClock;
-use crate::limiter::check::{LimitName, OnFailure};
-use crate::limiter::fake::{FakeStore, SEC, T0};
-use crate::limiter::memory::MemoryStore;
+use crate::fake::{FakeStore, SEC, T0};
+use crate::memory::MemoryStore;
 
 const MAX: u64 = 20;
 const TTL_US: u64 = SEC;
 
 fn leasing(algorithm: Algorithm, identity: u128, cost: u64) -> Check {
     Check {
-        limit: crate::limiter::LimitId(0),
+        limit: crate::LimitId(0),
         name: LimitName::new("hot"),
         algorithm,
         key: StateKey { limit: 7, identity },
@@ -32,7 +32,7 @@ fn leased(store: &FakeStore, clock: &Arc<ManualClock>, instances: u64) -> Leased
             max: MAX,
             ttl_us: TTL_US,
         },
-        crate::limiter::Instances::fixed(instances),
+        crate::Instances::fixed(instances),
         Duration::from_millis(50),
         clock.clone(),
     )

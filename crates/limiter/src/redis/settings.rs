@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::limiter::check::OnFailure;
+use crate::check::OnFailure;
 
 /// Where the Redis stores read "now".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]

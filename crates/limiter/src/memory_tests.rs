@@ -1,16 +1,16 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::algorithm::Algorithm;
+use crate::check::{LimitName, OnFailure};
 use crate::clock::ManualClock;
-use crate::limiter::check::{LimitName, OnFailure};
+use floodgate_algorithm::Algorithm;
 
 const SEC: u64 = 1_000_000;
 const T0: u64 = 1_800_000_000 * SEC;
 
 fn check(layer: usize, algorithm: Algorithm, identity: u128, cost: u64) -> Check {
     Check {
-        limit: crate::limiter::LimitId(layer),
+        limit: crate::LimitId(layer),
         name: LimitName::new(&format!("layer-{layer}")),
         algorithm,
         key: StateKey {

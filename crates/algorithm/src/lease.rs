@@ -4,7 +4,7 @@
 //! they are leased, so no instance ever admits what the shared state does
 //! not allow.
 //!
-//! The size rule is the same here and in `lua/decide.lua`: a lease is at
+//! The size rule is the same here and in `crates/limiter/lua/decide.lua`: a lease is at
 //! most `max` units and at most the units left after the request divided by
 //! `divisor` (twice the number of instances). Far from the limit a lease is
 //! large; as the budget left nears `divisor` units a lease shrinks to none,

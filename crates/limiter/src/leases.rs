@@ -48,9 +48,9 @@ use super::error::LimiterError;
 use super::instances::Instances;
 use super::redis::LeaseSettings;
 use super::store::{Deciding, Store};
-use crate::algorithm::{takes_lease, Algorithm, Decision, Kind};
 use crate::clock::{Clock, MonotonicClock};
 use crate::metrics::LeaseMetrics;
+use floodgate_algorithm::{takes_lease, Algorithm, Decision, Kind};
 
 const SHARDS: usize = 64;
 

@@ -26,9 +26,9 @@ use smallvec::SmallVec;
 use super::check::{admitted, Check, LeaseAsk, Slot, StateKey};
 use super::error::LimiterError;
 use super::store::{Deciding, Store};
-use crate::algorithm::{Decision, Evaluation, Slots, State, Update};
 use crate::clock::Clock;
 use crate::log_throttle::LogThrottle;
+use floodgate_algorithm::{Decision, Evaluation, Slots, State, Update};
 
 const SHARDS: usize = 64;
 

@@ -180,7 +180,7 @@ mod tests {
 
     #[test]
     fn the_book_describes_every_algorithm_as_the_table_does() {
-        let book = include_str!("../../docs/book/algorithms.md");
+        let book = include_str!("../../../docs/book/algorithms.md");
         for spec in &ALGORITHMS {
             let row = book_row(spec);
             assert!(
