@@ -24,12 +24,15 @@ usage:
   floodgate --config FILE    run the proxy with FILE (e.g. proxy.toml)
   floodgate check FILE       validate FILE and print the resolved limits
   floodgate simulate --config FILE --limit NAME --pattern PATTERN
-            [--out chart.svg] [--compare token_bucket,sliding_window,...]
+            [--out chart.svg] [--span arrivals|whole]
+            [--compare token_bucket,sliding_window,...]
                              run limit NAME's algorithm over PATTERN (burst:100@0s,
                              steady:5/s@0s-60s, boundary:100@60s, joined with
                              commas; or a file of arrival times in seconds) and
-                             print what it admitted; --compare runs the same
-                             numbers through other algorithms
+                             print what it admitted; the chart's time axis
+                             spans the arrivals, or from t = 0 with --span
+                             whole; --compare runs the same numbers through
+                             other algorithms
   floodgate --version
 
 Logging follows RUST_LOG (default: info).";
@@ -48,6 +51,7 @@ struct Simulation {
     limit: String,
     pattern: String,
     out: Option<PathBuf>,
+    span: floodgate::simulate::Span,
     compare: Vec<String>,
 }
 
@@ -56,6 +60,7 @@ fn parse_simulation(args: &[String]) -> Result<Command, String> {
     let mut limit = None;
     let mut pattern = None;
     let mut out = None;
+    let mut span = floodgate::simulate::Span::default();
     let mut compare = Vec::new();
     let mut rest = args.iter();
     while let Some(flag) = rest.next() {
@@ -68,6 +73,10 @@ fn parse_simulation(args: &[String]) -> Result<Command, String> {
             "--limit" => limit = Some(value),
             "--pattern" => pattern = Some(value),
             "--out" => out = Some(PathBuf::from(value)),
+            "--span" => {
+                span = floodgate::simulate::Span::from_name(&value)
+                    .ok_or_else(|| format!("--span is arrivals or whole, not {value}"))?
+            }
             "--compare" => compare = value.split(',').map(str::to_string).collect(),
             other => return Err(format!("unexpected argument: {other}")),
         }
@@ -77,6 +86,7 @@ fn parse_simulation(args: &[String]) -> Result<Command, String> {
         limit: limit.ok_or("simulate needs --limit NAME")?,
         pattern: pattern.ok_or("simulate needs --pattern PATTERN")?,
         out,
+        span,
         compare,
     }))
 }
@@ -291,7 +301,8 @@ fn simulate(s: &Simulation) -> anyhow::Result<()> {
         print!("{}", run.summary());
     }
     if let Some(out) = &s.out {
-        std::fs::write(out, svg(&runs)).with_context(|| format!("writing {}", out.display()))?;
+        std::fs::write(out, svg(&runs, s.span))
+            .with_context(|| format!("writing {}", out.display()))?;
     }
     Ok(())
 }

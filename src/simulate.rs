@@ -161,6 +161,12 @@ impl Run {
     /// The most admitted in any span of the limit's window (sliding, not
     /// aligned): what a client can get through in the worst window.
     pub fn most_in_any_window(&self) -> usize {
+        self.busiest_window().map_or(0, |w| w.admitted)
+    }
+
+    /// Where `most_in_any_window` happened: the first such span, from its
+    /// first admitted request.
+    pub fn busiest_window(&self) -> Option<BusiestWindow> {
         let window = self.algorithm.window_us().max(1);
         let admitted: Vec<u64> = self
             .outcomes
@@ -168,15 +174,22 @@ impl Run {
             .filter(|o| o.admitted)
             .map(|o| o.at_us + o.wait_us)
             .collect();
-        let mut most = 0;
+        let mut busiest: Option<BusiestWindow> = None;
         let mut start = 0;
         for end in 0..admitted.len() {
             while admitted[end] - admitted[start] >= window {
                 start += 1;
             }
-            most = most.max(end - start + 1);
+            let count = end - start + 1;
+            if busiest.is_none_or(|b| count > b.admitted) {
+                busiest = Some(BusiestWindow {
+                    from_us: admitted[start],
+                    to_us: admitted[start] + window,
+                    admitted: count,
+                });
+            }
         }
-        most
+        busiest
     }
 
     /// `admitted: N, refused: M` first, then the rest.
@@ -189,6 +202,34 @@ impl Run {
             window_text(self.algorithm.window_us()),
             self.most_in_any_window()
         )
+    }
+}
+
+/// One window's span (µs from the pattern's t = 0) and what it admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BusiestWindow {
+    pub from_us: u64,
+    pub to_us: u64,
+    pub admitted: usize,
+}
+
+/// What the chart's time axis covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Span {
+    /// From the first arrival to the last: where the arrivals are.
+    #[default]
+    Arrivals,
+    /// From the pattern's t = 0 to the last arrival.
+    Whole,
+}
+
+impl Span {
+    pub fn from_name(name: &str) -> Option<Span> {
+        match name {
+            "arrivals" => Some(Span::Arrivals),
+            "whole" => Some(Span::Whole),
+            _ => None,
+        }
     }
 }
 
@@ -248,17 +289,22 @@ pub fn translate(algorithm: &Algorithm, to: Kind) -> Result<Algorithm, Algorithm
 
 /// The chart: per time slice, arrivals admitted (green) and refused (red)
 /// stacked, one row per run, on a shared time axis that spans the arrivals
-/// (not the time before them), with each row's count scale, the window's
-/// edges dashed and a legend.
-pub fn svg(runs: &[Run]) -> String {
+/// (not the time before them, unless `span` is `Whole`), with each row's
+/// count scale, the window's edges dashed, the busiest window shaded and a
+/// legend.
+pub fn svg(runs: &[Run], span: Span) -> String {
     const WIDTH: f64 = 900.0;
     const ROW: f64 = 160.0;
     const LEFT: f64 = 310.0;
     const TOP: f64 = 34.0;
     const SLICES: usize = 120;
+    const BUSIEST: &str = "#e0a100";
     let first = |r: &Run| r.outcomes.first().map(|o| o.at_us);
     let last = |r: &Run| r.outcomes.last().map(|o| o.at_us);
-    let start_us = runs.iter().filter_map(first).min().unwrap_or(0);
+    let start_us = match span {
+        Span::Arrivals => runs.iter().filter_map(first).min().unwrap_or(0),
+        Span::Whole => 0,
+    };
     let last_us = runs.iter().filter_map(last).max().unwrap_or(0);
     // A burst at one instant still gets a second of axis to stand in.
     let arrivals_span_us = (last_us - start_us + 1).max(SEC_US);
@@ -267,7 +313,12 @@ pub fn svg(runs: &[Run]) -> String {
     let slice_us = round_up_to_1_2_5(arrivals_span_us.div_ceil(SLICES as u64));
     let slices = (arrivals_span_us.div_ceil(slice_us) as usize).clamp(1, SLICES);
     let span_us = slice_us * slices as u64;
-    let x_of = |at_us: u64| LEFT + WIDTH * (at_us.saturating_sub(start_us)) as f64 / span_us as f64;
+    // A request a bucket held may be admitted after the last arrival: it is
+    // drawn at the axis's end.
+    let x_of = |at_us: u64| {
+        let along = (at_us.saturating_sub(start_us)).min(span_us);
+        LEFT + WIDTH * along as f64 / span_us as f64
+    };
     let height = TOP + ROW * runs.len() as f64 + 44.0;
     let mut out = String::new();
     let _ = write!(
@@ -277,13 +328,15 @@ pub fn svg(runs: &[Run]) -> String {
     );
     let _ = write!(
         out,
-        r##"<rect x="{LEFT}" y="8" width="12" height="12" fill="#2e9d4f"/><text x="{}" y="18">admitted</text><rect x="{}" y="8" width="12" height="12" fill="#d0453a"/><text x="{}" y="18">refused</text><line x1="{}" y1="14" x2="{}" y2="14" stroke="#555" stroke-dasharray="4 3"/><text x="{}" y="18">a window's edge</text><text x="{}" y="18" text-anchor="end">arrivals per {}</text>"##,
+        r##"<rect x="{LEFT}" y="8" width="12" height="12" fill="#2e9d4f"/><text x="{}" y="18">admitted</text><rect x="{}" y="8" width="12" height="12" fill="#d0453a"/><text x="{}" y="18">refused</text><line x1="{}" y1="14" x2="{}" y2="14" stroke="#555" stroke-dasharray="4 3"/><text x="{}" y="18">a window's edge</text><rect x="{}" y="8" width="12" height="12" fill="{BUSIEST}" fill-opacity="0.35" stroke="{BUSIEST}"/><text x="{}" y="18">the most admitted in any window</text><text x="{}" y="18" text-anchor="end">arrivals per {}</text>"##,
         LEFT + 16.0,
         LEFT + 90.0,
         LEFT + 106.0,
         LEFT + 170.0,
         LEFT + 194.0,
         LEFT + 200.0,
+        LEFT + 300.0,
+        LEFT + 316.0,
         LEFT + WIDTH,
         duration_text(slice_us)
     );
@@ -316,6 +369,25 @@ pub fn svg(runs: &[Run]) -> String {
             run.admitted(),
             run.refused()
         );
+        // Shaded under the bars, so that what it holds stays readable.
+        if let Some(busiest) = run.busiest_window() {
+            let (from, to) = (x_of(busiest.from_us), x_of(busiest.to_us));
+            let (anchor, label_x) = if from > LEFT + WIDTH * 0.6 {
+                ("end", to.max(from + 1.0) - 4.0)
+            } else {
+                ("start", from + 4.0)
+            };
+            let _ = write!(
+                out,
+                r##"<rect x="{from:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{BUSIEST}" fill-opacity="0.2" stroke="{BUSIEST}"/><text x="{label_x:.1}" y="{:.1}" text-anchor="{anchor}">{} admitted in any {}</text>"##,
+                top + 4.0,
+                (to - from).max(1.0),
+                base - top - 4.0,
+                top + 16.0,
+                busiest.admitted,
+                window_text(run.algorithm.window_us())
+            );
+        }
         // The count scale: 0 at the axis, the fullest slice at the top.
         let _ = write!(
             out,
@@ -434,7 +506,8 @@ mod tests {
     fn the_chart_spans_the_arrivals_and_says_what_it_shows() {
         let arrivals = parse_pattern("boundary:100@60s").expect("a pattern");
         let fixed = Algorithm::fixed_window(100, 60 * SEC_US).expect("valid");
-        let chart = svg(&[simulate(fixed, &arrivals)]);
+        let run = simulate(fixed, &arrivals);
+        let chart = svg(std::slice::from_ref(&run), Span::Arrivals);
         // The axis runs from the first arrival (59 s) to the last (just
         // under 61 s), both labels anchored inside the picture.
         assert!(
@@ -461,10 +534,60 @@ mod tests {
         assert!(chart.contains(r#"text-anchor="end">2</text>"#), "{chart}");
         // The bars fill the axis from its left end, not its last 3 %.
         assert!(chart.contains(r#"<rect x="310.0""#), "{chart}");
+        // The busiest window: all 200 within one minute, shaded from the
+        // first (the axis's left end) and labelled.
+        assert_eq!(
+            run.busiest_window(),
+            Some(BusiestWindow {
+                from_us: 59 * SEC_US,
+                to_us: 119 * SEC_US,
+                admitted: 200
+            })
+        );
+        assert!(chart.contains("200 admitted in any 1m</text>"), "{chart}");
+        assert!(
+            chart.contains(r##"<rect x="310.0" y="38.0" width="900.0""##),
+            "{chart}"
+        );
+        assert!(chart.contains("the most admitted in any window"), "{chart}");
         assert_eq!(round_up_to_1_2_5(16_584), 20_000);
         assert_eq!(round_up_to_1_2_5(1), 1);
         assert_eq!(round_up_to_1_2_5(3), 5);
         assert_eq!(round_up_to_1_2_5(501), 1_000);
+    }
+
+    #[test]
+    fn the_whole_span_starts_at_t_0_and_the_mark_is_where_the_most_got_through() {
+        // 5 a second for 30 s, then a burst of 50 at 40 s, limited to 60 in
+        // a minute: the busiest minute is the one that ends with the burst.
+        let arrivals = parse_pattern("steady:5/s@0s-30s, burst:50@40s").expect("a pattern");
+        let log = Algorithm::sliding_log(60, 60 * SEC_US).expect("valid");
+        let run = simulate(log, &arrivals);
+        let chart = svg(std::slice::from_ref(&run), Span::Whole);
+        assert!(
+            chart.contains(r#"text-anchor="start">0s</text>"#),
+            "{chart}"
+        );
+        let busiest = run.busiest_window().expect("admitted some");
+        assert_eq!(busiest.admitted, 60, "exact: never more than the limit");
+        assert_eq!(busiest.from_us, 0, "the first 60 of the steady arrivals");
+        assert!(chart.contains("60 admitted in any 1m</text>"), "{chart}");
+        let arrivals_only = svg(std::slice::from_ref(&run), Span::Arrivals);
+        assert_eq!(arrivals_only, chart, "here the arrivals start at t = 0");
+        let late = parse_pattern("burst:3@10s").expect("a pattern");
+        let late = simulate(log, &late);
+        let whole = svg(std::slice::from_ref(&late), Span::Whole);
+        assert!(
+            whole.contains(r#"text-anchor="start">0.0s</text>"#),
+            "{whole}"
+        );
+        let zoomed = svg(std::slice::from_ref(&late), Span::Arrivals);
+        assert!(
+            zoomed.contains(r#"text-anchor="start">10.0s</text>"#),
+            "{zoomed}"
+        );
+        assert_eq!(Span::from_name("whole"), Some(Span::Whole));
+        assert_eq!(Span::from_name("all"), None);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The status page in a real headless browser (Chromium, driven by
 //! tests/status_page.py through Selenium): it logs in with the token,
 //! renders its charts from live traffic, and its screenshot is written to
-//! target/status-page.png (docs/status-page.png, shown in the book, is a copy).
+//! target/status-page.png (docs/book/images/status-page.png, shown in the book, is a copy).
 
 mod common;
 
