@@ -6,6 +6,7 @@ mod error;
 mod forwarded;
 mod hashing;
 mod keys;
+mod reading;
 mod tiers;
 
 use std::collections::HashMap;
@@ -21,8 +22,8 @@ pub use error::IdentityError;
 pub use forwarded::{normalize, ForwardedHeader};
 use hashing::Kind;
 pub use hashing::{random_key, IdentityHasher, IdentityKeySource};
-use keys::{cookie, query_parameter};
 pub use keys::{form_decode, normalize_host, KeyInputs, KeySource, KnownPart};
+use reading::{KeyParts, Known, OnePart, RequestParts};
 pub use tiers::{Tier, Tiers, ANONYMOUS, INTERNAL};
 
 /// Validated `[clients]` settings.
@@ -209,43 +210,13 @@ impl ClientRules {
         client: &Client,
         inputs: &KeyInputs<'_>,
     ) -> Result<Option<u128>, IdentityError> {
-        Ok(match key {
-            KeySource::Ip => Some(client.ip_hash),
-            KeySource::ApiKey => client.api_key.as_ref().map(|k| k.hash),
-            KeySource::Header(name) => {
-                let mut values = inputs.headers.get_all(name).iter();
-                let value = values.next();
-                if values.next().is_some() {
-                    return Err(IdentityError::AmbiguousKeyHeader(name.clone()));
-                }
-                value.map(|v| self.hash_value(Kind::Header, v.as_bytes(), inputs.fold_case))
-            }
-            KeySource::Global => Some(0),
-            KeySource::Cookie(name) => cookie(inputs.headers, name)?
-                .map(|v| self.hash_value(Kind::Cookie, &v, inputs.fold_case)),
-            KeySource::Query(name) => query_parameter(inputs.query, name)?
-                .map(|v| self.hash_value(Kind::Query, &v, inputs.fold_case)),
-            KeySource::Host => inputs
-                .host
-                .map(|h| self.hasher.hash(Kind::Host, h.as_bytes())),
-            KeySource::Route => Some(self.hasher.hash(Kind::Route, inputs.route.as_bytes())),
-            KeySource::Jwt(path) => client
-                .token
-                .as_ref()
-                .and_then(TokenCheck::claims)
-                .and_then(|claims| claims.get(path))
-                .map(|value| self.hasher.hash(Kind::Claim, &value)),
-            KeySource::Composite(parts) => {
-                let mut joined = Vec::with_capacity(16 * parts.len());
-                for part in parts {
-                    match self.identity_of(part, client, inputs)? {
-                        Some(identity) => joined.extend_from_slice(&identity.to_le_bytes()),
-                        None => return Ok(None),
-                    }
-                }
-                Some(self.hasher.hash(Kind::Composite, &joined))
-            }
-        })
+        let parts = RequestParts {
+            ip_identity: client.ip_hash,
+            api_key_identity: client.api_key.as_ref().map(|k| k.hash),
+            token: client.token.as_ref(),
+            inputs,
+        };
+        self.identity_from(key, &parts)
     }
 
     /// The identity a limit keyed on `key` gives a client known by `part`
@@ -257,24 +228,62 @@ impl ClientRules {
         part: &KnownPart<'_>,
         fold_case: bool,
     ) -> Option<u128> {
-        let hash = |kind, value: &[u8]| Some(self.hash_value(kind, value, fold_case));
-        match (key, part) {
-            (KeySource::Ip, KnownPart::Ip(ip)) => Some(self.address_identity(*ip)),
-            (KeySource::ApiKey, KnownPart::ApiKey(value)) => hash(Kind::ApiKey, value),
-            (KeySource::Header(name), KnownPart::Header(asked, value)) if name == *asked => {
-                hash(Kind::Header, value)
+        // One part names no two values: nothing here is ambiguous.
+        self.identity_from(key, &OnePart { part, fold_case })
+            .ok()
+            .flatten()
+    }
+
+    /// The one walk over a key, whatever its parts are read from.
+    fn identity_from(
+        &self,
+        key: &KeySource,
+        parts: &impl KeyParts,
+    ) -> Result<Option<u128>, IdentityError> {
+        let fold = parts.fold_case();
+        Ok(match key {
+            KeySource::Ip => parts.ip().map(|ip| match ip {
+                Known::Identity(identity) => identity,
+                Known::Named(ip) => self.address_identity(ip),
+            }),
+            KeySource::ApiKey => parts.api_key().map(|key| match key {
+                Known::Identity(identity) => identity,
+                Known::Named(key) => self.api_key_hash(key),
+            }),
+            KeySource::Header(name) => parts
+                .header(name)?
+                .map(|v| self.hash_value(Kind::Header, v, fold)),
+            KeySource::Cookie(name) => parts
+                .cookie(name)?
+                .map(|v| self.hash_value(Kind::Cookie, &v, fold)),
+            KeySource::Query(name) => parts
+                .query(name)?
+                .map(|v| self.hash_value(Kind::Query, &v, fold)),
+            KeySource::Jwt(path) => parts
+                .claim(path)
+                .map(|v| self.hash_value(Kind::Claim, &v, fold)),
+            KeySource::Global => parts.whole().map(|_| 0),
+            KeySource::Host => parts
+                .whole()
+                .and_then(|inputs| inputs.host)
+                .map(|h| self.hasher.hash(Kind::Host, h.as_bytes())),
+            KeySource::Route => parts
+                .whole()
+                .map(|inputs| self.hasher.hash(Kind::Route, inputs.route.as_bytes())),
+            KeySource::Composite(keys) => {
+                if parts.whole().is_none() {
+                    return Ok(None);
+                }
+                let mut joined = Vec::with_capacity(16 * keys.len());
+                for key in keys {
+                    match self.identity_from(key, parts)? {
+                        Some(identity) => joined.extend_from_slice(&identity.to_le_bytes()),
+                        None => return Ok(None),
+                    }
+                }
+                Some(self.hasher.hash(Kind::Composite, &joined))
             }
-            (KeySource::Cookie(name), KnownPart::Cookie(asked, value)) if **name == **asked => {
-                hash(Kind::Cookie, value)
-            }
-            (KeySource::Query(name), KnownPart::Query(asked, value)) if **name == **asked => {
-                hash(Kind::Query, value)
-            }
-            (KeySource::Jwt(path), KnownPart::Claim(asked, value)) if path == *asked => {
-                hash(Kind::Claim, value)
-            }
-            _ => None,
-        }
+        })
     }
 
     /// A value a client sends (header, cookie, query parameter, or a
