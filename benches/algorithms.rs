@@ -5,7 +5,7 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, Criterion};
 use floodgate::algorithm::{Algorithm, Calendar, Decision, Period};
 use floodgate::headers::HeaderStyle;
-use floodgate::headers::{self, Layer};
+use floodgate::headers::{self, Layer, Position};
 
 const SEC: u64 = 1_000_000;
 
@@ -54,7 +54,7 @@ fn header_formatting(c: &mut Criterion) {
     let decision = Decision::admitted(200, 42, 6_500_000);
     let layers = [
         Layer {
-            position: 0,
+            position: Position(0),
             name: "per-ip",
             quota: algorithms()[0].quota(),
             window_us: algorithms()[0].window_us(),
@@ -62,7 +62,7 @@ fn header_formatting(c: &mut Criterion) {
             banned: false,
         },
         Layer {
-            position: 1,
+            position: Position(1),
             name: "per-account",
             quota: algorithms()[3].quota(),
             window_us: algorithms()[3].window_us(),

@@ -32,12 +32,15 @@ pub enum HeaderStyle {
     None,
 }
 
+/// A layer's place among one request's outcomes (`Verdict::outcomes`): not
+/// the limit's place in the policy, which is a `LimitId`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position(pub usize);
+
 /// One enforcing layer's outcome, as the headers describe it.
 #[derive(Debug, Clone, Copy)]
 pub struct Layer<'a> {
-    /// Its place among the request's outcomes (`Verdict::outcomes`), not
-    /// the limit's in the policy (`LimitId`).
-    pub position: usize,
+    pub position: Position,
     pub name: &'a str,
     /// The limit's quota and its window in µs, for `RateLimit-Policy`
     /// (for a concurrency limit: its slots and its lease).
@@ -199,7 +202,7 @@ mod tests {
 
     fn layer(name: &str, capacity: u64, remaining: u64, reset_after_us: u64) -> Layer<'_> {
         Layer {
-            position: 0,
+            position: Position(0),
             name,
             quota: capacity,
             window_us: capacity * 20_000,

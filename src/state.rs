@@ -13,9 +13,9 @@ use crate::access_log::AccessLog;
 use crate::admin::auth::AdminToken;
 use crate::config::{Config, Inputs};
 use crate::headers::HeaderStyle;
-use crate::limiter::{Deciding, Instances, Store};
+use crate::limiter::{Deciding, Instances, LimitId, Store};
 use crate::metrics::{LayerCounters, Metrics};
-use crate::policy::Policy;
+use crate::policy::{Limit, Policy};
 use crate::status::Status;
 use crate::tls::CertResolver;
 use crate::upstream::Upstreams;
@@ -26,8 +26,10 @@ pub struct Runtime {
     pub policy: Arc<Policy>,
     pub headers: HeaderStyle,
     pub upstream: Upstreams,
-    /// The counters of `policy.limits[i]` at `counters[i]` (a `LimitId`).
-    pub counters: Vec<LayerCounters>,
+    /// The series of `policy.limits[i]` at `counters[i]`: built from that
+    /// list here and read only through `counters` and `limits`, so that the
+    /// two cannot fall out of step.
+    counters: Vec<LayerCounters>,
     /// `[admin].token_file`'s token (a reload rotates it).
     pub admin_token: Option<AdminToken>,
 }
@@ -46,6 +48,16 @@ impl Runtime {
                 .collect(),
             admin_token: config.admin_token.clone(),
         })
+    }
+
+    /// The series of one limit of this generation's policy.
+    pub fn counters(&self, limit: LimitId) -> &LayerCounters {
+        &self.counters[limit.index()]
+    }
+
+    /// Every limit of this generation, with its series.
+    pub fn limits(&self) -> impl Iterator<Item = (&Limit, &LayerCounters)> {
+        self.policy.limits.iter().zip(&self.counters)
     }
 }
 

@@ -49,8 +49,8 @@ struct Sample {
 /// What is running now, for `Status::to_json`.
 pub struct Scene<'a> {
     pub deciding: Deciding,
-    pub limits: &'a [Limit],
-    pub counters: &'a [LayerCounters],
+    /// Every running limit, with its series.
+    pub limits: Vec<(&'a Limit, &'a LayerCounters)>,
     pub config: String,
     pub store_target: Option<String>,
     /// The instances sharing Redis, and whether counted live ("auto").
@@ -107,11 +107,13 @@ impl Status {
     }
 
     /// Takes one sample of every running limit's counters.
-    pub fn tick(&self, deciding: Deciding, limits: &[Limit], counters: &[LayerCounters]) {
+    pub fn tick<'a>(
+        &self,
+        deciding: Deciding,
+        limits: impl Iterator<Item = (&'a Limit, &'a LayerCounters)>,
+    ) {
         self.observe_store(deciding);
         let totals = limits
-            .iter()
-            .zip(counters)
             .map(|(limit, c)| {
                 let totals = Totals {
                     admitted: c.admitted.get(),
@@ -202,8 +204,7 @@ impl Status {
         let limits: Vec<Value> = scene
             .limits
             .iter()
-            .zip(scene.counters)
-            .map(|(limit, counters)| {
+            .map(|&(limit, counters)| {
                 let name = limit.name.as_str();
                 // Rates between consecutive samples; a limit new since a
                 // reload starts where it appears.

@@ -229,8 +229,7 @@ impl Admin {
         let state = &self.state;
         state.status.to_json(&Scene {
             deciding: state.store.deciding(),
-            limits: &runtime.policy.limits,
-            counters: &runtime.counters,
+            limits: runtime.limits().collect(),
             config: state.config_path.display().to_string(),
             store_target: state.store_target(),
             instances: state.instances.as_ref().map(|i| (i.get(), i.is_counted())),

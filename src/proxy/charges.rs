@@ -43,7 +43,7 @@ pub(super) async fn charge_by_response(
             AfterResponse::Status(statuses) if statuses.contains(status) => Settled::owe(reserved),
             AfterResponse::Status(_) => Settled::owe(0),
             AfterResponse::Cost(priced) => {
-                let counters = &ctx.runtime.counters[reservation.check.limit.index()];
+                let counters = ctx.runtime.counters(reservation.check.limit);
                 let cost = match reported_cost(response.headers.get_all(&priced.header)) {
                     Reported::Cost(cost) if cost > priced.max => {
                         counters.cost_above_max.inc();

@@ -34,7 +34,7 @@ use crate::blocklist::BlockReason;
 use crate::clock::{Clock, SystemClock};
 use crate::connection::clock::HeadClock;
 use crate::connection::h2_watch::{H2Stream, STREAM_HEADER};
-use crate::headers;
+use crate::headers::{self, Position};
 use crate::identity::{normalize_host, Client, IdentityError};
 use crate::jwt::TokenCheck;
 use crate::policy::{Layers, Plan, Policy, RequestView};
@@ -704,7 +704,9 @@ impl ProxyHttp for Gateway {
         if let Some(verdict) = &ctx.verdict {
             verdict.account(&ctx.runtime, ctx.client.as_ref(), &ctx.request_id);
             // The status page's board, kept only where there is a page.
-            let refusing = verdict.decisive.and_then(|i| verdict.outcomes.get(i));
+            let refusing = verdict
+                .decisive
+                .and_then(|Position(i)| verdict.outcomes.get(i));
             if let (Some(o), Some(client), true, true) = (
                 refusing,
                 &ctx.client,

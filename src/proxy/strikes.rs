@@ -52,7 +52,7 @@ pub(super) async fn strike(store: &dyn Store, ctx: &RequestCtx) {
         let penalty = ban.penalty_check(o.limit, o.identity, false);
         match store.decide(std::slice::from_ref(&penalty)).await {
             Ok(d) if d[0].allowed() && !away() => {
-                ctx.runtime.counters[o.limit.index()].bans.inc();
+                ctx.runtime.counters(o.limit).bans.inc();
                 warn!(
                     "banned: {} limit={} for {}s after {} refusals within {}s request_id={}",
                     ctx.client

@@ -3,7 +3,7 @@
 use log::info;
 
 use crate::algorithm::Decision;
-use crate::headers::{self, Layer};
+use crate::headers::{self, Layer, Position};
 use crate::identity::Client;
 use crate::limiter::{Check, Deciding, LimitId, LimitName};
 use crate::state::Runtime;
@@ -57,7 +57,7 @@ pub(super) struct Verdict {
     pub(super) deciding: Deciding,
     /// The outcome whose state the answer reported (the refusing one on a
     /// refusal), and whether the request was refused.
-    pub(super) decisive: Option<usize>,
+    pub(super) decisive: Option<Position>,
     pub(super) refused: bool,
 }
 
@@ -79,7 +79,7 @@ impl Verdict {
             .enumerate()
             .filter(|(_, o)| !(o.shadow || (rates_only && o.concurrency)))
             .map(|(position, o)| Layer {
-                position,
+                position: Position(position),
                 name: o.name.as_str(),
                 quota: o.quota,
                 window_us: o.window_us,
@@ -100,7 +100,7 @@ impl Verdict {
 
     /// The decisive limit's name and what it had left, for the access log.
     pub(super) fn decisive(&self) -> Option<(&str, u64)> {
-        let o = &self.outcomes[self.decisive?];
+        let o = &self.outcomes[self.decisive?.0];
         Some((o.name.as_str(), o.decision.remaining()))
     }
 
@@ -111,7 +111,7 @@ impl Verdict {
         let label = || client.map_or_else(String::new, Client::log_label);
         for o in &self.outcomes {
             let decision = &o.decision;
-            let counters = &runtime.counters[o.limit.index()];
+            let counters = runtime.counters(o.limit);
             match (o.shadow, decision.allowed(), self.refused) {
                 _ if o.banned => counters.banned.inc(),
                 (true, false, _) => counters.shadow_refused.inc(),
@@ -134,7 +134,7 @@ impl Verdict {
                 );
             }
         }
-        if let Some(i) = self.decisive.filter(|_| self.refused) {
+        if let Some(Position(i)) = self.decisive.filter(|_| self.refused) {
             let o = &self.outcomes[i];
             info!(
                 "{}: {} limit={} retry_after_ms={}{} request_id={request_id}",

@@ -86,7 +86,7 @@ impl BackgroundService for StatusSampler {
             tokio::select! {
                 _ = tick.tick() => {
                     let runtime = self.state.runtime.load();
-                    self.state.status.tick(self.state.store.deciding(), &runtime.policy.limits, &runtime.counters);
+                    self.state.status.tick(self.state.store.deciding(), runtime.limits());
                 }
                 _ = shutdown.changed() => return,
             }
