@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 FLOODGATE_NEEDS_REDIS=1 source scripts/setup.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+# The limiter without its Redis stores, as a service that limits in process
+# would take it.
+cargo clippy -p floodgate-limiter --no-default-features --all-targets -- -D warnings
 # The benches only have to keep compiling; they run with `cargo bench`.
 cargo bench --workspace --no-run
 log="$(mktemp)"

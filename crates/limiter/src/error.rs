@@ -1,5 +1,6 @@
 //! Why a store could not answer.
 
+#[cfg(feature = "redis")]
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,8 +10,10 @@ use std::time::Duration;
 pub enum LimiterError {
     #[error("no answer within {0:?}")]
     Timeout(Duration),
+    #[cfg(feature = "redis")]
     #[error("cannot reach Redis: {0}")]
     Connection(#[source] Arc<::redis::RedisError>),
+    #[cfg(feature = "redis")]
     #[error("Redis answered with an error: {0}")]
     Rejected(#[source] Arc<::redis::RedisError>),
     #[error("the script's reply does not parse: {0:?}")]

@@ -477,6 +477,7 @@ mod tests {
         assert_eq!(remaining(shared), 3, "given back on the shared store");
     }
 
+    #[cfg(feature = "redis")]
     #[tokio::test(start_paused = true)]
     async fn an_error_reply_opens_it_too() {
         let rig = rig(1);

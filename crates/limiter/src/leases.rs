@@ -46,11 +46,25 @@ use super::check::{admitted, Check, LeaseAsk, Slot, StateKey};
 use super::deny_cache::Forget;
 use super::error::LimiterError;
 use super::instances::Instances;
-use super::redis::LeaseSettings;
 use super::store::{Deciding, Store};
 use crate::clock::{Clock, MonotonicClock};
 use crate::metrics::LeaseMetrics;
 use floodgate_algorithm::{takes_lease, Algorithm, Decision, Kind};
+
+/// `[redis].leases`: how large a lease may be and how long it lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseSettings {
+    /// Units at most in one lease (`lease_max`).
+    pub max: u64,
+    /// How long a lease lives at most (`lease_ttl`); never longer than a
+    /// tenth of its limit's window.
+    pub ttl_us: u64,
+}
+
+impl LeaseSettings {
+    pub const DEFAULT_MAX: u64 = 100;
+    pub const DEFAULT_TTL_US: u64 = 1_000_000;
+}
 
 const SHARDS: usize = 64;
 

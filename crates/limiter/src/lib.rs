@@ -16,7 +16,8 @@
 //! The crate needs no proxy: a Rust service builds a `Check` per limit its
 //! request meets and asks a store. The same calls work on every store, so
 //! the memory store below can become Redis (`RedisStandalone::connect`)
-//! without touching the code that decides.
+//! without touching the code that decides. Redis is the `redis` feature, on
+//! by default; without it the crate is the memory store and the wrappers.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -83,7 +84,9 @@ mod fallback;
 mod instances;
 mod leases;
 mod memory;
+#[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "redis")]
 mod roster;
 mod store;
 
@@ -98,8 +101,10 @@ pub use deny_cache::{Forget, Forgetter, KnownRefusals};
 pub use error::LimiterError;
 pub use fallback::Fallback;
 pub use instances::Instances;
-pub use leases::Leased;
+pub use leases::{LeaseSettings, Leased};
 pub use memory::MemoryStore;
+#[cfg(feature = "redis")]
 pub use redis::{ClockSource, RedisCluster, RedisSettings, RedisStandalone};
+#[cfg(feature = "redis")]
 pub use roster::Roster;
 pub use store::{Deciding, Store};

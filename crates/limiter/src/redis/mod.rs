@@ -17,7 +17,8 @@ mod standalone;
 
 pub use cluster::RedisCluster;
 pub use scripted::script_source;
-pub use settings::{
-    ClockSource, InstanceCount, LeaseSettings, RedisSettings, SentinelSettings, Topology,
-};
+pub use settings::{ClockSource, InstanceCount, RedisSettings, SentinelSettings, Topology};
+// Leases are not Redis's alone (any store can be leased from), but are
+// configured under [redis].
+pub use crate::leases::LeaseSettings;
 pub use standalone::RedisStandalone;

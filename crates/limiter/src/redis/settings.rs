@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::check::OnFailure;
+use crate::leases::LeaseSettings;
 
 /// Where the Redis stores read "now".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -88,21 +89,6 @@ pub struct RedisSettings {
     pub tls_ca: Option<Vec<u8>>,
     /// Budget leased to this instance (`Leased`); none when `leases = "off"`.
     pub leases: Option<LeaseSettings>,
-}
-
-/// `[redis].leases`: how large a lease may be and how long it lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeaseSettings {
-    /// Units at most in one lease (`lease_max`).
-    pub max: u64,
-    /// How long a lease lives at most (`lease_ttl`); never longer than a
-    /// tenth of its limit's window.
-    pub ttl_us: u64,
-}
-
-impl LeaseSettings {
-    pub const DEFAULT_MAX: u64 = 100;
-    pub const DEFAULT_TTL_US: u64 = 1_000_000;
 }
 
 impl RedisSettings {
