@@ -37,6 +37,7 @@ use crate::connection::h2_watch::{H2Stream, STREAM_HEADER};
 use crate::headers::{self, Position};
 use crate::identity::{normalize_host, Client, IdentityError};
 use crate::jwt::TokenCheck;
+use crate::limiter::LimiterError;
 use crate::policy::{Layers, Plan, Policy, RequestView};
 use crate::state::AppState;
 
@@ -129,6 +130,269 @@ impl Gateway {
     }
 }
 
+/// Why a request is answered here rather than forwarded; `Gateway::answer`
+/// writes each.
+enum Answer {
+    /// 400 with the error's code and our own reason.
+    BadRequest {
+        code: &'static str,
+        reason: Cow<'static, str>,
+    },
+    /// An address with its HTTP/2 requests in flight all taken.
+    TooManyInFlight,
+    Blocked(BlockReason),
+    /// A limit with `on_missing = "deny"` found nothing to key on.
+    MissingKey(Box<str>),
+    /// The store failed with no fallback to decide instead.
+    LimiterFailed(LimiterError),
+    /// A limit refused: the 429, or a gRPC status with this message.
+    Refused(headers::Rejection, Option<String>),
+}
+
+impl Answer {
+    fn bad_request(code: &'static str, reason: impl Into<Cow<'static, str>>) -> Answer {
+        Answer::BadRequest {
+            code,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// The phases of `request_filter`, in its order. Each reads what it needs
+/// of the session and the request's context, and either hands on to the
+/// next or says how the request is answered.
+impl Gateway {
+    /// The request as it arrived: its id, its framing and target, its place
+    /// among its address's HTTP/2 requests, the clock its body runs on.
+    fn receive(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<(), Answer> {
+        // Requests that arrive before the previous answer are kept and
+        // answered in order, each decided on its own.
+        session.set_pipelining_enabled(true);
+        ctx.request_id = request_id_of(session, ctx);
+        let h2 = session.req_header().version == http::Version::HTTP_2;
+        // The header naming an HTTP/2 request's stream is the watch's word
+        // to this request alone: read, then gone before anything else looks.
+        if session.req_header().headers.contains_key(STREAM_HEADER) {
+            if h2 {
+                ctx.h2_stream = H2Stream::named(&session.req_header().headers);
+            }
+            session.req_header_mut().remove_header(STREAM_HEADER);
+        }
+        if !h2 {
+            // A client that closes its side once the request is in does not
+            // end the upstream's work: the exchange runs to its answer (and
+            // keeps the request's place under the caps and its slots).
+            session.as_mut().set_abort_on_close(false);
+        }
+        if let Some((code, reason)) = framing_problem(session) {
+            return Err(Answer::bad_request(code, reason));
+        }
+        if h2 {
+            let peer = peer_ip(session);
+            if let Some(group) = ctx.runtime.policy.clients.connection_group(peer) {
+                match self.state.streams.admit(group) {
+                    Some(permit) => ctx.stream_permit = Some(permit),
+                    None => return Err(Answer::TooManyInFlight),
+                }
+            }
+        }
+        if self.state.draining() {
+            // Shutting down: finish this request, then let the client go elsewhere.
+            session.set_keepalive(None);
+        }
+        if let Some(clock) = &ctx.head_clock {
+            if request_has_body(session) {
+                clock.body_expected();
+            }
+        }
+        let escaped_slashes = ctx.runtime.policy.paths.escaped_slashes;
+        canonicalise_target(session.req_header_mut(), escaped_slashes)
+            .map_err(|e| Answer::bad_request(e.code(), e.to_string()))
+    }
+
+    /// Who is asking and which layers their request meets (none: it goes
+    /// straight on), with the refusals already found on the way (a ban
+    /// looked up before a token's signature is checked).
+    async fn plan(
+        &self,
+        session: &Session,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<(Layers, Vec<Outcome>)>, Answer> {
+        let runtime = ctx.runtime.clone();
+        let policy = &runtime.policy;
+        let request = session.req_header();
+        let client = match policy.clients.identify(peer_ip(session), &request.headers) {
+            Ok(client) => ctx.client.insert(client),
+            Err(e) => return Err(Answer::bad_request(e.code(), e.to_string())),
+        };
+        // The cheapest refusals first: a blocked address or key, then (only
+        // where a signature would be checked) a banned address.
+        if !policy.block.is_empty() {
+            if let Some(reason) = policy
+                .block
+                .blocks(client, &policy.clients, &request.headers)
+            {
+                return Err(Answer::Blocked(reason));
+            }
+        }
+        let path = request.uri.path();
+        let path = if policy.paths.case_insensitive {
+            Cow::Owned(path.to_ascii_lowercase())
+        } else {
+            Cow::Borrowed(path)
+        };
+        if let Some(stream) = &ctx.h2_stream {
+            let grpc = &runtime.upstream.settings().grpc_paths;
+            if grpc.iter().any(|p| p.matches(&path)) {
+                stream.exempt_from_body_floor();
+            }
+        }
+        let host = if policy.reads_host {
+            request
+                .uri
+                .host()
+                .or_else(|| {
+                    request
+                        .headers
+                        .get(http::header::HOST)
+                        .and_then(|h| h.to_str().ok())
+                })
+                .map(normalize_host)
+                .filter(|h| !h.is_empty())
+        } else {
+            None
+        };
+        let mut earlier = Vec::new();
+        if policy.needs_token(&view_of(request, &path, host.as_deref(), client)) {
+            match self.token_of(policy, client, &request.headers).await {
+                Ok(token) => {
+                    self.state.metrics.tokens.count(&token);
+                    policy.clients.apply_token(client, token);
+                }
+                Err(banned) => earlier = banned,
+            }
+            if let Some(reason) = policy.block.blocks_subject(client) {
+                return Err(Answer::Blocked(reason));
+            }
+        }
+        if refused(&earlier) {
+            // Banned by its address: nothing more to work out.
+            return Ok(Some((Layers::default(), earlier)));
+        }
+        match policy.plan(&view_of(request, &path, host.as_deref(), client)) {
+            Ok(Plan::Exempt) => {
+                self.state.metrics.exempt.inc();
+                Ok(None)
+            }
+            Ok(Plan::Check(layers)) if layers.is_empty() => Ok(None),
+            Ok(Plan::Check(layers)) => Ok(Some((layers, earlier))),
+            Err(IdentityError::MissingKey(limit)) => Err(Answer::MissingKey(limit)),
+            Err(e) => Err(Answer::bad_request(e.code(), e.to_string())),
+        }
+    }
+
+    /// The decision on the planned layers (`decide`), kept in the context
+    /// for the phases after, and the headers it gives: the refusal, or the
+    /// wait (µs) before an admitted request goes on.
+    async fn decide(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        layers: Layers,
+        earlier: Vec<Outcome>,
+    ) -> Result<u64, Answer> {
+        let runtime = ctx.runtime.clone();
+        let decided = decide(&runtime.policy, &self.state.store, layers, earlier)
+            .await
+            .map_err(Answer::LimiterFailed)?;
+        if let Some(taken_at) = decided.slots_taken_at {
+            // A client that stops reading (an HTTP/2 window kept shut), or
+            // sends its body by the drop, must not hold its slots for long.
+            session
+                .as_mut()
+                .set_write_timeout(Some(self.state.header_timeout));
+            let body_by = taken_at + self.state.slot_body_timeout;
+            if let Some(clock) = &ctx.head_clock {
+                clock.body_due_by(body_by);
+            }
+            if let Some(stream) = &ctx.h2_stream {
+                stream.body_deadline(body_by);
+            }
+        }
+        ctx.slots = decided.slots;
+        ctx.counted = decided.reservations;
+        let verdict = ctx
+            .verdict
+            .insert(Verdict::new(decided.outcomes, self.state.store.deciding()));
+        let enforced = verdict.enforced(false);
+        if let Some(refused) = headers::refusing(&enforced) {
+            let rejection =
+                headers::rejection(runtime.headers, &enforced, refused, &ctx.request_id);
+            let grpc_message = is_grpc(session).then(|| grpc_refusal(refused));
+            verdict.decisive = Some(refused.position);
+            verdict.refused = true;
+            return Err(Answer::Refused(rejection, grpc_message));
+        }
+        // An admitted request's headers advertise its rates only: a slot's
+        // state (free now, a lease) is no budget to pace by. Most requests
+        // hold no slot: their layers are the rates.
+        let rates = if verdict.outcomes.iter().any(|o| o.concurrency) {
+            verdict.enforced(true)
+        } else {
+            enforced
+        };
+        let shown = headers::most_constrained(&rates);
+        if let Some(shown) = shown {
+            ctx.rate_headers = headers::rate_limit_headers(runtime.headers, &rates, shown);
+        }
+        verdict.decisive = shown.map(|l| l.position);
+        Ok(verdict.delay_us())
+    }
+
+    /// Writes the answer a phase gave: `true`, the upstream never touched.
+    async fn answer(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        answer: Answer,
+    ) -> Result<bool> {
+        match answer {
+            Answer::BadRequest { code, reason } => bad_request(session, ctx, code, &reason).await,
+            Answer::TooManyInFlight => too_many_in_flight(session, ctx).await,
+            Answer::Blocked(reason) => self.block(session, ctx, reason).await,
+            Answer::MissingKey(limit) => missing_key(session, ctx, &limit).await,
+            Answer::LimiterFailed(e) => limiter_failed(session, ctx, e).await,
+            Answer::Refused(rejection, Some(grpc_message)) => {
+                let headers = rejection
+                    .headers
+                    .into_iter()
+                    .filter(|(name, _)| **name != headers::CONTENT_TYPE)
+                    .collect();
+                respond_grpc(
+                    session,
+                    ctx,
+                    GrpcStatus::ResourceExhausted,
+                    &grpc_message,
+                    headers,
+                )
+                .await?;
+                Ok(true)
+            }
+            Answer::Refused(rejection, None) => {
+                respond(
+                    session,
+                    ctx,
+                    rejection.status,
+                    rejection.headers,
+                    rejection.body,
+                )
+                .await?;
+                Ok(true)
+            }
+        }
+    }
+}
+
 #[async_trait]
 impl ProxyHttp for Gateway {
     type CTX = RequestCtx;
@@ -182,205 +446,21 @@ impl ProxyHttp for Gateway {
     /// reservations in `ctx` for the later phases, and a leaky bucket's
     /// wait already waited.
     async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
-        // Requests that arrive before the previous answer are kept and
-        // answered in order, each decided on its own.
-        session.set_pipelining_enabled(true);
-        ctx.request_id = request_id_of(session, ctx);
-        let h2 = session.req_header().version == http::Version::HTTP_2;
-        // The header naming an HTTP/2 request's stream is the watch's word
-        // to this request alone: read, then gone before anything else looks.
-        if session.req_header().headers.contains_key(STREAM_HEADER) {
-            if h2 {
-                ctx.h2_stream = H2Stream::named(&session.req_header().headers);
-            }
-            session.req_header_mut().remove_header(STREAM_HEADER);
+        let decided = async {
+            self.receive(session, ctx)?;
+            let Some((layers, earlier)) = self.plan(session, ctx).await? else {
+                return Ok(0);
+            };
+            self.decide(session, ctx, layers, earlier).await
         }
-        if !h2 {
-            // A client that closes its side once the request is in does not
-            // end the upstream's work: the exchange runs to its answer (and
-            // keeps the request's place under the caps and its slots).
-            session.as_mut().set_abort_on_close(false);
-        }
-        if let Some((code, reason)) = framing_problem(session) {
-            return bad_request(session, ctx, code, reason).await;
-        }
-        if h2 {
-            let peer = peer_ip(session);
-            if let Some(group) = ctx.runtime.policy.clients.connection_group(peer) {
-                match self.state.streams.admit(group) {
-                    Some(permit) => ctx.stream_permit = Some(permit),
-                    None => return too_many_in_flight(session, ctx).await,
-                }
-            }
-        }
-        if self.state.draining() {
-            // Shutting down: finish this request, then let the client go elsewhere.
-            session.set_keepalive(None);
-        }
-        if let Some(clock) = &ctx.head_clock {
-            if request_has_body(session) {
-                clock.body_expected();
-            }
-        }
-        let runtime = ctx.runtime.clone();
-        let policy = &runtime.policy;
-        if let Err(e) = canonicalise_target(session.req_header_mut(), policy.paths.escaped_slashes)
-        {
-            return bad_request(session, ctx, e.code(), &e.to_string()).await;
-        }
-        let request = session.req_header();
-        let client = match policy.clients.identify(peer_ip(session), &request.headers) {
-            Ok(client) => ctx.client.insert(client),
-            Err(e) => return bad_request(session, ctx, e.code(), &e.to_string()).await,
-        };
-        // The cheapest refusals first: a blocked address or key, then (only
-        // where a signature would be checked) a banned address.
-        if !policy.block.is_empty() {
-            if let Some(reason) = policy
-                .block
-                .blocks(client, &policy.clients, &request.headers)
-            {
-                return self.block(session, ctx, reason).await;
-            }
-        }
-        let path = request.uri.path();
-        let path = if policy.paths.case_insensitive {
-            Cow::Owned(path.to_ascii_lowercase())
-        } else {
-            Cow::Borrowed(path)
-        };
-        if let Some(stream) = &ctx.h2_stream {
-            let grpc = &runtime.upstream.settings().grpc_paths;
-            if grpc.iter().any(|p| p.matches(&path)) {
-                stream.exempt_from_body_floor();
-            }
-        }
-        let host = if policy.reads_host {
-            request
-                .uri
-                .host()
-                .or_else(|| {
-                    request
-                        .headers
-                        .get(http::header::HOST)
-                        .and_then(|h| h.to_str().ok())
-                })
-                .map(normalize_host)
-                .filter(|h| !h.is_empty())
-        } else {
-            None
-        };
-        let mut outcomes = Vec::new();
-        if policy.needs_token(&view_of(request, &path, host.as_deref(), client)) {
-            match self.token_of(policy, client, &request.headers).await {
-                Ok(token) => {
-                    self.state.metrics.tokens.count(&token);
-                    policy.clients.apply_token(client, token);
-                }
-                Err(banned) => outcomes = banned,
-            }
-            if let Some(reason) = policy.block.blocks_subject(client) {
-                return self.block(session, ctx, reason).await;
-            }
-        }
-        let Some(client) = ctx.client.as_ref() else {
-            return Ok(false);
-        };
-        let view = view_of(session.req_header(), &path, host.as_deref(), client);
-        let layers = if refused(&outcomes) {
-            // Banned by its address: nothing more to work out.
-            Layers::default()
-        } else {
-            match policy.plan(&view) {
-                Ok(Plan::Exempt) => {
-                    self.state.metrics.exempt.inc();
-                    return Ok(false);
-                }
-                Ok(Plan::Check(layers)) if layers.is_empty() => return Ok(false),
-                Ok(Plan::Check(layers)) => layers,
-                Err(IdentityError::MissingKey(limit)) => {
-                    return missing_key(session, ctx, &limit).await
-                }
-                Err(e) => return bad_request(session, ctx, e.code(), &e.to_string()).await,
-            }
-        };
-        let decided = match decide(policy, &self.state.store, layers, outcomes).await {
-            Ok(decided) => decided,
-            Err(e) => return limiter_failed(session, ctx, e).await,
-        };
-        if let Some(taken_at) = decided.slots_taken_at {
-            // A client that stops reading (an HTTP/2 window kept shut), or
-            // sends its body by the drop, must not hold its slots for long.
-            session
-                .as_mut()
-                .set_write_timeout(Some(self.state.header_timeout));
-            let body_by = taken_at + self.state.slot_body_timeout;
-            if let Some(clock) = &ctx.head_clock {
-                clock.body_due_by(body_by);
-            }
-            if let Some(stream) = &ctx.h2_stream {
-                stream.body_deadline(body_by);
-            }
-        }
-        ctx.slots = decided.slots;
-        ctx.counted = decided.reservations;
-        let outcomes = decided.outcomes;
-        let verdict = ctx
-            .verdict
-            .insert(Verdict::new(outcomes, self.state.store.deciding()));
-        let enforced = verdict.enforced(false);
-        let (decisive, refusal) = match headers::refusing(&enforced) {
-            Some(refused) => {
-                let r = headers::rejection(runtime.headers, &enforced, refused, &ctx.request_id);
-                let grpc_message = is_grpc(session).then(|| grpc_refusal(refused));
-                (Some(refused.position), Some((r, grpc_message)))
-            }
-            None => {
-                // An admitted request's headers advertise its rates only: a
-                // slot's state (free now, a lease) is no budget to pace by.
-                // Most requests hold no slot: their layers are the rates.
-                let rates = if verdict.outcomes.iter().any(|o| o.concurrency) {
-                    verdict.enforced(true)
-                } else {
-                    enforced
-                };
-                let shown = headers::most_constrained(&rates);
-                if let Some(shown) = shown {
-                    ctx.rate_headers = headers::rate_limit_headers(runtime.headers, &rates, shown);
-                }
-                (shown.map(|l| l.position), None)
-            }
-        };
-        verdict.decisive = decisive;
-        verdict.refused = refusal.is_some();
-        let delay_us = verdict.delay_us();
-        match refusal {
-            Some((r, Some(grpc_message))) => {
-                let headers = r
-                    .headers
-                    .into_iter()
-                    .filter(|(name, _)| **name != headers::CONTENT_TYPE)
-                    .collect();
-                respond_grpc(
-                    session,
-                    ctx,
-                    GrpcStatus::ResourceExhausted,
-                    &grpc_message,
-                    headers,
-                )
-                .await?;
-                Ok(true)
-            }
-            Some((r, None)) => {
-                respond(session, ctx, r.status, r.headers, r.body).await?;
-                Ok(true)
-            }
-            None => {
-                if delay_us > 0 {
-                    tokio::time::sleep(Duration::from_micros(delay_us)).await;
-                }
+        .await;
+        match decided {
+            Ok(0) => Ok(false),
+            Ok(delay_us) => {
+                tokio::time::sleep(Duration::from_micros(delay_us)).await;
                 Ok(false)
             }
+            Err(answer) => self.answer(session, ctx, answer).await,
         }
     }
 
