@@ -130,6 +130,28 @@ impl Gateway {
     }
 }
 
+/// What a failed exchange is answered: the status (0: nobody to answer)
+/// and the JSON body's `error`.
+fn failure_answer(e: &Error) -> (u16, &'static str) {
+    match (e.esource(), e.etype()) {
+        (_, ErrorType::HTTPStatus(code)) => (*code, "bad_request"),
+        (ErrorSource::Upstream, ErrorType::ReadTimedout | ErrorType::ConnectTimedout) => {
+            (504, "upstream_timeout")
+        }
+        (ErrorSource::Upstream, _) => (502, "upstream_unavailable"),
+        // The client went away or broke its stream: nobody to answer.
+        (
+            ErrorSource::Downstream,
+            ErrorType::WriteError
+            | ErrorType::ReadError
+            | ErrorType::ConnectionClosed
+            | ErrorType::H2Error,
+        ) => (0, ""),
+        (ErrorSource::Downstream, _) => (400, "bad_request"),
+        _ => (500, "internal_error"),
+    }
+}
+
 /// Why a request is answered here rather than forwarded; `Gateway::answer`
 /// writes each.
 enum Answer {
@@ -347,6 +369,89 @@ impl Gateway {
         }
         verdict.decisive = shown.map(|l| l.position);
         Ok(verdict.delay_us())
+    }
+
+    /// What a finished request holds is given back or charged: the
+    /// reservations of limits charged by the response, its slots.
+    async fn settle(&self, ctx: &mut RequestCtx, e: Option<&Error>) {
+        // A request that reached the upstream but whose client hung up
+        // before the answer is counted as if its status were listed:
+        // otherwise hanging up at once would dodge the count. Settled
+        // before the slots go, so that the next request a concurrency
+        // limit lets in sees it.
+        let client_left_mid_request = ctx.upstream_sent.is_some()
+            && ctx.upstream_status.is_none()
+            && e.is_some_and(|e| matches!(e.esource(), ErrorSource::Downstream));
+        if !ctx.counted.is_empty() {
+            let upstream_timed_out = e.is_some_and(|e| {
+                matches!(e.esource(), ErrorSource::Upstream)
+                    && matches!(e.etype(), ErrorType::ReadTimedout)
+            });
+            charges::charge_unanswered(
+                self.state.store.as_ref(),
+                ctx,
+                ctx.upstream_sent.is_some(),
+                client_left_mid_request,
+                upstream_timed_out,
+            )
+            .await;
+        }
+        // Over: the upstream answered, or floodgate gave up on it (a body
+        // that never came whole, the upstream's read timeout). A client
+        // that left once its request was whole was kept until then; a whole
+        // request whose exchange was cut all the same (its HTTP/2 connection
+        // torn down by the h2 server's own defences, say against a client
+        // opening more streams than it may) leaves the upstream working on
+        // it, so its place and its slots stay taken for as long as the
+        // upstream may work: its read timeout, counted from the request.
+        let cut_whole = || {
+            ctx.h2_stream
+                .as_ref()
+                .is_some_and(H2Stream::cut_while_whole)
+        };
+        if client_left_mid_request && cut_whole() {
+            let sent = ctx.upstream_sent.unwrap_or(ctx.started);
+            let until = sent + ctx.runtime.upstream.settings().read_timeout;
+            let (permit, slots) = (ctx.stream_permit.take(), ctx.slots.take());
+            tokio::spawn(async move {
+                tokio::time::sleep_until(until.into()).await;
+                drop(permit);
+                if let Some(mut slots) = slots {
+                    slots.release().await;
+                }
+            });
+        } else if let Some(mut slots) = ctx.slots.take() {
+            slots.release().await;
+        }
+    }
+
+    /// The request in the metrics, its strike toward a ban, its verdict
+    /// logged and on the status page's board.
+    async fn count(&self, ctx: &RequestCtx, status: u16, took: Duration) {
+        let requests = &self.state.metrics.requests;
+        requests.finished(status).inc();
+        requests.duration.observe(took.as_secs_f64());
+        if let Some(upstream) = ctx.upstream_took {
+            requests.upstream_duration.observe(upstream.as_secs_f64());
+        }
+        // Struck before it is counted: once a refusal shows in the metrics,
+        // its strike is in the store.
+        strikes::strike(self.state.store.as_ref(), ctx).await;
+        if let Some(verdict) = &ctx.verdict {
+            verdict.account(&ctx.runtime, ctx.client.as_ref(), &ctx.request_id);
+            // The status page's board, kept only where there is a page.
+            let refusing = verdict
+                .decisive
+                .and_then(|Position(i)| verdict.outcomes.get(i));
+            if let (Some(o), Some(client), true, true) = (
+                refusing,
+                &ctx.client,
+                verdict.refused,
+                ctx.runtime.admin_token.is_some(),
+            ) {
+                self.state.status.refused(client, &o.name);
+            }
+        }
     }
 
     /// Writes the answer a phase gave: `true`, the upstream never touched.
@@ -638,23 +743,7 @@ impl ProxyHttp for Gateway {
         e: &Error,
         ctx: &mut Self::CTX,
     ) -> FailToProxy {
-        let (status, error) = match (e.esource(), e.etype()) {
-            (_, ErrorType::HTTPStatus(code)) => (*code, "bad_request"),
-            (ErrorSource::Upstream, ErrorType::ReadTimedout | ErrorType::ConnectTimedout) => {
-                (504, "upstream_timeout")
-            }
-            (ErrorSource::Upstream, _) => (502, "upstream_unavailable"),
-            // The client went away or broke its stream: nobody to answer.
-            (
-                ErrorSource::Downstream,
-                ErrorType::WriteError
-                | ErrorType::ReadError
-                | ErrorType::ConnectionClosed
-                | ErrorType::H2Error,
-            ) => (0, ""),
-            (ErrorSource::Downstream, _) => (400, "bad_request"),
-            _ => (500, "internal_error"),
-        };
+        let (status, error) = failure_answer(e);
         if matches!(e.esource(), ErrorSource::Upstream) {
             let request = session.req_header();
             warn!(
@@ -715,87 +804,17 @@ impl ProxyHttp for Gateway {
         true
     }
 
-    /// The response is over, on every path: metrics, the access log line,
-    /// and the connection idles until the next head.
+    /// The response is over, on every path: what the request reserved is
+    /// settled, it is counted, the access log has its line, and the
+    /// connection idles until the next head.
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Self::CTX) {
         if let Some(clock) = &ctx.head_clock {
             clock.await_next_head();
         }
-        // A request that reached the upstream but whose client hung up
-        // before the answer is counted as if its status were listed:
-        // otherwise hanging up at once would dodge the count. Settled
-        // before the slots go, so that the next request a concurrency
-        // limit lets in sees it.
-        let client_left_mid_request = ctx.upstream_sent.is_some()
-            && ctx.upstream_status.is_none()
-            && e.is_some_and(|e| matches!(e.esource(), ErrorSource::Downstream));
-        if !ctx.counted.is_empty() {
-            let upstream_timed_out = e.is_some_and(|e| {
-                matches!(e.esource(), ErrorSource::Upstream)
-                    && matches!(e.etype(), ErrorType::ReadTimedout)
-            });
-            charges::charge_unanswered(
-                self.state.store.as_ref(),
-                ctx,
-                ctx.upstream_sent.is_some(),
-                client_left_mid_request,
-                upstream_timed_out,
-            )
-            .await;
-        }
-        // Over: the upstream answered, or floodgate gave up on it (a body
-        // that never came whole, the upstream's read timeout). A client
-        // that left once its request was whole was kept until then; a whole
-        // request whose exchange was cut all the same (its HTTP/2 connection
-        // torn down by the h2 server's own defences, say against a client
-        // opening more streams than it may) leaves the upstream working on
-        // it, so its place and its slots stay taken for as long as the
-        // upstream may work: its read timeout, counted from the request.
-        let cut_whole = || {
-            ctx.h2_stream
-                .as_ref()
-                .is_some_and(H2Stream::cut_while_whole)
-        };
-        if client_left_mid_request && cut_whole() {
-            let sent = ctx.upstream_sent.unwrap_or(ctx.started);
-            let until = sent + ctx.runtime.upstream.settings().read_timeout;
-            let (permit, slots) = (ctx.stream_permit.take(), ctx.slots.take());
-            tokio::spawn(async move {
-                tokio::time::sleep_until(until.into()).await;
-                drop(permit);
-                if let Some(mut slots) = slots {
-                    slots.release().await;
-                }
-            });
-        } else if let Some(mut slots) = ctx.slots.take() {
-            slots.release().await;
-        }
+        self.settle(ctx, e).await;
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         let took = ctx.started.elapsed();
-        let requests = &self.state.metrics.requests;
-        requests.finished(status).inc();
-        requests.duration.observe(took.as_secs_f64());
-        if let Some(upstream) = ctx.upstream_took {
-            requests.upstream_duration.observe(upstream.as_secs_f64());
-        }
-        // Struck before it is counted: once a refusal shows in the metrics,
-        // its strike is in the store.
-        strikes::strike(self.state.store.as_ref(), ctx).await;
-        if let Some(verdict) = &ctx.verdict {
-            verdict.account(&ctx.runtime, ctx.client.as_ref(), &ctx.request_id);
-            // The status page's board, kept only where there is a page.
-            let refusing = verdict
-                .decisive
-                .and_then(|Position(i)| verdict.outcomes.get(i));
-            if let (Some(o), Some(client), true, true) = (
-                refusing,
-                &ctx.client,
-                verdict.refused,
-                ctx.runtime.admin_token.is_some(),
-            ) {
-                self.state.status.refused(client, &o.name);
-            }
-        }
+        self.count(ctx, status, took).await;
         if let Some(log) = &self.state.access_log {
             log.write(access_line(session, ctx, status, took));
         }
