@@ -108,8 +108,62 @@ fn documented_as_parsed(name: &str, keys: &[&str], elsewhere: &[&str]) -> Vec<St
     problems
 }
 
+/// The keys a row gives an inline table: the top-level keys of the first
+/// `{ ... }` in it (`{ after, within, duration }`, `{ master = "name", ... }`),
+/// or, for a row that lists them in prose, its backquoted names
+/// (`[clients.jwt.tiers]` names `tiers`).
+fn inline_keys(row: &str) -> Vec<String> {
+    let Some(open) = row.find('{') else {
+        return row
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(|quoted| {
+                // `name`, `name = value`, `[table.name]`.
+                let name = quoted.split(['=', ' ']).next().unwrap_or("");
+                let name = name.trim_matches(|c| c == '[' || c == ']');
+                name.rsplit('.').next().unwrap_or(name).to_owned()
+            })
+            .filter(|name| {
+                !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            })
+            .collect();
+    };
+    let (mut depth, mut quoted, mut entry) = (0, false, String::new());
+    let mut keys = Vec::new();
+    let mut finish = |entry: &mut String| {
+        let key = entry.split('=').next().unwrap_or("").trim().to_owned();
+        if !key.is_empty() && key != "..." {
+            keys.push(key);
+        }
+        entry.clear();
+    };
+    for c in row[open + 1..].chars() {
+        match c {
+            '"' => quoted = !quoted,
+            _ if quoted => {}
+            '{' | '[' => depth += 1,
+            ']' => depth -= 1,
+            '}' if depth == 0 => {
+                finish(&mut entry);
+                break;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                finish(&mut entry);
+                continue;
+            }
+            _ => {}
+        }
+        if depth == 0 && !quoted && c != '"' {
+            entry.push(c);
+        }
+    }
+    keys
+}
+
 /// A key whose value is an inline table (`ban = { after, within,
-/// duration }`): each of its keys is named in the key's row.
+/// duration }`): its row gives exactly the table's keys.
 fn inline_keys_named(name: &str, key: &str, keys: &[&str]) -> Vec<String> {
     let rows = rows(section(name));
     let Some((_, row)) = rows
@@ -118,13 +172,16 @@ fn inline_keys_named(name: &str, key: &str, keys: &[&str]) -> Vec<String> {
     else {
         return vec![format!("{name}: no row for `{key}`")];
     };
-    keys.iter()
-        .filter(|inner| {
-            !row.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .any(|word| word == **inner)
-        })
-        .map(|inner| format!("{name}: the row of `{key}` does not name `{inner}`"))
-        .collect()
+    let documented = inline_keys(row);
+    let missing = keys
+        .iter()
+        .filter(|inner| !documented.iter().any(|d| d == **inner))
+        .map(|inner| format!("{name}: the row of `{key}` does not name `{inner}`"));
+    let unknown = documented
+        .iter()
+        .filter(|d| !keys.contains(&d.as_str()))
+        .map(|d| format!("{name}: the row of `{key}` names `{d}`, which `{key}` does not take"));
+    missing.chain(unknown).collect()
 }
 
 #[test]
@@ -232,6 +289,22 @@ fn every_key_the_parser_takes_is_in_the_reference_and_no_other() {
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn an_inline_tables_keys_are_read_from_its_row() {
+    assert_eq!(
+        inline_keys(r#"`{ master = "name", nodes = ["a", ...], password_file = "..." }`: x"#),
+        ["master", "nodes", "password_file"]
+    );
+    assert_eq!(
+        inline_keys(r#"`{ paths = ["/a"], headers = { "X-A" = "b*" } }`; `*` matches"#),
+        ["paths", "headers"]
+    );
+    assert_eq!(
+        inline_keys("`header` (`\"Authorization\"`), `leeway` (`\"60s\"`), `[clients.jwt.tiers]`, `names = [\"a\"]`"),
+        ["header", "leeway", "tiers", "names"]
+    );
 }
 
 #[test]
