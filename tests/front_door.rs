@@ -431,11 +431,20 @@ fn serve(name: &str) -> (Helper, SocketAddr) {
 }
 
 fn run_client(name: &str, args: &[&str]) -> Vec<String> {
-    let out = Command::new("python3")
+    // A client stuck on a proxy that never answers must fail its test, not
+    // hold the suite until CI's own limit.
+    let out = Command::new("timeout")
+        .args(["60", "python3"])
         .arg(script(name))
         .args(args)
         .output()
-        .expect("python3");
+        .expect("timeout python3");
+    assert_ne!(
+        out.status.code(),
+        Some(124),
+        "{name} {args:?} gave no answer within 60 s: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(str::to_string)

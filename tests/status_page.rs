@@ -68,14 +68,16 @@ fn the_status_page_renders_live_traffic_in_a_real_browser() {
             || PathBuf::from("status-page.png"),
             |t| t.join("status-page.png"),
         );
-    let out = Command::new("python3")
+    // A browser that hangs must fail the test, not hold the suite.
+    let out = Command::new("timeout")
+        .args(["120", "python3"])
         .arg(script)
         .arg(format!("http://{admin}"))
         .arg(&token.0)
         .arg("per-ip")
         .arg(&screenshot)
         .output()
-        .expect("run python3");
+        .expect("run timeout python3");
     assert!(
         out.status.success(),
         "{}{}",
