@@ -16,6 +16,8 @@ trap 'rm -f "$log"' EXIT
 cargo test --workspace --all-targets 2>&1 | tee "$log"
 # --all-targets leaves out doc tests, where the limiter's usage example is.
 cargo test --workspace --doc 2>&1 | tee -a "$log"
+# The limiter as a service that limits in process takes it: no Redis.
+cargo test -p floodgate-limiter --no-default-features 2>&1 | tee -a "$log"
 # One closing line for the whole run: cargo prints one per test binary, and
 # the last of them belongs to a binary without tests.
 passed=$(grep -o 'test result: [a-zA-Z]*\. [0-9]* passed' "$log" | awk '{n += $4} END {print n + 0}')

@@ -5,8 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Why a store could not answer. A request is then decided by the
-/// configured `on_failure`, never left waiting.
+/// configured `on_failure`, never left waiting. Not exhaustive: the Redis
+/// variants come and go with the `redis` feature, which another crate in a
+/// build may turn on.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum LimiterError {
     #[error("no answer within {0:?}")]
     Timeout(Duration),
