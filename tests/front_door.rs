@@ -411,6 +411,18 @@ fn script(name: &str) -> String {
         .to_string()
 }
 
+/// The first line a helper prints, or "" if it prints none within `within`
+/// (a helper that hangs fails its test instead of holding the suite).
+fn first_line(out: std::process::ChildStdout, within: Duration) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(out).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    rx.recv_timeout(within).unwrap_or_default()
+}
+
 /// Starts `python3 <script> serve <port>` and waits for its "ready".
 fn serve(name: &str) -> (Helper, SocketAddr) {
     let port = free_port();
@@ -421,8 +433,7 @@ fn serve(name: &str) -> (Helper, SocketAddr) {
         .spawn()
         .expect("python3");
     let stdout = child.stdout.take().expect("stdout");
-    let mut line = String::new();
-    let _ = BufReader::new(stdout).read_line(&mut line);
+    let line = first_line(stdout, Duration::from_secs(30));
     assert_eq!(line.trim(), "ready", "{name} did not start");
     (
         Helper(child),
@@ -439,12 +450,17 @@ fn run_client(name: &str, args: &[&str]) -> Vec<String> {
         .args(args)
         .output()
         .expect("timeout python3");
-    assert_ne!(
-        out.status.code(),
-        Some(124),
-        "{name} {args:?} gave no answer within 60 s: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    match out.status.code() {
+        Some(124) => panic!(
+            "{name} {args:?} gave no answer within 60 s: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Some(126 | 127) => panic!(
+            "python3 could not be run: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        _ => {}
+    }
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(str::to_string)
@@ -531,8 +547,7 @@ fn a_websocket_holds_its_slot_unless_upgrades_are_excluded() {
             .expect("python3");
         let said = first.stdout.take().expect("stdout");
         let first = Helper(first);
-        let mut line = String::new();
-        let _ = BufReader::new(said).read_line(&mut line);
+        let line = first_line(said, Duration::from_secs(30));
         assert_eq!(line.trim(), "echo", "{upgrades}: the first socket is open");
         let other = run_client("ws_echo.py", &["talk", &url, "0"]);
         assert_eq!(other, [second], "{upgrades}: a second socket meanwhile");
@@ -859,10 +874,11 @@ fn a_client_that_chooses_h2_and_says_nothing_is_closed_in_time() {
              print(time.time() - t)\n",
             port = tls.port()
         );
-        let out = Command::new("python3")
-            .args(["-c", &script])
+        // The handshake comes before the script's own socket timeout.
+        let out = Command::new("timeout")
+            .args(["30", "python3", "-c", &script])
             .output()
-            .expect("python3");
+            .expect("timeout python3");
         String::from_utf8_lossy(&out.stdout)
             .trim()
             .parse()
