@@ -155,6 +155,65 @@ fn every_link_and_image_in_the_book_and_readme_resolves() {
     assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
 }
 
+/// The repository paths a page names in its text, code and code blocks
+/// included (`crates/limiter/lua/slots.lua`, the code map's tree): what a
+/// move of files leaves stale.
+fn repository_paths(text: &str) -> Vec<String> {
+    const TOP: [&str; 8] = [
+        "src/",
+        "crates/",
+        "tests/",
+        "scripts/",
+        "docs/",
+        "examples/",
+        "benches/",
+        "lua/",
+    ];
+    let in_path = |c: char| c.is_ascii_alphanumeric() || "_./-".contains(c);
+    let mut paths = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(|c: char| c.is_ascii_alphanumeric()) {
+        let start = &rest[at..];
+        let token: String = start.chars().take_while(|&c| in_path(c)).collect();
+        let preceded = rest[..at].chars().last().is_some_and(in_path);
+        if !preceded && TOP.iter().any(|top| token.starts_with(top)) {
+            paths.push(token.trim_end_matches(['.', '-']).to_string());
+        }
+        rest = &start[token.len().max(1)..];
+    }
+    paths
+}
+
+#[test]
+fn every_repository_path_the_book_names_exists() {
+    let mut stale = Vec::new();
+    let mut named = 0;
+    for page in pages() {
+        let text = std::fs::read_to_string(&page).expect("read page");
+        for path in repository_paths(&text) {
+            named += 1;
+            if !Path::new(ROOT).join(&path).exists() {
+                let name = page
+                    .strip_prefix(ROOT)
+                    .unwrap_or(&page)
+                    .display()
+                    .to_string();
+                stale.push(format!("{name}: {path}"));
+            }
+        }
+    }
+    assert!(named > 40, "the paths were read ({named})");
+    assert!(
+        stale.is_empty(),
+        "paths that do not exist:\n{}",
+        stale.join("\n")
+    );
+    assert_eq!(
+        repository_paths("`lua/slots.lua` in crates/limiter/lua/, see src/main.rs. xsrc/a"),
+        ["lua/slots.lua", "crates/limiter/lua/", "src/main.rs"]
+    );
+}
+
 #[test]
 fn the_summary_lists_every_chapter_and_only_chapters() {
     let summary = std::fs::read_to_string(book().join("SUMMARY.md")).expect("SUMMARY.md");
