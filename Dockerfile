@@ -10,6 +10,8 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY crates ./crates
+# The manifest names the benches: Cargo reads their files for any build.
+COPY benches ./benches
 RUN cargo build --release --bin floodgate
 # Inside a container the proxy must listen beyond loopback. The admin
 # listener serves the health check, which runs inside the container: on

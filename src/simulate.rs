@@ -291,7 +291,9 @@ pub fn translate(algorithm: &Algorithm, to: Kind) -> Result<Algorithm, Algorithm
 /// stacked, one row per run, on a shared time axis that spans the arrivals
 /// (not the time before them, unless `span` is `Whole`), with each row's
 /// count scale, the window's edges dashed, the busiest window shaded and a
-/// legend.
+/// legend. Bars stand at arrival; the busiest window is counted in the time
+/// requests were admitted, later than their bars for a leaky bucket's held
+/// ones.
 pub fn svg(runs: &[Run], span: Span) -> String {
     const WIDTH: f64 = 900.0;
     const ROW: f64 = 160.0;
@@ -313,8 +315,9 @@ pub fn svg(runs: &[Run], span: Span) -> String {
     let slice_us = round_up_to_1_2_5(arrivals_span_us.div_ceil(SLICES as u64));
     let slices = (arrivals_span_us.div_ceil(slice_us) as usize).clamp(1, SLICES);
     let span_us = slice_us * slices as u64;
-    // A request a bucket held may be admitted after the last arrival: it is
-    // drawn at the axis's end.
+    // The busiest window runs on past the last arrival when its window is
+    // longer, or a leaky bucket admitted held requests later: it stops at
+    // the axis's end.
     let x_of = |at_us: u64| {
         let along = (at_us.saturating_sub(start_us)).min(span_us);
         LEFT + WIDTH * along as f64 / span_us as f64
