@@ -261,8 +261,13 @@ impl RedisCluster {
         let cluster = RedisCluster { nodes };
         assert!(
             wait_until(Duration::from_secs(30), || cluster.nodes.iter().all(|n| {
-                let info: String = n.cmd(&["CLUSTER", "INFO"]);
-                let replication: String = n.cmd(&["INFO", "replication"]);
+                // A replica syncing with its master may drop a client.
+                let (Some(info), Some(replication)) = (
+                    n.try_cmd::<String>(&["CLUSTER", "INFO"]),
+                    n.try_cmd::<String>(&["INFO", "replication"]),
+                ) else {
+                    return false;
+                };
                 info.contains("cluster_state:ok")
                     && (replicas == 0
                         || replication.contains("master_link_status:up")
@@ -340,7 +345,11 @@ impl SentinelGroup {
     pub fn await_settled(&self, master: usize, replica: usize) {
         let (m, r) = (&self.nodes[master], &self.nodes[replica]);
         let settled = wait_until(Duration::from_secs(40), || {
-            let info: String = r.cmd(&["INFO", "replication"]);
+            // A node the sentinels are turning into a replica drops its
+            // clients: that poll saw nothing yet.
+            let Some(info) = r.try_cmd::<String>(&["INFO", "replication"]) else {
+                return false;
+            };
             info.contains("master_link_status:up")
                 && info.contains(&format!("master_port:{}", m.port))
                 && self.sentinels.iter().all(|s| {
