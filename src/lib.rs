@@ -16,6 +16,7 @@ pub mod header_name;
 pub mod headers;
 pub mod metrics;
 pub mod proxy;
+pub mod rls;
 pub mod server;
 pub mod signals;
 pub mod simulate;

@@ -85,6 +85,23 @@ pub struct ConnectionMetrics {
     pub idle_timeouts: IntCounter,
 }
 
+/// What the rate limit service (`[rls]`) reports, beside the decisions
+/// its limits count like any other.
+#[derive(Clone)]
+pub struct RlsMetrics {
+    /// `ShouldRateLimit` calls by answer: `ok`, `over_limit`, and the
+    /// gRPC errors `invalid_argument`, `unavailable`.
+    pub ok: IntCounter,
+    pub over_limit: IntCounter,
+    pub invalid_argument: IntCounter,
+    pub unavailable: IntCounter,
+    /// Descriptors no limit matched (answered OK, as envoyproxy/ratelimit
+    /// does), by why: no limit on the `domain`, or none on the descriptor.
+    pub unknown_domain: IntCounter,
+    pub unknown_descriptor: IntCounter,
+    pub duration: Histogram,
+}
+
 pub struct Metrics {
     registry: Registry,
     decisions: IntCounterVec,
@@ -101,6 +118,7 @@ pub struct Metrics {
     pub connections: ConnectionMetrics,
     pub admin_connections: ConnectionMetrics,
     pub requests: RequestMetrics,
+    pub rls: RlsMetrics,
     reloads: IntCounterVec,
 }
 
@@ -281,6 +299,47 @@ impl Metrics {
                 &["reused"],
             ),
         );
+        let rls_calls = registered(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "floodgate_rls_requests_total",
+                    "Envoy rate limit service calls, by answer (ok, over_limit; the gRPC errors invalid_argument, unavailable)",
+                ),
+                &["code"],
+            ),
+        );
+        let rls_unmatched = registered(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "floodgate_rls_unmatched_descriptors_total",
+                    "Descriptors no limit matched, answered OK: by reason (domain: no limit on the request's domain; descriptor: none on that descriptor)",
+                ),
+                &["reason"],
+            ),
+        );
+        let rls = RlsMetrics {
+            ok: rls_calls.with_label_values(&["ok"]),
+            over_limit: rls_calls.with_label_values(&["over_limit"]),
+            invalid_argument: rls_calls.with_label_values(&["invalid_argument"]),
+            unavailable: rls_calls.with_label_values(&["unavailable"]),
+            unknown_domain: rls_unmatched.with_label_values(&["domain"]),
+            unknown_descriptor: rls_unmatched.with_label_values(&["descriptor"]),
+            duration: registered(
+                &registry,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "floodgate_rls_duration_seconds",
+                        "From a ShouldRateLimit call decoded to its answer",
+                    )
+                    .buckets(vec![
+                        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                        0.25, 1.0,
+                    ]),
+                ),
+            ),
+        };
         let requests = RequestMetrics {
             by_class: ["none", "1xx", "2xx", "3xx", "4xx", "5xx"]
                 .map(|class| requests_total.with_label_values(&[class])),
@@ -349,6 +408,7 @@ impl Metrics {
             connections,
             admin_connections,
             requests,
+            rls,
             reloads,
         }
     }

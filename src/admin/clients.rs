@@ -23,10 +23,12 @@ enum Selector {
     Cookie(String, Vec<u8>),
     Query(String, Vec<u8>),
     Subject(Vec<u8>),
+    /// A rate limit service descriptor's entry (`descriptor:<key>` keys).
+    Entry(String, Vec<u8>),
 }
 
 /// The parameters that name a client.
-const SELECTORS: &str = "ip, api_key, key_hash, header (Name:value), cookie (name:value), query (name:value) or jwt_sub";
+const SELECTORS: &str = "ip, api_key, key_hash, header (Name:value), cookie (name:value), query (name:value), jwt_sub or descriptor (key:value)";
 
 /// A client as the operator named it, with the tier its limits' numbers
 /// are read for.
@@ -154,6 +156,17 @@ impl Lookup {
                 let label = format!("query {name}");
                 (Selector::Query(name.into(), v.as_bytes().to_vec()), label)
             }
+            "descriptor" => {
+                let (key, v) = split_pair(value, "descriptor")?;
+                // Addresses are shown as logs show them; other values (an
+                // API key Envoy read from a header) as a short hash.
+                let label = if key == "remote_address" {
+                    format!("descriptor {key}={v}")
+                } else {
+                    format!("descriptor {key}")
+                };
+                (Selector::Entry(key.into(), v.as_bytes().to_vec()), label)
+            }
             "jwt_sub" => (
                 Selector::Subject(value.as_bytes().to_vec()),
                 format!(
@@ -188,6 +201,7 @@ impl Lookup {
             Selector::Cookie(name, value) => KnownPart::Cookie(name, value),
             Selector::Query(name, value) => KnownPart::Query(name, value),
             Selector::Subject(value) => KnownPart::Claim(&SUBJECT, value),
+            Selector::Entry(key, value) => KnownPart::Entry(key, value),
         }
     }
 

@@ -36,6 +36,14 @@ pub(super) struct FileConfig {
     pub(super) log: LogSection,
     #[serde(default)]
     pub(super) admin: AdminSection,
+    pub(super) rls: Option<RlsSection>,
+}
+
+/// `[rls]`: Envoy's rate limit service, served over gRPC.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RlsSection {
+    pub(super) listen: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -448,6 +456,11 @@ pub(super) struct MatchSection {
     pub(super) hosts: Vec<String>,
     #[serde(default)]
     pub(super) headers: BTreeMap<String, String>,
+    /// A limit of the rate limit service: the domain Envoy names.
+    pub(super) domain: Option<String>,
+    /// And the descriptor's entries: `[key]` or `[key, value]` each.
+    #[serde(default)]
+    pub(super) descriptors: Vec<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]

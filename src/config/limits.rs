@@ -24,8 +24,9 @@ use crate::limiter::LimitName;
 use crate::limiter::MAX_LEASE_US;
 use crate::path::{EscapedSlashes, PathRules};
 use crate::policy::{
-    AfterResponse, Ban, Concurrency, CostRule, HostPattern, KeySource, Limit, Matcher, OnMissing,
-    PathPattern, ResponseCost, Rule, Statuses, Upgrades,
+    AfterResponse, Ban, Concurrency, CostRule, DescriptorPattern, EntryPattern, HostPattern,
+    KeySource, Limit, Matcher, OnMissing, PathPattern, ResponseCost, Rule, Statuses, Upgrades,
+    MAX_DESCRIPTOR_TEXT, MAX_ENTRIES,
 };
 
 fn sorted(tiers: &Tiers) -> String {
@@ -49,11 +50,97 @@ fn path_pattern(p: &str) -> Result<PathPattern, String> {
     Ok(PathPattern::new(&canonical))
 }
 
+/// `match = { domain, descriptors }`: a limit of the rate limit service,
+/// matched by Envoy's descriptors rather than by HTTP requests.
+fn descriptor_match(
+    m: &MatchSection,
+    path: &[&dyn AsSegment],
+) -> Result<DescriptorPattern, Invalid> {
+    let here = |key: &str| key_path(path, key);
+    let http = [
+        ("methods", !m.methods.is_empty()),
+        ("paths", !m.paths.is_empty()),
+        ("hosts", !m.hosts.is_empty()),
+        ("headers", !m.headers.is_empty()),
+    ];
+    if let Some((key, _)) = http.iter().find(|(_, given)| *given) {
+        return Err((
+            here(key),
+            format!(
+                "a limit on a domain's descriptors meets no HTTP request: `{key}` does not apply"
+            ),
+        ));
+    }
+    let domain = m.domain.as_deref().ok_or_else(|| {
+        (
+            here("descriptors"),
+            "descriptors belong to a domain: set `domain` too, as Envoy's ratelimit filter names it".to_string(),
+        )
+    })?;
+    if domain.is_empty() || domain.len() > MAX_DESCRIPTOR_TEXT {
+        return Err((
+            here("domain"),
+            format!("must be 1 to {MAX_DESCRIPTOR_TEXT} characters"),
+        ));
+    }
+    if m.descriptors.is_empty() || m.descriptors.len() > MAX_ENTRIES {
+        return Err((
+            here("descriptors"),
+            format!("name the descriptor's entries in order, 1 to {MAX_ENTRIES} of them, e.g. [[\"remote_address\"], [\"path\", \"/login\"]]"),
+        ));
+    }
+    let mut entries: Vec<EntryPattern> = Vec::with_capacity(m.descriptors.len());
+    for (j, entry) in m.descriptors.iter().enumerate() {
+        let at_entry = || {
+            let mut p: Vec<Segment> = path.iter().map(|s| s.segment()).collect();
+            p.push(Segment::Key("descriptors".into()));
+            p.push(Segment::Index(j));
+            p
+        };
+        let (key, value) = match entry.as_slice() {
+            [key] => (key, None),
+            [key, value] => (key, Some(value)),
+            _ => {
+                return Err((
+                    at_entry(),
+                    "an entry is [key] (any value) or [key, value] (that value; '*' for any run of characters)".into(),
+                ))
+            }
+        };
+        if key.is_empty() || key.len() > MAX_DESCRIPTOR_TEXT {
+            return Err((
+                at_entry(),
+                format!("an entry's key must be 1 to {MAX_DESCRIPTOR_TEXT} characters"),
+            ));
+        }
+        if entries.iter().any(|e| *e.key == **key) {
+            return Err((
+                at_entry(),
+                format!("\"{key}\" is named twice: a `descriptor:{key}` key could not tell which"),
+            ));
+        }
+        entries.push(EntryPattern {
+            key: key.as_str().into(),
+            value: value.map(|v| PathPattern::glob(v)),
+        });
+    }
+    Ok(DescriptorPattern {
+        domain: domain.into(),
+        entries,
+    })
+}
+
 fn validate_match(
     m: &MatchSection,
     path: &[&dyn AsSegment],
     compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,
 ) -> Result<Matcher, Invalid> {
+    if m.domain.is_some() || !m.descriptors.is_empty() {
+        return Ok(Matcher {
+            descriptors: Some(descriptor_match(m, path)?),
+            ..Matcher::default()
+        });
+    }
     let sub = |key: &'static str, i: usize| -> Vec<Segment> {
         let mut p: Vec<Segment> = path.iter().map(|s| s.segment()).collect();
         p.push(Segment::Key(key.into()));
@@ -120,6 +207,7 @@ fn validate_match(
         paths,
         hosts,
         headers,
+        descriptors: None,
     })
 }
 
@@ -134,6 +222,10 @@ fn validate_key(key: &str) -> Result<KeySource, String> {
         "global" => Ok(KeySource::Global),
         "host" => Ok(KeySource::Host),
         "route" => Ok(KeySource::Route),
+        "descriptor" => Ok(KeySource::Descriptor),
+        other if other.starts_with("descriptor:") => named("descriptor:")
+            .map(|key| KeySource::Entry(key.into()))
+            .ok_or_else(|| format!("\"{other}\" needs an entry's key after \"descriptor:\", like \"descriptor:remote_address\"")),
         other if other.starts_with("jwt:") => ClaimPath::parse(&other["jwt:".len()..])
             .map(KeySource::Jwt)
             .ok_or_else(|| format!("\"{other}\" needs a claim after \"jwt:\", like \"jwt:sub\" or \"jwt:org.id\"")),
@@ -153,7 +245,7 @@ fn validate_key(key: &str) -> Result<KeySource, String> {
             })
             .ok_or_else(|| format!("\"{other}\" needs a parameter name after \"query:\"")),
         other => Err(format!(
-            "unknown key \"{other}\" (expected \"ip\", \"api_key\", \"header:<Name>\", \"cookie:<name>\", \"query:<name>\", \"jwt:<claim>\", \"host\", \"route\", \"global\", or a list of them)"
+            "unknown key \"{other}\" (expected \"ip\", \"api_key\", \"header:<Name>\", \"cookie:<name>\", \"query:<name>\", \"jwt:<claim>\", \"host\", \"route\", \"global\", \"descriptor:<key>\", \"descriptor\", or a list of them)"
         )),
     }
 }
@@ -188,6 +280,10 @@ fn validate_keys_unchecked(key: &OneOrMany, i: usize) -> Result<KeySource, Inval
                     Ok(KeySource::Global) => Err(at(
                         &[&"limits", &i, &"key", &j],
                         "\"global\" adds nothing to a composite key",
+                    )),
+                    Ok(KeySource::Descriptor) => Err(at(
+                        &[&"limits", &i, &"key", &j],
+                        "\"descriptor\" reads every entry already: list `descriptor:<key>` parts instead",
                     )),
                     Ok(part) => Ok(part),
                     Err(m) => Err(at(&[&"limits", &i, &"key", &j], m)),
@@ -239,6 +335,17 @@ fn validate_limit(
         Some(m) => validate_match(m, &[&"limits", &i, &"match"], compile_pattern)?,
         None => Matcher::default(),
     };
+    if let Some(pattern) = &matcher.descriptors {
+        descriptor_limit(i, s, &key, pattern)?;
+    } else if key.reads_descriptor() {
+        return Err(at(
+            &[&"limits", &i, &"key"],
+            format!(
+                "{} reads a descriptor of the rate limit service: match the limit by `domain` and `descriptors`",
+                key.describe()
+            ),
+        ));
+    }
     let after_response = match (&s.count, &s.cost_from_response) {
         (Some(_), Some(_)) => {
             return Err(at(
@@ -330,6 +437,101 @@ fn validate_limit(
         case_insensitive_values: s.case_insensitive_values,
         leases: false,
     })
+}
+
+/// What a limit of the rate limit service may be: a rate over time, keyed
+/// on its descriptor's entries (or on everyone), and none of what needs an
+/// HTTP exchange (a response to count, a request to hold or to delay) or
+/// a client floodgate knows (tiers, bans).
+fn descriptor_limit(
+    i: usize,
+    s: &LimitSection,
+    key: &KeySource,
+    pattern: &DescriptorPattern,
+) -> Result<(), Invalid> {
+    let limit: [&dyn AsSegment; 2] = [&"limits", &i];
+    let refuse = |field: &str, why: &str| -> Result<(), Invalid> {
+        Err((
+            key_path(&limit, field),
+            format!("`{field}` does not apply to a limit on descriptors: {why}"),
+        ))
+    };
+    match s.algorithm {
+        AlgorithmName::Concurrency => {
+            return Err((
+                key_path(&limit, "algorithm"),
+                format!("{CONCURRENCY} does not apply to a limit on descriptors: Envoy asks once per request and never says when it ends"),
+            ));
+        }
+        AlgorithmName::Rate(Kind::LeakyBucket) => {
+            return Err((
+                key_path(&limit, "algorithm"),
+                "leaky_bucket does not apply to a limit on descriptors: Envoy cannot hold a request until its slot; use token_bucket".to_string(),
+            ));
+        }
+        AlgorithmName::Rate(_) => {}
+    }
+    if s.count.is_some() {
+        return refuse("count", "the rate limit service never sees the response");
+    }
+    if s.cost_from_response.is_some() {
+        return refuse("cost_from_response", "the rate limit service never sees the response; the cost is the hits_addend Envoy sends");
+    }
+    if s.ban.is_some() {
+        return refuse(
+            "ban",
+            "Envoy's descriptors say nothing floodgate can ban on every route",
+        );
+    }
+    if !s.tiers.is_empty() {
+        return refuse("tiers", "a descriptor carries no API key or token, so no tier; give each tier its own descriptor");
+    }
+    if s.on_missing.is_some() {
+        return refuse(
+            "on_missing",
+            "a descriptor the limit matches carries every entry its key reads",
+        );
+    }
+    if s.case_insensitive_values {
+        return refuse(
+            "case_insensitive_values",
+            "entries are compared as Envoy sends them",
+        );
+    }
+    let parts: &[KeySource] = match key {
+        KeySource::Composite(parts) => parts,
+        one => std::slice::from_ref(one),
+    };
+    for (j, part) in parts.iter().enumerate() {
+        let key_at: Vec<&dyn AsSegment> = match key {
+            KeySource::Composite(_) => vec![&"limits", &i, &"key", &j],
+            _ => vec![&"limits", &i, &"key"],
+        };
+        match part {
+            KeySource::Global | KeySource::Descriptor => {}
+            KeySource::Entry(name) if pattern.names(name) => {}
+            KeySource::Entry(name) => {
+                let named: Vec<&str> = pattern.entries.iter().map(|e| &*e.key).collect();
+                return Err(at(
+                    &key_at,
+                    format!(
+                        "the descriptor has no entry \"{name}\" (its entries: {})",
+                        named.join(", ")
+                    ),
+                ));
+            }
+            other => {
+                return Err(at(
+                    &key_at,
+                    format!(
+                        "{} reads an HTTP request, which a limit on descriptors never sees: key it on \"descriptor:<key>\", \"descriptor\" or \"global\"",
+                        other.describe()
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Whether a limit's decisions may come from leases: `[redis].leases`
@@ -924,6 +1126,9 @@ pub(super) fn validate_costs(
             };
             let limit = &limits[layer];
             let why_not = match (&limit.rule, &limit.after_response) {
+                _ if limit.matcher.descriptors.is_some() => {
+                    Some("is charged the hits_addend Envoy sends")
+                }
                 (Rule::Concurrency(_), _) => Some("counts requests in flight"),
                 (_, Some(AfterResponse::Cost(_))) => Some("is charged what the response says"),
                 _ => None,
@@ -936,8 +1141,15 @@ pub(super) fn validate_costs(
             }
             priced.push(layer);
         }
+        let matcher = validate_match(&c.matcher, &[&"costs", &i, &"match"], compile_pattern)?;
+        if matcher.descriptors.is_some() {
+            return Err(at(
+                &[&"costs", &i, &"match", &"domain"],
+                "[[costs]] price HTTP requests; a descriptor costs the hits_addend Envoy sends",
+            ));
+        }
         costs.push(CostRule {
-            matcher: validate_match(&c.matcher, &[&"costs", &i, &"match"], compile_pattern)?,
+            matcher,
             cost: c.cost as u64,
             limits: priced,
         });

@@ -13,6 +13,7 @@ mod jwt;
 mod limits;
 mod log;
 mod redis;
+mod rls;
 mod server;
 mod source;
 mod upstream;
@@ -28,6 +29,7 @@ use crate::headers::HeaderStyle;
 use crate::identity::IdentityKeySource;
 use crate::limiter::{OnFailure, RedisSettings};
 use crate::policy::Policy;
+use crate::rls::RlsSettings;
 use crate::server::settings::ServerSettings;
 use crate::tls::TlsListeners;
 use crate::upstream::UpstreamSettings;
@@ -78,6 +80,8 @@ pub struct Config {
     pub access_log: AccessLogTarget,
     /// `[admin].token_file`'s token: without one the admin API is off.
     pub admin_token: Option<AdminToken>,
+    /// `[rls]`: Envoy's rate limit service, when served.
+    pub rls: Option<RlsSettings>,
 }
 
 impl Config {
@@ -99,6 +103,9 @@ impl Config {
         }
         if self.access_log != newer.access_log {
             changed.push("[log].access");
+        }
+        if self.rls != newer.rls {
+            changed.push("[rls]");
         }
         let tls_listeners = |c: &Config| c.tls.as_ref().map(|t| (t.listen.clone(), t.http2));
         if tls_listeners(self) != tls_listeners(newer) {
@@ -257,6 +264,7 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
         .transpose()?;
     let access_log = log::validate_log(&raw.log)?;
     let admin_token = admin::validate_admin(&raw.admin, server.admin_listen.is_some(), inputs)?;
+    let rls = rls::validate_rls(raw.rls.as_ref(), &limits)?;
     Ok(Config {
         file: file.to_path_buf(),
         identity_key,
@@ -277,6 +285,7 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
         tls,
         access_log,
         admin_token,
+        rls,
     })
 }
 

@@ -9,8 +9,8 @@ use serde::Deserialize;
 use super::file::{
     AdminSection, BanSection, BlockSection, CertSection, ClientsSection, CostSection, CountSection,
     ExemptSection, FileConfig, JwtSection, LimitSection, LogSection, MatchSection, MemorySection,
-    Numbers, RedisSection, ResponseCostSection, ResponseSection, SentinelSection, ServerSection,
-    TlsSection, UpstreamSection,
+    Numbers, RedisSection, ResponseCostSection, ResponseSection, RlsSection, SentinelSection,
+    ServerSection, TlsSection, UpstreamSection,
 };
 
 const REFERENCE: &str = include_str!("../../docs/book/configuration.md");
@@ -129,7 +129,14 @@ fn inline_keys(row: &str) -> Vec<String> {
             })
             .collect();
     };
+    table_keys(&row[open..]).0
+}
+
+/// The top-level keys of the inline table `text` opens with, and where
+/// the table ends in it.
+fn table_keys(text: &str) -> (Vec<String>, usize) {
     let (mut depth, mut quoted, mut entry) = (0, false, String::new());
+    let mut end = text.len();
     let mut keys = Vec::new();
     let mut finish = |entry: &mut String| {
         let key = entry.split('=').next().unwrap_or("").trim().to_owned();
@@ -138,7 +145,7 @@ fn inline_keys(row: &str) -> Vec<String> {
         }
         entry.clear();
     };
-    for c in row[open + 1..].chars() {
+    for (at, c) in text.char_indices().skip(1) {
         match c {
             '"' => quoted = !quoted,
             _ if quoted => {}
@@ -146,6 +153,7 @@ fn inline_keys(row: &str) -> Vec<String> {
             ']' => depth -= 1,
             '}' if depth == 0 => {
                 finish(&mut entry);
+                end = at + 1;
                 break;
             }
             '}' => depth -= 1,
@@ -158,6 +166,22 @@ fn inline_keys(row: &str) -> Vec<String> {
         if depth == 0 && !quoted && c != '"' {
             entry.push(c);
         }
+    }
+    (keys, end)
+}
+
+/// The keys of every inline table a row shows (`match` has two forms:
+/// an HTTP request's, and a rate limit service descriptor's).
+fn every_inline_key(row: &str) -> Vec<String> {
+    if !row.contains('{') {
+        return inline_keys(row);
+    }
+    let mut keys = Vec::new();
+    let mut rest = row;
+    while let Some(open) = rest.find('{') {
+        let (found, end) = table_keys(&rest[open..]);
+        keys.extend(found);
+        rest = &rest[open + end..];
     }
     keys
 }
@@ -172,7 +196,7 @@ fn inline_keys_named(name: &str, key: &str, keys: &[&str]) -> Vec<String> {
     else {
         return vec![format!("{name}: no row for `{key}`")];
     };
-    let documented = inline_keys(row);
+    let documented = every_inline_key(row);
     let missing = keys
         .iter()
         .filter(|inner| !documented.iter().any(|d| d == **inner))
@@ -208,6 +232,7 @@ fn every_key_the_parser_takes_is_in_the_reference_and_no_other() {
         &keys_of::<AdminSection>(),
         &[],
     ));
+    problems.extend(documented_as_parsed("[rls]", &keys_of::<RlsSection>(), &[]));
     problems.extend(documented_as_parsed(
         "[memory]",
         &keys_of::<MemorySection>(),

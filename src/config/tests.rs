@@ -546,3 +546,104 @@ fn redis_sentinel_and_a_live_instance_count() {
         assert_eq!(&err.to_string(), expected, "{redis}");
     }
 }
+
+/// A limit for the rate limit service, and `[rls]`, after MINIMAL.
+fn descriptor_limit(lines: &str) -> String {
+    format!(
+        "{MINIMAL}[rls]\nlisten = \"127.0.0.1:8081\"\n[[limits]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\n{lines}\n"
+    )
+}
+
+#[test]
+fn descriptor_limits_read_like_the_others_and_refuse_what_envoy_cannot_give() {
+    let entries =
+        r#"match = { domain = "edge", descriptors = [["remote_address"], ["path", "/login"]] }"#;
+    let valid = parse(&descriptor_limit(&format!(
+        "key = \"descriptor:remote_address\"\n{entries}"
+    )))
+    .unwrap_or_else(|e| panic!("{e}"));
+    let limit = &valid.policy.limits[0];
+    let pattern = limit
+        .matcher
+        .descriptors
+        .as_ref()
+        .expect("a descriptor limit");
+    assert!(pattern.matches(
+        "edge",
+        &[("remote_address", "10.0.0.1"), ("path", "/login")]
+    ));
+    assert_eq!(
+        limit.matcher.describe(),
+        "domain edge descriptor [remote_address, path=/login]"
+    );
+    assert_eq!(
+        valid.rls.as_ref().map(|r| r.listen),
+        Some("127.0.0.1:8081".parse().expect("address"))
+    );
+    let cases: Vec<(String, &str)> = vec![
+        (
+            descriptor_limit(&format!("key = \"ip\"\n{entries}")),
+            "t.toml:12: limits[0].key: ip reads an HTTP request, which a limit on descriptors never sees: key it on \"descriptor:<key>\", \"descriptor\" or \"global\"",
+        ),
+        (
+            descriptor_limit(&format!("key = \"descriptor:user\"\n{entries}")),
+            "t.toml:12: limits[0].key: the descriptor has no entry \"user\" (its entries: remote_address, path)",
+        ),
+        (
+            descriptor_limit(&format!("key = [\"descriptor:remote_address\", \"header:X-A\"]\n{entries}")),
+            "t.toml:12: limits[0].key[1]: header:x-a reads an HTTP request, which a limit on descriptors never sees: key it on \"descriptor:<key>\", \"descriptor\" or \"global\"",
+        ),
+        (
+            descriptor_limit("key = \"descriptor\"\nmatch = { descriptors = [[\"remote_address\"]] }"),
+            "t.toml:13: limits[0].match.descriptors: descriptors belong to a domain: set `domain` too, as Envoy's ratelimit filter names it",
+        ),
+        (
+            descriptor_limit("key = \"descriptor\"\nmatch = { domain = \"edge\", paths = [\"/x\"], descriptors = [[\"a\"]] }"),
+            "t.toml:13: limits[0].match.paths: a limit on a domain's descriptors meets no HTTP request: `paths` does not apply",
+        ),
+        (
+            descriptor_limit("key = \"descriptor\"\nmatch = { domain = \"edge\", descriptors = [[\"a\", \"b\", \"c\"]] }"),
+            "t.toml:13: limits[0].match.descriptors[0]: an entry is [key] (any value) or [key, value] (that value; '*' for any run of characters)",
+        ),
+        (
+            descriptor_limit("key = \"descriptor\"\nmatch = { domain = \"edge\", descriptors = [[\"a\"], [\"a\", \"x\"]] }"),
+            "t.toml:13: limits[0].match.descriptors[1]: \"a\" is named twice: a `descriptor:a` key could not tell which",
+        ),
+        (
+            descriptor_limit("key = \"descriptor\"\nmatch = { domain = \"edge\", descriptors = [] }"),
+            "t.toml:13: limits[0].match.descriptors: name the descriptor's entries in order, 1 to 32 of them, e.g. [[\"remote_address\"], [\"path\", \"/login\"]]",
+        ),
+        (
+            descriptor_limit(&format!("key = \"descriptor\"\n{entries}\ncount = {{ statuses = [401] }}")),
+            "t.toml:14: limits[0].count: `count` does not apply to a limit on descriptors: the rate limit service never sees the response",
+        ),
+        (
+            descriptor_limit(&format!("key = \"descriptor\"\n{entries}\nban = {{ after = 3, within = \"1m\", duration = \"1h\" }}")),
+            "t.toml:14: limits[0].ban: `ban` does not apply to a limit on descriptors: Envoy's descriptors say nothing floodgate can ban on every route",
+        ),
+        (
+            format!("{MINIMAL}[rls]\nlisten = \"127.0.0.1:8081\"\n[[limits]]\nname = \"a\"\nkey = \"descriptor\"\nalgorithm = \"concurrency\"\nmax = 2\n{entries}\n"),
+            "t.toml:10: limits[0].algorithm: concurrency does not apply to a limit on descriptors: Envoy asks once per request and never says when it ends",
+        ),
+        (
+            format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"descriptor\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\n{entries}\n"),
+            "t.toml:11: limits[0].match.domain: limits on descriptors are served to Envoy by the rate limit service: set [rls].listen",
+        ),
+        (
+            format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"descriptor:path\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\n"),
+            "t.toml:7: limits[0].key: descriptor:path reads a descriptor of the rate limit service: match the limit by `domain` and `descriptors`",
+        ),
+        (
+            format!("{MINIMAL}[rls]\nlisten = \"localhost\"\n"),
+            "t.toml:6: rls.listen: \"localhost\" is not an address and port like \"127.0.0.1:8081\" or \"[::]:8081\"",
+        ),
+        (
+            descriptor_limit(&format!("key = \"descriptor\"\n{entries}\n[[costs]]\nmatch = {{ domain = \"edge\", descriptors = [[\"a\"]] }}\ncost = 2")),
+            "t.toml:15: costs[0].match.domain: [[costs]] price HTTP requests; a descriptor costs the hits_addend Envoy sends",
+        ),
+    ];
+    for (text, expected) in cases {
+        let error = parse(&text).expect_err(expected);
+        assert_eq!(error.to_string(), expected, "{text}");
+    }
+}

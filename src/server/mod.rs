@@ -49,6 +49,12 @@ pub enum BuildError {
     Tls { file: String, reason: String },
     #[error("{file}: log.access: {reason}")]
     AccessLog { file: String, reason: String },
+    #[error("{file}: rls.listen: cannot listen on {listen}: {source}")]
+    RlsListen {
+        file: String,
+        listen: std::net::SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// Drops idle keys of the memory store now and then, so that memory follows
@@ -528,6 +534,22 @@ pub fn build(config: &Config, inputs: Inputs) -> Result<Floodgate, BuildError> {
                 local,
             },
         ));
+    }
+    #[cfg(feature = "rls")]
+    if let Some(rls) = &config.rls {
+        let service =
+            crate::rls::RlsService::bind(rls.listen, state.clone()).map_err(|source| {
+                BuildError::RlsListen {
+                    file: file.clone(),
+                    listen: rls.listen,
+                    source,
+                }
+            })?;
+        let mut service = background_service("rate limit service", service);
+        // As many threads as the gateway's workers: Envoy's calls are its
+        // requests, one each.
+        service.threads = Some(config.server.threads);
+        server.add_service(service);
     }
     if let Some(roster) = &roster {
         server.add_service(background_service(

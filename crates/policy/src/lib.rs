@@ -9,6 +9,8 @@
 #![forbid(unsafe_code)]
 
 pub mod blocklist;
+mod descriptors;
+mod glob;
 pub mod identity;
 pub mod jwt;
 pub mod path;

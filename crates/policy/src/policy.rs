@@ -10,66 +10,11 @@ use crate::request_id::lease_id;
 use floodgate_algorithm::Algorithm;
 use floodgate_limiter::{Check, LimitId, LimitName, OnFailure, Slot, StateKey};
 
+pub use crate::descriptors::{
+    DescriptorPattern, Entries, EntryPattern, MAX_DESCRIPTOR_TEXT, MAX_ENTRIES,
+};
+pub use crate::glob::PathPattern;
 pub use crate::identity::KeySource;
-
-/// A path glob: `*` stands for any run of characters, `/` included. It
-/// matches its path with or without one trailing slash, as common routers
-/// (Express, Rails) treat the two alike. Paths are normalised (`path`) before
-/// they are matched.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PathPattern {
-    pattern: String,
-}
-
-impl PathPattern {
-    /// A glob matched as it is written (a header value's).
-    pub fn glob(pattern: &str) -> Self {
-        PathPattern {
-            pattern: pattern.to_string(),
-        }
-    }
-
-    pub fn new(pattern: &str) -> Self {
-        let pattern = match pattern.strip_suffix('/') {
-            Some(stem) if !stem.is_empty() => stem,
-            _ => pattern,
-        };
-        PathPattern {
-            pattern: pattern.to_string(),
-        }
-    }
-
-    pub fn matches(&self, path: &str) -> bool {
-        self.matches_exactly(path)
-            || path
-                .strip_suffix('/')
-                .is_some_and(|stem| !stem.is_empty() && self.matches_exactly(stem))
-    }
-
-    /// The glob against `text` as it is (no trailing-slash leniency).
-    pub fn matches_exactly(&self, path: &str) -> bool {
-        let mut parts = self.pattern.split('*');
-        let first = parts.next().unwrap_or("");
-        let Some(mut rest) = path.strip_prefix(first) else {
-            return false;
-        };
-        let parts: Vec<&str> = parts.collect();
-        let Some((last, middle)) = parts.split_last() else {
-            return rest.is_empty();
-        };
-        for part in middle {
-            match rest.find(part) {
-                Some(at) => rest = &rest[at + part.len()..],
-                None => return false,
-            }
-        }
-        rest.len() >= last.len() && rest.ends_with(last)
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.pattern
-    }
-}
 
 /// A host pattern: a name, or `*.` and a domain for its subdomains (not the
 /// domain itself). Lower case, no port.
@@ -100,12 +45,15 @@ impl HostPattern {
 /// A limit on GET also limits HEAD, which routers answer with the GET handler;
 /// methods match ignoring case. A header matches when any of its values
 /// matches its glob (`*` for any run of characters).
+/// `match = { domain, descriptors }` instead: a limit of the rate limit
+/// service, which no HTTP request meets.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Matcher {
     pub methods: Vec<Method>,
     pub paths: Vec<PathPattern>,
     pub hosts: Vec<HostPattern>,
     pub headers: Vec<(HeaderName, PathPattern)>,
+    pub descriptors: Option<DescriptorPattern>,
 }
 
 impl Matcher {
@@ -139,6 +87,9 @@ impl Matcher {
 
     /// Method and path only.
     pub fn matches(&self, method: &Method, path: &str) -> bool {
+        if self.descriptors.is_some() {
+            return false;
+        }
         // Methods are case-sensitive in HTTP, but some frameworks (Werkzeug)
         // route `post` as POST.
         let listed = |m: &str| {
@@ -155,6 +106,11 @@ impl Matcher {
     /// Whether some request could match both (approximate: a path pattern is
     /// tested against the other's text).
     pub fn may_overlap(&self, other: &Matcher) -> bool {
+        match (&self.descriptors, &other.descriptors) {
+            (None, None) => {}
+            (Some(a), Some(b)) => return a.domain == b.domain,
+            _ => return false,
+        }
         let methods = self.methods.is_empty()
             || other.methods.is_empty()
             || self.methods.iter().any(|m| other.methods.contains(m));
@@ -170,6 +126,9 @@ impl Matcher {
     }
 
     pub fn describe(&self) -> String {
+        if let Some(descriptors) = &self.descriptors {
+            return descriptors.describe();
+        }
         let mut parts = Vec::new();
         if !self.methods.is_empty() {
             let m: Vec<&str> = self.methods.iter().map(|m| m.as_str()).collect();
@@ -516,6 +475,8 @@ pub struct Policy {
     pub reads_host: bool,
     /// The limits keyed on a token's claim.
     claim_limits: Vec<usize>,
+    /// The limits of the rate limit service (matched by descriptors).
+    descriptor_limits: Vec<usize>,
     /// Whether a tier can change what happens to a request: some limit has
     /// numbers per tier, or some tier is exempt.
     tiers_matter: bool,
@@ -542,6 +503,12 @@ impl Policy {
             .map(|(i, _)| i)
             .collect();
         let tiers_matter = !exempt_tiers.is_empty() || limits.iter().any(|l| !l.tiers.is_empty());
+        let descriptor_limits = limits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.matcher.descriptors.is_some())
+            .map(|(i, _)| i)
+            .collect();
         Policy {
             clients,
             block,
@@ -553,8 +520,16 @@ impl Policy {
             default_on_failure,
             reads_host,
             claim_limits,
+            descriptor_limits,
             tiers_matter,
         }
+    }
+
+    /// The limits of the rate limit service, with their places.
+    pub fn descriptor_limits(&self) -> impl Iterator<Item = (LimitId, &Limit)> + '_ {
+        self.descriptor_limits
+            .iter()
+            .map(|&i| (LimitId(i), &self.limits[i]))
     }
 
     /// Whether this request needs its token's claims: a limit keyed on one
@@ -714,40 +689,5 @@ impl Policy {
             }
         }
         Ok(Plan::Check(layers))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn path_globs() {
-        let cases = [
-            ("/login", "/login", true),
-            ("/login", "/login/", true),
-            ("/login/", "/login", true),
-            ("/login", "/login//", false),
-            ("/", "/", true),
-            ("/", "/x", false),
-            ("/otp/*", "/otp/123", true),
-            ("/otp/*", "/otp/", true),
-            ("/otp/*", "/otp", false),
-            ("/search*", "/search", true),
-            ("/search*", "/searches/x", true),
-            ("/v*/items", "/v2/items", true),
-            ("/v*/items", "/v2/items/1", false),
-            ("*", "/anything", true),
-            ("/a*b*c", "/abc", true),
-            ("/a*b*c", "/ab", false),
-            ("/a*a", "/a", false),
-        ];
-        for (pattern, path, expected) in cases {
-            assert_eq!(
-                PathPattern::new(pattern).matches(path),
-                expected,
-                "{pattern} vs {path}"
-            );
-        }
     }
 }

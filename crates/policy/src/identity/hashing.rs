@@ -46,6 +46,8 @@ pub(super) enum Kind {
     Composite = 8,
     Subject = 9,
     Claim = 10,
+    Entry = 11,
+    Descriptor = 12,
 }
 
 impl IdentityHasher {

@@ -28,6 +28,12 @@ pub enum KeySource {
     Route,
     /// A claim of the verified token (`jwt:sub`, `jwt:org.id`).
     Jwt(ClaimPath),
+    /// The value of one entry of a rate limit service descriptor
+    /// (`descriptor:<key>`).
+    Entry(Box<str>),
+    /// Every entry of the descriptor, keys and values (`descriptor`): each
+    /// combination its own budget, as envoyproxy/ratelimit keys them.
+    Descriptor,
     /// Several of the above, all of which must be present.
     Composite(Vec<KeySource>),
 }
@@ -44,6 +50,8 @@ impl KeySource {
             KeySource::Host => "host".into(),
             KeySource::Route => "route".into(),
             KeySource::Jwt(path) => format!("jwt:{}", path.describe()),
+            KeySource::Entry(key) => format!("descriptor:{key}"),
+            KeySource::Descriptor => "descriptor".into(),
             KeySource::Composite(parts) => {
                 let parts: Vec<String> = parts.iter().map(KeySource::describe).collect();
                 format!("[{}]", parts.join(", "))
@@ -79,6 +87,12 @@ impl KeySource {
     /// are anyone's to send.
     pub fn unforgeable(&self) -> bool {
         self.any_part(|part| matches!(part, KeySource::Ip | KeySource::ApiKey | KeySource::Jwt(_)))
+    }
+
+    /// Whether the key reads a rate limit service descriptor (some part of
+    /// it does; then every part does, as validation has it).
+    pub fn reads_descriptor(&self) -> bool {
+        self.any_part(|p| matches!(p, KeySource::Entry(_) | KeySource::Descriptor))
     }
 
     /// Whether some part of the key (the key itself, or one of a
@@ -117,6 +131,8 @@ pub enum KnownPart<'a> {
     Cookie(&'a str, &'a [u8]),
     Query(&'a str, &'a [u8]),
     Claim(&'a ClaimPath, &'a [u8]),
+    /// A rate limit service descriptor's entry: its key and value.
+    Entry(&'a str, &'a [u8]),
 }
 
 /// A host as limits compare it: lower case, without port or final dot.

@@ -17,13 +17,14 @@ use http::{HeaderMap, HeaderName};
 use ipnet::IpNet;
 use smallvec::SmallVec;
 
+use crate::descriptors::Entries;
 use crate::jwt::{ClaimPath, JwtRules, TokenCheck};
 pub use error::IdentityError;
 pub use forwarded::{normalize, ForwardedHeader};
 use hashing::Kind;
 pub use hashing::{random_key, IdentityHasher, IdentityKeySource};
 pub use keys::{form_decode, normalize_host, KeyInputs, KeySource, KnownPart};
-use reading::{KeyParts, Known, OnePart, RequestParts};
+use reading::{DescriptorParts, KeyParts, Known, OnePart, RequestParts};
 pub use tiers::{Tier, Tiers, ANONYMOUS, INTERNAL};
 
 /// Validated `[clients]` settings.
@@ -234,6 +235,16 @@ impl ClientRules {
             .flatten()
     }
 
+    /// The identity a limit of the rate limit service keys on, for one
+    /// descriptor it matched; `None` when the key reads what a descriptor
+    /// does not carry.
+    pub fn descriptor_identity(&self, key: &KeySource, entries: &Entries<'_>) -> Option<u128> {
+        // A descriptor names no value twice: nothing here is ambiguous.
+        self.identity_from(key, &DescriptorParts { entries })
+            .ok()
+            .flatten()
+    }
+
     /// The one walk over a key, whatever its parts are read from.
     fn identity_from(
         &self,
@@ -262,7 +273,20 @@ impl ClientRules {
             KeySource::Jwt(path) => parts
                 .claim(path)
                 .map(|v| self.hash_value(Kind::Claim, &v, fold)),
-            KeySource::Global => parts.whole().map(|_| 0),
+            KeySource::Global => parts.complete().then_some(0),
+            KeySource::Entry(key) => parts.entry(key).map(|v| self.hasher.hash(Kind::Entry, v)),
+            KeySource::Descriptor => parts.descriptor().map(|entries| {
+                // Length-prefixed, so that no two descriptors join to one
+                // text ("a"+"bc" against "ab"+"c").
+                let mut joined = Vec::with_capacity(64);
+                for (key, value) in entries {
+                    for text in [key, value] {
+                        joined.extend_from_slice(&(text.len() as u32).to_le_bytes());
+                        joined.extend_from_slice(text.as_bytes());
+                    }
+                }
+                self.hasher.hash(Kind::Descriptor, &joined)
+            }),
             KeySource::Host => parts
                 .whole()
                 .and_then(|inputs| inputs.host)
@@ -271,7 +295,7 @@ impl ClientRules {
                 .whole()
                 .map(|inputs| self.hasher.hash(Kind::Route, inputs.route.as_bytes())),
             KeySource::Composite(keys) => {
-                if parts.whole().is_none() {
+                if !parts.complete() {
                     return Ok(None);
                 }
                 let mut joined = Vec::with_capacity(16 * keys.len());

@@ -12,6 +12,7 @@ use std::net::IpAddr;
 
 use super::error::IdentityError;
 use super::keys::{cookie, query_parameter, KeyInputs, KnownPart};
+use crate::descriptors::Entries;
 use crate::jwt::{ClaimPath, TokenCheck};
 
 /// A client's address or API key: its identity, worked out when a request
@@ -32,9 +33,16 @@ pub(super) trait KeyParts {
     fn cookie(&self, name: &str) -> Result<Option<Cow<'_, [u8]>>, IdentityError>;
     fn query(&self, name: &str) -> Result<Option<Cow<'_, [u8]>>, IdentityError>;
     fn claim(&self, path: &ClaimPath) -> Option<Cow<'_, [u8]>>;
-    /// What only a whole request has: a host, a route, everyone's key,
-    /// and so every part of a composite key.
+    /// What only a whole request has: a host, a route.
     fn whole(&self) -> Option<&KeyInputs<'_>>;
+    /// Whether every part a key may read is here (a request, or a
+    /// descriptor), not one part alone: what everyone's key and a
+    /// composite key need.
+    fn complete(&self) -> bool;
+    /// A rate limit service descriptor's entry.
+    fn entry(&self, key: &str) -> Option<&[u8]>;
+    /// The whole descriptor.
+    fn descriptor(&self) -> Option<&Entries<'_>>;
 }
 
 /// A request being identified: its client as `ClientRules::identify`
@@ -84,6 +92,18 @@ impl KeyParts for RequestParts<'_> {
 
     fn whole(&self) -> Option<&KeyInputs<'_>> {
         Some(self.inputs)
+    }
+
+    fn complete(&self) -> bool {
+        true
+    }
+
+    fn entry(&self, _: &str) -> Option<&[u8]> {
+        None
+    }
+
+    fn descriptor(&self) -> Option<&Entries<'_>> {
+        None
     }
 }
 
@@ -142,5 +162,75 @@ impl KeyParts for OnePart<'_> {
 
     fn whole(&self) -> Option<&KeyInputs<'_>> {
         None
+    }
+
+    fn complete(&self) -> bool {
+        false
+    }
+
+    fn entry(&self, key: &str) -> Option<&[u8]> {
+        match self.part {
+            KnownPart::Entry(asked, value) if *asked == key => Some(*value),
+            _ => None,
+        }
+    }
+
+    fn descriptor(&self) -> Option<&Entries<'_>> {
+        None
+    }
+}
+
+/// One descriptor of a rate limit service request: its entries, and
+/// nothing of HTTP.
+pub(super) struct DescriptorParts<'d> {
+    pub entries: &'d Entries<'d>,
+}
+
+impl KeyParts for DescriptorParts<'_> {
+    fn fold_case(&self) -> bool {
+        false
+    }
+
+    fn ip(&self) -> Option<Known<IpAddr>> {
+        None
+    }
+
+    fn api_key(&self) -> Option<Known<&[u8]>> {
+        None
+    }
+
+    fn header(&self, _: &HeaderName) -> Result<Option<&[u8]>, IdentityError> {
+        Ok(None)
+    }
+
+    fn cookie(&self, _: &str) -> Result<Option<Cow<'_, [u8]>>, IdentityError> {
+        Ok(None)
+    }
+
+    fn query(&self, _: &str) -> Result<Option<Cow<'_, [u8]>>, IdentityError> {
+        Ok(None)
+    }
+
+    fn claim(&self, _: &ClaimPath) -> Option<Cow<'_, [u8]>> {
+        None
+    }
+
+    fn whole(&self) -> Option<&KeyInputs<'_>> {
+        None
+    }
+
+    fn complete(&self) -> bool {
+        true
+    }
+
+    fn entry(&self, key: &str) -> Option<&[u8]> {
+        self.entries
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.as_bytes())
+    }
+
+    fn descriptor(&self) -> Option<&Entries<'_>> {
+        Some(self.entries)
     }
 }

@@ -324,3 +324,53 @@ fn hosts_compare_without_port_case_or_final_dot() {
         assert_eq!(normalize_host(host), expected, "{host}");
     }
 }
+
+#[test]
+fn descriptor_keys_read_entries_and_nothing_of_http() {
+    let r = rules();
+    let entry = |name: &str| KeySource::Entry(name.into());
+    let of = |key: &KeySource, entries: &[(&str, &str)]| r.descriptor_identity(key, entries);
+    let login = [("remote_address", "10.0.0.1"), ("path", "/login")];
+    let address = of(&entry("remote_address"), &login).expect("the entry is there");
+    // The value alone is the identity: another path, the same address.
+    assert_eq!(
+        of(
+            &entry("remote_address"),
+            &[("remote_address", "10.0.0.1"), ("path", "/x")]
+        ),
+        Some(address)
+    );
+    assert_ne!(
+        of(&entry("remote_address"), &[("remote_address", "10.0.0.2")]),
+        Some(address)
+    );
+    assert_eq!(of(&entry("user"), &login), None);
+    // The whole descriptor, keys and values, with no two joined to one
+    // text.
+    let whole = of(&KeySource::Descriptor, &[("a", "bc")]);
+    assert_ne!(whole, of(&KeySource::Descriptor, &[("ab", "c")]));
+    assert_ne!(whole, of(&KeySource::Descriptor, &[("a", "b"), ("c", "")]));
+    // A composite of entries, and everyone's key.
+    let both = KeySource::Composite(vec![entry("remote_address"), entry("path")]);
+    assert!(of(&both, &login).is_some());
+    assert_ne!(
+        of(&both, &login),
+        of(&both, &[("remote_address", "10.0.0.1"), ("path", "/y")])
+    );
+    assert_eq!(of(&KeySource::Global, &login), Some(0));
+    // An HTTP key finds nothing in a descriptor.
+    assert_eq!(of(&KeySource::Ip, &login), None);
+    assert_eq!(
+        of(&KeySource::Header(HeaderName::from_static("path")), &login),
+        None
+    );
+    // The admin API's lookup by one entry finds the state a call keyed.
+    assert_eq!(
+        r.identity_for(
+            &entry("remote_address"),
+            &KnownPart::Entry("remote_address", b"10.0.0.1"),
+            false
+        ),
+        Some(address)
+    );
+}

@@ -1,0 +1,157 @@
+//! Limits for Envoy's rate limit service: a request names a `domain` and
+//! descriptors (ordered lists of key/value entries), and a limit applies to
+//! a descriptor its pattern matches, entry for entry, as envoyproxy/ratelimit
+//! walks its tree of nested descriptors.
+
+use crate::glob::PathPattern;
+
+/// The most entries a descriptor pattern names, and a descriptor of a
+/// request may carry: Envoy's actions build a handful.
+pub const MAX_ENTRIES: usize = 32;
+
+/// The longest domain and entry key a pattern names.
+pub const MAX_DESCRIPTOR_TEXT: usize = 256;
+
+/// One entry of a descriptor pattern: `["remote_address"]` (any value, each
+/// value its own budget when the key reads it) or `["path", "/login"]` (that
+/// value only; `*` stands for any run of characters).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryPattern {
+    pub key: Box<str>,
+    pub value: Option<PathPattern>,
+}
+
+impl EntryPattern {
+    fn matches(&self, key: &str, value: &str) -> bool {
+        *self.key == *key
+            && self
+                .value
+                .as_ref()
+                .is_none_or(|glob| glob.matches_exactly(value))
+    }
+}
+
+/// `match = { domain = "edge", descriptors = [[...], ...] }`: the domain,
+/// and one descriptor's entries in order. A descriptor matches when it has
+/// exactly these entries, in this order: `[a]` and `[a, b]` are two
+/// limits, as they are two leaves in envoyproxy/ratelimit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DescriptorPattern {
+    pub domain: Box<str>,
+    pub entries: Vec<EntryPattern>,
+}
+
+/// One descriptor of a request, as Envoy sent it.
+pub type Entries<'a> = [(&'a str, &'a str)];
+
+impl DescriptorPattern {
+    pub fn matches(&self, domain: &str, entries: &Entries<'_>) -> bool {
+        *self.domain == *domain
+            && self.entries.len() == entries.len()
+            && self
+                .entries
+                .iter()
+                .zip(entries)
+                .all(|(pattern, (key, value))| pattern.matches(key, value))
+    }
+
+    /// Whether the pattern names entry `key` (which a `descriptor:<key>`
+    /// key may then read).
+    pub fn names(&self, key: &str) -> bool {
+        self.entries.iter().any(|e| *e.key == *key)
+    }
+
+    pub fn describe(&self) -> String {
+        let entries: Vec<String> = self
+            .entries
+            .iter()
+            .map(|e| match &e.value {
+                Some(value) => format!("{}={}", e.key, value.as_str()),
+                None => e.key.to_string(),
+            })
+            .collect();
+        format!("domain {} descriptor [{}]", self.domain, entries.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pattern(domain: &str, entries: &[(&str, Option<&str>)]) -> DescriptorPattern {
+        DescriptorPattern {
+            domain: domain.into(),
+            entries: entries
+                .iter()
+                .map(|&(key, value)| EntryPattern {
+                    key: key.into(),
+                    value: value.map(PathPattern::glob),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_descriptor_matches_entry_for_entry_in_order_and_length() {
+        let login = pattern(
+            "edge",
+            &[("remote_address", None), ("path", Some("/login"))],
+        );
+        let cases: [(&str, &Entries<'_>, bool); 7] = [
+            (
+                "edge",
+                &[("remote_address", "10.0.0.1"), ("path", "/login")],
+                true,
+            ),
+            (
+                "edge",
+                &[("remote_address", "10.0.0.2"), ("path", "/login")],
+                true,
+            ),
+            (
+                "edge",
+                &[("remote_address", "10.0.0.1"), ("path", "/logout")],
+                false,
+            ),
+            // Order matters, as it does in envoyproxy/ratelimit's tree.
+            (
+                "edge",
+                &[("path", "/login"), ("remote_address", "10.0.0.1")],
+                false,
+            ),
+            // A prefix or an extension of the pattern is another descriptor.
+            ("edge", &[("remote_address", "10.0.0.1")], false),
+            (
+                "edge",
+                &[
+                    ("remote_address", "10.0.0.1"),
+                    ("path", "/login"),
+                    ("x", "y"),
+                ],
+                false,
+            ),
+            (
+                "other",
+                &[("remote_address", "10.0.0.1"), ("path", "/login")],
+                false,
+            ),
+        ];
+        for (domain, entries, expected) in cases {
+            assert_eq!(
+                login.matches(domain, entries),
+                expected,
+                "{domain} {entries:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_value_glob_matches_whole_values_only() {
+        let api = pattern("edge", &[("path", Some("/api/*"))]);
+        assert!(api.matches("edge", &[("path", "/api/users")]));
+        assert!(!api.matches("edge", &[("path", "/apix")]));
+        assert!(!api.matches("edge", &[("path", "/x/api/users")]));
+        // The key is compared as written: Envoy's keys are case-sensitive.
+        assert!(!api.matches("edge", &[("Path", "/api/users")]));
+    }
+}

@@ -1,0 +1,42 @@
+//! `[rls]`: where Envoy's rate limit service listens, and the limits it
+//! serves (those matched by a domain's descriptors).
+
+use std::net::SocketAddr;
+
+use super::file::RlsSection;
+use super::{at, Invalid};
+use crate::policy::Limit;
+use crate::rls::RlsSettings;
+
+pub(super) fn validate_rls(
+    section: Option<&RlsSection>,
+    limits: &[Limit],
+) -> Result<Option<RlsSettings>, Invalid> {
+    let Some(section) = section else {
+        // A limit only the service could apply, with no service: it would
+        // limit nothing, and say nothing of it.
+        if let Some(i) = limits.iter().position(|l| l.matcher.descriptors.is_some()) {
+            return Err(at(
+                &[&"limits", &i, &"match", &"domain"],
+                "limits on descriptors are served to Envoy by the rate limit service: set [rls].listen",
+            ));
+        }
+        return Ok(None);
+    };
+    if !cfg!(feature = "rls") {
+        return Err(at(
+            &[&"rls"],
+            "this build of floodgate has no rate limit service (built without the `rls` feature)",
+        ));
+    }
+    let listen = section.listen.parse::<SocketAddr>().map_err(|_| {
+        at(
+            &[&"rls", &"listen"],
+            format!(
+                "\"{}\" is not an address and port like \"127.0.0.1:8081\" or \"[::]:8081\"",
+                section.listen
+            ),
+        )
+    })?;
+    Ok(Some(RlsSettings { listen }))
+}

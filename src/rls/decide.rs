@@ -1,0 +1,506 @@
+//! One `ShouldRateLimit` call, apart from gRPC: which limits its
+//! descriptors meet (`plan`), one all-or-nothing decision on the store, and
+//! the answer per descriptor (`answer`), counted and logged as the
+//! gateway's requests are.
+
+use std::sync::Arc;
+
+use log::info;
+use smallvec::SmallVec;
+
+use crate::algorithm::{Decision, MAX_EXACT};
+use crate::headers::{self, Header, Layer, Position, RETRY_AFTER};
+use crate::identity::KeySource;
+use crate::limiter::{Check, Deciding, LimitId, OnFailure, Store};
+use crate::metrics::RlsMetrics;
+use crate::policy::{Policy, Rule};
+use crate::state::Runtime;
+
+/// A call, as Envoy sent it (checked for size by the service).
+pub struct Ask<'a> {
+    pub domain: &'a str,
+    pub descriptors: Vec<Descriptor<'a>>,
+}
+
+/// One descriptor: its entries in order, and what it costs.
+pub struct Descriptor<'a> {
+    pub entries: Vec<(&'a str, &'a str)>,
+    pub cost: u64,
+}
+
+/// The cost of a descriptor: its own `hits_addend` when set (0 looks
+/// without charging), else the call's, where 0 means "not set" and so 1.
+pub fn cost_of(descriptor_hits: Option<u64>, call_hits: u32) -> u64 {
+    descriptor_hits
+        .unwrap_or(u64::from(call_hits.max(1)))
+        // Beyond any quota: refused as a cost no limit can hold.
+        .min(MAX_EXACT)
+}
+
+/// Why a descriptor met no limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unmatched {
+    /// No limit is on the call's domain.
+    Domain,
+    /// None is on this descriptor.
+    Descriptor,
+}
+
+/// The checks a call makes, and which of them each descriptor met.
+#[derive(Debug, Default)]
+pub struct Planned {
+    pub checks: Vec<Check>,
+    /// Per descriptor, in order: the checks (indexes into `checks`) it met.
+    pub met: Vec<SmallVec<[usize; 2]>>,
+    pub unmatched: Vec<Option<Unmatched>>,
+}
+
+/// The limits each descriptor meets. Two descriptors that meet one limit
+/// with one identity are one check of their summed cost: two checks of
+/// one state in one decision would each see it before the other's charge.
+pub fn plan(policy: &Policy, ask: &Ask<'_>) -> Planned {
+    let mut planned = Planned::default();
+    let domain_known = policy.descriptor_limits().any(|(_, l)| {
+        l.matcher
+            .descriptors
+            .as_ref()
+            .is_some_and(|d| *d.domain == *ask.domain)
+    });
+    for descriptor in &ask.descriptors {
+        let mut met = SmallVec::new();
+        if domain_known {
+            for (id, limit) in policy.descriptor_limits() {
+                let Some(pattern) = &limit.matcher.descriptors else {
+                    continue;
+                };
+                // Validated with the config: limits on descriptors are rates.
+                let Rule::Rate(algorithm) = limit.rule else {
+                    continue;
+                };
+                if !pattern.matches(ask.domain, &descriptor.entries) {
+                    continue;
+                }
+                let Some(identity) = policy
+                    .clients
+                    .descriptor_identity(&limit.key, &descriptor.entries)
+                else {
+                    continue;
+                };
+                let same = planned
+                    .checks
+                    .iter()
+                    .position(|c: &Check| c.limit == id && c.key.identity == identity);
+                let index = match same {
+                    Some(index) => {
+                        let check = &mut planned.checks[index];
+                        check.cost = check.cost.saturating_add(descriptor.cost).min(MAX_EXACT);
+                        index
+                    }
+                    None => {
+                        planned.checks.push(Check {
+                            limit: id,
+                            name: limit.name.clone(),
+                            algorithm,
+                            key: crate::limiter::StateKey {
+                                limit: limit.id,
+                                identity,
+                            },
+                            cost: descriptor.cost,
+                            shadow: limit.shadow,
+                            peek: false,
+                            on_failure: limit.on_failure.unwrap_or(policy.default_on_failure),
+                            lease: limit.leases,
+                        });
+                        planned.checks.len() - 1
+                    }
+                };
+                if !met.contains(&index) {
+                    met.push(index);
+                }
+            }
+        }
+        planned
+            .unmatched
+            .push(match (domain_known, met.is_empty()) {
+                (false, _) => Some(Unmatched::Domain),
+                (true, true) => Some(Unmatched::Descriptor),
+                (true, false) => None,
+            });
+        planned.met.push(met);
+    }
+    planned
+}
+
+/// The limit a descriptor's status reports.
+#[derive(Debug, Clone)]
+pub struct Shown {
+    pub name: String,
+    pub quota: u64,
+    pub window_us: u64,
+    pub decision: Decision,
+}
+
+/// One descriptor's answer.
+#[derive(Debug, Clone)]
+pub struct Status {
+    pub over_limit: bool,
+    /// None when the descriptor met no limit.
+    pub shown: Option<Shown>,
+}
+
+/// The whole answer.
+#[derive(Debug)]
+pub struct Answer {
+    pub over_limit: bool,
+    pub statuses: Vec<Status>,
+    /// The rate-limit headers `[response].headers` asks for (and
+    /// Retry-After when over the limit), offered for Envoy to add.
+    pub headers: Vec<Header>,
+}
+
+/// Why a call got no answer.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// The store could not decide, or a limit that fails closed could not
+    /// be decided on it (`on_failure = "deny"` while Redis is away).
+    Unavailable(String),
+}
+
+fn layer<'a>(check: &'a Check, decision: Decision, position: usize) -> Layer<'a> {
+    Layer {
+        position: Position(position),
+        name: check.name.as_str(),
+        quota: check.algorithm.quota(),
+        window_us: check.algorithm.window_us(),
+        decision,
+        banned: false,
+    }
+}
+
+fn shown(layer: &Layer<'_>) -> Shown {
+    Shown {
+        name: layer.name.to_string(),
+        quota: layer.quota,
+        window_us: layer.window_us,
+        decision: layer.decision,
+    }
+}
+
+/// The answer to a call whose checks were decided: a descriptor is over
+/// the limit when an enforcing check it met refuses (shadow checks never
+/// refuse), and reports the refusing layer, or else its most constrained.
+pub fn answer(style: headers::HeaderStyle, planned: &Planned, decisions: &[Decision]) -> Answer {
+    let layers: Vec<Layer<'_>> = planned
+        .checks
+        .iter()
+        .zip(decisions)
+        .enumerate()
+        .map(|(i, (check, &decision))| layer(check, decision, i))
+        .collect();
+    let enforcing = |i: &usize| !planned.checks[*i].shadow;
+    let statuses: Vec<Status> = planned
+        .met
+        .iter()
+        .map(|met| {
+            let own: Vec<Layer<'_>> = met
+                .iter()
+                .copied()
+                .filter(enforcing)
+                .map(|i| layers[i])
+                .collect();
+            let refusing = headers::refusing(&own);
+            // A descriptor met only by shadow limits reports them: Envoy
+            // shows what would happen.
+            let reported = refusing
+                .or_else(|| headers::most_constrained(&own))
+                .copied()
+                .or_else(|| {
+                    let shadows: Vec<Layer<'_>> = met.iter().map(|&i| layers[i]).collect();
+                    headers::most_constrained(&shadows).copied()
+                });
+            Status {
+                over_limit: refusing.is_some(),
+                shown: reported.as_ref().map(shown),
+            }
+        })
+        .collect();
+    let over_limit = statuses.iter().any(|s| s.over_limit);
+    let enforcing_layers: Vec<Layer<'_>> = (0..layers.len())
+        .filter(enforcing)
+        .map(|i| layers[i])
+        .collect();
+    let mut offered = Vec::new();
+    let reported = if over_limit {
+        headers::refusing(&enforcing_layers)
+    } else {
+        headers::most_constrained(&enforcing_layers)
+    };
+    if let Some(reported) = reported {
+        if style != headers::HeaderStyle::None {
+            offered = headers::rate_limit_headers(style, &enforcing_layers, reported);
+        }
+        if over_limit {
+            offered.push((
+                &RETRY_AFTER,
+                headers::ceil_secs(reported.decision.retry_after_us()).to_string(),
+            ));
+        }
+    }
+    Answer {
+        over_limit,
+        statuses,
+        headers: offered,
+    }
+}
+
+/// Plans, decides on `store` and answers one call; counts it and logs a
+/// refusal as the gateway does.
+pub async fn decide(
+    runtime: &Runtime,
+    store: &Arc<dyn Store>,
+    metrics: &RlsMetrics,
+    ask: &Ask<'_>,
+) -> Result<Answer, Failure> {
+    let policy = &runtime.policy;
+    let planned = plan(policy, ask);
+    for reason in planned.unmatched.iter().flatten() {
+        match reason {
+            Unmatched::Domain => metrics.unknown_domain.inc(),
+            Unmatched::Descriptor => metrics.unknown_descriptor.inc(),
+        }
+    }
+    let decisions = if planned.checks.is_empty() {
+        Vec::new()
+    } else {
+        store
+            .decide(&planned.checks)
+            .await
+            .map_err(|e| Failure::Unavailable(format!("the limits could not be decided: {e}")))?
+    };
+    let answer = answer(runtime.headers, &planned, &decisions);
+    if answer.over_limit && store.deciding() == Deciding::Fallback {
+        // Refused because a limit fails closed while the shared store is
+        // away: that is Redis's state, not the client's, and Envoy's own
+        // `failure_mode_deny` is the choice of what then happens.
+        let closed = planned
+            .checks
+            .iter()
+            .zip(&decisions)
+            .find(|(c, d)| !c.shadow && !d.allowed() && c.on_failure == OnFailure::Deny);
+        if let Some((check, _)) = closed {
+            return Err(Failure::Unavailable(format!(
+                "the shared store is away and limit {} fails closed (on_failure = \"deny\")",
+                check.name
+            )));
+        }
+    }
+    account(
+        runtime,
+        policy,
+        ask,
+        &planned,
+        &decisions,
+        answer.over_limit,
+    );
+    Ok(answer)
+}
+
+/// The limits' counters, as the gateway counts its layers, and one line
+/// per refusal (and per shadow refusal).
+fn account(
+    runtime: &Runtime,
+    policy: &Policy,
+    ask: &Ask<'_>,
+    planned: &Planned,
+    decisions: &[Decision],
+    refused: bool,
+) {
+    for (check, decision) in planned.checks.iter().zip(decisions) {
+        let counters = runtime.counters(check.limit);
+        match (check.shadow, decision.allowed(), refused) {
+            (true, false, _) => counters.shadow_refused.inc(),
+            (false, false, _) => counters.refused.inc(),
+            (_, true, false) => {
+                counters.admitted.inc();
+                if decision.remaining().saturating_mul(10) < decision.limit() {
+                    counters.near_limit.inc();
+                }
+            }
+            // Admitted by this limit, refused by another: not charged.
+            (_, true, true) => {}
+        }
+    }
+    let logged = planned
+        .checks
+        .iter()
+        .zip(decisions)
+        .enumerate()
+        .filter(|(_, (_, d))| !d.allowed());
+    for (i, (check, decision)) in logged {
+        let descriptor = planned
+            .met
+            .iter()
+            .position(|met| met.contains(&i))
+            .map_or_else(String::new, |k| {
+                entries_label(policy, check.limit, &ask.descriptors[k].entries)
+            });
+        info!(
+            "{}: rls domain={} descriptor=[{descriptor}] limit={} retry_after_ms={}{}",
+            if check.shadow {
+                "shadow limit would refuse"
+            } else {
+                "rate limited"
+            },
+            ask.domain,
+            check.name,
+            headers::ceil_ms(decision.retry_after_us()),
+            if decision.cost_exceeds_limit() {
+                " (cost exceeds the limit)"
+            } else {
+                ""
+            },
+        );
+    }
+}
+
+/// A descriptor as the log shows it: an address, and a value the limit's
+/// pattern names, in the clear; any other value (an API key, a user id) as
+/// a short keyed hash, never in full.
+fn entries_label(policy: &Policy, limit: LimitId, entries: &[(&str, &str)]) -> String {
+    let pattern = policy.limits[limit.index()].matcher.descriptors.as_ref();
+    let mut out = Vec::with_capacity(entries.len());
+    for (k, &(key, value)) in entries.iter().enumerate() {
+        let pinned = pattern
+            .and_then(|p| p.entries.get(k))
+            .and_then(|e| e.value.as_ref())
+            .is_some_and(|glob| !glob.as_str().contains('*'));
+        if pinned || key == "remote_address" {
+            out.push(format!("{key}={value}"));
+        } else {
+            let hash = policy
+                .clients
+                .descriptor_identity(&KeySource::Entry(key.into()), &[(key, value)])
+                .unwrap_or_default();
+            out.push(format!("{key}=#{:08x}", (hash >> 96) as u32));
+        }
+    }
+    out.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, Inputs};
+
+    fn policy(limits: &str) -> Arc<Policy> {
+        let text = format!(
+            "[server]\nlisten = \"127.0.0.1:8080\"\n[upstream]\nservers = [\"127.0.0.1:8000\"]\n[rls]\nlisten = \"127.0.0.1:8081\"\n{limits}"
+        );
+        Config::parse(std::path::Path::new("t.toml"), &text, &Inputs::default())
+            .unwrap_or_else(|e| panic!("{e}"))
+            .policy
+    }
+
+    const LIMITS: &str = r#"
+[[limits]]
+name = "per_address"
+key = "descriptor:remote_address"
+algorithm = "fixed_window"
+limit = 10
+window = "1m"
+match = { domain = "edge", descriptors = [["remote_address"]] }
+
+[[limits]]
+name = "login"
+key = "descriptor"
+algorithm = "token_bucket"
+capacity = 5
+refill_rate = 1
+match = { domain = "edge", descriptors = [["remote_address"], ["path", "/login*"]] }
+"#;
+
+    fn ask<'a>(domain: &'a str, descriptors: &[&[(&'a str, &'a str)]]) -> Ask<'a> {
+        Ask {
+            domain,
+            descriptors: descriptors
+                .iter()
+                .map(|entries| Descriptor {
+                    entries: entries.to_vec(),
+                    cost: 2,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn each_descriptor_meets_the_limits_of_its_shape_and_repeats_add_up() {
+        let policy = policy(LIMITS);
+        let planned = plan(
+            &policy,
+            &ask(
+                "edge",
+                &[
+                    &[("remote_address", "1.2.3.4")],
+                    &[("remote_address", "1.2.3.4"), ("path", "/login/sso")],
+                    &[("remote_address", "1.2.3.4")],
+                    &[("path", "/login")],
+                ],
+            ),
+        );
+        let names: Vec<&str> = planned.checks.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, vec!["per_address", "login"]);
+        // The address twice: one check, charged for both.
+        assert_eq!(planned.checks[0].cost, 4);
+        assert_eq!(planned.checks[1].cost, 2);
+        let met: Vec<Vec<usize>> = planned.met.iter().map(|m| m.to_vec()).collect();
+        assert_eq!(met, vec![vec![0], vec![1], vec![0], vec![]]);
+        assert_eq!(
+            planned.unmatched,
+            vec![None, None, None, Some(Unmatched::Descriptor)]
+        );
+        let elsewhere = plan(&policy, &ask("other", &[&[("remote_address", "1.2.3.4")]]));
+        assert!(elsewhere.checks.is_empty());
+        assert_eq!(elsewhere.unmatched, vec![Some(Unmatched::Domain)]);
+    }
+
+    #[test]
+    fn the_cost_is_the_descriptors_hits_addend_else_the_calls_else_one() {
+        assert_eq!(cost_of(None, 0), 1);
+        assert_eq!(cost_of(None, 7), 7);
+        assert_eq!(cost_of(Some(3), 7), 3);
+        assert_eq!(cost_of(Some(0), 7), 0);
+        assert_eq!(cost_of(Some(u64::MAX), 7), MAX_EXACT);
+    }
+
+    #[test]
+    fn a_refused_descriptor_reports_its_refusal_and_the_others_their_state() {
+        let policy = policy(LIMITS);
+        let planned = plan(
+            &policy,
+            &ask(
+                "edge",
+                &[
+                    &[("remote_address", "1.2.3.4")],
+                    &[("remote_address", "1.2.3.4"), ("path", "/login")],
+                ],
+            ),
+        );
+        let decisions = [
+            Decision::admitted(10, 6, 30_000_000),
+            // Resets in 5 s, passes again in 2.
+            Decision::refused(5, 0, 5_000_000, 2_000_000),
+        ];
+        let answer = answer(headers::HeaderStyle::Both, &planned, &decisions);
+        assert!(answer.over_limit);
+        let over: Vec<bool> = answer.statuses.iter().map(|s| s.over_limit).collect();
+        assert_eq!(over, vec![false, true]);
+        let shown = answer.statuses[1].shown.as_ref().expect("shown");
+        assert_eq!((shown.name.as_str(), shown.quota), ("login", 5));
+        let retry = answer
+            .headers
+            .iter()
+            .find(|(name, _)| name.spelling() == "Retry-After")
+            .map(|(_, v)| v.as_str());
+        assert_eq!(retry, Some("2"));
+    }
+}

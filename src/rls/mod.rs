@@ -1,0 +1,16 @@
+//! `[rls]`: floodgate as Envoy's rate limit service. Envoy (plain, Istio,
+//! Envoy Gateway) asks `envoy.service.ratelimit.v3.RateLimitService/
+//! ShouldRateLimit` over gRPC; the limits matched by `domain` and
+//! `descriptors` answer, on the gateway's store, fallback and breaker.
+//!
+//! `decide` is the call apart from gRPC; `service` (the `rls` cargo
+//! feature) serves it.
+
+pub mod decide;
+#[cfg(feature = "rls")]
+mod service;
+mod settings;
+
+#[cfg(feature = "rls")]
+pub use service::{per_unit, RlsService, MAX_DESCRIPTORS, MAX_MESSAGE_BYTES};
+pub use settings::RlsSettings;

@@ -1,0 +1,646 @@
+//! floodgate as Envoy's rate limit service, end to end: the real binary
+//! with `[rls]`, asked over gRPC by the client envoy-types generates (and
+//! by Python's grpcio, with stubs compiled from the protos the crate
+//! ships), on the memory store and on a real redis-server.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::redis_server::RedisServer;
+use common::*;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
+    rate_limit_descriptor::Entry, RateLimitDescriptor,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{rate_limit::Unit, Code};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use tonic::transport::Channel;
+
+/// A proxy serving the rate limit service on a port of its own, and a
+/// client connected to it.
+struct Rls {
+    proxy: Proxy,
+    addr: std::net::SocketAddr,
+    runtime: tokio::runtime::Runtime,
+    client: RateLimitServiceClient<Channel>,
+}
+
+fn start(config: ConfigBuilder) -> Rls {
+    let addr = local_addr();
+    let proxy = config.raw(&format!("[rls]\nlisten = \"{addr}\"\n")).start();
+    connect(proxy, addr)
+}
+
+fn connect(proxy: Proxy, addr: std::net::SocketAddr) -> Rls {
+    assert!(
+        wait_until(Duration::from_secs(10), || std::net::TcpStream::connect(
+            addr
+        )
+        .is_ok()),
+        "the rate limit service never listened: {}",
+        proxy.log()
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let client = runtime
+        .block_on(RateLimitServiceClient::connect(format!("http://{addr}")))
+        .expect("connect to the rate limit service");
+    Rls {
+        proxy,
+        addr,
+        runtime,
+        client,
+    }
+}
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|&(key, value)| Entry {
+                key: key.into(),
+                value: value.into(),
+            })
+            .collect(),
+        ..RateLimitDescriptor::default()
+    }
+}
+
+fn call(domain: &str, descriptors: Vec<RateLimitDescriptor>, hits: u32) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors,
+        hits_addend: hits,
+    }
+}
+
+impl Rls {
+    fn ask(&mut self, request: RateLimitRequest) -> Result<RateLimitResponse, tonic::Status> {
+        let mut request = tonic::Request::new(request);
+        // Envoy's filter gives a call 20 ms by default; a test on a loaded
+        // machine gets more, but a call that hangs still fails.
+        request.set_timeout(Duration::from_secs(3));
+        let client = &mut self.client;
+        self.runtime
+            .block_on(client.should_rate_limit(request))
+            .map(tonic::Response::into_inner)
+    }
+
+    fn answer(&mut self, request: RateLimitRequest) -> RateLimitResponse {
+        self.ask(request).expect("an answer")
+    }
+}
+
+fn per_address(capacity: u64) -> Limit {
+    Limit::fixed_window("per_address", "descriptor:remote_address", capacity, "1h")
+        .matching(r#"domain = "edge", descriptors = [["remote_address"]]"#)
+}
+
+fn code(response: &RateLimitResponse) -> Code {
+    Code::try_from(response.overall_code).expect("a known code")
+}
+
+fn status_codes(response: &RateLimitResponse) -> Vec<Code> {
+    response
+        .statuses
+        .iter()
+        .map(|s| Code::try_from(s.code).expect("a known code"))
+        .collect()
+}
+
+fn header<'a>(response: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
+    response
+        .response_headers_to_add
+        .iter()
+        .find(|h| h.key.eq_ignore_ascii_case(name))
+        .map(|h| h.value.as_str())
+}
+
+#[test]
+fn a_limit_on_remote_address_answers_ok_three_times_then_over_limit() {
+    let upstream = Upstream::start();
+    let mut rls = start(
+        ConfigBuilder::new(upstream.addr)
+            .admin()
+            .limit(per_address(3)),
+    );
+    let client = || {
+        call(
+            "edge",
+            vec![descriptor(&[("remote_address", "10.0.0.1")])],
+            0,
+        )
+    };
+    for remaining in [2, 1, 0] {
+        let answer = rls.answer(client());
+        assert_eq!(code(&answer), Code::Ok, "{answer:?}");
+        let status = &answer.statuses[0];
+        assert_eq!(status.limit_remaining, remaining, "{answer:?}");
+        let limit = status.current_limit.as_ref().expect("the limit is named");
+        assert_eq!(
+            (limit.name.as_str(), limit.requests_per_unit, limit.unit),
+            ("per_address", 3, Unit::Hour as i32)
+        );
+        assert!(header(&answer, "RateLimit-Policy").is_some(), "{answer:?}");
+    }
+    let refused = rls.answer(client());
+    assert_eq!(code(&refused), Code::OverLimit, "{refused:?}");
+    assert_eq!(status_codes(&refused), vec![Code::OverLimit]);
+    let status = &refused.statuses[0];
+    assert_eq!(status.limit_remaining, 0);
+    let reset = status.duration_until_reset.expect("duration_until_reset");
+    assert!(
+        reset.seconds > 0 && reset.seconds <= 3600,
+        "a window of an hour resets within it: {reset:?}"
+    );
+    let retry: u64 = header(&refused, "Retry-After")
+        .expect("Retry-After offered")
+        .parse()
+        .expect("seconds");
+    assert!(retry > 0 && retry <= 3600, "{retry}");
+    // Another address has its own budget.
+    let other = rls.answer(call(
+        "edge",
+        vec![descriptor(&[("remote_address", "10.0.0.2")])],
+        0,
+    ));
+    assert_eq!(code(&other), Code::Ok);
+    assert_eq!(other.statuses[0].limit_remaining, 2);
+    // Counted as the gateway's layers are, and logged once, by address.
+    assert_eq!(
+        rls.proxy
+            .metric(r#"floodgate_decisions_total{limit="per_address",outcome="refused"}"#),
+        1.0
+    );
+    assert_eq!(
+        rls.proxy
+            .metric(r#"floodgate_decisions_total{limit="per_address",outcome="admitted"}"#),
+        4.0
+    );
+    assert_eq!(
+        rls.proxy
+            .metric(r#"floodgate_rls_requests_total{code="over_limit"}"#),
+        1.0
+    );
+    rls.proxy.await_log(
+        "rate limited: rls domain=edge descriptor=[remote_address=10.0.0.1] limit=per_address retry_after_ms=",
+        "the refusal is logged with the address and the limit",
+    );
+}
+
+#[test]
+fn one_refused_descriptor_charges_none_of_the_others() {
+    let upstream = Upstream::start();
+    let mut rls = start(
+        ConfigBuilder::new(upstream.addr)
+            .limit(per_address(10))
+            .limit(
+                Limit::fixed_window("login", "descriptor:path", 1, "1h")
+                    .matching(r#"domain = "edge", descriptors = [["path", "/login"]]"#),
+            ),
+    );
+    let both = || {
+        call(
+            "edge",
+            vec![
+                descriptor(&[("remote_address", "10.0.0.1")]),
+                descriptor(&[("path", "/login")]),
+            ],
+            0,
+        )
+    };
+    let first = rls.answer(both());
+    assert_eq!(code(&first), Code::Ok, "{first:?}");
+    let second = rls.answer(both());
+    assert_eq!(code(&second), Code::OverLimit, "{second:?}");
+    assert_eq!(status_codes(&second), vec![Code::Ok, Code::OverLimit]);
+    // The address paid for the first call only: 10 - 1, and this one.
+    let alone = rls.answer(call(
+        "edge",
+        vec![descriptor(&[("remote_address", "10.0.0.1")])],
+        0,
+    ));
+    assert_eq!(alone.statuses[0].limit_remaining, 8, "{alone:?}");
+}
+
+#[test]
+fn hits_addend_is_the_cost_and_a_descriptor_may_set_its_own() {
+    let upstream = Upstream::start();
+    let mut rls = start(ConfigBuilder::new(upstream.addr).limit(per_address(25)));
+    let ten = || {
+        call(
+            "edge",
+            vec![descriptor(&[("remote_address", "10.0.0.1")])],
+            10,
+        )
+    };
+    let answers: Vec<(Code, u32)> = (0..3)
+        .map(|_| {
+            let a = rls.answer(ten());
+            (code(&a), a.statuses[0].limit_remaining)
+        })
+        .collect();
+    assert_eq!(
+        answers,
+        vec![(Code::Ok, 15), (Code::Ok, 5), (Code::OverLimit, 5)],
+        "10 of 25, twice, then 10 more than the 5 left"
+    );
+    // The descriptor's own hits_addend wins over the call's; 0 looks
+    // without charging.
+    let mut own = descriptor(&[("remote_address", "10.0.0.1")]);
+    own.hits_addend = Some(UInt64Value { value: 5 });
+    let five = rls.answer(call("edge", vec![own.clone()], 10));
+    assert_eq!(
+        (code(&five), five.statuses[0].limit_remaining),
+        (Code::Ok, 0)
+    );
+    own.hits_addend = Some(UInt64Value { value: 0 });
+    let look = rls.answer(call("edge", vec![own], 10));
+    assert_eq!(
+        (code(&look), look.statuses[0].limit_remaining),
+        (Code::Ok, 0)
+    );
+}
+
+#[test]
+fn one_descriptor_twice_in_a_call_is_charged_twice() {
+    // Two checks of one state in one decision would each see it before the
+    // other's charge: a way to pass twice for the price of once.
+    let upstream = Upstream::start();
+    let mut rls = start(ConfigBuilder::new(upstream.addr).limit(per_address(3)));
+    let twice = || {
+        call(
+            "edge",
+            vec![
+                descriptor(&[("remote_address", "10.0.0.1")]),
+                descriptor(&[("remote_address", "10.0.0.1")]),
+            ],
+            0,
+        )
+    };
+    let first = rls.answer(twice());
+    assert_eq!(code(&first), Code::Ok);
+    assert_eq!(first.statuses[0].limit_remaining, 1, "{first:?}");
+    let second = rls.answer(twice());
+    assert_eq!(code(&second), Code::OverLimit, "{second:?}");
+    assert_eq!(
+        status_codes(&second),
+        vec![Code::OverLimit, Code::OverLimit]
+    );
+}
+
+#[test]
+fn unknown_domains_and_descriptors_answer_ok_and_are_counted() {
+    let upstream = Upstream::start();
+    let mut rls = start(
+        ConfigBuilder::new(upstream.addr)
+            .admin()
+            .limit(per_address(1))
+            .limit(
+                Limit::fixed_window("would_refuse", "global", 1, "1h")
+                    .line("shadow = true")
+                    .matching(r#"domain = "edge", descriptors = [["generic_key", "api"]]"#),
+            ),
+    );
+    let unknown_domain = rls.answer(call(
+        "elsewhere",
+        vec![descriptor(&[("remote_address", "10.0.0.1")])],
+        0,
+    ));
+    assert_eq!(code(&unknown_domain), Code::Ok);
+    assert!(unknown_domain.statuses[0].current_limit.is_none());
+    // Another shape of descriptor is another limit, even with the same
+    // first entry.
+    let unknown_descriptor = rls.answer(call(
+        "edge",
+        vec![descriptor(&[
+            ("remote_address", "10.0.0.1"),
+            ("path", "/x"),
+        ])],
+        0,
+    ));
+    assert_eq!(code(&unknown_descriptor), Code::Ok);
+    assert_eq!(
+        rls.proxy
+            .metric(r#"floodgate_rls_unmatched_descriptors_total{reason="domain"}"#),
+        1.0
+    );
+    assert_eq!(
+        rls.proxy
+            .metric(r#"floodgate_rls_unmatched_descriptors_total{reason="descriptor"}"#),
+        1.0
+    );
+    // A shadow limit answers OK past its quota, and counts what it would
+    // have refused.
+    let api = || call("edge", vec![descriptor(&[("generic_key", "api")])], 0);
+    for _ in 0..3 {
+        assert_eq!(code(&rls.answer(api())), Code::Ok);
+    }
+    assert_eq!(
+        rls.proxy
+            .metric(r#"floodgate_decisions_total{limit="would_refuse",outcome="shadow_refused"}"#),
+        2.0
+    );
+    rls.proxy.await_log(
+        "shadow limit would refuse: rls domain=edge descriptor=[generic_key=api] limit=would_refuse",
+        "a shadow refusal is logged",
+    );
+}
+
+/// The resident memory of a process, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+#[test]
+fn malformed_calls_get_a_grpc_error_or_ok_and_memory_stays_bounded() {
+    let upstream = Upstream::start();
+    let mut rls = start(ConfigBuilder::new(upstream.addr).limit(per_address(5)));
+    let empty_domain = rls
+        .ask(call("", vec![descriptor(&[("remote_address", "1")])], 0))
+        .expect_err("an empty domain is an error");
+    assert_eq!(empty_domain.code(), tonic::Code::InvalidArgument);
+    let none = rls
+        .ask(call("edge", Vec::new(), 0))
+        .expect_err("no descriptor is an error");
+    assert_eq!(none.code(), tonic::Code::InvalidArgument);
+    let thousand = (0..1000)
+        .map(|i| descriptor(&[("remote_address", &i.to_string())]))
+        .collect();
+    let many = rls
+        .ask(call("edge", thousand, 0))
+        .expect_err("1,000 descriptors are refused");
+    assert_eq!(many.code(), tonic::Code::InvalidArgument, "{many:?}");
+    // A value of 1 MB, under the message limit: decided like any other (a
+    // value an attacker makes long is no way around its limit).
+    let before = rss_kib(rls.proxy.pid());
+    let long = "a".repeat(1_000_000);
+    let mut codes = Vec::new();
+    for _ in 0..20 {
+        codes.push(code(&rls.answer(call(
+            "edge",
+            vec![descriptor(&[("remote_address", &long)])],
+            0,
+        ))));
+    }
+    assert_eq!(
+        codes.iter().filter(|c| **c == Code::Ok).count(),
+        5,
+        "{codes:?}"
+    );
+    assert_eq!(codes.iter().filter(|c| **c == Code::OverLimit).count(), 15);
+    // Past the message limit: refused before it is decoded.
+    let huge = rls
+        .ask(call(
+            "edge",
+            vec![descriptor(&[("remote_address", &"b".repeat(2_000_000))])],
+            0,
+        ))
+        .expect_err("a call over the message limit is refused");
+    assert_ne!(huge.code(), tonic::Code::Ok);
+    let after = rss_kib(rls.proxy.pid());
+    assert!(
+        after < before + 64 * 1024,
+        "20 calls of 1 MB must not stay in memory: {before} KiB, then {after} KiB"
+    );
+    // And the service still answers.
+    let fine = rls.answer(call(
+        "edge",
+        vec![descriptor(&[("remote_address", "2")])],
+        0,
+    ));
+    assert_eq!(code(&fine), Code::Ok);
+    assert!(rls.proxy.is_running());
+}
+
+#[test]
+fn two_instances_on_one_redis_share_one_budget_exactly() {
+    let upstream = Upstream::start();
+    let redis = RedisServer::start();
+    let config = ConfigBuilder::new(upstream.addr)
+        .redis(&redis.url())
+        .env(
+            "FLOODGATE_IDENTITY_SECRET",
+            "rls-shared-secret-for-the-test",
+        )
+        .limit(per_address(10));
+    let mut a = start(config.clone());
+    let mut b = start(config);
+    let client = || {
+        call(
+            "edge",
+            vec![descriptor(&[("remote_address", "10.0.0.9")])],
+            0,
+        )
+    };
+    let mut admitted = 0;
+    for i in 0..30 {
+        let rls = if i % 2 == 0 { &mut a } else { &mut b };
+        if code(&rls.answer(client())) == Code::Ok {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 10, "10 admitted across both instances, no more");
+}
+
+#[test]
+fn with_redis_away_answers_follow_on_failure_and_none_hangs() {
+    let upstream = Upstream::start();
+    let mut redis = RedisServer::start();
+    let mut rls = start(
+        ConfigBuilder::new(upstream.addr)
+            .redis(&redis.url())
+            .redis_lines("timeout = \"50ms\"\non_failure = \"allow\"")
+            .limit(per_address(100))
+            .limit(
+                Limit::fixed_window("login", "descriptor:path", 100, "1h")
+                    .line("on_failure = \"deny\"")
+                    .matching(r#"domain = "edge", descriptors = [["path", "/login"]]"#),
+            ),
+    );
+    let address = || {
+        call(
+            "edge",
+            vec![descriptor(&[("remote_address", "10.0.0.1")])],
+            0,
+        )
+    };
+    let login = || call("edge", vec![descriptor(&[("path", "/login")])], 0);
+    assert_eq!(code(&rls.answer(address())), Code::Ok);
+    assert_eq!(code(&rls.answer(login())), Code::Ok);
+    redis.kill();
+    // The first call after the kill may be the one that finds Redis gone.
+    assert!(
+        wait_until(Duration::from_secs(10), || rls
+            .ask(login())
+            .is_err_and(|e| e.code() == tonic::Code::Unavailable)),
+        "a limit that fails closed answers UNAVAILABLE once Redis is away: {}",
+        rls.proxy.log()
+    );
+    for _ in 0..10 {
+        // "allow": answered, OK.
+        assert_eq!(code(&rls.answer(address())), Code::Ok);
+        // "deny": UNAVAILABLE, so that Envoy's own failure_mode_deny
+        // decides; never a hang past the call's deadline.
+        let denied = rls.ask(login()).expect_err("fails closed");
+        assert_eq!(denied.code(), tonic::Code::Unavailable, "{denied:?}");
+    }
+    redis.restart();
+    assert!(
+        wait_until(Duration::from_secs(20), || rls
+            .ask(login())
+            .is_ok_and(|a| code(&a) == Code::Ok)),
+        "decisions come back to Redis: {}",
+        rls.proxy.log()
+    );
+}
+
+#[test]
+fn a_reload_changes_the_limits_the_service_answers_with() {
+    let upstream = Upstream::start();
+    let addr = local_addr();
+    let rls_section = format!("[rls]\nlisten = \"{addr}\"\n");
+    let config = ConfigBuilder::new(upstream.addr).raw(&rls_section);
+    let mut rls = connect(config.clone().limit(per_address(1)).start(), addr);
+    let client = || {
+        call(
+            "edge",
+            vec![descriptor(&[("remote_address", "10.0.0.1")])],
+            0,
+        )
+    };
+    assert_eq!(code(&rls.answer(client())), Code::Ok);
+    assert_eq!(code(&rls.answer(client())), Code::OverLimit);
+    config
+        .limit(per_address(5))
+        .listen(rls.proxy.addr)
+        .write_to(&rls.proxy.config_path);
+    rls.proxy.signal("-HUP");
+    rls.proxy.await_log("reloaded", "the reload is applied");
+    let after = rls.answer(client());
+    assert_eq!(code(&after), Code::Ok, "{after:?}");
+    let limit = after.statuses[0].current_limit.as_ref().expect("named");
+    assert_eq!(limit.requests_per_unit, 5);
+}
+
+#[test]
+fn the_admin_api_shows_and_resets_a_descriptor_client() {
+    let upstream = Upstream::start();
+    let token = admin_token::TokenFile::new();
+    let mut rls = start(
+        ConfigBuilder::new(upstream.addr)
+            .admin()
+            .raw(&token.section())
+            .limit(per_address(2)),
+    );
+    let client = || {
+        call(
+            "edge",
+            vec![descriptor(&[("remote_address", "10.0.0.7")])],
+            0,
+        )
+    };
+    rls.answer(client());
+    rls.answer(client());
+    assert_eq!(code(&rls.answer(client())), Code::OverLimit);
+    let admin = rls.proxy.admin.expect("admin");
+    let auth = format!("Bearer {}", admin_token::TOKEN);
+    let shown = request(
+        admin,
+        "GET",
+        "/v1/clients?descriptor=remote_address:10.0.0.7",
+        &[("Authorization", &auth)],
+        b"",
+    );
+    assert_eq!(shown.status, 200, "{}", shown.body);
+    let shown: serde_json::Value = serde_json::from_str(&shown.body).expect("JSON");
+    let limits = shown["limits"].as_array().expect("limits");
+    assert_eq!(limits.len(), 1, "{shown}");
+    assert_eq!(limits[0]["limit"], "per_address");
+    assert_eq!(limits[0]["remaining"], 0);
+    let reset = request(
+        admin,
+        "DELETE",
+        "/v1/clients?descriptor=remote_address:10.0.0.7",
+        &[("Authorization", &auth)],
+        b"",
+    );
+    assert_eq!(reset.status, 200, "{}", reset.body);
+    assert_eq!(code(&rls.answer(client())), Code::Ok);
+}
+
+/// Where cargo keeps the envoy-types this build uses: its protos.
+fn envoy_protos() -> std::path::PathBuf {
+    let rustc = Command::new("rustc")
+        .arg("-vV")
+        .output()
+        .expect("rustc -vV");
+    let host = String::from_utf8_lossy(&rustc.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_string))
+        .expect("rustc names its host");
+    // For this platform only: the others' packages may not be downloaded.
+    let output = Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--offline"])
+        .args(["--filter-platform", &host])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo metadata");
+    let metadata: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("cargo metadata is JSON");
+    let manifest = metadata["packages"]
+        .as_array()
+        .expect("packages")
+        .iter()
+        .find(|p| p["name"] == "envoy-types")
+        .and_then(|p| p["manifest_path"].as_str())
+        .expect("envoy-types is a dependency");
+    std::path::Path::new(manifest)
+        .parent()
+        .expect("the crate's directory")
+        .join("proto")
+}
+
+#[test]
+fn python_grpcio_with_stubs_compiled_from_the_shipped_protos_is_answered() {
+    let upstream = Upstream::start();
+    let rls = start(ConfigBuilder::new(upstream.addr).limit(per_address(3)));
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/rls_client.py");
+    let out_dir = temp_dir();
+    let output = Command::new("python3")
+        .arg(script)
+        .arg(envoy_protos())
+        .arg(&out_dir)
+        .arg(rls.addr.to_string())
+        .arg("5")
+        .output()
+        .expect("python3");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines,
+        vec![
+            "OK remaining=2 limit=per_address/3/HOUR",
+            "OK remaining=1 limit=per_address/3/HOUR",
+            "OK remaining=0 limit=per_address/3/HOUR",
+            "OVER_LIMIT remaining=0 limit=per_address/3/HOUR",
+            "OVER_LIMIT remaining=0 limit=per_address/3/HOUR",
+        ]
+    );
+    remove_test_dir(&out_dir);
+}
