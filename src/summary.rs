@@ -46,6 +46,14 @@ pub fn describe(config: &Config) -> String {
         }
     }
     let _ = writeln!(out, "upstream  {}", config.upstream.servers.join(", "));
+    if let Some(rls) = &config.rls {
+        let _ = writeln!(
+            out,
+            "rls       {} (Envoy's rate limit service, gRPC over {})",
+            rls.listen,
+            if rls.tls { "TLS" } else { "h2c" }
+        );
+    }
     match &config.redis {
         Some(r) => {
             let _ = writeln!(

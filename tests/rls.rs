@@ -611,36 +611,102 @@ fn envoy_protos() -> std::path::PathBuf {
         .join("proto")
 }
 
-#[test]
-fn python_grpcio_with_stubs_compiled_from_the_shipped_protos_is_answered() {
-    let upstream = Upstream::start();
-    let rls = start(ConfigBuilder::new(upstream.addr).limit(per_address(3)));
+/// `n` calls by Python's grpcio (over TLS trusting `ca`, when given): one
+/// line per answer.
+fn grpcio_calls(addr: std::net::SocketAddr, n: u32, ca: Option<&std::path::Path>) -> Vec<String> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/rls_client.py");
     let out_dir = temp_dir();
-    let output = Command::new("python3")
+    let mut python = Command::new("python3");
+    python
         .arg(script)
         .arg(envoy_protos())
         .arg(&out_dir)
-        .arg(rls.addr.to_string())
-        .arg("5")
-        .output()
-        .expect("python3");
+        .arg(addr.to_string())
+        .arg(n.to_string());
+    if let Some(ca) = ca {
+        python.arg(ca);
+    }
+    let output = python.output().expect("python3");
+    remove_test_dir(&out_dir);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
         "{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(
-        lines,
-        vec![
-            "OK remaining=2 limit=per_address/3/HOUR",
-            "OK remaining=1 limit=per_address/3/HOUR",
-            "OK remaining=0 limit=per_address/3/HOUR",
-            "OVER_LIMIT remaining=0 limit=per_address/3/HOUR",
-            "OVER_LIMIT remaining=0 limit=per_address/3/HOUR",
-        ]
+    stdout.lines().map(str::to_string).collect()
+}
+
+const FIVE_CALLS_ON_THREE: [&str; 5] = [
+    "OK remaining=2 limit=per_address/3/HOUR",
+    "OK remaining=1 limit=per_address/3/HOUR",
+    "OK remaining=0 limit=per_address/3/HOUR",
+    "OVER_LIMIT remaining=0 limit=per_address/3/HOUR",
+    "OVER_LIMIT remaining=0 limit=per_address/3/HOUR",
+];
+
+#[test]
+fn python_grpcio_with_stubs_compiled_from_the_shipped_protos_is_answered() {
+    let upstream = Upstream::start();
+    let rls = start(ConfigBuilder::new(upstream.addr).limit(per_address(3)));
+    assert_eq!(grpcio_calls(rls.addr, 5, None), FIVE_CALLS_ON_THREE);
+}
+
+#[test]
+fn over_tls_with_the_servers_certificates_while_handshakes_stall() {
+    let upstream = Upstream::start();
+    let dir = temp_dir();
+    make_certificates(&dir);
+    let (rls, gateway_tls) = (local_addr(), local_addr());
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .limit(per_address(3))
+        .raw(&format!(
+            "[server.tls]\nlisten = \"{gateway_tls}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+            dir.join("server.crt").display(),
+            dir.join("server.key").display()
+        ))
+        .raw(&format!("[rls]\nlisten = \"{rls}\"\ntls = true\n"))
+        .start();
+    assert!(
+        wait_until(Duration::from_secs(10), || std::net::TcpStream::connect(
+            rls
+        )
+        .is_ok()),
+        "the rate limit service never listened: {}",
+        proxy.log()
     );
-    remove_test_dir(&out_dir);
+    // Connections that never send a ClientHello: each handshake waits in
+    // a task of its own, so none of them delays the client that does.
+    let stalled: Vec<_> = (0..50)
+        .filter_map(|_| std::net::TcpStream::connect(rls).ok())
+        .collect();
+    assert_eq!(stalled.len(), 50);
+    assert_eq!(
+        grpcio_calls(rls, 5, Some(&dir.join("ca.crt"))),
+        FIVE_CALLS_ON_THREE
+    );
+    // Cleartext HTTP/2 is not served on a TLS listener.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let cleartext = runtime.block_on(async {
+        let mut client = RateLimitServiceClient::connect(format!("http://{rls}"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut request = tonic::Request::new(call(
+            "edge",
+            vec![descriptor(&[("remote_address", "10.0.0.2")])],
+            0,
+        ));
+        request.set_timeout(Duration::from_secs(3));
+        client
+            .should_rate_limit(request)
+            .await
+            .map_err(|e| e.to_string())
+    });
+    assert!(cleartext.is_err(), "h2c answered on the TLS listener");
+    drop(stalled);
+    drop(proxy);
+    remove_test_dir(&dir);
 }

@@ -44,6 +44,8 @@ pub(super) struct FileConfig {
 #[serde(deny_unknown_fields)]
 pub(super) struct RlsSection {
     pub(super) listen: String,
+    #[serde(default)]
+    pub(super) tls: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]

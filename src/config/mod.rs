@@ -264,7 +264,7 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
         .transpose()?;
     let access_log = log::validate_log(&raw.log)?;
     let admin_token = admin::validate_admin(&raw.admin, server.admin_listen.is_some(), inputs)?;
-    let rls = rls::validate_rls(raw.rls.as_ref(), &limits)?;
+    let rls = rls::validate_rls(raw.rls.as_ref(), &limits, tls.is_some())?;
     Ok(Config {
         file: file.to_path_buf(),
         identity_key,

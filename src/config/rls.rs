@@ -11,6 +11,7 @@ use crate::rls::RlsSettings;
 pub(super) fn validate_rls(
     section: Option<&RlsSection>,
     limits: &[Limit],
+    server_tls: bool,
 ) -> Result<Option<RlsSettings>, Invalid> {
     let Some(section) = section else {
         // A limit only the service could apply, with no service: it would
@@ -38,5 +39,14 @@ pub(super) fn validate_rls(
             ),
         )
     })?;
-    Ok(Some(RlsSettings { listen }))
+    if section.tls && !server_tls {
+        return Err(at(
+            &[&"rls", &"tls"],
+            "the rate limit service serves the certificates of [server.tls], and there is none: configure [server.tls] or set tls = false",
+        ));
+    }
+    Ok(Some(RlsSettings {
+        listen,
+        tls: section.tls,
+    }))
 }

@@ -638,6 +638,10 @@ fn descriptor_limits_read_like_the_others_and_refuse_what_envoy_cannot_give() {
             "t.toml:6: rls.listen: \"localhost\" is not an address and port like \"127.0.0.1:8081\" or \"[::]:8081\"",
         ),
         (
+            format!("{MINIMAL}[rls]\nlisten = \"127.0.0.1:8081\"\ntls = true\n"),
+            "t.toml:7: rls.tls: the rate limit service serves the certificates of [server.tls], and there is none: configure [server.tls] or set tls = false",
+        ),
+        (
             descriptor_limit(&format!("key = \"descriptor\"\n{entries}\n[[costs]]\nmatch = {{ domain = \"edge\", descriptors = [[\"a\"]] }}\ncost = 2")),
             "t.toml:15: costs[0].match.domain: [[costs]] price HTTP requests; a descriptor costs the hits_addend Envoy sends",
         ),

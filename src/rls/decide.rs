@@ -13,7 +13,7 @@ use crate::headers::{self, Header, Layer, Position, RETRY_AFTER};
 use crate::identity::KeySource;
 use crate::limiter::{Check, Deciding, LimitId, OnFailure, Store};
 use crate::metrics::RlsMetrics;
-use crate::policy::{Policy, Rule};
+use crate::policy::{Limit, Policy, Rule};
 use crate::state::Runtime;
 
 /// A call, as Envoy sent it (checked for size by the service).
@@ -55,7 +55,9 @@ pub struct Planned {
     pub unmatched: Vec<Option<Unmatched>>,
 }
 
-/// The limits each descriptor meets. Two descriptors that meet one limit
+/// The limits each descriptor meets: of those whose pattern matches it,
+/// the most specific (`DescriptorPattern::specificity`). Two descriptors
+/// that meet one limit
 /// with one identity are one check of their summed cost: two checks of
 /// one state in one decision would each see it before the other's charge.
 pub fn plan(policy: &Policy, ask: &Ask<'_>) -> Planned {
@@ -69,23 +71,31 @@ pub fn plan(policy: &Policy, ask: &Ask<'_>) -> Planned {
     for descriptor in &ask.descriptors {
         let mut met = SmallVec::new();
         if domain_known {
-            for (id, limit) in policy.descriptor_limits() {
-                let Some(pattern) = &limit.matcher.descriptors else {
+            let matching: SmallVec<[(LimitId, &Limit, u64); 4]> = policy
+                .descriptor_limits()
+                .filter_map(|(id, limit)| {
+                    let pattern = limit.matcher.descriptors.as_ref()?;
+                    pattern
+                        .matches(ask.domain, &descriptor.entries)
+                        .then(|| (id, limit, pattern.specificity()))
+                })
+                .collect();
+            let most_specific = matching.iter().map(|(_, _, s)| *s).max();
+            for (id, limit, specificity) in &matching {
+                if Some(*specificity) != most_specific {
                     continue;
-                };
+                }
                 // Validated with the config: limits on descriptors are rates.
                 let Rule::Rate(algorithm) = limit.rule else {
                     continue;
                 };
-                if !pattern.matches(ask.domain, &descriptor.entries) {
-                    continue;
-                }
                 let Some(identity) = policy
                     .clients
                     .descriptor_identity(&limit.key, &descriptor.entries)
                 else {
                     continue;
                 };
+                let id = *id;
                 let same = planned
                     .checks
                     .iter()
@@ -461,6 +471,47 @@ match = { domain = "edge", descriptors = [["remote_address"], ["path", "/login*"
         let elsewhere = plan(&policy, &ask("other", &[&[("remote_address", "1.2.3.4")]]));
         assert!(elsewhere.checks.is_empty());
         assert_eq!(elsewhere.unmatched, vec![Some(Unmatched::Domain)]);
+    }
+
+    #[test]
+    fn a_limit_on_one_value_overrides_the_limit_on_any_value_for_it() {
+        let policy = policy(
+            r#"
+[[limits]]
+name = "per_address"
+key = "descriptor:remote_address"
+algorithm = "fixed_window"
+limit = 10
+window = "1s"
+match = { domain = "edge", descriptors = [["remote_address"]] }
+
+[[limits]]
+name = "per_address_hourly"
+key = "descriptor:remote_address"
+algorithm = "fixed_window"
+limit = 1000
+window = "1h"
+match = { domain = "edge", descriptors = [["remote_address"]] }
+
+[[limits]]
+name = "partner"
+key = "descriptor:remote_address"
+algorithm = "fixed_window"
+limit = 1000
+window = "1s"
+match = { domain = "edge", descriptors = [["remote_address", "50.0.0.5"]] }
+"#,
+        );
+        let names = |address: &str| -> Vec<String> {
+            plan(&policy, &ask("edge", &[&[("remote_address", address)]]))
+                .checks
+                .iter()
+                .map(|c| c.name.as_str().to_string())
+                .collect()
+        };
+        // Every limit of the most specific shape applies, layered.
+        assert_eq!(names("50.0.0.1"), vec!["per_address", "per_address_hourly"]);
+        assert_eq!(names("50.0.0.5"), vec!["partner"]);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The gRPC service: tonic's server, beside Pingora's listeners as a
 //! background service of the same process. gRPC's framing, status codes,
 //! deadlines and message limits are tonic's; no protobuf is written by
-//! hand (the types are envoy-types').
+//! hand (the types are envoy-types'). Over TLS, the handshake is rustls'
+//! with the gateway's own certificate resolver.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,13 +17,19 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use futures_util::Stream;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Semaphore};
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
 use tonic::{Request, Response, Status};
 
 use super::decide::{self, Ask, Descriptor, Failure, Shown};
 use crate::policy::MAX_ENTRIES;
 use crate::state::AppState;
+use crate::tls::CertResolver;
 
 /// The most descriptors one call may carry: Envoy sends one per
 /// `rate_limits` action that applies, a handful.
@@ -38,6 +45,14 @@ const STREAMS_PER_CONNECTION: u32 = 256;
 /// A call gets no answer after this, whatever its own deadline says
 /// (Envoy's filter gives 20 ms by default).
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// TLS handshakes under way at once. Past this a new connection is closed
+/// at once: peers that open connections and never finish a handshake can
+/// neither stall the accept loop nor hold memory without bound.
+const MAX_HANDSHAKES: usize = 1024;
+
+/// A handshake gets this long; a peer that sends nothing is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The service, on the process's state (the generation in force at each
 /// call: a reload changes the limits it serves).
@@ -208,18 +223,90 @@ impl RateLimitService for Limiter {
 /// background services.
 pub struct RlsService {
     listener: std::sync::Mutex<Option<std::net::TcpListener>>,
+    tls: Option<TlsAcceptor>,
     state: Arc<AppState>,
 }
 
+/// gRPC over TLS: h2 by ALPN, as Envoy's and grpcio's clients require,
+/// with the certificates `[server.tls]` serves (a SIGHUP that replaces
+/// them replaces them here too).
+fn tls_acceptor(certificates: Arc<CertResolver>) -> std::io::Result<TlsAcceptor> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(std::io::Error::other)?
+        .with_no_client_auth()
+        .with_cert_resolver(certificates);
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
 impl RlsService {
-    pub fn bind(listen: SocketAddr, state: Arc<AppState>) -> std::io::Result<RlsService> {
+    /// `certificates`: serve over TLS with them, else h2c.
+    pub fn bind(
+        listen: SocketAddr,
+        certificates: Option<Arc<CertResolver>>,
+        state: Arc<AppState>,
+    ) -> std::io::Result<RlsService> {
+        let tls = certificates.map(tls_acceptor).transpose()?;
         let listener = std::net::TcpListener::bind(listen)?;
         listener.set_nonblocking(true)?;
         Ok(RlsService {
             listener: std::sync::Mutex::new(Some(listener)),
+            tls,
             state,
         })
     }
+}
+
+/// Connections whose handshake is done, in the order they finish it: each
+/// handshake runs in a task of its own, so a slow one delays no other.
+fn handshaken(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+) -> impl Stream<Item = std::io::Result<TlsStream<TcpStream>>> {
+    let (done, connections) = mpsc::channel(64);
+    tokio::spawn(async move {
+        let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+        loop {
+            let accepted = tokio::select! {
+                // The server has stopped taking connections.
+                () = done.closed() => return,
+                accepted = listener.accept() => accepted,
+            };
+            let tcp = match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // Out of descriptors, most often: accepting again at
+                    // once would spin.
+                    log::warn!("rls: cannot accept a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let Ok(slot) = handshakes.clone().try_acquire_owned() else {
+                log::debug!("rls: {MAX_HANDSHAKES} TLS handshakes under way, a connection closed");
+                continue;
+            };
+            let _ = tcp.set_nodelay(true);
+            let (acceptor, done) = (acceptor.clone(), done.clone());
+            tokio::spawn(async move {
+                let shaken = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await;
+                drop(slot);
+                match shaken {
+                    Ok(Ok(tls)) => {
+                        let _ = done.send(Ok(tls)).await;
+                    }
+                    Ok(Err(e)) => log::debug!("rls: a TLS handshake failed: {e}"),
+                    Err(_) => log::debug!("rls: a TLS handshake took over {HANDSHAKE_TIMEOUT:?}"),
+                }
+            });
+        }
+    });
+    futures_util::stream::unfold(connections, |mut connections| async move {
+        let next = connections.recv().await?;
+        Some((next, connections))
+    })
 }
 
 #[async_trait::async_trait]
@@ -229,7 +316,7 @@ impl BackgroundService for RlsService {
         let Some(listener) = taken else {
             return;
         };
-        let listener = match tokio::net::TcpListener::from_std(listener) {
+        let listener = match TcpListener::from_std(listener) {
             Ok(listener) => listener,
             Err(e) => {
                 log::error!("rls: cannot listen: {e}");
@@ -239,23 +326,35 @@ impl BackgroundService for RlsService {
         let address = listener
             .local_addr()
             .map_or_else(|_| "?".to_string(), |a| a.to_string());
-        log::info!("rls: serving envoy.service.ratelimit.v3.RateLimitService on {address}");
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        log::info!(
+            "rls: serving envoy.service.ratelimit.v3.RateLimitService on {address} ({})",
+            if self.tls.is_some() { "TLS" } else { "h2c" }
+        );
         let service = RateLimitServiceServer::new(Limiter {
             state: self.state.clone(),
         })
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
-        let served = tonic::transport::Server::builder()
+        let router = tonic::transport::Server::builder()
             .timeout(CALL_TIMEOUT)
             .concurrency_limit_per_connection(STREAMS_PER_CONNECTION as usize)
             .max_concurrent_streams(STREAMS_PER_CONNECTION)
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .add_service(service)
-            .serve_with_incoming_shutdown(incoming, async move {
-                let _ = shutdown.changed().await;
-            })
-            .await;
+            .add_service(service);
+        let stopped = async move {
+            let _ = shutdown.changed().await;
+        };
+        let served = match &self.tls {
+            Some(acceptor) => {
+                router
+                    .serve_with_incoming_shutdown(handshaken(listener, acceptor.clone()), stopped)
+                    .await
+            }
+            None => {
+                let incoming =
+                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+                router.serve_with_incoming_shutdown(incoming, stopped).await
+            }
+        };
         if let Err(e) = served {
             log::error!("rls: the service stopped: {e}");
         }

@@ -537,13 +537,13 @@ pub fn build(config: &Config, inputs: Inputs) -> Result<Floodgate, BuildError> {
     }
     #[cfg(feature = "rls")]
     if let Some(rls) = &config.rls {
-        let service =
-            crate::rls::RlsService::bind(rls.listen, state.clone()).map_err(|source| {
-                BuildError::RlsListen {
-                    file: file.clone(),
-                    listen: rls.listen,
-                    source,
-                }
+        // Validated with the config: `tls` needs `[server.tls]`.
+        let certificates = state.certificates.clone().filter(|_| rls.tls);
+        let service = crate::rls::RlsService::bind(rls.listen, certificates, state.clone())
+            .map_err(|source| BuildError::RlsListen {
+                file: file.clone(),
+                listen: rls.listen,
+                source,
             })?;
         let mut service = background_service("rate limit service", service);
         // As many threads as the gateway's workers: Envoy's calls are its

@@ -1,12 +1,13 @@
 """Envoy's rate limit service asked by Python's grpcio, with stubs compiled
 (grpcio-tools) from the protos the envoy-types crate ships.
 
-  rls_client.py PROTO_DIR OUT_DIR ADDR N
+  rls_client.py PROTO_DIR OUT_DIR ADDR N [CA_FILE]
       compiles envoy/service/ratelimit/v3/rls.proto and what it imports
       into OUT_DIR, then makes N ShouldRateLimit calls to ADDR for domain
       "edge", descriptor [remote_address=10.0.0.1]; one line per call:
       the overall code, the remaining count and the limit as
-      name/requests_per_unit/unit
+      name/requests_per_unit/unit. With CA_FILE, over TLS, trusting the
+      certificates that CA signed.
 """
 import os
 import sys
@@ -38,6 +39,7 @@ def compile_protos(proto_dir, out_dir):
 
 def main():
     proto_dir, out_dir, addr, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    ca_file = sys.argv[5] if len(sys.argv) > 5 else None
     compile_protos(proto_dir, out_dir)
     sys.path.insert(0, out_dir)
     import grpc
@@ -52,7 +54,13 @@ def main():
     )
     Code = rls_pb2.RateLimitResponse.Code
     Unit = rls_pb2.RateLimitResponse.RateLimit.Unit
-    with grpc.insecure_channel(addr) as channel:
+    if ca_file:
+        with open(ca_file, "rb") as f:
+            credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
+        channel = grpc.secure_channel(addr, credentials)
+    else:
+        channel = grpc.insecure_channel(addr)
+    with channel:
         stub = rls_pb2_grpc.RateLimitServiceStub(channel)
         for _ in range(n):
             answer = stub.ShouldRateLimit(request, timeout=5)

@@ -55,6 +55,30 @@ impl DescriptorPattern {
                 .all(|(pattern, (key, value))| pattern.matches(key, value))
     }
 
+    /// How specific the pattern is, entry by entry, first entry first: a
+    /// value named exactly before a glob before any value. Of the limits
+    /// a descriptor matches, only the most specific apply, as
+    /// envoyproxy/ratelimit tries a key and value before the key alone:
+    /// `[["remote_address", "50.0.0.5"]]` overrides `[["remote_address"]]`
+    /// for that address, tighter or looser.
+    pub fn specificity(&self) -> u64 {
+        // Two bits an entry, the first in the highest: MAX_ENTRIES (32)
+        // entries fill the word, and comparing words compares entries in
+        // order, without an allocation per call.
+        self.entries
+            .iter()
+            .take(MAX_ENTRIES)
+            .enumerate()
+            .fold(0, |word, (i, e)| {
+                let rank: u64 = match &e.value {
+                    None => 0,
+                    Some(glob) if glob.as_str().contains('*') => 1,
+                    Some(_) => 2,
+                };
+                word | rank << (2 * (MAX_ENTRIES - 1 - i))
+            })
+    }
+
     /// Whether the pattern names entry `key` (which a `descriptor:<key>`
     /// key may then read).
     pub fn names(&self, key: &str) -> bool {
@@ -143,6 +167,21 @@ mod tests {
                 "{domain} {entries:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_named_value_is_more_specific_than_a_glob_than_any_value() {
+        let any = pattern(
+            "edge",
+            &[("remote_address", None), ("path", Some("/login"))],
+        );
+        let glob = pattern("edge", &[("remote_address", Some("10.*")), ("path", None)]);
+        let exact = pattern(
+            "edge",
+            &[("remote_address", Some("10.0.0.1")), ("path", None)],
+        );
+        assert!(exact.specificity() > glob.specificity());
+        assert!(glob.specificity() > any.specificity());
     }
 
     #[test]
