@@ -5,14 +5,18 @@
 //! master under the proxies (READONLY). Every request must be answered as
 //! `on_failure` says, decisions must come back to Redis within seconds of
 //! each promotion, the breaker must open at most once per failover, and
-//! the log must not fill with READONLY.
+//! the log must not fill with READONLY. Sentinels that require a password
+//! of their own are asked with `sentinel_password_file`, through a
+//! promotion too.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
 use common::load::Load;
-use common::redis_server::{SentinelGroup, SENTINEL_MASTER, SENTINEL_PASSWORD};
+use common::redis_server::{
+    RedisServer, SentinelGroup, SENTINELS_OWN_PASSWORD, SENTINEL_MASTER, SENTINEL_PASSWORD,
+};
 use common::*;
 
 fn spend(proxy: &Proxy, client: &str, n: usize) -> usize {
@@ -199,6 +203,83 @@ fn two_proxies_follow_the_master_through_a_kill_and_a_manual_failover() {
             failed.len(),
             openings,
         ),
+    );
+    remove_test_dir(&dir);
+}
+
+#[test]
+fn sentinels_with_a_password_of_their_own_are_asked_with_it() {
+    let mut group = SentinelGroup::start_guarded();
+    let upstream = Upstream::start();
+    let dir = temp_dir();
+    let master_password = dir.join("redis.password");
+    std::fs::write(&master_password, format!("{SENTINEL_PASSWORD}\n")).expect("password file");
+    let sentinels_password = dir.join("sentinels.password");
+    std::fs::write(&sentinels_password, SENTINELS_OWN_PASSWORD).expect("password file");
+    assert_eq!(
+        group.sentinels[0].query_without_password::<String>(&["PING"]),
+        None,
+        "the sentinels must refuse a client without their password"
+    );
+    let nodes: Vec<String> = group
+        .sentinel_nodes()
+        .iter()
+        .map(|n| format!("\"{n}\""))
+        .collect();
+    let proxy = |sentinel_password: &str| {
+        ConfigBuilder::new(upstream.addr)
+            .redis_lines(&format!(
+                "sentinel = {{ master = \"{SENTINEL_MASTER}\", nodes = [{}], password_file = \"{}\"{sentinel_password} }}\ntimeout = \"50ms\"\non_failure = \"local\"\ninstances = 2\nleases = \"off\"",
+                nodes.join(", "),
+                master_password.display()
+            ))
+            .limit(Limit::fixed_window("per-client", "header:X-Client", 5, "1h"))
+            .start()
+    };
+    let on_redis = |node: &RedisServer| node.keys().iter().any(|k| k.contains("per-client"));
+
+    // Without the sentinels' password no master is found: the proxy
+    // decides locally, says why, and writes nothing to the master.
+    let without = proxy("");
+    assert!(
+        wait_until(Duration::from_secs(10), || without.log().contains("NOAUTH")),
+        "the refusal is not logged: {}",
+        without.log()
+    );
+    assert!(spend(&without, "unguarded", 10) > 0);
+    assert!(
+        !on_redis(&group.nodes[0]),
+        "a proxy without the password reached the master"
+    );
+    drop(without);
+
+    let with = proxy(&format!(
+        ", sentinel_password_file = \"{}\"",
+        sentinels_password.display()
+    ));
+    let found = format!(
+        "master \"{SENTINEL_MASTER}\" is 127.0.0.1:{}",
+        group.nodes[0].port
+    );
+    assert_eq!(spend(&with, "guarded", 10), 5, "decided on the master");
+    assert!(with.log().contains(&found), "{}", with.log());
+    assert!(on_redis(&group.nodes[0]));
+
+    // The search after a promotion asks with it too.
+    group.nodes[0].kill();
+    assert!(
+        wait_until(Duration::from_secs(30), || group.nodes[1].role()
+            == "master"),
+        "the replica was never promoted"
+    );
+    await_both(&[&with], "moved from", 1, "never followed the promotion");
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            spend(&with, "after-promotion", 1);
+            on_redis(&group.nodes[1])
+        }),
+        "decisions never came back to Redis: {}",
+        with.log()
     );
     remove_test_dir(&dir);
 }

@@ -187,6 +187,7 @@ pub(super) struct SentinelSection {
     pub(super) master: String,
     pub(super) nodes: Vec<String>,
     pub(super) password_file: Option<PathBuf>,
+    pub(super) sentinel_password_file: Option<PathBuf>,
 }
 
 /// `[redis].instances`: a number, or "auto".

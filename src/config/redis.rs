@@ -1,5 +1,6 @@
 //! `[redis]`: the shared store.
 
+use std::path::Path;
 use std::time::Duration;
 
 use super::file::{InstancesName, LeasesMode, RedisSection, SentinelSection};
@@ -157,25 +158,34 @@ fn validate_sentinel(s: &SentinelSection, inputs: &Inputs) -> Result<SentinelSet
     let password = s
         .password_file
         .as_ref()
-        .map(|file| {
-            let here = [&"redis" as &dyn AsSegment, &"sentinel", &"password_file"];
-            let bytes = inputs
-                .read(file)
-                .map_err(|e| at(&here, format!("cannot read {}: {e}", file.display())))?;
-            let text = String::from_utf8(bytes)
-                .map_err(|_| at(&here, format!("{} is not text", file.display())))?;
-            let password = text.trim_end_matches(['\r', '\n']).to_string();
-            if password.is_empty() {
-                return Err(at(&here, format!("{} is empty", file.display())));
-            }
-            Ok(password)
-        })
+        .map(|file| read_password(file, "password_file", inputs))
+        .transpose()?;
+    let sentinel_password = s
+        .sentinel_password_file
+        .as_ref()
+        .map(|file| read_password(file, "sentinel_password_file", inputs))
         .transpose()?;
     Ok(SentinelSettings {
         master: s.master.clone(),
         nodes: s.nodes.clone(),
         password,
+        sentinel_password,
     })
+}
+
+/// A password file of `[redis].sentinel`: its text, less a final newline.
+fn read_password(file: &Path, key: &str, inputs: &Inputs) -> Result<String, Invalid> {
+    let here = [&"redis" as &dyn AsSegment, &"sentinel", &key];
+    let bytes = inputs
+        .read(file)
+        .map_err(|e| at(&here, format!("cannot read {}: {e}", file.display())))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| at(&here, format!("{} is not text", file.display())))?;
+    let password = text.trim_end_matches(['\r', '\n']).to_string();
+    if password.is_empty() {
+        return Err(at(&here, format!("{} is empty", file.display())));
+    }
+    Ok(password)
 }
 
 fn check_redis_url(u: &str, path: &[&dyn AsSegment]) -> Result<(), Invalid> {

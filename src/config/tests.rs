@@ -485,13 +485,20 @@ fn the_admin_token_is_read_checked_and_never_printed() {
 #[test]
 fn redis_sentinel_and_a_live_instance_count() {
     let with = |redis: &str| format!("{MINIMAL}[redis]\n{redis}\n");
-    let inputs = Inputs::default().with_files([(
-        PathBuf::from("/run/secrets/redis"),
-        b"s3cret pass\n".to_vec(),
-    )]);
+    let inputs = Inputs::default().with_files([
+        (
+            PathBuf::from("/run/secrets/redis"),
+            b"s3cret pass\n".to_vec(),
+        ),
+        (
+            PathBuf::from("/run/secrets/sentinels"),
+            b"watchw0rd\r\n".to_vec(),
+        ),
+        (PathBuf::from("/run/secrets/blank"), b"\n".to_vec()),
+    ]);
     let c = Config::parse(
         Path::new("t.toml"),
-        &with("sentinel = { master = \"main\", nodes = [\"10.0.0.1:26379\", \"s2:26379\"], password_file = \"/run/secrets/redis\" }\ninstances = \"auto\""),
+        &with("sentinel = { master = \"main\", nodes = [\"10.0.0.1:26379\", \"s2:26379\"], password_file = \"/run/secrets/redis\", sentinel_password_file = \"/run/secrets/sentinels\" }\ninstances = \"auto\""),
         &inputs,
     )
     .unwrap_or_else(|e| panic!("{e}"));
@@ -502,11 +509,26 @@ fn redis_sentinel_and_a_live_instance_count() {
             master: "main".into(),
             nodes: vec!["10.0.0.1:26379".into(), "s2:26379".into()],
             password: Some("s3cret pass".into()),
+            sentinel_password: Some("watchw0rd".into()),
         })
     );
     assert_eq!(redis.instances, InstanceCount::Auto);
-    // Logs and pages name the sentinels, never the password.
-    assert!(!format!("{:?} {}", redis, redis.redacted_target()).contains("s3cret"));
+    // Logs and pages name the sentinels, never a password.
+    let shown = format!("{:?} {}", redis, redis.redacted_target());
+    assert!(
+        !shown.contains("s3cret") && !shown.contains("watchw0rd"),
+        "{shown}"
+    );
+    let blank = Config::parse(
+        Path::new("t.toml"),
+        &with("sentinel = { master = \"m\", nodes = [\"a:1\"], sentinel_password_file = \"/run/secrets/blank\" }"),
+        &inputs,
+    )
+    .expect_err("an empty password file");
+    assert_eq!(
+        blank.to_string(),
+        "t.toml:6: redis.sentinel.sentinel_password_file: /run/secrets/blank is empty"
+    );
     assert!(crate::summary::describe(&c).contains("instances counted live (auto)"));
 
     let cases: &[(&str, &str)] = &[
@@ -534,6 +556,10 @@ fn redis_sentinel_and_a_live_instance_count() {
         (
             "sentinel = { master = \"m\", nodes = [\"a:1\"], password_file = \"/nowhere\" }",
             "t.toml:6: redis.sentinel.password_file: cannot read /nowhere: entity not found",
+        ),
+        (
+            "sentinel = { master = \"m\", nodes = [\"a:1\"], sentinel_password_file = \"/gone\" }",
+            "t.toml:6: redis.sentinel.sentinel_password_file: cannot read /gone: entity not found",
         ),
     ];
     for (redis, expected) in cases {

@@ -321,8 +321,23 @@ pub const SENTINEL_MASTER: &str = "fgmaster";
 /// The master's (and the replica's) password.
 pub const SENTINEL_PASSWORD: &str = "sentinel-group-password";
 
+/// The sentinels' own password, in a group started with
+/// [`SentinelGroup::start_guarded`]: not the master's.
+pub const SENTINELS_OWN_PASSWORD: &str = "the-sentinels-own-word";
+
 impl SentinelGroup {
     pub fn start() -> SentinelGroup {
+        SentinelGroup::start_with(None)
+    }
+
+    /// A group whose sentinels answer only clients that give
+    /// [`SENTINELS_OWN_PASSWORD`] (their `requirepass`; they give it to each
+    /// other too).
+    pub fn start_guarded() -> SentinelGroup {
+        SentinelGroup::start_with(Some(SENTINELS_OWN_PASSWORD))
+    }
+
+    fn start_with(sentinel_password: Option<&str>) -> SentinelGroup {
         let pw = SENTINEL_PASSWORD;
         let master = RedisServer::start_with_password_and(pw, &["--masterauth", pw]);
         let master_port = master.port.to_string();
@@ -330,7 +345,9 @@ impl SentinelGroup {
             pw,
             &["--masterauth", pw, "--replicaof", "127.0.0.1", &master_port],
         );
-        let sentinels = (0..3).map(|_| Sentinel::start(master.port)).collect();
+        let sentinels = (0..3)
+            .map(|_| Sentinel::start(master.port, sentinel_password))
+            .collect();
         let group = SentinelGroup {
             nodes: vec![master, replica],
             sentinels,
@@ -373,17 +390,18 @@ impl SentinelGroup {
 /// One `redis-sentinel` process.
 pub struct Sentinel {
     pub port: u16,
+    password: Option<String>,
     dir: PathBuf,
     child: Option<Child>,
 }
 
 impl Sentinel {
-    fn start(master_port: u16) -> Sentinel {
+    fn start(master_port: u16, password: Option<&str>) -> Sentinel {
         let port = free_port();
         let dir = temp_dir();
         // A sentinel rewrites its config file: it must be its own, writable.
         let config = dir.join("sentinel.conf");
-        let text = format!(
+        let mut text = format!(
             "port {port}\nbind 127.0.0.1\ndir {dir}\n\
              sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {master_port} 2\n\
              sentinel auth-pass {SENTINEL_MASTER} {SENTINEL_PASSWORD}\n\
@@ -392,6 +410,11 @@ impl Sentinel {
              sentinel parallel-syncs {SENTINEL_MASTER} 1\n",
             dir = dir.display()
         );
+        if let Some(password) = password {
+            text.push_str(&format!(
+                "requirepass {password}\nsentinel sentinel-pass {password}\n"
+            ));
+        }
         std::fs::write(&config, text).expect("sentinel config");
         // The system's redis-sentinel when installed; redis-server in
         // sentinel mode is the same program.
@@ -417,6 +440,7 @@ impl Sentinel {
             .expect("redis-sentinel must be installed (scripts/test.sh installs it)");
         let sentinel = Sentinel {
             port,
+            password: password.map(String::from),
             dir,
             child: Some(child),
         };
@@ -430,7 +454,21 @@ impl Sentinel {
     }
 
     pub fn query<T: redis::FromRedisValue>(&self, args: &[&str]) -> Option<T> {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{}", self.port)).ok()?;
+        self.query_as(self.password.as_deref(), args)
+    }
+
+    /// As [`Sentinel::query`], without the sentinels' password.
+    pub fn query_without_password<T: redis::FromRedisValue>(&self, args: &[&str]) -> Option<T> {
+        self.query_as(None, args)
+    }
+
+    fn query_as<T: redis::FromRedisValue>(
+        &self,
+        password: Option<&str>,
+        args: &[&str],
+    ) -> Option<T> {
+        let auth = password.map_or(String::new(), |p| format!(":{p}@"));
+        let client = redis::Client::open(format!("redis://{auth}127.0.0.1:{}", self.port)).ok()?;
         let mut connection = client
             .get_connection_with_timeout(Duration::from_millis(500))
             .ok()?;

@@ -15,7 +15,9 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use log::{info, warn};
 use redis::aio::{ConnectionLike, ConnectionManager};
-use redis::{Cmd, ConnectionAddr, IntoConnectionInfo, Pipeline, RedisFuture, Value};
+use redis::{
+    Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisFuture, Value,
+};
 
 use super::scripted::connection_error;
 use super::settings::{RedisSettings, SentinelSettings};
@@ -213,7 +215,7 @@ async fn ask_sentinel(
 ) -> redis::RedisResult<(String, u16)> {
     let timed_out = || redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
     let ask = async {
-        let client = redis::Client::open(format!("redis://{node}"))?;
+        let client = sentinel_client(node, sentinel)?;
         let mut connection = client.get_multiplexed_async_connection().await?;
         let named: Option<(String, u16)> = redis::cmd("SENTINEL")
             .arg("GET-MASTER-ADDR-BY-NAME")
@@ -251,12 +253,25 @@ pub(super) fn master_client(
     host: &str,
     port: u16,
 ) -> redis::RedisResult<redis::Client> {
-    let mut info = ConnectionAddr::Tcp(host.to_string(), port).into_connection_info()?;
-    if let Some(password) = &sentinel.password {
-        let redis = info.redis_settings().clone().set_password(password);
-        info = info.set_redis_settings(redis);
+    let info = ConnectionAddr::Tcp(host.to_string(), port).into_connection_info()?;
+    redis::Client::open(with_password(info, sentinel.password.as_deref()))
+}
+
+/// A client of the sentinel at `node` ("host:port"), with the sentinels'
+/// own password: a sentinel's `requirepass` is not the master's.
+fn sentinel_client(node: &str, sentinel: &SentinelSettings) -> redis::RedisResult<redis::Client> {
+    let info = format!("redis://{node}").into_connection_info()?;
+    redis::Client::open(with_password(info, sentinel.sentinel_password.as_deref()))
+}
+
+fn with_password(info: ConnectionInfo, password: Option<&str>) -> ConnectionInfo {
+    match password {
+        Some(password) => {
+            let redis = info.redis_settings().clone().set_password(password);
+            info.set_redis_settings(redis)
+        }
+        None => info,
     }
-    redis::Client::open(info)
 }
 
 async fn manager(
@@ -275,14 +290,15 @@ async fn manager(
 /// when one is lost) while the connection it serves is in use.
 async fn watch_switches(followed: Weak<Followed>) {
     for attempt in 0usize.. {
-        let Some(node) = followed.upgrade().and_then(|f| {
+        let Some(client) = followed.upgrade().and_then(|f| {
             let nodes = &f.sentinel.nodes;
-            nodes.get(attempt % nodes.len().max(1)).cloned()
+            let node = nodes.get(attempt % nodes.len().max(1))?;
+            Some(sentinel_client(node, &f.sentinel))
         }) else {
             return;
         };
         let subscribed = async {
-            let client = redis::Client::open(format!("redis://{node}"))?;
+            let client = client?;
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe("+switch-master").await?;
             Ok::<_, redis::RedisError>(pubsub)

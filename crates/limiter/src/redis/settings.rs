@@ -35,6 +35,9 @@ pub struct SentinelSettings {
     pub nodes: Vec<String>,
     /// The master's password (`password_file`); its replicas share it.
     pub password: Option<String>,
+    /// The sentinels' own password (`sentinel_password_file`): their
+    /// `requirepass`, which is not the master's.
+    pub sentinel_password: Option<String>,
 }
 
 impl std::fmt::Debug for SentinelSettings {
@@ -43,6 +46,10 @@ impl std::fmt::Debug for SentinelSettings {
             .field("master", &self.master)
             .field("nodes", &self.nodes)
             .field("password", &self.password.as_ref().map(|_| "***"))
+            .field(
+                "sentinel_password",
+                &self.sentinel_password.as_ref().map(|_| "***"),
+            )
             .finish()
     }
 }
