@@ -216,9 +216,14 @@ fn a_master_killed_and_slots_moved_under_load_keep_the_limit_exact() {
         exact_after_reshard.iter().all(|n| (95..=100).contains(n)),
         "{exact_after_reshard:?} admitted once the slots moved"
     );
+    // Once per change and proxy, give or take the calls in flight at the
+    // kill (each retries a MOVED at most 3 times) and the connection made
+    // anew once the epoch moved: 18 in a run, where the breaker's probe
+    // closing on a cluster that was not whole and redis-rs's 16 retries
+    // made it 150 to 200 (once per 30 requests).
     assert!(
-        reads_in_failover < 300,
-        "the slot map was read {reads_in_failover} times in the failover: once per request?"
+        reads_in_failover <= 45,
+        "the slot map was read {reads_in_failover} times by 3 proxies in the failover"
     );
     let openings: Vec<usize> = proxies
         .iter()

@@ -19,6 +19,9 @@ pub enum LimiterError {
     #[cfg(feature = "redis")]
     #[error("Redis answered with an error: {0}")]
     Rejected(#[source] Arc<::redis::RedisError>),
+    #[cfg(feature = "redis")]
+    #[error("the Redis Cluster is not whole: {0}")]
+    ClusterNotWhole(Box<str>),
     #[error("the script's reply does not parse: {0:?}")]
     UnparsableReply(Box<str>),
     #[error("the script answered {values} values for {layers} layers")]

@@ -7,12 +7,14 @@
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use prometheus::Histogram;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
+use redis::Value;
 use smallvec::SmallVec;
 
 use super::scripted::{connection_error, install_tls_provider, Scripted, SlotOp};
@@ -52,16 +54,17 @@ impl Connect for ClusterConnection {
         // replica took over, every call for them failing until the breaker
         // decided beside Redis. So retries wait milliseconds, and a node
         // that refuses a few reconnects is dropped, which makes the next
-        // call for its slots read the slot map again. While the dead master
-        // is still listed each such call rereads it (147-199 reads by three
-        // proxies in a 4-5 s failover, against 15 with the defaults).
+        // call for its slots read the slot map again. Each retry of such a
+        // call rereads it, so retries are few (`RETRIES`), and the breaker
+        // keeps calls away until the cluster is whole again (`probe`).
         let timeout_ms = u64::try_from(settings.timeout.as_millis()).unwrap_or(u64::MAX);
         let mut builder = redis::cluster::ClusterClient::builder(nodes)
             .connection_timeout(settings.timeout)
             .min_retry_wait(RETRY_WAIT_MIN_MS)
             .max_retry_wait((timeout_ms / 4).max(RETRY_WAIT_MIN_MS + 1))
             .retry_wait_formula(RETRY_WAIT_FACTOR_MS, 2)
-            .max_connection_attempts(RECONNECTS_BEFORE_DROPPING_A_NODE);
+            .max_connection_attempts(RECONNECTS_BEFORE_DROPPING_A_NODE)
+            .retries(RETRIES);
         if let Some(certificates) = settings.tls_certificates() {
             builder = builder.certs(certificates);
         }
@@ -72,6 +75,12 @@ impl Connect for ClusterConnection {
             .map_err(connection_error)
     }
 }
+
+/// Retries of one call: a MOVED, an ASK and a reconnect. redis-rs's 16
+/// reread the slot map on each retry of a call for a dead master's slots
+/// (16 reads per proxy before its first call failed and the breaker
+/// opened, in tests/cluster_changes.rs).
+const RETRIES: u32 = 3;
 
 /// A retry's wait: at least this, then doubling from the factor.
 const RETRY_WAIT_MIN_MS: u64 = 5;
@@ -86,12 +95,38 @@ const RECONNECTS_BEFORE_DROPPING_A_NODE: NonZeroUsize = match NonZeroUsize::new(
 
 pub struct RedisCluster {
     scripted: Scripted<ClusterConnection>,
+    /// The cluster's epoch when the connection was last made anew by the
+    /// probe, and when (µs).
+    last_remap: Mutex<Option<(u64, u64)>>,
 }
+
+/// While the client misses a master and the cluster's epoch stays put, the
+/// probe makes the connection anew no more often than this.
+const REMAP_AT_LEAST_EVERY: Duration = Duration::from_secs(2);
 
 impl RedisCluster {
     pub fn new(settings: RedisSettings, clock: Arc<dyn Clock>) -> Self {
         RedisCluster {
             scripted: Scripted::new(settings, clock),
+            last_remap: Mutex::new(None),
+        }
+    }
+
+    /// Makes the connection anew (one slot-map read) when the cluster's
+    /// epoch moved since the last time, or that was long ago.
+    fn remap_if_stale(&self, epoch: Option<u64>) {
+        let now_us = self.scripted.clock.now_us();
+        let mut last = self.last_remap.lock().unwrap_or_else(|p| p.into_inner());
+        let moved = match (epoch, *last) {
+            (Some(epoch), Some((seen, _))) => epoch != seen,
+            _ => true,
+        };
+        let long_ago = last.is_none_or(|(_, at_us)| {
+            now_us.saturating_sub(at_us) >= REMAP_AT_LEAST_EVERY.as_micros() as u64
+        });
+        if moved || long_ago {
+            *last = Some((epoch.unwrap_or(0), now_us));
+            self.scripted.connection.forget();
         }
     }
 
@@ -237,27 +272,161 @@ impl Store for RedisCluster {
         Ok(self.scripted.slots(SlotOp::Release, slot).await?.0)
     }
 
-    /// The probe script on one key, and every master the slot map lists
-    /// answering: a probe of one slot alone closed the breaker while a
-    /// killed master's slots still led to it.
+    /// The breaker closes only on a whole cluster that this client sees
+    /// whole: the probe script answers on one key, `CLUSTER INFO` on a
+    /// master says every slot has a live master, and every master in the
+    /// client's slot map answers PING, as many as the cluster has.
+    ///
+    /// A probe of one slot alone, or a PING of the masters the client is
+    /// connected to, passed while a killed master's slots still led to
+    /// it (the client drops a node that refuses reconnects): the breaker
+    /// closed, every call for those slots reread the slot map and failed,
+    /// and it opened again, three times per proxy and about 50 slot-map
+    /// reads each in tests/cluster_changes.rs. Neither `CLUSTER INFO` nor
+    /// PING reads the slot map. Once the cluster has changed (its epoch
+    /// moved: a replica took over) while the client still misses a
+    /// master, its map is stale: the connection is made anew, one read.
+    /// A master that comes back without a failover moves no epoch, so the
+    /// client is also made anew at most every `REMAP_AT_LEAST_EVERY`.
     async fn probe(&self) -> Result<(), LimiterError> {
         self.scripted.probe().await?;
-        self.scripted
+        let (answered, info) = self
+            .scripted
             .within_deadline(|mut connection| async move {
-                let routing = RoutingInfo::MultiNode((
-                    MultipleNodeRoutingInfo::AllMasters,
-                    Some(ResponsePolicy::AllSucceeded),
-                ));
-                connection
+                let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                let pings = connection
                     .route_command(redis::cmd("PING"), routing)
                     .await
-                    .map(drop)
-                    .map_err(connection_error)
+                    .map_err(connection_error)?;
+                let mut info = redis::cmd("CLUSTER");
+                info.arg("INFO");
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary);
+                let info = connection
+                    .route_command(info, routing)
+                    .await
+                    .map_err(connection_error)?;
+                let info: String = redis::from_redis_value(info)
+                    .map_err(|e| LimiterError::UnparsableReply(e.to_string().into()))?;
+                Ok((pongs(&pings), info))
             })
-            .await
+            .await?;
+        if let Some(why) = not_whole(&info) {
+            return Err(LimiterError::ClusterNotWhole(why.into()));
+        }
+        let masters = field(&info, "cluster_size").and_then(|n| n.parse::<usize>().ok());
+        if masters.is_some_and(|masters| answered >= masters) {
+            return Ok(());
+        }
+        let epoch = field(&info, "cluster_current_epoch").and_then(|e| e.parse::<u64>().ok());
+        self.remap_if_stale(epoch);
+        Err(LimiterError::ClusterNotWhole(
+            format!(
+                "{answered} of {} masters answer this client",
+                masters.map_or("?".to_string(), |m| m.to_string())
+            )
+            .into(),
+        ))
     }
 
     fn deciding(&self) -> Deciding {
         Deciding::Redis
+    }
+}
+
+/// What `CLUSTER INFO` says is missing: a state other than ok, or slots
+/// whose master is failing or suspected of it (a master killed a moment ago
+/// is suspected first, then failed until its replica takes its slots).
+/// None when every slot has a live master.
+fn not_whole(cluster_info: &str) -> Option<String> {
+    let field = |name: &str| field(cluster_info, name);
+    if field("cluster_state") != Some("ok") {
+        return Some(format!(
+            "cluster_state is {}",
+            field("cluster_state").unwrap_or("missing")
+        ));
+    }
+    ["cluster_slots_fail", "cluster_slots_pfail"]
+        .into_iter()
+        .find_map(|name| match field(name) {
+            Some("0") => None,
+            Some(n) => Some(format!("{name} is {n}")),
+            None => Some(format!("{name} is missing")),
+        })
+}
+
+/// A field of `CLUSTER INFO`'s "name:value" lines.
+fn field<'a>(cluster_info: &'a str, name: &str) -> Option<&'a str> {
+    cluster_info
+        .lines()
+        .filter_map(|line| line.trim_end().split_once(':'))
+        .find(|(key, _)| *key == name)
+        .map(|(_, value)| value)
+}
+
+/// The masters that answered PONG to a PING sent to each (one entry per
+/// master the client's slot map lists and it has a connection to).
+fn pongs(replies: &Value) -> usize {
+    let pong = |v: &Value| match v {
+        Value::SimpleString(s) => s == "PONG",
+        Value::BulkString(b) => b == b"PONG",
+        _ => false,
+    };
+    match replies {
+        Value::Map(per_master) => per_master.iter().filter(|(_, v)| pong(v)).count(),
+        single => usize::from(pong(single)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{not_whole, pongs};
+    use redis::Value;
+
+    const WHOLE: &str = "cluster_state:ok\r\ncluster_slots_assigned:16384\r\ncluster_slots_ok:16384\r\ncluster_slots_pfail:0\r\ncluster_slots_fail:0\r\ncluster_known_nodes:6\r\n";
+
+    #[test]
+    fn a_cluster_is_whole_only_when_no_slot_has_a_failing_master() {
+        assert_eq!(not_whole(WHOLE), None);
+        let suspected = WHOLE.replace("cluster_slots_pfail:0", "cluster_slots_pfail:5461");
+        assert_eq!(
+            not_whole(&suspected).as_deref(),
+            Some("cluster_slots_pfail is 5461")
+        );
+        let failed = WHOLE
+            .replace("cluster_state:ok", "cluster_state:fail")
+            .replace("cluster_slots_fail:0", "cluster_slots_fail:5461");
+        assert_eq!(not_whole(&failed).as_deref(), Some("cluster_state is fail"));
+        // Without full coverage required, the state stays ok.
+        let partial = WHOLE.replace("cluster_slots_fail:0", "cluster_slots_fail:5461");
+        assert_eq!(
+            not_whole(&partial).as_deref(),
+            Some("cluster_slots_fail is 5461")
+        );
+        assert_eq!(
+            not_whole("cluster_state:ok\r\n").as_deref(),
+            Some("cluster_slots_fail is missing")
+        );
+    }
+
+    #[test]
+    fn only_a_pong_counts_as_a_master_answering() {
+        let address = |a: &str| Value::BulkString(a.as_bytes().to_vec());
+        let replies = Value::Map(vec![
+            (
+                address("127.0.0.1:7000"),
+                Value::SimpleString("PONG".into()),
+            ),
+            (
+                address("127.0.0.1:7001"),
+                Value::SimpleString("LOADING".into()),
+            ),
+            (
+                address("127.0.0.1:7002"),
+                Value::SimpleString("PONG".into()),
+            ),
+        ]);
+        assert_eq!(pongs(&replies), 2);
+        assert_eq!(pongs(&Value::SimpleString("PONG".into())), 1);
+        assert_eq!(pongs(&Value::Nil), 0);
     }
 }

@@ -61,6 +61,12 @@ impl<C: Connect> SharedConnection<C> {
         }
     }
 
+    /// Forgets the connection, whichever it is: the next call makes a new
+    /// one (for a client whose view of the servers is known to be stale).
+    pub(super) fn forget(&self) {
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
     fn read(&self) -> Option<(u64, C)> {
         self.current
             .read()
