@@ -22,7 +22,7 @@ pub(super) fn access_line(
     line.push_str("{\"time\":");
     json_string(&mut line, &now_rfc3339());
     line.push_str(",\"request_id\":");
-    json_string(&mut line, &ctx.request_id);
+    json_string(&mut line, ctx.request_id.as_str());
     match &ctx.client {
         Some(client) => {
             let _ = write!(

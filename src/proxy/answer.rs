@@ -52,27 +52,10 @@ pub(super) fn write_headers(h: &mut dyn HeaderEdit, headers: Vec<Header>) -> Res
 }
 
 pub(super) fn add_request_id(h: &mut dyn HeaderEdit, ctx: &RequestCtx) -> Result<()> {
-    if ctx.request_id.is_empty() {
-        return Ok(());
+    match ctx.request_id.header() {
+        Some(value) => h.insert(&ctx.runtime.upstream.settings().request_id_header, value),
+        None => Ok(()),
     }
-    let value = HeaderValue::from_str(&ctx.request_id)
-        .map_err(|_| Error::explain(ErrorType::InvalidHTTPHeader, "invalid request id"))?;
-    h.insert(
-        &ctx.runtime.upstream.settings().request_id_header,
-        never_indexed(value),
-    )
-}
-
-/// A value new on every answer, marked for HTTP/2 to send as never indexed
-/// (HTTP/1.1 ignores the mark). HPACK would otherwise store each one in the
-/// connection's 4 KiB table, never to use it again, evicting values that do
-/// repeat; and it compares each new value with every stored one of its
-/// name: about fifty request ids, a memcmp each, on every response. (What
-/// is left of a limit changes as often, but marking it cost more than it
-/// saved: its name, not in the table then, is written out in full.)
-fn never_indexed(mut value: HeaderValue) -> HeaderValue {
-    value.set_sensitive(true);
-    value
 }
 
 /// A gRPC call (`application/grpc`, `application/grpc+proto`, ...) over

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use pingora::proxy::Session;
 
+use super::request_id::RequestId;
 use super::slots::HeldSlots;
 use super::verdict::Verdict;
 use crate::algorithm::Decision;
@@ -19,7 +20,7 @@ use crate::state::{InFlight, Runtime};
 pub struct RequestCtx {
     pub(super) runtime: Arc<Runtime>,
     /// Kept from a trusted proxy or generated; every answer carries it.
-    pub(super) request_id: String,
+    pub(super) request_id: RequestId,
     /// Who asked, once identified: the upstream is told.
     pub(super) client: Option<Client>,
     /// The connection's head deadline (see `connection`).

@@ -8,11 +8,12 @@ use pingora::Result;
 
 use super::ctx::{peer_ip, RequestCtx};
 use super::header_edit::HeaderEdit;
+use super::request_id::RequestId;
 use crate::header_name::SpelledName;
 use crate::request_id;
 
 /// The request id a trusted proxy sent, if it is a plain one; else a new one.
-pub(super) fn request_id_of(session: &Session, ctx: &RequestCtx) -> String {
+pub(super) fn request_id_of(session: &Session, ctx: &RequestCtx) -> RequestId {
     let runtime = &ctx.runtime;
     let name = runtime.upstream.settings().request_id_header.name();
     // A proxy that adds its own id appends it: the last one is the proxy's.
@@ -30,9 +31,9 @@ pub(super) fn request_id_of(session: &Session, ctx: &RequestCtx) -> String {
                     .clients
                     .is_trusted(&crate::identity::normalize(peer_ip(session))) =>
         {
-            String::from_utf8_lossy(value.as_bytes()).into_owned()
+            RequestId::kept(value.clone())
         }
-        _ => request_id::generate(),
+        _ => RequestId::new(request_id::generate()),
     }
 }
 

@@ -27,6 +27,7 @@ use super::forwarding::{
 };
 use super::framing::{canonicalise_target, framing_problem, request_has_body};
 use super::header_edit::{edit_request, edit_response};
+use super::request_id::RequestId;
 use super::strikes;
 use super::verdict::{Outcome, Verdict};
 
@@ -349,7 +350,7 @@ impl Gateway {
         let enforced = verdict.enforced(false);
         if let Some(refused) = headers::refusing(&enforced) {
             let rejection =
-                headers::rejection(runtime.headers, &enforced, refused, &ctx.request_id);
+                headers::rejection(runtime.headers, &enforced, refused, ctx.request_id.as_str());
             let grpc_message = is_grpc(session).then(|| grpc_refusal(refused));
             verdict.decisive = Some(refused.position);
             verdict.refused = true;
@@ -438,7 +439,7 @@ impl Gateway {
         // its strike is in the store.
         strikes::strike(self.state.store.as_ref(), ctx).await;
         if let Some(verdict) = &ctx.verdict {
-            verdict.account(&ctx.runtime, ctx.client.as_ref(), &ctx.request_id);
+            verdict.account(&ctx.runtime, ctx.client.as_ref(), ctx.request_id.as_str());
             // The status page's board, kept only where there is a page.
             let refusing = verdict
                 .decisive
@@ -507,7 +508,7 @@ impl ProxyHttp for Gateway {
     fn new_ctx(&self) -> Self::CTX {
         RequestCtx {
             runtime: self.state.runtime.load_full(),
-            request_id: String::new(),
+            request_id: RequestId::none(),
             client: None,
             head_clock: None,
             stream_permit: None,
@@ -641,7 +642,9 @@ impl ProxyHttp for Gateway {
         let peer = crate::identity::normalize(peer_ip(session));
         let trusted = ctx.runtime.policy.clients.is_trusted(&peer);
         let http_1_0 = session.req_header().version == http::Version::HTTP_10;
-        edit_request(upstream_request, settings.preserve_header_case, |h| {
+        // Who asked (four headers), the request id, a Host.
+        let room = if settings.forwarded_headers { 6 } else { 2 };
+        edit_request(upstream_request, settings.preserve_header_case, room, |h| {
             strip_what_the_client_may_not_say(h, trusted, ctx);
             if settings.forwarded_headers {
                 tell_the_upstream_who_asked(session, h, ctx, peer)?;
@@ -691,7 +694,7 @@ impl ProxyHttp for Gateway {
         }
         let headers = std::mem::take(&mut ctx.rate_headers);
         let preserve_case = ctx.runtime.upstream.settings().preserve_header_case;
-        edit_response(upstream_response, preserve_case, |h| {
+        edit_response(upstream_response, preserve_case, headers.len() + 1, |h| {
             write_headers(h, headers)?;
             add_request_id(h, ctx)
         })

@@ -83,10 +83,14 @@ through_pingora!(RequestHeader);
 through_pingora!(ResponseHeader);
 
 /// Runs `edit` on the request's headers: through Pingora's API when
-/// `preserve_case`, else on its header map, the case map dropped.
+/// `preserve_case`, else on its header map, the case map dropped, with
+/// `room` for that many more headers made at once. (The map Pingora parsed
+/// is sized to the headers it holds: each header added past that grew it
+/// again, twice on a plain request.)
 pub(super) fn edit_request<R>(
     request: &mut RequestHeader,
     preserve_case: bool,
+    room: usize,
     edit: impl FnOnce(&mut dyn HeaderEdit) -> R,
 ) -> R {
     if preserve_case {
@@ -98,6 +102,8 @@ pub(super) fn edit_request<R>(
     let outside_uri = target_outside_uri(request);
     let end_stream = request.send_end_stream();
     let mut parts: http::request::Parts = std::mem::replace(request, empty_request()).into();
+    // Too many headers to make room for: the inserts themselves say so.
+    let _ = parts.headers.try_reserve(room);
     let result = edit(&mut parts.headers);
     *request = RequestHeader::from(parts);
     if let Some(target) = outside_uri {
@@ -115,6 +121,7 @@ pub(super) fn edit_request<R>(
 pub(super) fn edit_response<R>(
     response: &mut ResponseHeader,
     preserve_case: bool,
+    room: usize,
     edit: impl FnOnce(&mut dyn HeaderEdit) -> R,
 ) -> R {
     if preserve_case {
@@ -125,6 +132,7 @@ pub(super) fn edit_response<R>(
         .filter(|reason| Some(*reason) != response.status.canonical_reason())
         .map(str::to_owned);
     let mut parts: http::response::Parts = std::mem::replace(response, empty_response()).into();
+    let _ = parts.headers.try_reserve(room);
     let result = edit(&mut parts.headers);
     *response = ResponseHeader::from(parts);
     if reason.is_some() {
@@ -198,7 +206,7 @@ mod tests {
     #[test]
     fn without_case_the_edit_lands_and_names_are_written_in_lower_case() {
         let mut request = client_request(b"/a?b=c");
-        edit_request(&mut request, false, |h| {
+        edit_request(&mut request, false, 1, |h| {
             h.insert(&X_ONE, HeaderValue::from_static("1"))
         })
         .expect("inserted");
@@ -210,7 +218,7 @@ mod tests {
     #[test]
     fn preserving_case_keeps_every_spelling() {
         let mut request = client_request(b"/");
-        edit_request(&mut request, true, |h| {
+        edit_request(&mut request, true, 1, |h| {
             h.insert(&X_ONE, HeaderValue::from_static("1"))
         })
         .expect("inserted");
@@ -222,7 +230,7 @@ mod tests {
         for target in [&b"http://api.example/a?b"[..], b"/caf\xe9"] {
             let mut request = client_request(target);
             let before = request.raw_path().to_vec();
-            edit_request(&mut request, false, |h| {
+            edit_request(&mut request, false, 1, |h| {
                 h.remove(&HeaderName::from_static("x-one"))
             });
             assert_eq!(request.raw_path(), before.as_slice());
@@ -237,7 +245,7 @@ mod tests {
     fn a_response_keeps_its_own_reason_phrase_and_its_status() {
         let mut response = ResponseHeader::build(299, None).expect("a response");
         response.set_reason_phrase(Some("Fine")).expect("a reason");
-        edit_response(&mut response, false, |h| {
+        edit_response(&mut response, false, 1, |h| {
             h.insert(&X_ONE, HeaderValue::from_static("1"))
         })
         .expect("inserted");
