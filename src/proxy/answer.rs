@@ -22,7 +22,7 @@ pub(super) async fn respond(
     body: String,
 ) -> Result<()> {
     let preserve_case = ctx.runtime.upstream.settings().preserve_header_case;
-    let header = own_response(status, headers.len() + 2, preserve_case, |h| {
+    let header = own_response(status, headers.len() + OWN_HEADERS, preserve_case, |h| {
         write_headers(h, headers)?;
         h.insert(&CONTENT_LENGTH, HeaderValue::from(body.len()))?;
         add_request_id(h, ctx)
@@ -37,6 +37,11 @@ pub(super) async fn respond(
         .write_response_body(Some(Bytes::from(body)), true)
         .await
 }
+
+/// Headers an answer of floodgate's own carries beside those it is given:
+/// Content-Length (or Content-Type) and the request id, then Date and
+/// Connection, which Pingora adds as it writes the head.
+const OWN_HEADERS: usize = 4;
 
 static CONTENT_LENGTH: SpelledName = SpelledName::from_static("content-length", "Content-Length");
 
@@ -91,7 +96,7 @@ pub(super) async fn respond_grpc(
     headers: Vec<Header>,
 ) -> Result<()> {
     // HTTP/2 writes names in lower case: no case map to keep.
-    let header = own_response(200, headers.len() + 2, false, |h| {
+    let header = own_response(200, headers.len() + OWN_HEADERS, false, |h| {
         h.insert(&CONTENT_TYPE, HeaderValue::from_static("application/grpc"))?;
         write_headers(h, headers)?;
         add_request_id(h, ctx)

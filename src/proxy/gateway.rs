@@ -694,7 +694,8 @@ impl ProxyHttp for Gateway {
         }
         let headers = std::mem::take(&mut ctx.rate_headers);
         let preserve_case = ctx.runtime.upstream.settings().preserve_header_case;
-        edit_response(upstream_response, preserve_case, headers.len() + 1, |h| {
+        // And the request id; then Pingora's Date and Connection on the way out.
+        edit_response(upstream_response, preserve_case, headers.len() + 3, |h| {
             write_headers(h, headers)?;
             add_request_id(h, ctx)
         })
