@@ -4,9 +4,15 @@
 //! floodgate so that what floodgate adds per request is its own cost, not the
 //! stack's.
 //!
-//!   cargo run --release --example bare_proxy -- LISTEN UPSTREAM [THREADS] [refuse] [tls ADDR CERT KEY]
+//!   cargo run --release --example bare_proxy -- LISTEN UPSTREAM [THREADS] [refuse | gateway] [tls ADDR CERT KEY]
 //!   e.g. bare_proxy 127.0.0.1:18009 127.0.0.1:18000 1
 //!
+//! With `gateway`, it also does the upstream work floodgate does by default,
+//! written with Pingora's own API as its users would: the upstream's connect
+//! (1 s) and read (30 s) timeouts, X-Forwarded-For, X-Real-IP,
+//! X-Forwarded-Proto and X-Forwarded-Host to the upstream, and a request id
+//! (32 hex digits) to the upstream and in the answer. The floor of a gateway
+//! rather than of a forwarder.
 //! With `refuse`, every request is answered 429 from `request_filter`, with
 //! no body and no headers but those Pingora writes: the floor of a refusal.
 //! With `tls`, it also terminates TLS on ADDR (h2 and http/1.1 by ALPN) with
@@ -24,19 +30,29 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Forward {
     upstream: String,
     refuse: bool,
+    gateway: bool,
 }
+
+static REQUESTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 #[async_trait]
 impl ProxyHttp for Forward {
-    type CTX = ();
+    /// The request id (`gateway`).
+    type CTX = String;
 
-    fn new_ctx(&self) {}
+    fn new_ctx(&self) -> String {
+        String::new()
+    }
 
     // As floodgate: no downstream modules (Pingora's default adds a disabled
     // compression module to every request).
     fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
 
-    async fn request_filter(&self, session: &mut Session, _ctx: &mut ()) -> Result<bool> {
+    async fn request_filter(&self, session: &mut Session, ctx: &mut String) -> Result<bool> {
+        if self.gateway {
+            let n = REQUESTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            *ctx = format!("{:032x}", u128::from(n).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        }
         if !self.refuse {
             return Ok(false);
         }
@@ -48,17 +64,58 @@ impl ProxyHttp for Forward {
         Ok(true)
     }
 
-    async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> Result<Box<HttpPeer>> {
-        Ok(Box::new(HttpPeer::new(
-            self.upstream.as_str(),
-            false,
-            String::new(),
-        )))
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        _ctx: &mut String,
+    ) -> Result<Box<HttpPeer>> {
+        let mut peer = HttpPeer::new(self.upstream.as_str(), false, String::new());
+        if self.gateway {
+            peer.options.connection_timeout = Some(std::time::Duration::from_secs(1));
+            peer.options.total_connection_timeout = Some(std::time::Duration::from_secs(1));
+            peer.options.read_timeout = Some(std::time::Duration::from_secs(30));
+        }
+        Ok(Box::new(peer))
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream_request: &mut pingora::http::RequestHeader,
+        ctx: &mut String,
+    ) -> Result<()> {
+        if !self.gateway {
+            return Ok(());
+        }
+        let client = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip().to_string())
+            .unwrap_or_default();
+        upstream_request.insert_header("X-Forwarded-For", &client)?;
+        upstream_request.insert_header("X-Real-IP", &client)?;
+        upstream_request.insert_header("X-Forwarded-Proto", "http")?;
+        if let Some(host) = session.req_header().headers.get("host").cloned() {
+            upstream_request.insert_header("X-Forwarded-Host", host)?;
+        }
+        upstream_request.insert_header("X-Request-Id", ctx.as_str())
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        upstream_response: &mut pingora::http::ResponseHeader,
+        ctx: &mut String,
+    ) -> Result<()> {
+        if self.gateway {
+            upstream_response.insert_header("X-Request-Id", ctx.as_str())?;
+        }
+        Ok(())
     }
 }
 
 fn usage() -> ! {
-    eprintln!("usage: bare_proxy LISTEN UPSTREAM [THREADS] [refuse] [tls ADDR CERT KEY]");
+    eprintln!("usage: bare_proxy LISTEN UPSTREAM [THREADS] [refuse | gateway] [tls ADDR CERT KEY]");
     std::process::exit(2);
 }
 
@@ -69,10 +126,12 @@ fn main() {
     };
     let mut threads = 1;
     let mut refuse = false;
+    let mut gateway = false;
     let mut tls = None;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "refuse" => refuse = true,
+            "gateway" => gateway = true,
             "tls" => match (args.next(), args.next(), args.next()) {
                 (Some(addr), Some(cert), Some(key)) => tls = Some((addr, cert, key)),
                 _ => usage(),
@@ -92,7 +151,14 @@ fn main() {
     };
     let mut server = Server::new_with_opt_and_conf(Opt::default(), conf);
     server.bootstrap();
-    let mut proxy = http_proxy_service(&server.configuration, Forward { upstream, refuse });
+    let mut proxy = http_proxy_service(
+        &server.configuration,
+        Forward {
+            upstream,
+            refuse,
+            gateway,
+        },
+    );
     proxy.add_tcp(&listen);
     if let Some((addr, cert, key)) = tls {
         let mut settings = match TlsSettings::intermediate(&cert, &key) {

@@ -9,7 +9,9 @@
 #
 # With no binary, builds `--profile profiling` and counts it; give two to
 # count a previous build beside this one (same run). The bare Pingora proxy
-# (examples/bare_proxy.rs, same profile) is counted first: the floor.
+# (examples/bare_proxy.rs, same profile) is counted first: the floor; then
+# the same proxy doing the upstream work floodgate does by default (timeouts,
+# forwarded headers, a request id) with Pingora's API: a gateway's floor.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REQUESTS="${REQUESTS:-2000}"
@@ -70,6 +72,7 @@ export RUST_LOG=warn
 
 echo "instructions per request, $REQUESTS requests over 8 connections, one worker"
 count "bare Pingora proxy" "$BARE" "127.0.0.1:$PROXY_PORT" "127.0.0.1:$UP" 1
+count "bare Pingora gateway" "$BARE" "127.0.0.1:$PROXY_PORT" "127.0.0.1:$UP" 1 gateway
 count "bare Pingora proxy, refusing" "$BARE" "127.0.0.1:$PROXY_PORT" "127.0.0.1:$UP" 1 refuse
 for binary in "${BINARIES[@]}"; do
   name="$(basename "$binary")"

@@ -199,7 +199,7 @@ nginx_case() {
   fi
   stop case
 }
-bare_case() { # section label threads [oha flags] [refuse]
+bare_case() { # section label threads [oha flags] [refuse | gateway]
   start case "$BARE" "127.0.0.1:$PROXY_PORT" "127.0.0.1:$UP" "$3" ${5:-}; wait_port $PROXY_PORT
   measure "$1" "$2" "$URL" "${4:-}" "${PID_OF[case]}"
   stop case
@@ -236,6 +236,7 @@ if has main; then
   nginx_case main "nginx reverse proxy" 1 "$PROXY" ""
   nginx_case main "nginx limit_req, admitting" 1 "$ADMIT" "$ADMIT_ZONE"
   bare_case main "bare Pingora proxy" 1
+  bare_case main "bare Pingora gateway" 1 "" gateway
   fg_case main "floodgate, no limits" 1 ""
   fg_case main "floodgate memory, admitting" 1 "$NEVER"
   fg_case main "floodgate redis, admitting" 1 "$REDIS_TABLE
@@ -421,6 +422,7 @@ def rps(section, label): return val(section, label, 2)
 print("\nTargets, in this run:")
 if ("main", "floodgate, no limits") in by:
     print(f"  no limits, CPU/req over the bare proxy's      {cpu('main', 'floodgate, no limits') / cpu('main', 'bare Pingora proxy'):.2f} (<= 1.10)")
+    print(f"  no limits, CPU/req over the bare gateway's    {cpu('main', 'floodgate, no limits') / cpu('main', 'bare Pingora gateway'):.2f} (the same upstream work: timeouts, forwarded headers, request id)")
     print(f"  memory admitting, CPU/req over no limits'     {cpu('main', 'floodgate memory, admitting') / cpu('main', 'floodgate, no limits'):.2f} (<= 1.05)")
     print(f"  memory admitting, × nginx limit_req (1 worker) {rps('main', 'floodgate memory, admitting') / rps('main', 'nginx limit_req, admitting'):.2f} (>= 0.75)")
     print(f"  refusing, × nginx refusing (keep-alive)       {rps('main', 'floodgate memory, refusing') / rps('main', 'nginx limit_req, refusing'):.2f} (>= 1.0)")
