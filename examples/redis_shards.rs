@@ -4,7 +4,8 @@
 //! against each). Through floodgate's own cluster store it makes the same
 //! decisions (token bucket, 1 and 3 layers, leases off: the case that costs
 //! Redis most per request; 10,000 clients spread over the slots, far from
-//! their limits, 256 at a time) and prints one table row per case: decisions
+//! their limits, 256 at a time; then one hot client alone, whose decisions
+//! share its slot's script runs) and prints one table row per case: decisions
 //! a second, what the masters spent per decision in all (`INFO
 //! commandstats`), the busiest master's share of it, and the CPU the client
 //! process spent per decision (`/proc/self/stat`), which on a small machine
@@ -23,7 +24,6 @@ use floodgate::limiter::{
 
 const DECISIONS: usize = 60_000;
 const AT_ONCE: usize = 256;
-const CLIENTS: u128 = 10_000;
 
 fn layers(count: usize, client: u128) -> Vec<Check> {
     let algorithm = Algorithm::token_bucket(1 << 20, 1_000).expect("valid");
@@ -105,7 +105,7 @@ fn main() {
         tls_ca: None,
         leases: None,
     };
-    for count in [1, 3] {
+    for (count, clients) in [(1, 10_000u128), (3, 10_000), (1, 1)] {
         let store: Arc<dyn Store> =
             Arc::new(RedisCluster::new(settings.clone(), Arc::new(SystemClock)));
         // The slot map read and the script loaded on every master: not counted.
@@ -131,7 +131,7 @@ fn main() {
                 let store = store.clone();
                 tasks.push(tokio::spawn(async move {
                     for i in (worker..DECISIONS).step_by(AT_ONCE) {
-                        let client = (i as u128) % CLIENTS + 1;
+                        let client = (i as u128) % clients + 1;
                         let decided = store
                             .decide(&layers(count, client))
                             .await
@@ -150,7 +150,7 @@ fn main() {
         let total: f64 = per_master.iter().sum();
         let busiest = per_master.iter().cloned().fold(0.0, f64::max);
         println!(
-            "| {} | {count} | {:.0} | {:.2} | {:.2} | {:.1} |",
+            "| {} | {count} | {clients} | {:.0} | {:.2} | {:.2} | {:.1} |",
             urls.len(),
             DECISIONS as f64 / elapsed,
             total / DECISIONS as f64,

@@ -3,7 +3,8 @@
 # and 3 masters on loopback (no replicas, no persistence; the slots split
 # evenly with CLUSTER ADDSLOTSRANGE, as redis-cli --cluster create will not
 # make fewer than 3), runs examples/redis_shards.rs against each and prints
-# one table. Bounded: 60,000 decisions per row; every server stopped at the end.
+# one table. SHARDS_BEFORE=path runs another build of the example on the same
+# clusters too, its rows after each of this build's. Bounded: 60,000 decisions per row; every server stopped at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FLOODGATE_NEEDS_REDIS=1 source scripts/setup.sh
@@ -59,13 +60,16 @@ cluster_of() { # masters: starts them and assigns the slots; their ports in PORT
   echo "the cluster of $n did not form" >&2; exit 1
 }
 
-echo "| masters | layers | decisions/s | Redis µs per decision, all masters | busiest master's share | client CPU µs per decision |"
-echo "|---|---|---|---|---|---|"
+echo "| masters | layers | clients | decisions/s | Redis µs per decision, all masters | busiest master's share | client CPU µs per decision |"
+echo "|---|---|---|---|---|---|---|"
 for n in 1 2 3; do
   started=${#PIDS[@]}
   cluster_of "$n"
   urls=()
   for port in "${PORTS[@]}"; do urls+=("redis://127.0.0.1:$port"); done
   "$SHARDS" "${urls[@]}"
+  if [ -n "${SHARDS_BEFORE:-}" ]; then
+    "$SHARDS_BEFORE" "${urls[@]}" | sed 's/^| /| before: /'
+  fi
   for pid in "${PIDS[@]:$started}"; do kill "$pid" 2>/dev/null || true; done
 done

@@ -475,3 +475,103 @@ fn concurrent_decisions_share_one_script_run() {
     assert_eq!(remaining, (0..20).rev().collect::<Vec<u64>>());
     assert!(redis.calls("evalsha") <= 2, "{}", redis.calls("evalsha"));
 }
+
+/// On a cluster too, decisions requested together share a script run when
+/// their keys share a slot: 50 requests of one client cost its master two
+/// runs (the first request's, alone, and one for the 49 that came while it
+/// ran) and stay exact; 300 clients
+/// decided at once, spread over every master, each get exactly their
+/// budget, and no run mixes slots (Redis would refuse it: CROSSSLOT).
+#[test]
+fn cluster_decisions_requested_together_share_a_run_per_slot() {
+    use std::sync::Arc;
+
+    use floodgate::algorithm::Algorithm;
+    use floodgate::clock::SystemClock;
+    use floodgate::limiter::redis::{InstanceCount, Topology};
+    use floodgate::limiter::StateKey;
+    use floodgate::limiter::{
+        Check, ClockSource, LimitName, OnFailure, RedisCluster as ClusterStore, RedisSettings,
+        Store,
+    };
+
+    let cluster = RedisCluster::start();
+    let limiter = ClusterStore::new(
+        RedisSettings {
+            topology: Topology::Cluster(cluster.urls()),
+            timeout: Duration::from_secs(5),
+            clock: ClockSource::Redis,
+            key_prefix: "together".into(),
+            on_failure: OnFailure::Deny,
+            instances: InstanceCount::Fixed(1),
+            tls_ca: None,
+            leases: None,
+        },
+        Arc::new(SystemClock),
+    );
+    let check = |identity: u128, capacity: u64| Check {
+        limit: floodgate::limiter::LimitId(0),
+        name: LimitName::new("per-client"),
+        algorithm: Algorithm::fixed_window(capacity, 3_600_000_000).expect("valid numbers"),
+        key: StateKey { limit: 0, identity },
+        cost: 1,
+        shadow: false,
+        peek: false,
+        on_failure: OnFailure::Deny,
+        lease: false,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let script_runs = || -> u64 {
+        cluster
+            .nodes
+            .iter()
+            .map(|n| n.calls("evalsha") + n.calls("eval"))
+            .sum()
+    };
+    // The slot map read and the script loaded on every master: not counted.
+    for identity in 0..64 {
+        runtime
+            .block_on(limiter.decide(&[check(identity, 20)]))
+            .expect("warm-up decision");
+    }
+    for node in &cluster.nodes {
+        let _: String = node.cmd(&["CONFIG", "RESETSTAT"]);
+    }
+
+    let one_client = vec![vec![check(1 << 100, 20)]; 50];
+    // On one thread, all 50 are queued before the batch task first runs.
+    let decided = runtime.block_on(futures_util::future::join_all(
+        one_client.iter().map(|checks| limiter.decide(checks)),
+    ));
+    let admitted = decided
+        .iter()
+        .filter(|d| d.as_ref().expect("decided")[0].allowed())
+        .count();
+    assert_eq!(admitted, 20);
+    assert!(script_runs() <= 2, "{} runs", script_runs());
+
+    let clients: Vec<Vec<Check>> = (0..300u128)
+        .flat_map(|c| std::iter::repeat_n(vec![check(1_000 + c * 7_919, 2)], 3))
+        .collect();
+    let before = script_runs();
+    let decided = runtime.block_on(futures_util::future::join_all(
+        clients.iter().map(|checks| limiter.decide(checks)),
+    ));
+    for (i, chunk) in decided.chunks(3).enumerate() {
+        let allowed: Vec<bool> = chunk
+            .iter()
+            .map(|d| d.as_ref().expect("decided without CROSSSLOT")[0].allowed())
+            .collect();
+        assert_eq!(allowed, vec![true, true, false], "client {i}");
+    }
+    let runs = script_runs() - before;
+    assert!(runs < 900, "{runs} runs for 900 decisions");
+    let per_node: Vec<usize> = cluster.keys_per_node().iter().map(|k| k.len()).collect();
+    assert!(
+        per_node.iter().all(|&n| n > 50),
+        "spread over every master: {per_node:?}"
+    );
+}

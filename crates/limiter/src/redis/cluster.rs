@@ -4,10 +4,17 @@
 //! All-or-nothing then holds within a group only: when layers keyed by
 //! different identities (say per-ip and per-account) disagree, the
 //! admitting group has been charged although the request is refused.
+//! A group whose slot already has a decision in progress waits for the next
+//! run of that slot's queue (`batch`), with whatever else arrives meanwhile:
+//! a hot key (one client, a global limit) costs its master one run per batch
+//! rather than one per request. A group alone on its slot runs at once: a
+//! trip through a queue's task cost the client twice the CPU per decision
+//! when keys are spread (scripts/redis_shards.sh).
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -17,7 +24,12 @@ use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRou
 use redis::Value;
 use smallvec::SmallVec;
 
-use super::scripted::{connection_error, install_tls_provider, Scripted, SlotOp};
+use pingora_timeout::fast_timeout::fast_timeout;
+
+use super::batch::BatchQueue;
+use super::scripted::{
+    connection_error, install_tls_provider, Decided, ScriptLayer, Scripted, SlotOp,
+};
 use super::settings::{RedisSettings, Topology};
 use super::shared_connection::Connect;
 use crate::check::{Check, LeaseAsk, Slot};
@@ -93,8 +105,76 @@ const RECONNECTS_BEFORE_DROPPING_A_NODE: NonZeroUsize = match NonZeroUsize::new(
     None => unreachable!(),
 };
 
+/// A decision counted on its slot for as long as it is in progress (one
+/// whose caller gave up included).
+struct InProgress<'a> {
+    count: &'a AtomicU32,
+    alone: bool,
+}
+
+impl<'a> InProgress<'a> {
+    fn on(count: &'a AtomicU32) -> Self {
+        let alone = count.fetch_add(1, Ordering::AcqRel) == 0;
+        InProgress { count, alone }
+    }
+}
+
+impl Drop for InProgress<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Redis Cluster's hash slots.
+const SLOTS: usize = 16_384;
+
+/// The slot of every key of `identity`: its hash tag is the identity's 32
+/// hex digits (`Scripted::key_of`; prefixes and names hold no braces), and
+/// a key's slot is CRC16 (XMODEM) of its tag, modulo 16384.
+fn slot_of(identity: u128) -> usize {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut tag = [0u8; 32];
+    for (i, digit) in tag.iter_mut().enumerate() {
+        *digit = HEX[((identity >> ((31 - i) * 4)) & 0xf) as usize];
+    }
+    usize::from(crc16(&tag)) % SLOTS
+}
+
+fn crc16(bytes: &[u8]) -> u16 {
+    bytes.iter().fold(0u16, |crc, &b| {
+        (crc << 8) ^ CRC16_TABLE[usize::from((crc >> 8) as u8 ^ b)]
+    })
+}
+
+/// CRC16-XMODEM (polynomial 0x1021), a byte at a time.
+const CRC16_TABLE: [u16; 256] = {
+    let mut table = [0u16; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        let mut crc = (byte as u16) << 8;
+        let mut bit = 0;
+        while bit < 8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+            bit += 1;
+        }
+        table[byte] = crc;
+        byte += 1;
+    }
+    table
+};
+
 pub struct RedisCluster {
-    scripted: Scripted<ClusterConnection>,
+    scripted: Arc<Scripted<ClusterConnection>>,
+    /// One batch queue per hash slot, started on first use (on the proxy's
+    /// runtime): a script run may only touch one slot's keys.
+    queues: Box<[OnceLock<BatchQueue<ScriptLayer, Decided>>]>,
+    /// Decisions in progress per slot: one alone runs at once, the others
+    /// go through the slot's queue.
+    deciding: Box<[AtomicU32]>,
     /// The cluster's epoch when the connection was last made anew by the
     /// probe, and when (µs).
     last_remap: Mutex<Option<(u64, u64)>>,
@@ -107,7 +187,9 @@ const REMAP_AT_LEAST_EVERY: Duration = Duration::from_secs(2);
 impl RedisCluster {
     pub fn new(settings: RedisSettings, clock: Arc<dyn Clock>) -> Self {
         RedisCluster {
-            scripted: Scripted::new(settings, clock),
+            scripted: Arc::new(Scripted::new(settings, clock)),
+            queues: (0..SLOTS).map(|_| OnceLock::new()).collect(),
+            deciding: (0..SLOTS).map(|_| AtomicU32::new(0)).collect(),
             last_remap: Mutex::new(None),
         }
     }
@@ -132,8 +214,37 @@ impl RedisCluster {
 
     /// Also times every call in `histogram`.
     pub fn with_call_timer(mut self, histogram: Histogram) -> Self {
-        self.scripted.call_seconds = Some(histogram);
+        // Before the first call nothing else holds the script state.
+        if let Some(scripted) = Arc::get_mut(&mut self.scripted) {
+            scripted.call_seconds = Some(histogram);
+        }
         self
+    }
+
+    /// Decides one identity's layers: at once when nothing else is being
+    /// decided on their slot, else in the next script run of the slot's
+    /// queue.
+    async fn on_slot(
+        &self,
+        identity: u128,
+        layers: Vec<ScriptLayer>,
+    ) -> Result<Decided, LimiterError> {
+        let slot = slot_of(identity);
+        let deciding = InProgress::on(&self.deciding[slot]);
+        if deciding.alone {
+            let scripted = &self.scripted;
+            return scripted
+                .within_deadline(|mut connection| async move {
+                    let mut decided = scripted.run(&mut connection, &[&layers]).await?;
+                    decided.pop().ok_or(LimiterError::WrongReplyLength {
+                        values: 0,
+                        layers: layers.len(),
+                    })
+                })
+                .await;
+        }
+        let queue = self.queues[slot].get_or_init(|| BatchQueue::start(self.scripted.clone()));
+        queue.decide(layers).await
     }
 
     /// One script run per identity's group of layers, the groups
@@ -148,36 +259,32 @@ impl RedisCluster {
             groups.entry(check.key.identity).or_default().push(i);
         }
         let scripted = &self.scripted;
-        let groups = &groups;
         let _timer = scripted.call_timer();
-        scripted
-            .within_deadline(|connection| async move {
-                let calls = groups.values().map(|indices| {
-                    let mut connection = connection.clone();
-                    let layers = scripted.layers(indices.iter().map(|&i| &checks[i]), peek);
-                    async move {
-                        let mut decided = scripted.run(&mut connection, &[&layers]).await?;
-                        Ok::<_, LimiterError>(decided.pop().unwrap_or_default().0)
-                    }
-                });
-                let results = futures_util::future::join_all(calls).await;
-                let mut decisions = vec![None; checks.len()];
-                for (indices, result) in groups.values().zip(results) {
-                    for (&i, d) in indices.iter().zip(result?) {
-                        decisions[i] = Some(d);
-                    }
-                }
-                decisions
-                    .into_iter()
-                    .map(|d| {
-                        d.ok_or(LimiterError::WrongReplyLength {
-                            values: 0,
-                            layers: 1,
-                        })
-                    })
-                    .collect()
-            })
+        // The request's own deadline covers the wait for a place in a run
+        // as well as the run.
+        let deadline = scripted.settings.timeout;
+        let calls = groups.iter().map(|(&identity, indices)| {
+            let layers = scripted.layers(indices.iter().map(|&i| &checks[i]), peek);
+            self.on_slot(identity, layers)
+        });
+        let results = fast_timeout(deadline, futures_util::future::join_all(calls))
             .await
+            .map_err(|_| LimiterError::Timeout(deadline))?;
+        let mut decisions = vec![None; checks.len()];
+        for (indices, result) in groups.values().zip(results) {
+            for (&i, d) in indices.iter().zip(result?.0) {
+                decisions[i] = Some(d);
+            }
+        }
+        decisions
+            .into_iter()
+            .map(|d| {
+                d.ok_or(LimiterError::WrongReplyLength {
+                    values: 0,
+                    layers: 1,
+                })
+            })
+            .collect()
     }
 }
 
@@ -379,7 +486,7 @@ fn pongs(replies: &Value) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{not_whole, pongs};
+    use super::{crc16, not_whole, pongs, slot_of, SLOTS};
     use redis::Value;
 
     const WHOLE: &str = "cluster_state:ok\r\ncluster_slots_assigned:16384\r\ncluster_slots_ok:16384\r\ncluster_slots_pfail:0\r\ncluster_slots_fail:0\r\ncluster_known_nodes:6\r\n";
@@ -428,5 +535,18 @@ mod tests {
         assert_eq!(pongs(&replies), 2);
         assert_eq!(pongs(&Value::SimpleString("PONG".into())), 1);
         assert_eq!(pongs(&Value::Nil), 0);
+    }
+
+    #[test]
+    fn slots_are_redis_cluster_slots() {
+        // The CRC16 check value, and slots from the Redis Cluster docs.
+        assert_eq!(crc16(b"123456789"), 0x31c3);
+        assert_eq!(usize::from(crc16(b"somekey")) % SLOTS, 11_058);
+        assert_eq!(usize::from(crc16(b"foo")) % SLOTS, 12_182);
+        let identity = 0x0123_4567_89ab_cdef_fedc_ba98_7654_3210_u128;
+        assert_eq!(
+            slot_of(identity),
+            usize::from(crc16(format!("{identity:032x}").as_bytes())) % SLOTS
+        );
     }
 }

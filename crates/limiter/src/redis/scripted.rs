@@ -8,6 +8,7 @@ use prometheus::Histogram;
 use redis::Script;
 use smallvec::SmallVec;
 
+use super::batch::RunBatch;
 use super::settings::{ClockSource, RedisSettings};
 use super::shared_connection::{Connect, SharedConnection};
 use crate::check::{Check, LeaseAsk, LimitName, Slot, StateKey};
@@ -102,6 +103,21 @@ pub(super) struct Scripted<C> {
     pub(super) connection: SharedConnection<C>,
     turns: Option<tokio::sync::Semaphore>,
     pub(super) call_seconds: Option<Histogram>,
+}
+
+/// One script run per batch of requests, within the deadline: every key of
+/// a batch in one slot on a cluster (`cluster::slot_of`).
+#[async_trait::async_trait]
+impl<C: Connect> RunBatch for Scripted<C> {
+    type Layer = ScriptLayer;
+    type Decided = Decided;
+
+    async fn run_batch(&self, requests: &[&[ScriptLayer]]) -> Result<Vec<Decided>, LimiterError> {
+        self.within_deadline(
+            |mut connection| async move { self.run(&mut connection, requests).await },
+        )
+        .await
+    }
 }
 
 static STALLED_LINES: crate::log_throttle::LogThrottle =

@@ -89,20 +89,6 @@ impl ConnectionLike for NodeConnection {
     }
 }
 
-/// One script run per batch of requests, within the deadline.
-#[async_trait]
-impl RunBatch for Scripted<NodeConnection> {
-    type Layer = ScriptLayer;
-    type Decided = Decided;
-
-    async fn run_batch(&self, requests: &[&[ScriptLayer]]) -> Result<Vec<Decided>, LimiterError> {
-        self.within_deadline(
-            |mut connection| async move { self.run(&mut connection, requests).await },
-        )
-        .await
-    }
-}
-
 pub struct RedisStandalone {
     scripted: Arc<Scripted<NodeConnection>>,
     /// Started on first use, on the proxy's runtime.
