@@ -479,7 +479,7 @@ fn concurrent_decisions_share_one_script_run() {
 /// On a cluster too, decisions requested together share a script run when
 /// their keys share a slot: 50 requests of one client cost its master two
 /// runs (the first request's, alone, and one for the 49 that came while it
-/// ran) and stay exact; 300 clients
+/// ran) and stay exact; 300 clients, three requests each,
 /// decided at once, spread over every master, each get exactly their
 /// budget, and no run mixes slots (Redis would refuse it: CROSSSLOT).
 #[test]
@@ -561,14 +561,16 @@ fn cluster_decisions_requested_together_share_a_run_per_slot() {
         clients.iter().map(|checks| limiter.decide(checks)),
     ));
     for (i, chunk) in decided.chunks(3).enumerate() {
-        let allowed: Vec<bool> = chunk
+        let allowed = chunk
             .iter()
-            .map(|d| d.as_ref().expect("decided without CROSSSLOT")[0].allowed())
-            .collect();
-        assert_eq!(allowed, vec![true, true, false], "client {i}");
+            .filter(|d| d.as_ref().expect("decided without CROSSSLOT")[0].allowed())
+            .count();
+        assert_eq!(allowed, 2, "client {i}");
     }
     let runs = script_runs() - before;
-    assert!(runs < 900, "{runs} runs for 900 decisions");
+    // One run for each client's first request, alone on its slot, and one
+    // per slot for the two that came while it was in progress.
+    assert!(runs <= 650, "{runs} runs for 900 decisions");
     let per_node: Vec<usize> = cluster.keys_per_node().iter().map(|k| k.len()).collect();
     assert!(
         per_node.iter().all(|&n| n > 50),

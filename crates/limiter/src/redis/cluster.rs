@@ -4,12 +4,14 @@
 //! All-or-nothing then holds within a group only: when layers keyed by
 //! different identities (say per-ip and per-account) disagree, the
 //! admitting group has been charged although the request is refused.
-//! A group whose slot already has a decision in progress waits for the next
-//! run of that slot's queue (`batch`), with whatever else arrives meanwhile:
-//! a hot key (one client, a global limit) costs its master one run per batch
-//! rather than one per request. A group alone on its slot runs at once: a
-//! trip through a queue's task cost the client twice the CPU per decision
-//! when keys are spread (scripts/redis_shards.sh).
+//! A group alone on its slot runs at once. One whose slot already has a
+//! decision in progress goes into the store's queue (`batch`), whose runs
+//! decide what arrived meanwhile with one script run per slot among it (a
+//! run may only touch one slot's keys): a hot key (one client, a global
+//! limit) costs its master a run per batch rather than one per request.
+//! Queueing every group cost the client twice the CPU per decision when keys
+//! are spread (scripts/redis_shards.sh), and a queue per slot would hold a
+//! task and its buffers for each of 16,384 slots.
 
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
@@ -26,7 +28,7 @@ use smallvec::SmallVec;
 
 use pingora_timeout::fast_timeout::fast_timeout;
 
-use super::batch::BatchQueue;
+use super::batch::{BatchQueue, RunBatch};
 use super::scripted::{
     connection_error, install_tls_provider, Decided, ScriptLayer, Scripted, SlotOp,
 };
@@ -105,8 +107,8 @@ const RECONNECTS_BEFORE_DROPPING_A_NODE: NonZeroUsize = match NonZeroUsize::new(
     None => unreachable!(),
 };
 
-/// A decision counted on its slot for as long as it is in progress (one
-/// whose caller gave up included).
+/// A decision counted on its slot while it is in progress: until it is
+/// decided, or its caller gives up on it.
 struct InProgress<'a> {
     count: &'a AtomicU32,
     alone: bool,
@@ -125,19 +127,93 @@ impl Drop for InProgress<'_> {
     }
 }
 
+/// One script run for requests whose keys share a slot, within the deadline.
+async fn run_on_slot(
+    scripted: &Scripted<ClusterConnection>,
+    requests: &[&[ScriptLayer]],
+) -> Result<Vec<Decided>, LimiterError> {
+    scripted
+        .within_deadline(
+            |mut connection| async move { scripted.run(&mut connection, requests).await },
+        )
+        .await
+}
+
+/// The queue's runs: one script run per slot among the requests, the slots
+/// concurrently, each request answered by its own slot's run.
+struct SlotRuns(Arc<Scripted<ClusterConnection>>);
+
+#[async_trait]
+impl RunBatch for SlotRuns {
+    type Layer = ScriptLayer;
+    type Decided = Result<Decided, LimiterError>;
+
+    async fn run_batch(
+        &self,
+        requests: &[&[ScriptLayer]],
+    ) -> Result<Vec<Self::Decided>, LimiterError> {
+        let mut by_slot: HashMap<usize, Vec<usize>> = HashMap::new();
+        for (i, layers) in requests.iter().enumerate() {
+            by_slot.entry(slot_of(layers)).or_default().push(i);
+        }
+        let scripted = &self.0;
+        let runs = by_slot.values().map(|indices| {
+            let group: Vec<&[ScriptLayer]> = indices.iter().map(|&i| requests[i]).collect();
+            async move { run_on_slot(scripted, &group).await }
+        });
+        let results = futures_util::future::join_all(runs).await;
+        let mut answers: Vec<Option<Self::Decided>> = requests.iter().map(|_| None).collect();
+        for (indices, result) in by_slot.values().zip(results) {
+            match result {
+                Ok(decided) => {
+                    for (&i, d) in indices.iter().zip(decided) {
+                        answers[i] = Some(Ok(d));
+                    }
+                }
+                Err(e) => {
+                    for &i in indices {
+                        answers[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        Ok(answers
+            .into_iter()
+            .map(|a| {
+                a.unwrap_or(Err(LimiterError::WrongReplyLength {
+                    values: 0,
+                    layers: 1,
+                }))
+            })
+            .collect())
+    }
+}
+
 /// Redis Cluster's hash slots.
 const SLOTS: usize = 16_384;
 
-/// The slot of every key of `identity`: its hash tag is the identity's 32
-/// hex digits (`Scripted::key_of`; prefixes and names hold no braces), and
-/// a key's slot is CRC16 (XMODEM) of its tag, modulo 16384.
-fn slot_of(identity: u128) -> usize {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut tag = [0u8; 32];
-    for (i, digit) in tag.iter_mut().enumerate() {
-        *digit = HEX[((identity >> ((31 - i) * 4)) & 0xf) as usize];
-    }
-    usize::from(crc16(&tag)) % SLOTS
+/// A key's hash slot, as Redis Cluster computes it: CRC16 (XMODEM) of its
+/// hash tag (what the first `{` and the next `}` enclose, when that is not
+/// empty) or else of the whole key, modulo 16384.
+fn key_slot(key: &[u8]) -> usize {
+    let tag = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter()
+                .position(|&b| b == b'}')
+                .map(|close| &rest[..close])
+        })
+        .filter(|tag| !tag.is_empty())
+        .unwrap_or(key);
+    usize::from(crc16(tag)) % SLOTS
+}
+
+/// A request's slot: its layers are keyed by one identity (`run_grouped`),
+/// so they share one.
+fn slot_of(layers: &[ScriptLayer]) -> usize {
+    layers.first().map_or(0, |l| key_slot(l.key().as_bytes()))
 }
 
 fn crc16(bytes: &[u8]) -> u16 {
@@ -169,9 +245,9 @@ const CRC16_TABLE: [u16; 256] = {
 
 pub struct RedisCluster {
     scripted: Arc<Scripted<ClusterConnection>>,
-    /// One batch queue per hash slot, started on first use (on the proxy's
-    /// runtime): a script run may only touch one slot's keys.
-    queues: Box<[OnceLock<BatchQueue<ScriptLayer, Decided>>]>,
+    /// Decisions whose slot had another in progress, run together by slot;
+    /// started on first use, on the proxy's runtime.
+    queue: OnceLock<BatchQueue<ScriptLayer, Result<Decided, LimiterError>>>,
     /// Decisions in progress per slot: one alone runs at once, the others
     /// go through the slot's queue.
     deciding: Box<[AtomicU32]>,
@@ -188,7 +264,7 @@ impl RedisCluster {
     pub fn new(settings: RedisSettings, clock: Arc<dyn Clock>) -> Self {
         RedisCluster {
             scripted: Arc::new(Scripted::new(settings, clock)),
-            queues: (0..SLOTS).map(|_| OnceLock::new()).collect(),
+            queue: OnceLock::new(),
             deciding: (0..SLOTS).map(|_| AtomicU32::new(0)).collect(),
             last_remap: Mutex::new(None),
         }
@@ -222,29 +298,20 @@ impl RedisCluster {
     }
 
     /// Decides one identity's layers: at once when nothing else is being
-    /// decided on their slot, else in the next script run of the slot's
-    /// queue.
-    async fn on_slot(
-        &self,
-        identity: u128,
-        layers: Vec<ScriptLayer>,
-    ) -> Result<Decided, LimiterError> {
-        let slot = slot_of(identity);
-        let deciding = InProgress::on(&self.deciding[slot]);
+    /// decided on their slot, else in the next run of the queue.
+    async fn on_slot(&self, layers: Vec<ScriptLayer>) -> Result<Decided, LimiterError> {
+        let deciding = InProgress::on(&self.deciding[slot_of(&layers)]);
         if deciding.alone {
-            let scripted = &self.scripted;
-            return scripted
-                .within_deadline(|mut connection| async move {
-                    let mut decided = scripted.run(&mut connection, &[&layers]).await?;
-                    decided.pop().ok_or(LimiterError::WrongReplyLength {
-                        values: 0,
-                        layers: layers.len(),
-                    })
-                })
-                .await;
+            let mut decided = run_on_slot(&self.scripted, &[&layers]).await?;
+            return decided.pop().ok_or(LimiterError::WrongReplyLength {
+                values: 0,
+                layers: layers.len(),
+            });
         }
-        let queue = self.queues[slot].get_or_init(|| BatchQueue::start(self.scripted.clone()));
-        queue.decide(layers).await
+        let queue = self
+            .queue
+            .get_or_init(|| BatchQueue::start(Arc::new(SlotRuns(self.scripted.clone()))));
+        queue.decide(layers).await?
     }
 
     /// One script run per identity's group of layers, the groups
@@ -263,9 +330,9 @@ impl RedisCluster {
         // The request's own deadline covers the wait for a place in a run
         // as well as the run.
         let deadline = scripted.settings.timeout;
-        let calls = groups.iter().map(|(&identity, indices)| {
+        let calls = groups.values().map(|indices| {
             let layers = scripted.layers(indices.iter().map(|&i| &checks[i]), peek);
-            self.on_slot(identity, layers)
+            self.on_slot(layers)
         });
         let results = fast_timeout(deadline, futures_util::future::join_all(calls))
             .await
@@ -486,7 +553,8 @@ fn pongs(replies: &Value) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{crc16, not_whole, pongs, slot_of, SLOTS};
+    use super::{crc16, key_slot, not_whole, pongs};
+    use redis::cluster_routing::Slot;
     use redis::Value;
 
     const WHOLE: &str = "cluster_state:ok\r\ncluster_slots_assigned:16384\r\ncluster_slots_ok:16384\r\ncluster_slots_pfail:0\r\ncluster_slots_fail:0\r\ncluster_known_nodes:6\r\n";
@@ -541,12 +609,26 @@ mod tests {
     fn slots_are_redis_cluster_slots() {
         // The CRC16 check value, and slots from the Redis Cluster docs.
         assert_eq!(crc16(b"123456789"), 0x31c3);
-        assert_eq!(usize::from(crc16(b"somekey")) % SLOTS, 11_058);
-        assert_eq!(usize::from(crc16(b"foo")) % SLOTS, 12_182);
-        let identity = 0x0123_4567_89ab_cdef_fedc_ba98_7654_3210_u128;
-        assert_eq!(
-            slot_of(identity),
-            usize::from(crc16(format!("{identity:032x}").as_bytes())) % SLOTS
-        );
+        assert_eq!(key_slot(b"somekey"), 11_058);
+        assert_eq!(key_slot(b"foo"), 12_182);
+        // As redis-rs routes a key, hash tags and their edge cases included.
+        for key in [
+            &b"floodgate:per-ip:{0123456789abcdef0123456789abcdef}"[..],
+            b"a{b}c",
+            b"a{}{b}",
+            b"{}",
+            b"a{b",
+            b"a}b{c}",
+            b"{user1000}.following",
+            b"",
+        ] {
+            let slot = u16::try_from(key_slot(key)).ok().and_then(Slot::new);
+            assert_eq!(
+                slot,
+                Some(Slot::for_key(key)),
+                "{}",
+                String::from_utf8_lossy(key)
+            );
+        }
     }
 }

@@ -86,6 +86,13 @@ pub(super) struct ScriptLayer {
     lease: LeaseAsk,
 }
 
+impl ScriptLayer {
+    /// The key the layer's state lives under (its hash tag: its slot).
+    pub(super) fn key(&self) -> &str {
+        &self.key
+    }
+}
+
 /// The probe's layer: always admits (so it always writes), and its key lives
 /// a second.
 pub(super) fn probe_algorithm() -> Algorithm {
