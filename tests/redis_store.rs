@@ -409,6 +409,37 @@ fn a_password_in_the_url_and_rediss_with_a_private_ca() {
     );
 }
 
+/// What a test that drives a store directly gives it: a refusal when Redis
+/// fails, no leases.
+fn driven(topology: floodgate::limiter::redis::Topology) -> floodgate::limiter::RedisSettings {
+    floodgate::limiter::RedisSettings {
+        topology,
+        timeout: Duration::from_secs(5),
+        clock: floodgate::limiter::ClockSource::Redis,
+        key_prefix: "together".into(),
+        on_failure: floodgate::limiter::OnFailure::Deny,
+        instances: floodgate::limiter::redis::InstanceCount::Fixed(1),
+        tls_ca: None,
+        leases: None,
+    }
+}
+
+/// `identity`'s one layer: `capacity` requests an hour.
+fn per_client(identity: u128, capacity: u64) -> floodgate::limiter::Check {
+    floodgate::limiter::Check {
+        limit: floodgate::limiter::LimitId(0),
+        name: floodgate::limiter::LimitName::new("per-client"),
+        algorithm: floodgate::algorithm::Algorithm::fixed_window(capacity, 3_600_000_000)
+            .expect("valid numbers"),
+        key: floodgate::limiter::StateKey { limit: 0, identity },
+        cost: 1,
+        shadow: false,
+        peek: false,
+        on_failure: floodgate::limiter::OnFailure::Deny,
+        lease: false,
+    }
+}
+
 /// Decisions requested together share one script run: 50 requests waiting
 /// at once cost Redis one EVALSHA (two on the very first call, which loads
 /// the script), and the budget is still exact.
@@ -416,43 +447,16 @@ fn a_password_in_the_url_and_rediss_with_a_private_ca() {
 fn concurrent_decisions_share_one_script_run() {
     use std::sync::Arc;
 
-    use floodgate::algorithm::Algorithm;
     use floodgate::clock::SystemClock;
-    use floodgate::limiter::redis::{InstanceCount, Topology};
-    use floodgate::limiter::StateKey;
-    use floodgate::limiter::{
-        Check, ClockSource, LimitName, OnFailure, RedisSettings, RedisStandalone, Store,
-    };
+    use floodgate::limiter::redis::Topology;
+    use floodgate::limiter::{RedisStandalone, Store};
 
     let redis = RedisServer::start();
     let limiter = RedisStandalone::new(
-        RedisSettings {
-            topology: Topology::Standalone(redis.url()),
-            timeout: Duration::from_secs(5),
-            clock: ClockSource::Redis,
-            key_prefix: "together".into(),
-            on_failure: OnFailure::Deny,
-            instances: InstanceCount::Fixed(1),
-            tls_ca: None,
-            leases: None,
-        },
+        driven(Topology::Standalone(redis.url())),
         Arc::new(SystemClock),
     );
-    let check = Check {
-        limit: floodgate::limiter::LimitId(0),
-        name: LimitName::new("per-client"),
-        algorithm: Algorithm::fixed_window(20, 3_600_000_000).expect("valid numbers"),
-        key: StateKey {
-            limit: 0,
-            identity: 7,
-        },
-        cost: 1,
-        shadow: false,
-        peek: false,
-        on_failure: OnFailure::Deny,
-        lease: false,
-    };
-    let requests = vec![vec![check]; 50];
+    let requests = vec![vec![per_client(7, 20)]; 50];
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -486,40 +490,15 @@ fn concurrent_decisions_share_one_script_run() {
 fn cluster_decisions_requested_together_share_a_run_per_slot() {
     use std::sync::Arc;
 
-    use floodgate::algorithm::Algorithm;
     use floodgate::clock::SystemClock;
-    use floodgate::limiter::redis::{InstanceCount, Topology};
-    use floodgate::limiter::StateKey;
-    use floodgate::limiter::{
-        Check, ClockSource, LimitName, OnFailure, RedisCluster as ClusterStore, RedisSettings,
-        Store,
-    };
+    use floodgate::limiter::redis::Topology;
+    use floodgate::limiter::{Check, RedisCluster as ClusterStore, Store};
 
     let cluster = RedisCluster::start();
     let limiter = ClusterStore::new(
-        RedisSettings {
-            topology: Topology::Cluster(cluster.urls()),
-            timeout: Duration::from_secs(5),
-            clock: ClockSource::Redis,
-            key_prefix: "together".into(),
-            on_failure: OnFailure::Deny,
-            instances: InstanceCount::Fixed(1),
-            tls_ca: None,
-            leases: None,
-        },
+        driven(Topology::Cluster(cluster.urls())),
         Arc::new(SystemClock),
     );
-    let check = |identity: u128, capacity: u64| Check {
-        limit: floodgate::limiter::LimitId(0),
-        name: LimitName::new("per-client"),
-        algorithm: Algorithm::fixed_window(capacity, 3_600_000_000).expect("valid numbers"),
-        key: StateKey { limit: 0, identity },
-        cost: 1,
-        shadow: false,
-        peek: false,
-        on_failure: OnFailure::Deny,
-        lease: false,
-    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -534,14 +513,14 @@ fn cluster_decisions_requested_together_share_a_run_per_slot() {
     // The slot map read and the script loaded on every master: not counted.
     for identity in 0..64 {
         runtime
-            .block_on(limiter.decide(&[check(identity, 20)]))
+            .block_on(limiter.decide(&[per_client(identity, 20)]))
             .expect("warm-up decision");
     }
     for node in &cluster.nodes {
         let _: String = node.cmd(&["CONFIG", "RESETSTAT"]);
     }
 
-    let one_client = vec![vec![check(1 << 100, 20)]; 50];
+    let one_client = vec![vec![per_client(1 << 100, 20)]; 50];
     // On one thread, all 50 are queued before the batch task first runs.
     let decided = runtime.block_on(futures_util::future::join_all(
         one_client.iter().map(|checks| limiter.decide(checks)),
@@ -554,7 +533,7 @@ fn cluster_decisions_requested_together_share_a_run_per_slot() {
     assert!(script_runs() <= 2, "{} runs", script_runs());
 
     let clients: Vec<Vec<Check>> = (0..300u128)
-        .flat_map(|c| std::iter::repeat_n(vec![check(1_000 + c * 7_919, 2)], 3))
+        .flat_map(|c| std::iter::repeat_n(vec![per_client(1_000 + c * 7_919, 2)], 3))
         .collect();
     let before = script_runs();
     let decided = runtime.block_on(futures_util::future::join_all(

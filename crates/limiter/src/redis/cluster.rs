@@ -4,8 +4,9 @@
 //! All-or-nothing then holds within a group only: when layers keyed by
 //! different identities (say per-ip and per-account) disagree, the
 //! admitting group has been charged although the request is refused.
-//! A group alone on its slot runs at once. One whose slot already has a
-//! decision in progress goes into the store's queue (`batch`), whose runs
+//! A group with no other of its identity in progress runs at once. One
+//! whose identity already has a decision in progress goes into the store's
+//! queue (`batch`), whose runs
 //! decide what arrived meanwhile with one script run per slot among it (a
 //! run may only touch one slot's keys): a hot key (one client, a global
 //! limit) costs its master a run per batch rather than one per request.
@@ -22,6 +23,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use prometheus::Histogram;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::Slot as HashSlot;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
 use redis::Value;
 use smallvec::SmallVec;
@@ -107,7 +109,7 @@ const RECONNECTS_BEFORE_DROPPING_A_NODE: NonZeroUsize = match NonZeroUsize::new(
     None => unreachable!(),
 };
 
-/// A decision counted on its slot while it is in progress: until it is
+/// A decision counted on its lane while it is in progress: until it is
 /// decided, or its caller gives up on it.
 struct InProgress<'a> {
     count: &'a AtomicU32,
@@ -152,7 +154,7 @@ impl RunBatch for SlotRuns {
         &self,
         requests: &[&[ScriptLayer]],
     ) -> Result<Vec<Self::Decided>, LimiterError> {
-        let mut by_slot: HashMap<usize, Vec<usize>> = HashMap::new();
+        let mut by_slot: HashMap<Option<HashSlot>, Vec<usize>> = HashMap::new();
         for (i, layers) in requests.iter().enumerate() {
             by_slot.entry(slot_of(layers)).or_default().push(i);
         }
@@ -189,67 +191,23 @@ impl RunBatch for SlotRuns {
     }
 }
 
-/// Redis Cluster's hash slots.
-const SLOTS: usize = 16_384;
-
-/// A key's hash slot, as Redis Cluster computes it: CRC16 (XMODEM) of its
-/// hash tag (what the first `{` and the next `}` enclose, when that is not
-/// empty) or else of the whole key, modulo 16384.
-fn key_slot(key: &[u8]) -> usize {
-    let tag = key
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let rest = &key[open + 1..];
-            rest.iter()
-                .position(|&b| b == b'}')
-                .map(|close| &rest[..close])
-        })
-        .filter(|tag| !tag.is_empty())
-        .unwrap_or(key);
-    usize::from(crc16(tag)) % SLOTS
-}
+/// Counters of decisions in progress, each shared by the identities whose
+/// hash falls on it.
+const LANES: usize = 16_384;
 
 /// A request's slot: its layers are keyed by one identity (`run_grouped`),
-/// so they share one.
-fn slot_of(layers: &[ScriptLayer]) -> usize {
-    layers.first().map_or(0, |l| key_slot(l.key().as_bytes()))
+/// so they share one (redis-rs's rule, the one it routes a call by).
+fn slot_of(layers: &[ScriptLayer]) -> Option<HashSlot> {
+    layers.first().map(|l| HashSlot::for_key(l.key()))
 }
-
-fn crc16(bytes: &[u8]) -> u16 {
-    bytes.iter().fold(0u16, |crc, &b| {
-        (crc << 8) ^ CRC16_TABLE[usize::from((crc >> 8) as u8 ^ b)]
-    })
-}
-
-/// CRC16-XMODEM (polynomial 0x1021), a byte at a time.
-const CRC16_TABLE: [u16; 256] = {
-    let mut table = [0u16; 256];
-    let mut byte = 0;
-    while byte < 256 {
-        let mut crc = (byte as u16) << 8;
-        let mut bit = 0;
-        while bit < 8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-            bit += 1;
-        }
-        table[byte] = crc;
-        byte += 1;
-    }
-    table
-};
 
 pub struct RedisCluster {
     scripted: Arc<Scripted<ClusterConnection>>,
     /// Decisions whose slot had another in progress, run together by slot;
     /// started on first use, on the proxy's runtime.
     queue: OnceLock<BatchQueue<ScriptLayer, Result<Decided, LimiterError>>>,
-    /// Decisions in progress per slot: one alone runs at once, the others
-    /// go through the slot's queue.
+    /// Decisions in progress per lane of identities: one alone runs at once,
+    /// the others go through the queue.
     deciding: Box<[AtomicU32]>,
     /// The cluster's epoch when the connection was last made anew by the
     /// probe, and when (µs).
@@ -265,7 +223,7 @@ impl RedisCluster {
         RedisCluster {
             scripted: Arc::new(Scripted::new(settings, clock)),
             queue: OnceLock::new(),
-            deciding: (0..SLOTS).map(|_| AtomicU32::new(0)).collect(),
+            deciding: (0..LANES).map(|_| AtomicU32::new(0)).collect(),
             last_remap: Mutex::new(None),
         }
     }
@@ -297,10 +255,15 @@ impl RedisCluster {
         self
     }
 
-    /// Decides one identity's layers: at once when nothing else is being
-    /// decided on their slot, else in the next run of the queue.
-    async fn on_slot(&self, layers: Vec<ScriptLayer>) -> Result<Decided, LimiterError> {
-        let deciding = InProgress::on(&self.deciding[slot_of(&layers)]);
+    /// Decides one identity's layers: at once when nothing else of the
+    /// identity's is being decided, else in the next run of the queue.
+    async fn on_slot(
+        &self,
+        identity: u128,
+        layers: Vec<ScriptLayer>,
+    ) -> Result<Decided, LimiterError> {
+        let lane = (identity % LANES as u128) as usize;
+        let deciding = InProgress::on(&self.deciding[lane]);
         if deciding.alone {
             let mut decided = run_on_slot(&self.scripted, &[&layers]).await?;
             return decided.pop().ok_or(LimiterError::WrongReplyLength {
@@ -330,9 +293,9 @@ impl RedisCluster {
         // The request's own deadline covers the wait for a place in a run
         // as well as the run.
         let deadline = scripted.settings.timeout;
-        let calls = groups.values().map(|indices| {
+        let calls = groups.iter().map(|(&identity, indices)| {
             let layers = scripted.layers(indices.iter().map(|&i| &checks[i]), peek);
-            self.on_slot(layers)
+            self.on_slot(identity, layers)
         });
         let results = fast_timeout(deadline, futures_util::future::join_all(calls))
             .await
@@ -553,8 +516,7 @@ fn pongs(replies: &Value) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{crc16, key_slot, not_whole, pongs};
-    use redis::cluster_routing::Slot;
+    use super::{not_whole, pongs};
     use redis::Value;
 
     const WHOLE: &str = "cluster_state:ok\r\ncluster_slots_assigned:16384\r\ncluster_slots_ok:16384\r\ncluster_slots_pfail:0\r\ncluster_slots_fail:0\r\ncluster_known_nodes:6\r\n";
@@ -603,32 +565,5 @@ mod tests {
         assert_eq!(pongs(&replies), 2);
         assert_eq!(pongs(&Value::SimpleString("PONG".into())), 1);
         assert_eq!(pongs(&Value::Nil), 0);
-    }
-
-    #[test]
-    fn slots_are_redis_cluster_slots() {
-        // The CRC16 check value, and slots from the Redis Cluster docs.
-        assert_eq!(crc16(b"123456789"), 0x31c3);
-        assert_eq!(key_slot(b"somekey"), 11_058);
-        assert_eq!(key_slot(b"foo"), 12_182);
-        // As redis-rs routes a key, hash tags and their edge cases included.
-        for key in [
-            &b"floodgate:per-ip:{0123456789abcdef0123456789abcdef}"[..],
-            b"a{b}c",
-            b"a{}{b}",
-            b"{}",
-            b"a{b",
-            b"a}b{c}",
-            b"{user1000}.following",
-            b"",
-        ] {
-            let slot = u16::try_from(key_slot(key)).ok().and_then(Slot::new);
-            assert_eq!(
-                slot,
-                Some(Slot::for_key(key)),
-                "{}",
-                String::from_utf8_lossy(key)
-            );
-        }
     }
 }
