@@ -342,3 +342,44 @@ fn a_redis_that_refuses_writes_keeps_the_breaker_open() {
     }
     record("redis_refusing_writes", &report);
 }
+
+/// A Redis farther than a decision's deadline takes to connect to (80 ms
+/// round trips: a TLS handshake and the client's setup, 160 ms or more,
+/// against a 100 ms deadline that each decision's one round trip meets) is
+/// still connected to: the connect is not cut short with the call that
+/// wanted it. Redis is out of reach when the proxy starts, so the
+/// connection is made under traffic, not before listening.
+#[test]
+fn a_redis_slower_to_connect_to_than_the_deadline_is_connected_to() {
+    let upstream = Upstream::start();
+    let redis = RedisServer::start_tls();
+    let ca = redis.tls_ca.clone().expect("ca");
+    let far = free_port();
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .redis(&format!("rediss://127.0.0.1:{far}/0"))
+        .redis_lines(&format!(
+            "tls_ca_file = \"{}\"\ntimeout = \"100ms\"\non_failure = \"local\"\nleases = \"off\"",
+            ca.display()
+        ))
+        .limit(Limit::fixed_window(
+            "per-client",
+            "header:X-Client",
+            1000,
+            "1h",
+        ))
+        .start();
+    assert!(
+        proxy.log().contains("does not answer"),
+        "the failed warm-up is not logged: {}",
+        proxy.log()
+    );
+    let _link = common::distant::DistantLink::start(far, redis.port, Duration::from_millis(40));
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            statuses(&proxy, "GET", "/", "far", 1);
+            redis.keys().iter().any(|k| k.contains("per-client"))
+        }),
+        "never decided on Redis: {}",
+        proxy.log()
+    );
+}

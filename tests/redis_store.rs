@@ -480,6 +480,55 @@ fn concurrent_decisions_share_one_script_run() {
     assert!(redis.calls("evalsha") <= 2, "{}", redis.calls("evalsha"));
 }
 
+/// A decision whose caller gave up while its run waited for the connection
+/// (Redis frozen with SIGSTOP: the connect hangs) is left out when the
+/// connection is made at last: the caller was answered by `on_failure`, and
+/// Redis must not charge it as well.
+#[test]
+fn a_caller_that_gave_up_while_its_run_waited_for_the_connection_is_not_charged() {
+    use std::sync::Arc;
+
+    use floodgate::clock::SystemClock;
+    use floodgate::limiter::redis::Topology;
+    use floodgate::limiter::{RedisStandalone, Store};
+
+    let redis = RedisServer::start();
+    let limiter = RedisStandalone::new(
+        driven(Topology::Standalone(redis.url())),
+        Arc::new(SystemClock),
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let signal = |sig: &str| {
+        let sent = std::process::Command::new("kill")
+            .args([sig, &redis.pid().to_string()])
+            .status()
+            .expect("kill");
+        assert!(sent.success(), "kill {sig}");
+    };
+    signal("-STOP");
+    let gave_up = runtime.block_on(async {
+        tokio::time::timeout(
+            Duration::from_millis(200),
+            limiter.decide(&[per_client(1, 5)]),
+        )
+        .await
+    });
+    assert!(gave_up.is_err(), "decided by a frozen Redis");
+    signal("-CONT");
+    let decided = runtime
+        .block_on(limiter.decide(&[per_client(2, 5)]))
+        .expect("decided once Redis answers");
+    assert_eq!(decided[0].remaining(), 4);
+    assert_eq!(
+        redis.keys(),
+        vec![format!("together:per-client:{{{:032x}}}", 2u128)],
+        "only the decision still waited for was charged"
+    );
+}
+
 /// On a cluster too, decisions requested together share a script run when
 /// their keys share a slot: 50 requests of one client cost its master two
 /// runs (the first request's, alone, and one for the 49 that came while it

@@ -1,6 +1,7 @@
 //! Wires a validated `Config` into a Pingora server.
 
 pub mod settings;
+mod warmed;
 
 pub use settings::ServerSettings;
 
@@ -30,6 +31,7 @@ use crate::metrics::Metrics;
 use crate::proxy::Gateway;
 use crate::signals::Signals;
 use crate::state::{AppState, Runtime};
+use warmed::{WarmUp, Warmed};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
@@ -501,8 +503,9 @@ pub fn build(config: &Config, inputs: Inputs) -> Result<Floodgate, BuildError> {
             tls.sources.len()
         );
     }
+    let warm_up = WarmUp::new(state.store.clone(), state.store_target());
     for front in fronts {
-        server.add_service(front);
+        server.add_service(Warmed::new(front, warm_up.clone()));
     }
     if let Some(admin_addr) = config.server.admin_listen {
         let mut admin = Service::new(

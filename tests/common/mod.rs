@@ -4,6 +4,7 @@
 
 pub mod admin_token;
 mod config;
+pub mod distant;
 pub mod keys;
 pub mod load;
 pub mod redis_server;

@@ -324,6 +324,10 @@ impl<S: Store> Store for KnownRefusals<S> {
         self.inner.probe().await
     }
 
+    async fn warm(&self) -> Result<(), LimiterError> {
+        self.inner.warm().await
+    }
+
     fn deciding(&self) -> Deciding {
         self.inner.deciding()
     }

@@ -334,6 +334,10 @@ impl<S: Store + 'static> Store for Fallback<S> {
         self.inner.shared.probe().await
     }
 
+    async fn warm(&self) -> Result<(), LimiterError> {
+        self.inner.shared.warm().await
+    }
+
     async fn return_leases(&self) {
         if !self.degraded() {
             self.inner.shared.return_leases().await;

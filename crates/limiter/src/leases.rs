@@ -907,6 +907,10 @@ impl<S: Store + 'static> Store for Leased<S> {
         self.0.inner.probe().await
     }
 
+    async fn warm(&self) -> Result<(), LimiterError> {
+        self.0.inner.warm().await
+    }
+
     fn deciding(&self) -> Deciding {
         self.0.inner.deciding()
     }

@@ -89,6 +89,12 @@ pub trait Store: Send + Sync {
 
     fn deciding(&self) -> Deciding;
 
+    /// Makes what the first decision needs (a connection, a loaded script)
+    /// before there is one to make: called before the proxy listens.
+    async fn warm(&self) -> Result<(), LimiterError> {
+        Ok(())
+    }
+
     /// Gives back whatever budget this instance holds leased (shutdown,
     /// reload), and waits for it to be taken back.
     async fn return_leases(&self) {}

@@ -21,6 +21,9 @@ use crate::error::LimiterError;
 /// runs, so a run is kept to well under a millisecond.
 pub(super) const MAX_PER_RUN: usize = 64;
 
+/// Whether request `i` of a batch is still waited for.
+pub(super) type Wanted<'a> = &'a (dyn Fn(usize) -> bool + Sync);
+
 /// Decides a batch of requests in one go, each request's layers together.
 #[async_trait]
 pub(super) trait RunBatch: Send + Sync + 'static {
@@ -28,10 +31,14 @@ pub(super) trait RunBatch: Send + Sync + 'static {
     /// What one request gets back.
     type Decided: Send + 'static;
 
+    /// One answer per request; none for a request `wanted` said was no
+    /// longer waited for when the run was about to go out (after any wait
+    /// for a connection or a turn), which is not charged.
     async fn run_batch(
         &self,
         requests: &[&[Self::Layer]],
-    ) -> Result<Vec<Self::Decided>, LimiterError>;
+        wanted: Wanted<'_>,
+    ) -> Result<Vec<Option<Self::Decided>>, LimiterError>;
 }
 
 struct Waiting<L, D> {
@@ -67,17 +74,22 @@ async fn run_batches<R: RunBatch>(
 ) {
     let mut batch = Vec::with_capacity(MAX_PER_RUN);
     while queue.recv_many(&mut batch, MAX_PER_RUN).await > 0 {
-        // A request that gave up (its deadline passed) is not charged.
+        // A request that gave up (its deadline passed) is not charged:
+        // those gone by now are left out, and the runner asks again once
+        // it is ready to send (`wanted`).
         batch.retain(|waiting: &Waiting<R::Layer, R::Decided>| !waiting.reply.is_closed());
         if !batch.is_empty() {
             let requests: Vec<&[R::Layer]> = batch
                 .iter()
                 .map(|waiting| waiting.layers.as_slice())
                 .collect();
-            match runner.run_batch(&requests).await {
+            let wanted = |i: usize| batch.get(i).is_some_and(|w| !w.reply.is_closed());
+            match runner.run_batch(&requests, &wanted).await {
                 Ok(decisions) => {
                     for (waiting, decisions) in batch.drain(..).zip(decisions) {
-                        let _ = waiting.reply.send(Ok(decisions));
+                        if let Some(decisions) = decisions {
+                            let _ = waiting.reply.send(Ok(decisions));
+                        }
                     }
                 }
                 Err(error) => {
@@ -116,7 +128,13 @@ mod tests {
         type Layer = u64;
         type Decided = Vec<Decision>;
 
-        async fn run_batch(&self, requests: &[&[u64]]) -> Result<Vec<Vec<Decision>>, LimiterError> {
+        /// Asks `wanted` once its permit is given, as a store does once
+        /// its connection and turn are.
+        async fn run_batch(
+            &self,
+            requests: &[&[u64]],
+            wanted: Wanted<'_>,
+        ) -> Result<Vec<Option<Vec<Decision>>>, LimiterError> {
             self.entered
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let permit = self
@@ -125,18 +143,24 @@ mod tests {
                 .await
                 .map_err(|_| LimiterError::Stopped)?;
             permit.forget();
-            let firsts = requests.iter().map(|r| r[0]).collect();
+            let firsts = (0..requests.len())
+                .filter(|&i| wanted(i))
+                .map(|i| requests[i][0])
+                .collect();
             self.runs.lock().expect("runs").push(firsts);
             if self.fail {
                 return Err(LimiterError::Timeout(std::time::Duration::ZERO));
             }
             Ok(requests
                 .iter()
-                .map(|layers| {
-                    layers
-                        .iter()
-                        .map(|&v| Decision::admitted(100, v, 0))
-                        .collect()
+                .enumerate()
+                .map(|(i, layers)| {
+                    wanted(i).then(|| {
+                        layers
+                            .iter()
+                            .map(|&v| Decision::admitted(100, v, 0))
+                            .collect()
+                    })
                 })
                 .collect())
         }
@@ -234,6 +258,30 @@ mod tests {
         first.await.expect("task").expect("decided");
         kept.await.expect("task").expect("decided");
         assert_eq!(*runner.runs.lock().expect("runs"), vec![vec![1], vec![3]]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_gave_up_while_its_run_waited_is_not_run() {
+        let runner = recorder(false);
+        let queue = Arc::new(BatchQueue::start(runner.clone()));
+        let gives_up = tokio::spawn({
+            let queue = queue.clone();
+            async move {
+                tokio::time::timeout(std::time::Duration::from_millis(1), queue.decide(vec![1]))
+                    .await
+            }
+        });
+        // Its run has begun (waiting for a connection, say) when it gives up.
+        until_entered(&runner, 1).await;
+        assert!(gives_up.await.expect("task").is_err(), "gave up");
+        runner.permits.add_permits(2);
+        let kept = queue.decide(vec![2]).await.expect("decided");
+        assert_eq!(kept[0].remaining(), 2);
+        assert_eq!(
+            *runner.runs.lock().expect("runs"),
+            vec![vec![], vec![2]],
+            "the first run went out without the request whose caller had gone"
+        );
     }
 
     #[tokio::test(start_paused = true)]

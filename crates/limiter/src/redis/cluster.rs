@@ -30,7 +30,7 @@ use smallvec::SmallVec;
 
 use pingora_timeout::fast_timeout::fast_timeout;
 
-use super::batch::{BatchQueue, RunBatch};
+use super::batch::{BatchQueue, RunBatch, Wanted};
 use super::scripted::{
     connection_error, install_tls_provider, Decided, ScriptLayer, Scripted, SlotOp,
 };
@@ -133,11 +133,12 @@ impl Drop for InProgress<'_> {
 async fn run_on_slot(
     scripted: &Scripted<ClusterConnection>,
     requests: &[&[ScriptLayer]],
-) -> Result<Vec<Decided>, LimiterError> {
+    wanted: Wanted<'_>,
+) -> Result<Vec<Option<Decided>>, LimiterError> {
     scripted
-        .within_deadline(
-            |mut connection| async move { scripted.run(&mut connection, requests).await },
-        )
+        .within_deadline(|mut connection| async move {
+            scripted.run_wanted(&mut connection, requests, wanted).await
+        })
         .await
 }
 
@@ -153,7 +154,8 @@ impl RunBatch for SlotRuns {
     async fn run_batch(
         &self,
         requests: &[&[ScriptLayer]],
-    ) -> Result<Vec<Self::Decided>, LimiterError> {
+        wanted: Wanted<'_>,
+    ) -> Result<Vec<Option<Self::Decided>>, LimiterError> {
         let mut by_slot: HashMap<Option<HashSlot>, Vec<usize>> = HashMap::new();
         for (i, layers) in requests.iter().enumerate() {
             by_slot.entry(slot_of(layers)).or_default().push(i);
@@ -161,7 +163,8 @@ impl RunBatch for SlotRuns {
         let scripted = &self.0;
         let runs = by_slot.values().map(|indices| {
             let group: Vec<&[ScriptLayer]> = indices.iter().map(|&i| requests[i]).collect();
-            async move { run_on_slot(scripted, &group).await }
+            let wanted_in_group = move |j: usize| indices.get(j).is_some_and(|&i| wanted(i));
+            async move { run_on_slot(scripted, &group, &wanted_in_group).await }
         });
         let results = futures_util::future::join_all(runs).await;
         let mut answers: Vec<Option<Self::Decided>> = requests.iter().map(|_| None).collect();
@@ -169,9 +172,10 @@ impl RunBatch for SlotRuns {
             match result {
                 Ok(decided) => {
                     for (&i, d) in indices.iter().zip(decided) {
-                        answers[i] = Some(Ok(d));
+                        answers[i] = d.map(Ok);
                     }
                 }
+                // The requests no longer waited for get it too, unread.
                 Err(e) => {
                     for &i in indices {
                         answers[i] = Some(Err(e.clone()));
@@ -179,15 +183,7 @@ impl RunBatch for SlotRuns {
                 }
             }
         }
-        Ok(answers
-            .into_iter()
-            .map(|a| {
-                a.unwrap_or(Err(LimiterError::WrongReplyLength {
-                    values: 0,
-                    layers: 1,
-                }))
-            })
-            .collect())
+        Ok(answers)
     }
 }
 
@@ -265,11 +261,16 @@ impl RedisCluster {
         let lane = (identity % LANES as u128) as usize;
         let deciding = InProgress::on(&self.deciding[lane]);
         if deciding.alone {
-            let mut decided = run_on_slot(&self.scripted, &[&layers]).await?;
-            return decided.pop().ok_or(LimiterError::WrongReplyLength {
-                values: 0,
-                layers: layers.len(),
-            });
+            // Run by the caller itself: cancelled with it, not charged
+            // unless sent.
+            let mut decided = run_on_slot(&self.scripted, &[&layers], &|_| true).await?;
+            return decided
+                .pop()
+                .flatten()
+                .ok_or(LimiterError::WrongReplyLength {
+                    values: 0,
+                    layers: layers.len(),
+                });
         }
         let queue = self
             .queue
@@ -425,6 +426,10 @@ impl Store for RedisCluster {
     /// master, its map is stale: the connection is made anew, one read.
     /// A master that comes back without a failover moves no epoch, so the
     /// client is also made anew at most every `REMAP_AT_LEAST_EVERY`.
+    async fn warm(&self) -> Result<(), LimiterError> {
+        self.scripted.warm().await
+    }
+
     async fn probe(&self) -> Result<(), LimiterError> {
         self.scripted.probe().await?;
         let (answered, info) = self

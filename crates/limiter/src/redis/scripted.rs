@@ -8,9 +8,9 @@ use prometheus::Histogram;
 use redis::Script;
 use smallvec::SmallVec;
 
-use super::batch::RunBatch;
+use super::batch::{RunBatch, Wanted};
 use super::settings::{ClockSource, RedisSettings};
-use super::shared_connection::{Connect, SharedConnection};
+use super::shared_connection::{Connect, SharedConnection, CONNECT_WITHIN};
 use crate::check::{Check, LeaseAsk, LimitName, Slot, StateKey};
 use crate::clock::Clock;
 use crate::error::LimiterError;
@@ -119,10 +119,14 @@ impl<C: Connect> RunBatch for Scripted<C> {
     type Layer = ScriptLayer;
     type Decided = Decided;
 
-    async fn run_batch(&self, requests: &[&[ScriptLayer]]) -> Result<Vec<Decided>, LimiterError> {
-        self.within_deadline(
-            |mut connection| async move { self.run(&mut connection, requests).await },
-        )
+    async fn run_batch(
+        &self,
+        requests: &[&[ScriptLayer]],
+        wanted: Wanted<'_>,
+    ) -> Result<Vec<Option<Decided>>, LimiterError> {
+        self.within_deadline(|mut connection| async move {
+            self.run_wanted(&mut connection, requests, wanted).await
+        })
         .await
     }
 }
@@ -303,6 +307,32 @@ impl<C: Connect> Scripted<C> {
         self.call_seconds.as_ref().map(Histogram::start_timer)
     }
 
+    /// `run` for the requests still `wanted` now that the connection (and
+    /// a turn on it) is there: a caller that gave up while the run waited
+    /// for them is not charged.
+    pub(super) async fn run_wanted(
+        &self,
+        connection: &mut C,
+        requests: &[&[ScriptLayer]],
+        wanted: Wanted<'_>,
+    ) -> Result<Vec<Option<Decided>>, LimiterError> {
+        if (0..requests.len()).all(wanted) {
+            let decided = self.run(connection, requests).await?;
+            return Ok(decided.into_iter().map(Some).collect());
+        }
+        let live: Vec<usize> = (0..requests.len()).filter(|&i| wanted(i)).collect();
+        let mut answers: Vec<Option<Decided>> = requests.iter().map(|_| None).collect();
+        if live.is_empty() {
+            return Ok(answers);
+        }
+        let chosen: Vec<&[ScriptLayer]> = live.iter().map(|&i| requests[i]).collect();
+        let decided = self.run(connection, &chosen).await?;
+        for (i, decided) in live.into_iter().zip(decided) {
+            answers[i] = Some(decided);
+        }
+        Ok(answers)
+    }
+
     /// One script run for all the requests' layers; the decisions come back
     /// per request.
     pub(super) async fn run(
@@ -362,6 +392,25 @@ impl<C: Connect> Scripted<C> {
     /// where it is missing (after a restart or SCRIPT FLUSH). A Redis that
     /// answers pings but refuses writes (out of memory under `noeviction`, a
     /// read-only replica) fails the probe as it fails decisions.
+    /// Makes the connection, waiting as long as a connect may take (a call
+    /// waits only its deadline), and loads the scripts (on every master of
+    /// a cluster), writing nothing.
+    pub(super) async fn warm(&self) -> Result<(), LimiterError> {
+        self.within(
+            CONNECT_WITHIN + self.settings.timeout,
+            |mut connection| async move {
+                for script in [&self.script, &self.slots_script] {
+                    script
+                        .load_async(&mut connection)
+                        .await
+                        .map_err(connection_error)?;
+                }
+                Ok(())
+            },
+        )
+        .await
+    }
+
     pub(super) async fn probe(&self) -> Result<(), LimiterError> {
         let probe = [self.probe_layer()];
         self.within_deadline(|mut connection| async move {

@@ -15,6 +15,10 @@ pub enum ClockSource {
     Local,
 }
 
+/// How long connecting to one node may take, at least: the decision
+/// deadline is for calls, not for handshakes.
+const NODE_CONNECT_AT_LEAST: Duration = Duration::from_secs(1);
+
 /// One node, the master sentinels name, or a cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Topology {
@@ -143,7 +147,10 @@ impl RedisSettings {
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(10))
             .set_max_delay(Duration::from_millis(100))
-            .set_connection_timeout(Some(self.timeout))
+            // Connecting is off the request path (`SharedConnection`): a
+            // Redis a TLS handshake and AUTH farther than a decision's
+            // deadline is still connected to.
+            .set_connection_timeout(Some(self.timeout.max(NODE_CONNECT_AT_LEAST)))
             // The deadline is ours (see `within_deadline`); a second timer
             // per call would only cost.
             .set_response_timeout(None)

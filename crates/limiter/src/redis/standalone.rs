@@ -123,11 +123,15 @@ impl RedisStandalone {
             .map(|checks| self.scripted.layers(*checks, false))
             .collect();
         let borrowed: Vec<&[ScriptLayer]> = layers.iter().map(Vec::as_slice).collect();
-        let decided = self.scripted.run_batch(&borrowed).await?;
-        Ok(decided
+        let decided = self.scripted.run_batch(&borrowed, &|_| true).await?;
+        decided
             .into_iter()
-            .map(|(decisions, _)| decisions)
-            .collect())
+            .map(|d| d.map(|(decisions, _)| decisions))
+            .collect::<Option<Vec<_>>>()
+            .ok_or(LimiterError::WrongReplyLength {
+                values: 0,
+                layers: requests.len(),
+            })
     }
 
     async fn queued(&self, layers: Vec<ScriptLayer>) -> Result<Decided, LimiterError> {
@@ -193,6 +197,10 @@ impl Store for RedisStandalone {
 
     async fn probe(&self) -> Result<(), LimiterError> {
         self.scripted.probe().await
+    }
+
+    async fn warm(&self) -> Result<(), LimiterError> {
+        self.scripted.warm().await
     }
 
     fn deciding(&self) -> Deciding {
