@@ -283,3 +283,84 @@ fn sentinels_with_a_password_of_their_own_are_asked_with_it() {
     );
     remove_test_dir(&dir);
 }
+
+#[test]
+fn a_group_that_speaks_tls_only_is_followed_over_tls_with_its_ca() {
+    let certificates = temp_dir();
+    make_certificates(&certificates);
+    let mut group = SentinelGroup::start_tls(&certificates);
+    let upstream = Upstream::start();
+    let dir = temp_dir();
+    let password_file = dir.join("redis.password");
+    std::fs::write(&password_file, SENTINEL_PASSWORD).expect("password file");
+    let nodes: Vec<String> = group
+        .sentinel_nodes()
+        .iter()
+        .map(|n| format!("\"{n}\""))
+        .collect();
+    let proxy = |tls: &str| {
+        ConfigBuilder::new(upstream.addr)
+            .redis_lines(&format!(
+                "sentinel = {{ master = \"{SENTINEL_MASTER}\", nodes = [{}], password_file = \"{}\"{tls} }}\ntimeout = \"50ms\"\non_failure = \"local\"\nleases = \"off\"",
+                nodes.join(", "),
+                password_file.display()
+            ))
+            .limit(Limit::fixed_window("per-client", "header:X-Client", 5, "1h"))
+            .start()
+    };
+    let on_redis = |node: &RedisServer| node.keys().iter().any(|k| k.contains("per-client"));
+
+    // Plain text to a TLS port, and TLS with a CA the proxy was not told to
+    // trust (the system's roots do not know the test CA): no master is
+    // found, the proxy decides locally and writes nothing to the master.
+    for (tls, refusal) in [("", "Connection reset"), (", tls = true", "UnknownIssuer")] {
+        let refused = proxy(tls);
+        assert!(
+            wait_until(Duration::from_secs(10), || {
+                spend(&refused, "untrusted", 1);
+                refused.log().contains(refusal)
+            }),
+            "{tls}: the refusal is not logged: {}",
+            refused.log()
+        );
+        assert!(
+            !on_redis(&group.nodes[0]),
+            "{tls}: a proxy reached the master without TLS it trusts: {}",
+            refused.log()
+        );
+    }
+
+    let ca = certificates.join("ca.crt");
+    let trusted = ConfigBuilder::new(upstream.addr)
+        .redis_lines(&format!(
+            "sentinel = {{ master = \"{SENTINEL_MASTER}\", nodes = [{}], password_file = \"{}\", tls = true }}\ntls_ca_file = \"{}\"\ntimeout = \"50ms\"\non_failure = \"local\"\nleases = \"off\"",
+            nodes.join(", "),
+            password_file.display(),
+            ca.display()
+        ))
+        .limit(Limit::fixed_window("per-client", "header:X-Client", 5, "1h"))
+        .start();
+    assert_eq!(spend(&trusted, "over-tls", 10), 5, "decided on the master");
+    assert!(on_redis(&group.nodes[0]), "{}", trusted.log());
+
+    // A promotion is heard (the `+switch-master` subscription is TLS too)
+    // and followed to the new master over TLS.
+    group.nodes[0].kill();
+    assert!(
+        wait_until(Duration::from_secs(30), || group.nodes[1].role()
+            == "master"),
+        "the replica was never promoted"
+    );
+    await_both(&[&trusted], "moved from", 1, "never followed the promotion");
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            spend(&trusted, "after-promotion", 1);
+            // A replica is sent a script's effects, never the script.
+            group.nodes[1].calls("evalsha") > 0
+        }),
+        "decisions never came back to Redis: {}",
+        trusted.log()
+    );
+    remove_test_dir(&dir);
+    remove_test_dir(&certificates);
+}

@@ -188,6 +188,7 @@ pub(super) struct SentinelSection {
     pub(super) nodes: Vec<String>,
     pub(super) password_file: Option<PathBuf>,
     pub(super) sentinel_password_file: Option<PathBuf>,
+    pub(super) tls: Option<bool>,
 }
 
 /// `[redis].instances`: a number, or "auto".

@@ -118,6 +118,19 @@ pub(super) fn validate_redis(r: &RedisSection, inputs: &Inputs) -> Result<RedisS
         (None, Some(url)) if cluster.is_empty() => Topology::Standalone(url),
         _ => Topology::Cluster(cluster),
     };
+    let speaks_tls = match &topology {
+        Topology::Standalone(url) => url.starts_with("rediss://"),
+        Topology::Sentinel(sentinel) => sentinel.tls,
+        Topology::Cluster(nodes) => nodes.iter().any(|n| n.starts_with("rediss://")),
+    };
+    // The file would be read and never used: the operator meant TLS and
+    // would get plain text.
+    if tls_ca.is_some() && !speaks_tls {
+        return Err(at(
+            &[&"redis", &"tls_ca_file"],
+            "is for TLS connections, and none is made: use rediss:// URLs, or `tls = true` in `sentinel`",
+        ));
+    }
     Ok(RedisSettings {
         topology,
         timeout,
@@ -170,6 +183,7 @@ fn validate_sentinel(s: &SentinelSection, inputs: &Inputs) -> Result<SentinelSet
         nodes: s.nodes.clone(),
         password,
         sentinel_password,
+        tls: s.tls.unwrap_or(false),
     })
 }
 

@@ -510,6 +510,7 @@ fn redis_sentinel_and_a_live_instance_count() {
             nodes: vec!["10.0.0.1:26379".into(), "s2:26379".into()],
             password: Some("s3cret pass".into()),
             sentinel_password: Some("watchw0rd".into()),
+            tls: false,
         })
     );
     assert_eq!(redis.instances, InstanceCount::Auto);
@@ -570,6 +571,39 @@ fn redis_sentinel_and_a_live_instance_count() {
         )
         .expect_err(redis);
         assert_eq!(&err.to_string(), expected, "{redis}");
+    }
+}
+
+#[test]
+fn redis_tls_ca_file_is_for_tls_connections_only() {
+    let with = |redis: &str| format!("{MINIMAL}[redis]\n{redis}\n");
+    let inputs = || Inputs::default().with_files([(PathBuf::from("/etc/ca.pem"), b"PEM".to_vec())]);
+    let c = Config::parse(
+        Path::new("t.toml"),
+        &with("sentinel = { master = \"m\", nodes = [\"a:1\"], tls = true }\ntls_ca_file = \"/etc/ca.pem\""),
+        &inputs(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let redis = c.redis.as_ref().expect("redis table");
+    assert!(matches!(&redis.topology, Topology::Sentinel(s) if s.tls));
+    assert_eq!(redis.tls_ca.as_deref(), Some(&b"PEM"[..]));
+    assert!(redis.redacted_target().ends_with("(TLS)"));
+    for plain in [
+        "sentinel = { master = \"m\", nodes = [\"a:1\"] }",
+        "url = \"redis://a:1\"",
+        "cluster = [\"redis://a:1\", \"redis://b:1\"]",
+    ] {
+        let err = Config::parse(
+            Path::new("t.toml"),
+            &with(&format!("{plain}\ntls_ca_file = \"/etc/ca.pem\"")),
+            &inputs(),
+        )
+        .expect_err(plain);
+        assert_eq!(
+            err.to_string(),
+            "t.toml:7: redis.tls_ca_file: is for TLS connections, and none is made: use rediss:// URLs, or `tls = true` in `sentinel`",
+            "{plain}"
+        );
     }
 }
 

@@ -1,7 +1,7 @@
 //! Real redis-server processes on free ports, for the Redis tests.
 
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -75,28 +75,44 @@ impl RedisServer {
     pub fn start_tls() -> RedisServer {
         let dir = temp_dir();
         make_certificates(&dir);
+        let mut server = RedisServer::start_tls_with(&dir, None, &[]);
+        // The certificates go with the server.
+        let unused = std::mem::replace(&mut server.dir, dir);
+        super::remove_test_dir(&unused);
+        server
+    }
+
+    /// A server that speaks TLS only (to its clients and, as a replica, to
+    /// its master), with the certificates `make_certificates` made in
+    /// `certificates`.
+    pub fn start_tls_with(
+        certificates: &Path,
+        password: Option<&str>,
+        extra: &[&str],
+    ) -> RedisServer {
         let port = free_port();
-        let path = |f: &str| dir.join(f).to_string_lossy().into_owned();
+        let mut args = vec![
+            "--port".to_string(),
+            "0".into(),
+            "--tls-port".into(),
+            port.to_string(),
+        ];
+        args.extend(
+            tls_arguments(certificates)
+                .into_iter()
+                .flat_map(|(k, v)| [format!("--{k}"), v]),
+        );
+        if let Some(password) = password {
+            args.extend(["--requirepass".into(), password.into()]);
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
         let mut server = RedisServer {
             port,
-            dir: dir.clone(),
+            dir: temp_dir(),
             child: None,
-            extra: vec![
-                "--port".into(),
-                "0".into(),
-                "--tls-port".into(),
-                port.to_string(),
-                "--tls-cert-file".into(),
-                path("server.crt"),
-                "--tls-key-file".into(),
-                path("server.key"),
-                "--tls-ca-cert-file".into(),
-                path("ca.crt"),
-                "--tls-auth-clients".into(),
-                "no".into(),
-            ],
-            password: None,
-            tls_ca: Some(dir.join("ca.crt")),
+            extra: args,
+            password: password.map(String::from),
+            tls_ca: Some(certificates.join("ca.crt")),
         };
         server.spawn();
         server
@@ -213,6 +229,20 @@ impl RedisServer {
     }
 }
 
+/// The settings (name, value) that make a server or a sentinel speak TLS
+/// only, to clients and to the servers it connects to, with the
+/// certificates in `certificates`.
+fn tls_arguments(certificates: &Path) -> Vec<(&'static str, String)> {
+    let path = |f: &str| certificates.join(f).to_string_lossy().into_owned();
+    vec![
+        ("tls-cert-file", path("server.crt")),
+        ("tls-key-file", path("server.key")),
+        ("tls-ca-cert-file", path("ca.crt")),
+        ("tls-auth-clients", "no".into()),
+        ("tls-replication", "yes".into()),
+    ]
+}
+
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
@@ -327,26 +357,38 @@ pub const SENTINELS_OWN_PASSWORD: &str = "the-sentinels-own-word";
 
 impl SentinelGroup {
     pub fn start() -> SentinelGroup {
-        SentinelGroup::start_with(None)
+        SentinelGroup::start_with(None, None)
     }
 
     /// A group whose sentinels answer only clients that give
     /// [`SENTINELS_OWN_PASSWORD`] (their `requirepass`; they give it to each
     /// other too).
     pub fn start_guarded() -> SentinelGroup {
-        SentinelGroup::start_with(Some(SENTINELS_OWN_PASSWORD))
+        SentinelGroup::start_with(Some(SENTINELS_OWN_PASSWORD), None)
     }
 
-    fn start_with(sentinel_password: Option<&str>) -> SentinelGroup {
+    /// A group that speaks TLS only: the nodes to their clients and to each
+    /// other, the sentinels to their clients, the nodes and each other. The
+    /// CA that signed every certificate is `certificates/ca.crt`.
+    pub fn start_tls(certificates: &Path) -> SentinelGroup {
+        SentinelGroup::start_with(None, Some(certificates))
+    }
+
+    fn start_with(sentinel_password: Option<&str>, tls: Option<&Path>) -> SentinelGroup {
         let pw = SENTINEL_PASSWORD;
-        let master = RedisServer::start_with_password_and(pw, &["--masterauth", pw]);
+        let node = |extra: &[&str]| {
+            let mut args = vec!["--masterauth", pw];
+            args.extend(extra);
+            match tls {
+                Some(certificates) => RedisServer::start_tls_with(certificates, Some(pw), &args),
+                None => RedisServer::start_with_password_and(pw, &args),
+            }
+        };
+        let master = node(&[]);
         let master_port = master.port.to_string();
-        let replica = RedisServer::start_with_password_and(
-            pw,
-            &["--masterauth", pw, "--replicaof", "127.0.0.1", &master_port],
-        );
+        let replica = node(&["--replicaof", "127.0.0.1", &master_port]);
         let sentinels = (0..3)
-            .map(|_| Sentinel::start(master.port, sentinel_password))
+            .map(|_| Sentinel::start(master.port, sentinel_password, tls))
             .collect();
         let group = SentinelGroup {
             nodes: vec![master, replica],
@@ -391,18 +433,30 @@ impl SentinelGroup {
 pub struct Sentinel {
     pub port: u16,
     password: Option<String>,
+    /// The CA to trust, when the sentinel speaks TLS only.
+    tls_ca: Option<PathBuf>,
     dir: PathBuf,
     child: Option<Child>,
 }
 
 impl Sentinel {
-    fn start(master_port: u16, password: Option<&str>) -> Sentinel {
+    fn start(master_port: u16, password: Option<&str>, tls: Option<&Path>) -> Sentinel {
         let port = free_port();
         let dir = temp_dir();
         // A sentinel rewrites its config file: it must be its own, writable.
         let config = dir.join("sentinel.conf");
+        let listen = match tls {
+            Some(certificates) => {
+                let mut lines = format!("port 0\ntls-port {port}\n");
+                for (name, value) in tls_arguments(certificates) {
+                    lines.push_str(&format!("{name} {value}\n"));
+                }
+                lines
+            }
+            None => format!("port {port}\n"),
+        };
         let mut text = format!(
-            "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+            "{listen}bind 127.0.0.1\ndir {dir}\n\
              sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {master_port} 2\n\
              sentinel auth-pass {SENTINEL_MASTER} {SENTINEL_PASSWORD}\n\
              sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
@@ -441,6 +495,7 @@ impl Sentinel {
         let sentinel = Sentinel {
             port,
             password: password.map(String::from),
+            tls_ca: tls.map(|certificates| certificates.join("ca.crt")),
             dir,
             child: Some(child),
         };
@@ -468,7 +523,17 @@ impl Sentinel {
         args: &[&str],
     ) -> Option<T> {
         let auth = password.map_or(String::new(), |p| format!(":{p}@"));
-        let client = redis::Client::open(format!("redis://{auth}127.0.0.1:{}", self.port)).ok()?;
+        let client = match &self.tls_ca {
+            Some(ca) => redis::Client::build_with_tls(
+                format!("rediss://{auth}127.0.0.1:{}", self.port),
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(std::fs::read(ca).ok()?),
+                },
+            ),
+            None => redis::Client::open(format!("redis://{auth}127.0.0.1:{}", self.port)),
+        }
+        .ok()?;
         let mut connection = client
             .get_connection_with_timeout(Duration::from_millis(500))
             .ok()?;

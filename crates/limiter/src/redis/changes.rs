@@ -27,8 +27,8 @@ const PING_EVERY: Duration = Duration::from_secs(10);
 async fn subscriber(settings: &RedisSettings, url: &str) -> redis::RedisResult<redis::Client> {
     match &settings.topology {
         Topology::Sentinel(sentinel) => {
-            let (host, port) = find_master(sentinel).await?;
-            master_client(sentinel, &host, port)
+            let (host, port) = find_master(settings, sentinel).await?;
+            master_client(settings, sentinel, &host, port)
         }
         _ => settings.client(url),
     }

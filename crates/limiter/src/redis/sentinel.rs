@@ -19,7 +19,7 @@ use redis::{
     Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisFuture, Value,
 };
 
-use super::scripted::connection_error;
+use super::scripted::{connection_error, install_tls_provider};
 use super::settings::{RedisSettings, SentinelSettings};
 use crate::error::LimiterError;
 
@@ -58,7 +58,10 @@ impl SentinelMaster {
         settings: &RedisSettings,
         sentinel: &SentinelSettings,
     ) -> Result<Self, LimiterError> {
-        let (host, port) = find_master(sentinel).await.map_err(connection_error)?;
+        install_tls_provider();
+        let (host, port) = find_master(settings, sentinel)
+            .await
+            .map_err(connection_error)?;
         let connection = manager(settings, sentinel, &host, port).await?;
         info!(
             "Redis Sentinel: master \"{}\" is {host}:{port}",
@@ -138,7 +141,7 @@ impl Followed {
     /// Asks the sentinels, and moves to the node they name unless it is the
     /// one in use.
     async fn try_master(&self) -> Result<(), LimiterError> {
-        let (host, port) = find_master(&self.sentinel)
+        let (host, port) = find_master(&self.settings, &self.sentinel)
             .await
             .map_err(connection_error)?;
         let old = self.current();
@@ -196,10 +199,13 @@ impl ConnectionLike for SentinelMaster {
 
 /// The master's address as the first sentinel that knows it, and whose
 /// master agrees, says.
-pub(super) async fn find_master(sentinel: &SentinelSettings) -> redis::RedisResult<(String, u16)> {
+pub(super) async fn find_master(
+    settings: &RedisSettings,
+    sentinel: &SentinelSettings,
+) -> redis::RedisResult<(String, u16)> {
     let mut last = None;
     for node in &sentinel.nodes {
-        match ask_sentinel(node, sentinel).await {
+        match ask_sentinel(settings, sentinel, node).await {
             Ok(address) => return Ok(address),
             Err(e) => last = Some(e),
         }
@@ -210,12 +216,13 @@ pub(super) async fn find_master(sentinel: &SentinelSettings) -> redis::RedisResu
 }
 
 async fn ask_sentinel(
-    node: &str,
+    settings: &RedisSettings,
     sentinel: &SentinelSettings,
+    node: &str,
 ) -> redis::RedisResult<(String, u16)> {
     let timed_out = || redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
     let ask = async {
-        let client = sentinel_client(node, sentinel)?;
+        let client = sentinel_client(settings, sentinel, node)?;
         let mut connection = client.get_multiplexed_async_connection().await?;
         let named: Option<(String, u16)> = redis::cmd("SENTINEL")
             .arg("GET-MASTER-ADDR-BY-NAME")
@@ -229,7 +236,7 @@ async fn ask_sentinel(
                 format!("{node}, master \"{}\"", sentinel.master),
             )));
         };
-        let mut master = master_client(sentinel, &host, port)?
+        let mut master = master_client(settings, sentinel, &host, port)?
             .get_multiplexed_async_connection()
             .await?;
         let role: Vec<Value> = redis::cmd("ROLE").query_async(&mut master).await?;
@@ -249,19 +256,35 @@ async fn ask_sentinel(
 
 /// A client of the node at `host:port`, with the master's password.
 pub(super) fn master_client(
+    settings: &RedisSettings,
     sentinel: &SentinelSettings,
     host: &str,
     port: u16,
 ) -> redis::RedisResult<redis::Client> {
-    let info = ConnectionAddr::Tcp(host.to_string(), port).into_connection_info()?;
-    redis::Client::open(with_password(info, sentinel.password.as_deref()))
+    let address = if sentinel.tls {
+        ConnectionAddr::TcpTls {
+            host: host.to_string(),
+            port,
+            insecure: false,
+            tls_params: None,
+        }
+    } else {
+        ConnectionAddr::Tcp(host.to_string(), port)
+    };
+    let info = address.into_connection_info()?;
+    settings.client(with_password(info, sentinel.password.as_deref()))
 }
 
 /// A client of the sentinel at `node` ("host:port"), with the sentinels'
 /// own password: a sentinel's `requirepass` is not the master's.
-fn sentinel_client(node: &str, sentinel: &SentinelSettings) -> redis::RedisResult<redis::Client> {
-    let info = format!("redis://{node}").into_connection_info()?;
-    redis::Client::open(with_password(info, sentinel.sentinel_password.as_deref()))
+fn sentinel_client(
+    settings: &RedisSettings,
+    sentinel: &SentinelSettings,
+    node: &str,
+) -> redis::RedisResult<redis::Client> {
+    let scheme = if sentinel.tls { "rediss" } else { "redis" };
+    let info = format!("{scheme}://{node}").into_connection_info()?;
+    settings.client(with_password(info, sentinel.sentinel_password.as_deref()))
 }
 
 fn with_password(info: ConnectionInfo, password: Option<&str>) -> ConnectionInfo {
@@ -280,7 +303,7 @@ async fn manager(
     host: &str,
     port: u16,
 ) -> Result<ConnectionManager, LimiterError> {
-    let client = master_client(sentinel, host, port).map_err(connection_error)?;
+    let client = master_client(settings, sentinel, host, port).map_err(connection_error)?;
     ConnectionManager::new_with_config(client, settings.manager_config())
         .await
         .map_err(connection_error)
@@ -293,7 +316,7 @@ async fn watch_switches(followed: Weak<Followed>) {
         let Some(client) = followed.upgrade().and_then(|f| {
             let nodes = &f.sentinel.nodes;
             let node = nodes.get(attempt % nodes.len().max(1))?;
-            Some(sentinel_client(node, &f.sentinel))
+            Some(sentinel_client(&f.settings, &f.sentinel, node))
         }) else {
             return;
         };

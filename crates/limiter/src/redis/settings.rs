@@ -42,6 +42,9 @@ pub struct SentinelSettings {
     /// The sentinels' own password (`sentinel_password_file`): their
     /// `requirepass`, which is not the master's.
     pub sentinel_password: Option<String>,
+    /// The sentinels and the masters they name speak TLS only (`tls`),
+    /// checked against `[redis].tls_ca_file` or the system's roots.
+    pub tls: bool,
 }
 
 impl std::fmt::Debug for SentinelSettings {
@@ -54,6 +57,7 @@ impl std::fmt::Debug for SentinelSettings {
                 "sentinel_password",
                 &self.sentinel_password.as_ref().map(|_| "***"),
             )
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -133,7 +137,10 @@ impl RedisSettings {
     }
 
     /// A client of the node at `url`, over TLS with `tls_ca` when given.
-    pub(super) fn client(&self, url: &str) -> redis::RedisResult<redis::Client> {
+    pub(super) fn client(
+        &self,
+        url: impl redis::IntoConnectionInfo,
+    ) -> redis::RedisResult<redis::Client> {
         match self.tls_certificates() {
             Some(certificates) => redis::Client::build_with_tls(url, certificates),
             None => redis::Client::open(url),
@@ -166,8 +173,9 @@ impl RedisSettings {
 
 fn sentinel_target(sentinel: &SentinelSettings) -> String {
     format!(
-        "master \"{}\" of sentinels {}",
+        "master \"{}\" of sentinels {}{}",
         sentinel.master,
-        sentinel.nodes.join(", ")
+        sentinel.nodes.join(", "),
+        if sentinel.tls { " (TLS)" } else { "" }
     )
 }
