@@ -734,15 +734,26 @@ pub fn burst(
     path: &str,
     headers: &[(&str, &str)],
 ) -> Vec<Response> {
-    let barrier = Arc::new(Barrier::new(n));
     let headers: Vec<(String, String)> = headers
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
+    burst_with(addrs, n, method, path, |_| headers.clone())
+}
+
+/// `burst`, request `i` with the headers `headers_of(i)`.
+pub fn burst_with(
+    addrs: &[SocketAddr],
+    n: usize,
+    method: &str,
+    path: &str,
+    headers_of: impl Fn(usize) -> Vec<(String, String)>,
+) -> Vec<Response> {
+    let barrier = Arc::new(Barrier::new(n));
     let handles: Vec<_> = (0..n)
         .map(|i| {
             let addr = addrs[i % addrs.len()];
-            let (barrier, headers) = (barrier.clone(), headers.clone());
+            let (barrier, headers) = (barrier.clone(), headers_of(i));
             let (method, path) = (method.to_string(), path.to_string());
             thread::spawn(move || {
                 let h: Vec<(&str, &str)> = headers
