@@ -96,6 +96,8 @@ pub struct AppState {
     started_with: Config,
     in_flight: Arc<AtomicUsize>,
     draining: AtomicBool,
+    /// Until the workers listen: they wait for the store to warm up.
+    warming: AtomicBool,
 }
 
 /// Counts a request as in flight for as long as it lives.
@@ -141,6 +143,7 @@ impl AppState {
             started_with: config,
             in_flight: Arc::new(AtomicUsize::new(0)),
             draining: AtomicBool::new(false),
+            warming: AtomicBool::new(true),
         }
     }
 
@@ -159,6 +162,11 @@ impl AppState {
 
     pub fn draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
+    }
+
+    /// The store is warm (or was given up on) and the workers listen.
+    pub fn warmed(&self) {
+        self.warming.store(false, Ordering::Release);
     }
 
     pub fn degraded(&self) -> bool {
@@ -211,6 +219,8 @@ impl AppState {
     pub fn readiness(&self) -> (u16, &'static str) {
         if self.draining() {
             (503, "draining: shutting down\n")
+        } else if self.warming.load(Ordering::Acquire) {
+            (503, "starting: connecting to Redis before listening\n")
         } else if self.degraded() {
             (200, "degraded: Redis unavailable, deciding by on_failure\n")
         } else {

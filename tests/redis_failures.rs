@@ -369,7 +369,7 @@ fn a_redis_slower_to_connect_to_than_the_deadline_is_connected_to() {
         ))
         .start();
     assert!(
-        proxy.log().contains("does not answer"),
+        proxy.log().contains("not ready"),
         "the failed warm-up is not logged: {}",
         proxy.log()
     );
@@ -380,6 +380,58 @@ fn a_redis_slower_to_connect_to_than_the_deadline_is_connected_to() {
             redis.keys().iter().any(|k| k.contains("per-client"))
         }),
         "never decided on Redis: {}",
+        proxy.log()
+    );
+}
+
+/// A Redis that does not answer at start (frozen: it accepts the TCP
+/// connection and says nothing) holds the workers' listeners back for the
+/// warm-up's bound, with `/readyz` saying why, and then the proxy listens
+/// and decides by `on_failure` until Redis answers.
+#[test]
+fn a_frozen_redis_at_start_holds_the_listeners_back_and_readyz_says_starting() {
+    let upstream = Upstream::start();
+    let redis = RedisServer::start();
+    signal(redis.pid(), "-STOP");
+    let admin = local_addr();
+    let watcher = std::thread::spawn(move || {
+        let mut first = None;
+        wait_until(Duration::from_secs(10), || {
+            if std::net::TcpStream::connect(admin).is_ok() {
+                let answer = request(admin, "GET", "/readyz", &[], b"");
+                first = Some((answer.status, answer.body));
+            }
+            first.is_some()
+        });
+        first
+    });
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .admin_at(admin)
+        .redis(&redis.url())
+        .redis_lines("timeout = \"50ms\"\non_failure = \"local\"\nleases = \"off\"")
+        .limit(Limit::fixed_window(
+            "per-client",
+            "header:X-Client",
+            1000,
+            "1h",
+        ))
+        .start();
+    let (status, body) = watcher
+        .join()
+        .expect("watcher")
+        .expect("the admin listener answered while the workers waited");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.starts_with("starting"), "{body}");
+    assert!(proxy.log().contains("not ready"), "{}", proxy.log());
+    assert_eq!(statuses(&proxy, "GET", "/", "frozen", 3), vec![200; 3]);
+    assert_ne!(proxy.admin_get("/readyz").status, 503);
+    signal(redis.pid(), "-CONT");
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            statuses(&proxy, "GET", "/", "thawed", 1);
+            redis.keys().iter().any(|k| k.contains("per-client"))
+        }),
+        "never decided on Redis once it answered: {}",
         proxy.log()
     );
 }

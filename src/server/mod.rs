@@ -503,7 +503,7 @@ pub fn build(config: &Config, inputs: Inputs) -> Result<Floodgate, BuildError> {
             tls.sources.len()
         );
     }
-    let warm_up = WarmUp::new(state.store.clone(), state.store_target());
+    let warm_up = WarmUp::new(state.clone());
     for front in fronts {
         server.add_service(Warmed::new(front, warm_up.clone()));
     }

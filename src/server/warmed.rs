@@ -1,9 +1,10 @@
-//! A worker listens once the shared store can decide (its connection made,
-//! its script loaded), so that the first requests are decided by Redis
-//! rather than by `on_failure` while a connection is made under them, and
-//! a start is not logged as a Redis failure. The wait has a bound: a store
-//! that does not answer by then is left to the breaker, and the proxy
-//! listens anyway.
+//! A proxy worker listens once the shared store can decide (its connection
+//! made, its scripts loaded), so that the first requests are decided by
+//! Redis rather than by `on_failure` while a connection is made under them,
+//! and a start is not logged as a Redis failure. The wait has a bound (the
+//! store's own, `Store::warm`): a store that is not ready by then is left
+//! to the breaker, and the proxy listens anyway. `/readyz` says "starting"
+//! until then.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -13,24 +14,20 @@ use pingora::server::{ListenFds, ShutdownWatch};
 use pingora::services::Service;
 use tokio::sync::OnceCell;
 
-use crate::limiter::Store;
+use crate::state::AppState;
 
 /// Every worker waits for the same warm-up; the first to start runs it (on
-/// its own runtime, where the connection then lives).
+/// its own runtime, where the connection's tasks then run).
 #[derive(Clone)]
 pub(super) struct WarmUp {
-    store: Arc<dyn Store>,
-    target: Option<String>,
+    state: Arc<AppState>,
     done: Arc<OnceCell<()>>,
 }
 
 impl WarmUp {
-    /// `target` names the store in the log; none for one that needs no
-    /// warming (the memory store).
-    pub(super) fn new(store: Arc<dyn Store>, target: Option<String>) -> Self {
+    pub(super) fn new(state: Arc<AppState>) -> Self {
         WarmUp {
-            store,
-            target,
+            state,
             done: Arc::new(OnceCell::new()),
         }
     }
@@ -39,19 +36,20 @@ impl WarmUp {
         self.done
             .get_or_init(|| async {
                 let started = Instant::now();
-                let outcome = self.store.warm().await;
-                let Some(target) = &self.target else {
-                    return;
-                };
-                match outcome {
-                    Ok(()) => log::info!(
-                        "Redis {target} answered in {} ms: listening, decisions on Redis from the first request",
-                        started.elapsed().as_millis()
-                    ),
-                    Err(e) => log::warn!(
-                        "Redis {target} does not answer ({e}): listening anyway; requests are decided as `on_failure` says until it does"
-                    ),
+                let outcome = self.state.store.warm().await;
+                // None for a store that needs no warming (memory).
+                if let Some(target) = self.state.store_target() {
+                    match outcome {
+                        Ok(()) => log::info!(
+                            "Redis {target} ready in {} ms: listening, decisions on Redis from the first request",
+                            started.elapsed().as_millis()
+                        ),
+                        Err(e) => log::warn!(
+                            "Redis {target} not ready ({e}): listening anyway; requests are decided as `on_failure` says until it is"
+                        ),
+                    }
                 }
+                self.state.warmed();
             })
             .await;
     }

@@ -74,8 +74,12 @@ impl Connect for ClusterConnection {
         // call rereads it, so retries are few (`RETRIES`), and the breaker
         // keeps calls away until the cluster is whole again (`probe`).
         let timeout_ms = u64::try_from(settings.timeout.as_millis()).unwrap_or(u64::MAX);
+        // A node is connected to within `node_connect_within`, not the
+        // decision deadline: a cluster farther than that would never be.
+        // A frozen node then takes up to that long per reconnect before it
+        // is dropped; one that is down refuses at once.
         let mut builder = redis::cluster::ClusterClient::builder(nodes)
-            .connection_timeout(settings.timeout)
+            .connection_timeout(settings.node_connect_within())
             .min_retry_wait(RETRY_WAIT_MIN_MS)
             .max_retry_wait((timeout_ms / 4).max(RETRY_WAIT_MIN_MS + 1))
             .retry_wait_formula(RETRY_WAIT_FACTOR_MS, 2)
@@ -410,6 +414,10 @@ impl Store for RedisCluster {
         Ok(self.scripted.slots(SlotOp::Release, slot).await?.0)
     }
 
+    async fn warm(&self) -> Result<(), LimiterError> {
+        self.scripted.warm().await
+    }
+
     /// The breaker closes only on a whole cluster that this client sees
     /// whole: the probe script answers on one key, `CLUSTER INFO` on a
     /// master says every slot has a live master, and every master in the
@@ -426,10 +434,6 @@ impl Store for RedisCluster {
     /// master, its map is stale: the connection is made anew, one read.
     /// A master that comes back without a failover moves no epoch, so the
     /// client is also made anew at most every `REMAP_AT_LEAST_EVERY`.
-    async fn warm(&self) -> Result<(), LimiterError> {
-        self.scripted.warm().await
-    }
-
     async fn probe(&self) -> Result<(), LimiterError> {
         self.scripted.probe().await?;
         let (answered, info) = self

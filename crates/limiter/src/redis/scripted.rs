@@ -100,8 +100,8 @@ pub(super) fn probe_algorithm() -> Algorithm {
 }
 
 /// What both stores share: the settings, the script, the connection (made
-/// on first use, so that it lives on the proxy's own runtime), and the
-/// timing of each call.
+/// on a proxy worker's runtime, before it listens or by the first call that
+/// finds none), and the timing of each call.
 pub(super) struct Scripted<C> {
     pub(super) settings: RedisSettings,
     pub(super) clock: Arc<dyn Clock>,
@@ -388,29 +388,30 @@ impl<C: Connect> Scripted<C> {
             .collect())
     }
 
+    /// Makes the connection, waiting as long as a connect may take (a call
+    /// waits only its deadline), and loads the scripts (on every node of a
+    /// cluster), writing nothing; all within `CONNECT_WITHIN`. Not a call:
+    /// running out of time here leaves a connection made in place.
+    pub(super) async fn warm(&self) -> Result<(), LimiterError> {
+        let warm = async {
+            let (_, mut connection) = self.connection.get(&self.settings).await?;
+            for script in [&self.script, &self.slots_script] {
+                script
+                    .load_async(&mut connection)
+                    .await
+                    .map_err(connection_error)?;
+            }
+            Ok(())
+        };
+        tokio::time::timeout(CONNECT_WITHIN, warm)
+            .await
+            .map_err(|_| LimiterError::Timeout(CONNECT_WITHIN))?
+    }
+
     /// Runs the script on the probe key, with a write, loading the script
     /// where it is missing (after a restart or SCRIPT FLUSH). A Redis that
     /// answers pings but refuses writes (out of memory under `noeviction`, a
     /// read-only replica) fails the probe as it fails decisions.
-    /// Makes the connection, waiting as long as a connect may take (a call
-    /// waits only its deadline), and loads the scripts (on every master of
-    /// a cluster), writing nothing.
-    pub(super) async fn warm(&self) -> Result<(), LimiterError> {
-        self.within(
-            CONNECT_WITHIN + self.settings.timeout,
-            |mut connection| async move {
-                for script in [&self.script, &self.slots_script] {
-                    script
-                        .load_async(&mut connection)
-                        .await
-                        .map_err(connection_error)?;
-                }
-                Ok(())
-            },
-        )
-        .await
-    }
-
     pub(super) async fn probe(&self) -> Result<(), LimiterError> {
         let probe = [self.probe_layer()];
         self.within_deadline(|mut connection| async move {

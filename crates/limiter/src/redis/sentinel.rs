@@ -23,8 +23,11 @@ use super::scripted::{connection_error, install_tls_provider};
 use super::settings::{RedisSettings, SentinelSettings};
 use crate::error::LimiterError;
 
-/// How long one sentinel, or the node it names, gets to answer.
-const ASK_WITHIN: Duration = Duration::from_millis(500);
+/// How long asking one sentinel may take: a connect to it and one to the
+/// node it names (over TLS, three round trips each), a query on each.
+fn ask_within(settings: &RedisSettings) -> Duration {
+    settings.node_connect_within() * 2
+}
 
 /// Between two rounds of a search that found no master (the failover is
 /// still going on).
@@ -249,7 +252,7 @@ async fn ask_sentinel(
             ))),
         }
     };
-    tokio::time::timeout(ASK_WITHIN, ask)
+    tokio::time::timeout(ask_within(settings), ask)
         .await
         .map_err(|_| timed_out())?
 }
@@ -313,10 +316,11 @@ async fn manager(
 /// when one is lost) while the connection it serves is in use.
 async fn watch_switches(followed: Weak<Followed>) {
     for attempt in 0usize.. {
-        let Some(client) = followed.upgrade().and_then(|f| {
+        let Some((client, within)) = followed.upgrade().and_then(|f| {
             let nodes = &f.sentinel.nodes;
             let node = nodes.get(attempt % nodes.len().max(1))?;
-            Some(sentinel_client(&f.settings, &f.sentinel, node))
+            let client = sentinel_client(&f.settings, &f.sentinel, node);
+            Some((client, f.settings.node_connect_within()))
         }) else {
             return;
         };
@@ -326,7 +330,7 @@ async fn watch_switches(followed: Weak<Followed>) {
             pubsub.subscribe("+switch-master").await?;
             Ok::<_, redis::RedisError>(pubsub)
         };
-        if let Ok(Ok(mut pubsub)) = tokio::time::timeout(ASK_WITHIN, subscribed).await {
+        if let Ok(Ok(mut pubsub)) = tokio::time::timeout(within, subscribed).await {
             let mut messages = pubsub.on_message();
             while let Some(message) = messages.next().await {
                 let Some(followed) = followed.upgrade() else {

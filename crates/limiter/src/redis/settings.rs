@@ -16,8 +16,9 @@ pub enum ClockSource {
 }
 
 /// How long connecting to one node may take, at least: the decision
-/// deadline is for calls, not for handshakes.
-const NODE_CONNECT_AT_LEAST: Duration = Duration::from_secs(1);
+/// deadline is for calls, not for handshakes (a TLS handshake and the
+/// client's setup are three round trips; 500 ms allows for 160 ms ones).
+const NODE_CONNECT_AT_LEAST: Duration = Duration::from_millis(500);
 
 /// One node, the master sentinels name, or a cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,10 +158,15 @@ impl RedisSettings {
             // Connecting is off the request path (`SharedConnection`): a
             // Redis a TLS handshake and AUTH farther than a decision's
             // deadline is still connected to.
-            .set_connection_timeout(Some(self.timeout.max(NODE_CONNECT_AT_LEAST)))
+            .set_connection_timeout(Some(self.node_connect_within()))
             // The deadline is ours (see `within_deadline`); a second timer
             // per call would only cost.
             .set_response_timeout(None)
+    }
+
+    /// How long connecting to one node may take.
+    pub(super) fn node_connect_within(&self) -> Duration {
+        self.timeout.max(NODE_CONNECT_AT_LEAST)
     }
 
     pub(super) fn tls_certificates(&self) -> Option<redis::TlsCertificates> {

@@ -1,6 +1,7 @@
-//! The connection a store's calls share: made on first use (so that it
-//! lives on the proxy's own runtime), and made again once a call on it has
-//! missed its deadline, where the client can wedge (`Connect::REPLACE_WHEN_STALLED`).
+//! The connection a store's calls share: made before the proxy listens
+//! (`Store::warm`) or by the first call that finds none, on the runtime of
+//! the proxy worker that asked, and made again once a call on it has missed
+//! its deadline, where the client can wedge (`Connect::REPLACE_WHEN_STALLED`).
 //!
 //! The connect runs as a task of its own, not inside the call that wanted
 //! it: a call gives up at its decision deadline, and a connect cut short
@@ -29,7 +30,10 @@ use crate::error::LimiterError;
 
 /// The longest a connect may take, the search for a Sentinel master
 /// included, before it counts as failed and the next call starts another.
-pub(super) const CONNECT_WITHIN: Duration = Duration::from_secs(3);
+/// Under the 5 s a Pingora process that hands its listeners to a new one
+/// keeps accepting: a new one that warms up (`Store::warm`) still listens
+/// within it.
+pub(super) const CONNECT_WITHIN: Duration = Duration::from_secs(4);
 
 /// A connect in progress, or its outcome until a call takes it.
 type Connecting<C> = Shared<BoxFuture<'static, Result<(u64, C), LimiterError>>>;
@@ -69,10 +73,13 @@ impl<C: Connect> SharedConnection<C> {
             if let Some(current) = self.read() {
                 return Ok(current);
             }
+            // A finished connect is seen here though no call polled it to
+            // its end (every caller had given up): a failed one is not
+            // handed to another caller, a made one is taken at once.
             let failed = connects
                 .in_progress
                 .as_ref()
-                .is_some_and(|c| matches!(c.peek(), Some(Err(_))));
+                .is_some_and(|c| matches!(c.clone().now_or_never(), Some(Err(_))));
             match &connects.in_progress {
                 Some(connecting) if !failed => connecting.clone(),
                 _ => {
