@@ -267,6 +267,11 @@ $NEVER" "--insecure --http2" "https://127.0.0.1:$TLS_PORT/"
     fg_case main "previous build, no limits" 1 "" "" "" "$BEFORE"
     fg_case main "previous build memory, admitting" 1 "$NEVER" "" "" "$BEFORE"
     fg_case main "previous build memory, refusing" 1 "$ABUSE" "" "" "$BEFORE"
+    fg_case main "previous build redis, admitting" 1 "$REDIS_TABLE
+$NEVER" "" "" "$BEFORE" redis
+    fg_case main "previous build redis, leases off" 1 "$REDIS_TABLE
+leases = \"off\"
+$NEVER" "" "" "$BEFORE" redis
   fi
 fi
 
