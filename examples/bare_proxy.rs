@@ -15,6 +15,10 @@
 //! rather than of a forwarder.
 //! With `refuse`, every request is answered 429 from `request_filter`, with
 //! no body and no headers but those Pingora writes: the floor of a refusal.
+//! With both, the 429 says what floodgate's does (a JSON body with the
+//! limit, the wait and the request id; Content-Type, Cache-Control,
+//! Retry-After, the five rate-limit headers and the request id), written
+//! with Pingora's API: the floor of a refusal that explains itself.
 //! With `tls`, it also terminates TLS on ADDR (h2 and http/1.1 by ALPN) with
 //! Pingora's own rustls listener: the floor of a TLS edge.
 
@@ -55,6 +59,9 @@ impl ProxyHttp for Forward {
         }
         if !self.refuse {
             return Ok(false);
+        }
+        if self.gateway {
+            return refuse_saying_why(session, ctx).await;
         }
         let mut answer = pingora::http::ResponseHeader::build(429, Some(1))?;
         answer.insert_header("Content-Length", "0")?;
@@ -112,6 +119,40 @@ impl ProxyHttp for Forward {
         }
         Ok(())
     }
+}
+
+/// A 429 as floodgate's says it (`refuse gateway`): a per-client limit of
+/// one request an hour, refused with a wait counted down from the hour.
+async fn refuse_saying_why(session: &mut Session, request_id: &str) -> Result<bool> {
+    let retry_after_ms = 3_600_000 - (unix_ms() % 3_600_000);
+    let retry_after = retry_after_ms.div_ceil(1000).to_string();
+    let body = format!(
+        "{{\"error\":\"rate_limited\",\"limit\":\"per-ip\",\"retry_after_ms\":{retry_after_ms},\"request_id\":\"{request_id}\"}}"
+    );
+    let mut answer = pingora::http::ResponseHeader::build(429, Some(12))?;
+    answer.insert_header("Content-Type", "application/json")?;
+    answer.insert_header("Cache-Control", "no-store")?;
+    answer.insert_header("Retry-After", retry_after.as_str())?;
+    answer.insert_header("RateLimit-Limit", "1")?;
+    answer.insert_header("RateLimit-Remaining", "0")?;
+    answer.insert_header("RateLimit-Reset", retry_after.as_str())?;
+    answer.insert_header("RateLimit-Policy", "\"per-ip\";q=1;w=3600")?;
+    answer.insert_header("RateLimit", format!("\"per-ip\";r=0;t={retry_after}"))?;
+    answer.insert_header("Content-Length", body.len().to_string())?;
+    answer.insert_header("X-Request-Id", request_id)?;
+    session
+        .write_response_header(Box::new(answer), false)
+        .await?;
+    session
+        .write_response_body(Some(bytes::Bytes::from(body)), true)
+        .await?;
+    Ok(true)
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 fn usage() -> ! {

@@ -74,6 +74,7 @@ echo "instructions per request, $REQUESTS requests over 8 connections, one worke
 count "bare Pingora proxy" "$BARE" "127.0.0.1:$PROXY_PORT" "127.0.0.1:$UP" 1
 count "bare Pingora gateway" "$BARE" "127.0.0.1:$PROXY_PORT" "127.0.0.1:$UP" 1 gateway
 count "bare Pingora proxy, refusing" "$BARE" "127.0.0.1:$PROXY_PORT" "127.0.0.1:$UP" 1 refuse
+count "bare Pingora gateway, refusing" "$BARE" "127.0.0.1:$PROXY_PORT" "127.0.0.1:$UP" 1 refuse gateway
 for binary in "${BINARIES[@]}"; do
   name="$(basename "$binary")"
   conf ""; count "$name, no limits" "$binary" --config "$WORK/fg.toml"

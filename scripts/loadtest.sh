@@ -250,6 +250,7 @@ $GLOBAL" "" "" "" redis
 $PER_K" "--rand-regex-url" "http://127[.]0[.]0[.]1:$PROXY_PORT/[?]k=[0-9]{3}" "" redis
   nginx_case main "nginx limit_req, refusing" 1 "$REFUSE" "$REFUSE_ZONE"
   bare_case main "bare Pingora proxy, refusing" 1 "" refuse
+  bare_case main "bare Pingora gateway, refusing" 1 "" "refuse gateway"
   fg_case main "floodgate memory, refusing" 1 "$ABUSE"
   fg_case main "floodgate redis, refusing" 1 "$REDIS_TABLE
 $ABUSE" "" "" "" redis
@@ -432,6 +433,8 @@ if ("main", "floodgate, no limits") in by:
     print(f"  memory admitting, × nginx limit_req (1 worker) {rps('main', 'floodgate memory, admitting') / rps('main', 'nginx limit_req, admitting'):.2f} (>= 0.75)")
     print(f"  refusing, × nginx refusing (keep-alive)       {rps('main', 'floodgate memory, refusing') / rps('main', 'nginx limit_req, refusing'):.2f} (>= 1.0)")
     print(f"  the floor: bare Pingora proxy × nginx limit_req admitting {rps('main', 'bare Pingora proxy') / rps('main', 'nginx limit_req, admitting'):.2f}, refusing {rps('main', 'bare Pingora proxy, refusing') / rps('main', 'nginx limit_req, refusing'):.2f}")
+    if ("main", "bare Pingora gateway, refusing") in by:
+        print(f"  refusing, CPU/req over the bare gateway's 429 {cpu('main', 'floodgate memory, refusing') / cpu('main', 'bare Pingora gateway, refusing'):.2f} (the same answer: body, headers, request id); that 429 × nginx refusing {rps('main', 'bare Pingora gateway, refusing') / rps('main', 'nginx limit_req, refusing'):.2f}")
     for proto in ("http/1.1", "h2"):
         print(f"  TLS {proto:<8}, × nginx TLS                   {rps('main', f'floodgate TLS memory, {proto}') / rps('main', f'nginx TLS, {proto}'):.2f} (>= 0.75); the bare proxy's {rps('main', f'bare Pingora proxy TLS, {proto}') / rps('main', f'nginx TLS, {proto}'):.2f}")
 if ("threads", "floodgate memory, admitting, 2") in by:

@@ -1,6 +1,7 @@
 //! Decisions turned into what the client sees: rate-limit headers and the
 //! 429. Pure functions; the proxy only copies the result onto the wire.
 
+use http::HeaderValue;
 use serde::Deserialize;
 
 use crate::algorithm::Decision;
@@ -19,8 +20,9 @@ pub static RETRY_AFTER: SpelledName = SpelledName::from_static("retry-after", "R
 pub static CONTENT_TYPE: SpelledName = SpelledName::from_static("content-type", "Content-Type");
 pub static CACHE_CONTROL: SpelledName = SpelledName::from_static("cache-control", "Cache-Control");
 
-/// A header floodgate writes: its name, built once, and its value.
-pub type Header = (&'static SpelledName, String);
+/// A header floodgate writes: its name, built once, and its value, made
+/// where it is known (a constant costs no allocation, a number no check).
+pub type Header = (&'static SpelledName, HeaderValue);
 
 /// `[response].headers`: which rate-limit headers responses carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -95,11 +97,11 @@ pub fn rate_limit_headers(
     let d = &shown.decision;
     let mut n = itoa::Buffer::new();
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
-        out.push((&RATELIMIT_LIMIT, n.format(d.limit()).to_string()));
-        out.push((&RATELIMIT_REMAINING, n.format(d.remaining()).to_string()));
+        out.push((&RATELIMIT_LIMIT, HeaderValue::from(d.limit())));
+        out.push((&RATELIMIT_REMAINING, HeaderValue::from(d.remaining())));
         out.push((
             &RATELIMIT_RESET,
-            n.format(ceil_secs(d.reset_after_us())).to_string(),
+            HeaderValue::from(ceil_secs(d.reset_after_us())),
         ));
     }
     if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
@@ -115,7 +117,6 @@ pub fn rate_limit_headers(
             policy.push_str(";w=");
             policy.push_str(n.format(ceil_secs(l.window_us).max(1)));
         }
-        out.push((&RATELIMIT_POLICY, policy));
         let mut current = String::with_capacity(32);
         current.push('"');
         current.push_str(shown.name);
@@ -123,17 +124,30 @@ pub fn rate_limit_headers(
         current.push_str(n.format(d.remaining()));
         current.push_str(";t=");
         current.push_str(n.format(ceil_secs(d.reset_after_us())));
-        out.push((&RATELIMIT, current));
+        // Limit names are letters, digits, '_', '-' and '.' (the config
+        // checks): these are always valid values.
+        if let (Ok(policy), Ok(current)) = (
+            HeaderValue::try_from(policy),
+            HeaderValue::try_from(current),
+        ) {
+            out.push((&RATELIMIT_POLICY, policy));
+            out.push((&RATELIMIT, current));
+        }
     }
     out
+}
+
+/// `Retry-After`: whole seconds, at least one.
+pub fn retry_after(us: u64) -> Header {
+    (&RETRY_AFTER, HeaderValue::from(ceil_secs(us).max(1)))
 }
 
 /// The headers of every JSON answer floodgate writes itself (429, 502, 503,
 /// 504): never cached.
 pub fn json_headers() -> Vec<Header> {
     vec![
-        (&CONTENT_TYPE, "application/json".to_string()),
-        (&CACHE_CONTROL, "no-store".to_string()),
+        (&CONTENT_TYPE, HeaderValue::from_static("application/json")),
+        (&CACHE_CONTROL, HeaderValue::from_static("no-store")),
     ]
 }
 
@@ -156,14 +170,12 @@ pub fn rejection(
     let d = &refused.decision;
     if refused.banned {
         // A ban has no rate to advertise: only when it ends.
-        headers.push((
-            &RETRY_AFTER,
-            ceil_secs(d.retry_after_us()).max(1).to_string(),
-        ));
-        let body = format!(
-            "{{\"error\":\"banned\",\"limit\":\"{}\",\"retry_after_ms\":{},\"request_id\":\"{request_id}\"}}",
+        headers.push(retry_after(d.retry_after_us()));
+        let body = refusal_body(
+            "banned",
             refused.name,
-            ceil_ms(d.retry_after_us())
+            ("retry_after_ms", ceil_ms(d.retry_after_us())),
+            request_id,
         );
         return Rejection {
             status: 429,
@@ -173,19 +185,19 @@ pub fn rejection(
     }
     let body = if d.cost_exceeds_limit() {
         // Retrying cannot help, so no Retry-After: the body says why.
-        format!(
-            "{{\"error\":\"cost_exceeds_limit\",\"limit\":\"{}\",\"cost_limit\":{},\"request_id\":\"{request_id}\"}}",
-            refused.name, d.limit()
+        refusal_body(
+            "cost_exceeds_limit",
+            refused.name,
+            ("cost_limit", d.limit()),
+            request_id,
         )
     } else {
-        headers.push((
-            &RETRY_AFTER,
-            ceil_secs(d.retry_after_us()).max(1).to_string(),
-        ));
-        format!(
-            "{{\"error\":\"rate_limited\",\"limit\":\"{}\",\"retry_after_ms\":{},\"request_id\":\"{request_id}\"}}",
+        headers.push(retry_after(d.retry_after_us()));
+        refusal_body(
+            "rate_limited",
             refused.name,
-            ceil_ms(d.retry_after_us())
+            ("retry_after_ms", ceil_ms(d.retry_after_us())),
+            request_id,
         )
     };
     headers.extend(rate_limit_headers(style, layers, refused));
@@ -196,9 +208,44 @@ pub fn rejection(
     }
 }
 
+/// `{"error":"<error>","limit":"<limit>","<field>":<n>,"request_id":"<id>"}`,
+/// by hand for the reason `rate_limit_headers` is: every refusal writes
+/// one. The limit name and the id are plain characters (the config and
+/// `request_id` check them): nothing to escape.
+fn refusal_body(error: &str, limit: &str, (field, n): (&str, u64), request_id: &str) -> String {
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(n);
+    let mut body = String::with_capacity(
+        64 + error.len() + limit.len() + field.len() + digits.len() + request_id.len(),
+    );
+    for part in [
+        "{\"error\":\"",
+        error,
+        "\",\"limit\":\"",
+        limit,
+        "\",\"",
+        field,
+        "\":",
+        digits,
+        ",\"request_id\":\"",
+        request_id,
+        "\"}",
+    ] {
+        body.push_str(part);
+    }
+    body
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn texts(headers: &[Header]) -> Vec<(&'static SpelledName, &str)> {
+        headers
+            .iter()
+            .map(|(name, value)| (*name, value.to_str().expect("ASCII")))
+            .collect()
+    }
 
     fn layer(name: &str, capacity: u64, remaining: u64, reset_after_us: u64) -> Layer<'_> {
         Layer {
@@ -234,16 +281,16 @@ mod tests {
         let shown = most_constrained(&layers).expect("a layer");
         let h = rate_limit_headers(HeaderStyle::Both, &layers, shown);
         let expected = vec![
-            (&RATELIMIT_LIMIT, "200".to_string()),
-            (&RATELIMIT_REMAINING, "42".to_string()),
-            (&RATELIMIT_RESET, "7".to_string()),
+            (&RATELIMIT_LIMIT, "200"),
+            (&RATELIMIT_REMAINING, "42"),
+            (&RATELIMIT_RESET, "7"),
             (
                 &RATELIMIT_POLICY,
-                "\"per-ip\";q=200;w=4, \"per-account\";q=100;w=2".to_string(),
+                "\"per-ip\";q=200;w=4, \"per-account\";q=100;w=2",
             ),
-            (&RATELIMIT, "\"per-ip\";r=42;t=7".to_string()),
+            (&RATELIMIT, "\"per-ip\";r=42;t=7"),
         ];
-        assert_eq!(h, expected);
+        assert_eq!(texts(&h), expected);
         assert_eq!(
             rate_limit_headers(HeaderStyle::Legacy, &layers, shown).len(),
             3
@@ -265,10 +312,10 @@ mod tests {
             r.body,
             "{\"error\":\"rate_limited\",\"limit\":\"login\",\"retry_after_ms\":1001,\"request_id\":\"r-1\"}"
         );
-        assert!(r.headers.contains(&(&RETRY_AFTER, "2".to_string())));
+        assert!(texts(&r.headers).contains(&(&RETRY_AFTER, "2")));
         refused.decision = Decision::refused(5, 0, 3_000_000, 10);
         let r = rejection(HeaderStyle::None, &[refused], &refused, "r-2");
-        assert!(r.headers.contains(&(&RETRY_AFTER, "1".to_string())));
+        assert!(texts(&r.headers).contains(&(&RETRY_AFTER, "1")));
         assert!(r
             .body
             .ends_with("\"retry_after_ms\":1,\"request_id\":\"r-2\"}"));
@@ -285,7 +332,7 @@ mod tests {
             r.body,
             "{\"error\":\"banned\",\"limit\":\"login\",\"retry_after_ms\":3599001,\"request_id\":\"r-3\"}"
         );
-        assert!(r.headers.contains(&(&RETRY_AFTER, "3600".to_string())));
+        assert!(texts(&r.headers).contains(&(&RETRY_AFTER, "3600")));
         assert!(!r
             .headers
             .iter()

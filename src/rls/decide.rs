@@ -252,7 +252,7 @@ pub fn answer(style: headers::HeaderStyle, planned: &Planned, decisions: &[Decis
         if over_limit {
             offered.push((
                 &RETRY_AFTER,
-                headers::ceil_secs(reported.decision.retry_after_us()).to_string(),
+                http::HeaderValue::from(headers::ceil_secs(reported.decision.retry_after_us())),
             ));
         }
     }
@@ -551,7 +551,7 @@ match = { domain = "edge", descriptors = [["remote_address", "50.0.0.5"]] }
             .headers
             .iter()
             .find(|(name, _)| name.spelling() == "Retry-After")
-            .map(|(_, v)| v.as_str());
+            .and_then(|(_, v)| v.to_str().ok());
         assert_eq!(retry, Some("2"));
     }
 }

@@ -203,7 +203,8 @@ impl RateLimitService for Limiter {
                 .iter()
                 .map(|(name, value)| HeaderValue {
                     key: name.spelling().to_string(),
-                    value: value.clone(),
+                    // floodgate's own values: ASCII.
+                    value: value.to_str().unwrap_or_default().to_string(),
                     raw_value: Vec::new(),
                 })
                 .collect(),
