@@ -204,8 +204,8 @@ bare_case() { # section label threads [oha flags] [refuse | gateway]
   measure "$1" "$2" "$URL" "${4:-}" "${PID_OF[case]}"
   stop case
 }
-bare_tls_case() { # section label [oha flags]
-  start case "$BARE" "127.0.0.1:$PROXY_PORT" "127.0.0.1:$UP" 1 tls "127.0.0.1:$TLS_PORT" "$WORK/tls.crt" "$WORK/tls.key"
+bare_tls_case() { # section label [oha flags] [gateway]
+  start case "$BARE" "127.0.0.1:$PROXY_PORT" "127.0.0.1:$UP" 1 ${4:-} tls "127.0.0.1:$TLS_PORT" "$WORK/tls.crt" "$WORK/tls.key"
   wait_port $TLS_PORT
   measure "$1" "$2" "https://127.0.0.1:$TLS_PORT/" "--insecure ${3:-}" "${PID_OF[case]}"
   stop case
@@ -258,10 +258,12 @@ $ABUSE" "" "" "" redis
   # connection per oha worker either way), against nginx terminating TLS.
   nginx_case main "nginx TLS, http/1.1" 1 "$PROXY" "" "" tls
   bare_tls_case main "bare Pingora proxy TLS, http/1.1"
+  bare_tls_case main "bare Pingora gateway TLS, http/1.1" "" gateway
   fg_case main "floodgate TLS memory, http/1.1" 1 "$TLS_TABLE
 $NEVER" "--insecure" "https://127.0.0.1:$TLS_PORT/"
   nginx_case main "nginx TLS, h2" 1 "$PROXY" "" "--http2" tls
   bare_tls_case main "bare Pingora proxy TLS, h2" "--http2"
+  bare_tls_case main "bare Pingora gateway TLS, h2" "--http2" gateway
   fg_case main "floodgate TLS memory, h2" 1 "$TLS_TABLE
 $NEVER" "--insecure --http2" "https://127.0.0.1:$TLS_PORT/"
   if [ -n "$BEFORE" ]; then
@@ -294,6 +296,7 @@ if has nokeepalive; then
   fg_case nokeepalive "floodgate memory, admitting" 1 "$NEVER" "--disable-keepalive"
   nginx_case nokeepalive "nginx limit_req, refusing" 1 "$REFUSE" "$REFUSE_ZONE" "--disable-keepalive"
   bare_case nokeepalive "bare Pingora proxy, refusing" 1 "--disable-keepalive" refuse
+  bare_case nokeepalive "bare Pingora gateway, refusing" 1 "--disable-keepalive" "refuse gateway"
   fg_case nokeepalive "floodgate memory, refusing" 1 "$ABUSE" "--disable-keepalive"
 fi
 
@@ -436,9 +439,13 @@ if ("main", "floodgate, no limits") in by:
     if ("main", "bare Pingora gateway, refusing") in by:
         print(f"  refusing, CPU/req over the bare gateway's 429 {cpu('main', 'floodgate memory, refusing') / cpu('main', 'bare Pingora gateway, refusing'):.2f} (the same answer: body, headers, request id); that 429 × nginx refusing {rps('main', 'bare Pingora gateway, refusing') / rps('main', 'nginx limit_req, refusing'):.2f}")
     for proto in ("http/1.1", "h2"):
-        print(f"  TLS {proto:<8}, × nginx TLS                   {rps('main', f'floodgate TLS memory, {proto}') / rps('main', f'nginx TLS, {proto}'):.2f} (>= 0.75); the bare proxy's {rps('main', f'bare Pingora proxy TLS, {proto}') / rps('main', f'nginx TLS, {proto}'):.2f}")
+        gateway = rps('main', f'bare Pingora gateway TLS, {proto}')
+        beside = f", the bare gateway's {gateway / rps('main', f'nginx TLS, {proto}'):.2f} (floodgate × it {rps('main', f'floodgate TLS memory, {proto}') / gateway:.2f})" if gateway else ""
+        print(f"  TLS {proto:<8}, × nginx TLS                   {rps('main', f'floodgate TLS memory, {proto}') / rps('main', f'nginx TLS, {proto}'):.2f} (>= 0.75); the bare proxy's {rps('main', f'bare Pingora proxy TLS, {proto}') / rps('main', f'nginx TLS, {proto}'):.2f}{beside}")
 if ("threads", "floodgate memory, admitting, 2") in by:
     print(f"  memory admitting, × nginx limit_req (2)       {rps('threads', 'floodgate memory, admitting, 2') / rps('threads', 'nginx limit_req, admitting, 2'):.2f} (>= 0.75)")
 if ("nokeepalive", "floodgate memory, refusing") in by:
     print(f"  refusing, × nginx refusing (no keep-alive)    {rps('nokeepalive', 'floodgate memory, refusing') / rps('nokeepalive', 'nginx limit_req, refusing'):.2f} (>= 1.0)")
+    if ("nokeepalive", "bare Pingora gateway, refusing") in by:
+        print(f"  the same 429 from the bare gateway (no keep-alive) × nginx refusing {rps('nokeepalive', 'bare Pingora gateway, refusing') / rps('nokeepalive', 'nginx limit_req, refusing'):.2f}; floodgate × it {rps('nokeepalive', 'floodgate memory, refusing') / rps('nokeepalive', 'bare Pingora gateway, refusing'):.2f}")
 PY

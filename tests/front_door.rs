@@ -176,6 +176,8 @@ fn tls_with_http2_multiplexes_and_refuses_one_stream_at_a_time() {
         "--cacert",
         &ca,
         "--http1.1",
+        "-H",
+        "Floodgate-H2-Stream: 1:1",
         "-w",
         "%{http_code} %{http_version}",
         &format!("{base}/free/x"),
@@ -224,11 +226,22 @@ fn tls_with_http2_multiplexes_and_refuses_one_stream_at_a_time() {
     let h2 = curl(&[
         "--cacert",
         &ca,
+        // A client's own stream name goes before the watch's and is not
+        // the one read; none reaches the upstream.
+        "-H",
+        "floodgate-h2-stream: 0:1",
         "-w",
         "%{http_code} %{http_version}",
         &format!("{base}/free/y"),
     ]);
     assert_eq!(h2, ["200 2"]);
+    let seen = upstream.seen();
+    assert!(seen.iter().any(|s| s.path == "/free/y"), "{seen:?}");
+    assert!(
+        seen.iter()
+            .all(|s| header(s, "floodgate-h2-stream").is_none()),
+        "{seen:?}"
+    );
 }
 
 #[test]

@@ -36,6 +36,8 @@ use super::clock::MIN_BODY_RATE;
 
 /// The header a stream's first header block carries to its request.
 pub const STREAM_HEADER: &str = "floodgate-h2-stream";
+/// The same, as a name a header map looks up without parsing it again.
+pub static STREAM_HEADER_NAME: http::HeaderName = http::HeaderName::from_static(STREAM_HEADER);
 
 const PREFACE_LEN: usize = 24;
 const FRAME_HEAD: usize = 9;
@@ -52,8 +54,13 @@ const END_HEADERS: u8 = 0x4;
 /// stream beyond it is cut as it opens.
 const MOST_STREAMS: usize = 1024;
 
-static WATCHES: LazyLock<Mutex<HashMap<u64, Weak<H2Watch>>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
+/// The maps looked up on every frame and request: SipHash, the standard
+/// map's, cost about a fifth of what the watch does per request. Stream ids
+/// are the client's to choose, so the seed is still random per map.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+static WATCHES: LazyLock<Mutex<FastMap<u64, Weak<H2Watch>>>> =
+    LazyLock::new(|| Mutex::new(FastMap::default()));
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -77,7 +84,7 @@ pub struct H2Watch {
 
 #[derive(Default)]
 struct Shared {
-    streams: HashMap<u32, Stream>,
+    streams: FastMap<u32, Stream>,
     /// The highest client stream opened: a HEADERS frame above it opens one.
     highest: u32,
     /// Frames for the h2 server before anything more is read: resets let
@@ -479,6 +486,13 @@ impl Drop for H2Watch {
     }
 }
 
+/// The value of `STREAM_HEADER` that names a request's stream: the last,
+/// the one the watch appended (a client's own go before it; the gateway
+/// removes them all).
+pub fn stream_header(headers: &http::HeaderMap) -> Option<&http::HeaderValue> {
+    headers.get_all(&STREAM_HEADER_NAME).iter().next_back()
+}
+
 /// A request's stream on its connection's watch.
 pub struct H2Stream {
     watch: Arc<H2Watch>,
@@ -486,11 +500,8 @@ pub struct H2Stream {
 }
 
 impl H2Stream {
-    /// The stream an HTTP/2 request's headers name: the last value of
-    /// `STREAM_HEADER`, the one the watch appended (a client's own go
-    /// before it; the gateway removes them all).
-    pub fn named(headers: &http::HeaderMap) -> Option<H2Stream> {
-        let value = headers.get_all(STREAM_HEADER).iter().next_back()?;
+    /// The stream a request's `STREAM_HEADER` value (`stream_header`) names.
+    pub fn named(value: &http::HeaderValue) -> Option<H2Stream> {
         let (watch, id) = value.to_str().ok()?.split_once(':')?;
         let (watch, id) = (u64::from_str_radix(watch, 16).ok()?, id.parse().ok()?);
         let watch = lock(&WATCHES).get(&watch)?.upgrade()?;
@@ -863,7 +874,8 @@ mod tests {
         let mut headers = http::HeaderMap::new();
         headers.append(STREAM_HEADER, "forged:7".parse().unwrap());
         headers.append(STREAM_HEADER, format!("{:x}:5", watch.id).parse().unwrap());
-        let named_stream = H2Stream::named(&headers).expect("named");
+        let named_stream =
+            H2Stream::named(stream_header(&headers).expect("a value")).expect("named");
         assert_eq!(named_stream.id, 5);
         // The value the frame carries, as the gateway parses it.
         assert!(named(0x00ab_cdef, 77).ends_with(b"\x09abcdef:77"));
@@ -913,9 +925,9 @@ mod tests {
         read_all(&mut client, &input, false);
         let mut headers = http::HeaderMap::new();
         headers.insert(STREAM_HEADER, format!("{:x}:1", watch.id).parse().unwrap());
-        let one = H2Stream::named(&headers).expect("named");
+        let one = H2Stream::named(stream_header(&headers).expect("a value")).expect("named");
         headers.insert(STREAM_HEADER, format!("{:x}:3", watch.id).parse().unwrap());
-        let three = H2Stream::named(&headers).expect("named");
+        let three = H2Stream::named(stream_header(&headers).expect("a value")).expect("named");
         // Two resets of stream 1: neither reaches the h2 server.
         let reset = frame(RST_STREAM, 0, 1, &CANCEL.to_be_bytes());
         let mut twice = reset.clone();

@@ -34,7 +34,7 @@ use super::verdict::{Outcome, Verdict};
 use crate::blocklist::BlockReason;
 use crate::clock::{Clock, SystemClock};
 use crate::connection::clock::HeadClock;
-use crate::connection::h2_watch::{H2Stream, STREAM_HEADER};
+use crate::connection::h2_watch::{stream_header, H2Stream, STREAM_HEADER_NAME};
 use crate::headers::{self, Position};
 use crate::identity::{normalize_host, Client, IdentityError};
 use crate::jwt::TokenCheck;
@@ -195,11 +195,11 @@ impl Gateway {
         let h2 = session.req_header().version == http::Version::HTTP_2;
         // The header naming an HTTP/2 request's stream is the watch's word
         // to this request alone: read, then gone before anything else looks.
-        if session.req_header().headers.contains_key(STREAM_HEADER) {
+        if let Some(named) = stream_header(&session.req_header().headers) {
             if h2 {
-                ctx.h2_stream = H2Stream::named(&session.req_header().headers);
+                ctx.h2_stream = H2Stream::named(named);
             }
-            session.req_header_mut().remove_header(STREAM_HEADER);
+            session.req_header_mut().remove_header(&STREAM_HEADER_NAME);
         }
         if !h2 {
             // A client that closes its side once the request is in does not
