@@ -249,7 +249,9 @@ pub fn answer(style: headers::HeaderStyle, planned: &Planned, decisions: &[Decis
         if style != headers::HeaderStyle::None {
             offered = headers::rate_limit_headers(style, &enforcing_layers, reported);
         }
-        if over_limit {
+        // A cost above the limit passes at no time: no Retry-After (as the
+        // gateway's 429), where 0 would say "now".
+        if over_limit && !reported.decision.cost_exceeds_limit() {
             offered.push((
                 &RETRY_AFTER,
                 http::HeaderValue::from(headers::ceil_secs(reported.decision.retry_after_us())),
@@ -553,5 +555,17 @@ match = { domain = "edge", descriptors = [["remote_address", "50.0.0.5"]] }
             .find(|(name, _)| name.spelling() == "Retry-After")
             .and_then(|(_, v)| v.to_str().ok());
         assert_eq!(retry, Some("2"));
+
+        // A hits_addend above the quota never passes: nothing says when.
+        let decisions = [
+            Decision::admitted(10, 6, 30_000_000),
+            Decision::never_passable(5, 5, 0),
+        ];
+        let never = super::answer(headers::HeaderStyle::Both, &planned, &decisions);
+        assert!(never.over_limit);
+        assert!(!never
+            .headers
+            .iter()
+            .any(|(name, _)| name.spelling() == "Retry-After"));
     }
 }
