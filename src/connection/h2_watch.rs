@@ -25,7 +25,7 @@
 //! floor allows loses the connection.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 use std::task::Waker;
 use std::time::Duration;
@@ -58,6 +58,8 @@ const MOST_STREAMS: usize = 1024;
 /// map's, cost about a fifth of what the watch does per request. Stream ids
 /// are the client's to choose, so the seed is still random per map.
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 static WATCHES: LazyLock<Mutex<FastMap<u64, Weak<H2Watch>>>> =
     LazyLock::new(|| Mutex::new(FastMap::default()));
@@ -172,8 +174,12 @@ impl H2Watch {
         let mut registry = lock(&WATCHES);
         let id = loop {
             let mut bytes = [0u8; 8];
-            let _ = getrandom::fill(&mut bytes);
-            let id = u64::from_le_bytes(bytes);
+            // Without the system's randomness, a counter's next value: the
+            // loop must end, under the registry's lock.
+            let id = match getrandom::fill(&mut bytes) {
+                Ok(()) => u64::from_le_bytes(bytes),
+                Err(_) => NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            };
             if id != 0 && !registry.contains_key(&id) {
                 break id;
             }
