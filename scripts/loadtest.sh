@@ -272,9 +272,19 @@ $NEVER" "--insecure --http2" "https://127.0.0.1:$TLS_PORT/"
     fg_case main "previous build memory, refusing" 1 "$ABUSE" "" "" "$BEFORE"
     fg_case main "previous build redis, admitting" 1 "$REDIS_TABLE
 $NEVER" "" "" "$BEFORE" redis
-    fg_case main "previous build redis, leases off" 1 "$REDIS_TABLE
+    # A build from before leases decides every request on Redis: its
+    # admitting row is already what leases off measures.
+    floodgate_conf 1 "$REDIS_TABLE
+leases = \"off\""
+    if "$BEFORE" check "$WORK/fg.toml" >/dev/null 2>&1; then
+      fg_case main "previous build redis, leases off" 1 "$REDIS_TABLE
 leases = \"off\"
 $NEVER" "" "" "$BEFORE" redis
+    fi
+    fg_case main "previous build TLS memory, http/1.1" 1 "$TLS_TABLE
+$NEVER" "--insecure" "https://127.0.0.1:$TLS_PORT/" "$BEFORE"
+    fg_case main "previous build TLS memory, h2" 1 "$TLS_TABLE
+$NEVER" "--insecure --http2" "https://127.0.0.1:$TLS_PORT/" "$BEFORE"
   fi
 fi
 
@@ -286,6 +296,10 @@ if has threads; then
     nginx_case threads "nginx limit_req, refusing, $n" "$n" "$REFUSE" "$REFUSE_ZONE"
     bare_case threads "bare Pingora proxy, refusing, $n" "$n" "" refuse
     fg_case threads "floodgate memory, refusing, $n" "$n" "$ABUSE"
+    if [ -n "$BEFORE" ]; then
+      fg_case threads "previous build memory, admitting, $n" "$n" "$NEVER" "" "" "$BEFORE"
+      fg_case threads "previous build memory, refusing, $n" "$n" "$ABUSE" "" "" "$BEFORE"
+    fi
   done
 fi
 
@@ -298,6 +312,10 @@ if has nokeepalive; then
   bare_case nokeepalive "bare Pingora proxy, refusing" 1 "--disable-keepalive" refuse
   bare_case nokeepalive "bare Pingora gateway, refusing" 1 "--disable-keepalive" "refuse gateway"
   fg_case nokeepalive "floodgate memory, refusing" 1 "$ABUSE" "--disable-keepalive"
+  if [ -n "$BEFORE" ]; then
+    fg_case nokeepalive "previous build memory, admitting" 1 "$NEVER" "--disable-keepalive" "" "$BEFORE"
+    fg_case nokeepalive "previous build memory, refusing" 1 "$ABUSE" "--disable-keepalive" "" "$BEFORE"
+  fi
 fi
 
 if has flood; then

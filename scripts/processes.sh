@@ -15,5 +15,5 @@ wait_port() { # port: until something listens there, or the logs and out
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
     sleep 0.05
   done
-  echo "nothing listens on $1" >&2; cat "$WORK"/*.log >&2; exit 1
+  echo "nothing listens on $1" >&2; tail -n 20 "$WORK"/*.log >&2; exit 1
 }
