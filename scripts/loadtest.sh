@@ -211,9 +211,15 @@ bare_tls_case() { # section label [oha flags] [gateway]
   stop case
 }
 # fg_case section label threads config-body [oha flags] [url] [binary] [redis]
+# A previous build that does not read the case's config (a key added since)
+# has no row for it.
 fg_case() {
   local section="$1" label="$2" threads="$3" body="$4" flags="${5:-}" url="${6:-$URL}" binary="${7:-$FLOODGATE}"
   floodgate_conf "$threads" "$body"
+  if [ "$binary" != "$FLOODGATE" ] && ! "$binary" check "$WORK/fg.toml" >/dev/null 2>&1; then
+    echo "no row for \"$label\": that build does not read its config" >&2
+    return 0
+  fi
   start case "$binary" --config "$WORK/fg.toml"
   case "$url" in https*) wait_port $TLS_PORT ;; *) wait_port $PROXY_PORT ;; esac
   if [ "${8:-}" = redis ]; then
@@ -222,6 +228,16 @@ fg_case() {
     measure "$section" "$label" "$url" "$flags" "${PID_OF[case]}"
   fi
   stop case
+}
+# both_builds section what threads config-body [oha flags] [url] [redis]:
+# the row "floodgate<what>", and with FLOODGATE_BEFORE "previous build<what>"
+# right after it.
+both_builds() {
+  local section="$1" what="$2"; shift 2
+  fg_case "$section" "floodgate$what" "$1" "$2" "${3:-}" "${4:-}" "$FLOODGATE" "${5:-}"
+  if [ -n "$BEFORE" ]; then
+    fg_case "$section" "previous build$what" "$1" "$2" "${3:-}" "${4:-}" "$BEFORE" "${5:-}"
+  fi
 }
 
 has() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
@@ -237,13 +253,15 @@ if has main; then
   nginx_case main "nginx limit_req, admitting" 1 "$ADMIT" "$ADMIT_ZONE"
   bare_case main "bare Pingora proxy" 1
   bare_case main "bare Pingora gateway" 1 "" gateway
-  fg_case main "floodgate, no limits" 1 ""
-  fg_case main "floodgate memory, admitting" 1 "$NEVER"
-  fg_case main "floodgate redis, admitting" 1 "$REDIS_TABLE
-$NEVER" "" "" "" redis
-  fg_case main "floodgate redis, leases off" 1 "$REDIS_TABLE
+  both_builds main ", no limits" 1 ""
+  both_builds main " memory, admitting" 1 "$NEVER"
+  both_builds main " redis, admitting" 1 "$REDIS_TABLE
+$NEVER" "" "" redis
+  # A build from before leases decides every request on Redis (its admitting
+  # row is what leases off measures) and has no row here.
+  both_builds main " redis, leases off" 1 "$REDIS_TABLE
 leases = \"off\"
-$NEVER" "" "" "" redis
+$NEVER" "" "" redis
   fg_case main "floodgate redis, global key" 1 "$REDIS_TABLE
 $GLOBAL" "" "" "" redis
   fg_case main "floodgate redis, 1,000 clients" 1 "$REDIS_TABLE
@@ -251,7 +269,7 @@ $PER_K" "--rand-regex-url" "http://127[.]0[.]0[.]1:$PROXY_PORT/[?]k=[0-9]{3}" ""
   nginx_case main "nginx limit_req, refusing" 1 "$REFUSE" "$REFUSE_ZONE"
   bare_case main "bare Pingora proxy, refusing" 1 "" refuse
   bare_case main "bare Pingora gateway, refusing" 1 "" "refuse gateway"
-  fg_case main "floodgate memory, refusing" 1 "$ABUSE"
+  both_builds main " memory, refusing" 1 "$ABUSE"
   fg_case main "floodgate redis, refusing" 1 "$REDIS_TABLE
 $ABUSE" "" "" "" redis
   # TLS at the edge: the same certificate, HTTP/1.1 and HTTP/2 (one
@@ -259,47 +277,23 @@ $ABUSE" "" "" "" redis
   nginx_case main "nginx TLS, http/1.1" 1 "$PROXY" "" "" tls
   bare_tls_case main "bare Pingora proxy TLS, http/1.1"
   bare_tls_case main "bare Pingora gateway TLS, http/1.1" "" gateway
-  fg_case main "floodgate TLS memory, http/1.1" 1 "$TLS_TABLE
+  both_builds main " TLS memory, http/1.1" 1 "$TLS_TABLE
 $NEVER" "--insecure" "https://127.0.0.1:$TLS_PORT/"
   nginx_case main "nginx TLS, h2" 1 "$PROXY" "" "--http2" tls
   bare_tls_case main "bare Pingora proxy TLS, h2" "--http2"
   bare_tls_case main "bare Pingora gateway TLS, h2" "--http2" gateway
-  fg_case main "floodgate TLS memory, h2" 1 "$TLS_TABLE
+  both_builds main " TLS memory, h2" 1 "$TLS_TABLE
 $NEVER" "--insecure --http2" "https://127.0.0.1:$TLS_PORT/"
-  if [ -n "$BEFORE" ]; then
-    fg_case main "previous build, no limits" 1 "" "" "" "$BEFORE"
-    fg_case main "previous build memory, admitting" 1 "$NEVER" "" "" "$BEFORE"
-    fg_case main "previous build memory, refusing" 1 "$ABUSE" "" "" "$BEFORE"
-    fg_case main "previous build redis, admitting" 1 "$REDIS_TABLE
-$NEVER" "" "" "$BEFORE" redis
-    # A build from before leases decides every request on Redis: its
-    # admitting row is already what leases off measures.
-    floodgate_conf 1 "$REDIS_TABLE
-leases = \"off\""
-    if "$BEFORE" check "$WORK/fg.toml" >/dev/null 2>&1; then
-      fg_case main "previous build redis, leases off" 1 "$REDIS_TABLE
-leases = \"off\"
-$NEVER" "" "" "$BEFORE" redis
-    fi
-    fg_case main "previous build TLS memory, http/1.1" 1 "$TLS_TABLE
-$NEVER" "--insecure" "https://127.0.0.1:$TLS_PORT/" "$BEFORE"
-    fg_case main "previous build TLS memory, h2" 1 "$TLS_TABLE
-$NEVER" "--insecure --http2" "https://127.0.0.1:$TLS_PORT/" "$BEFORE"
-  fi
 fi
 
 if has threads; then
   for n in 1 2 4; do
     nginx_case threads "nginx limit_req, admitting, $n" "$n" "$ADMIT" "$ADMIT_ZONE"
     bare_case threads "bare Pingora proxy, $n" "$n"
-    fg_case threads "floodgate memory, admitting, $n" "$n" "$NEVER"
+    both_builds threads " memory, admitting, $n" "$n" "$NEVER"
     nginx_case threads "nginx limit_req, refusing, $n" "$n" "$REFUSE" "$REFUSE_ZONE"
     bare_case threads "bare Pingora proxy, refusing, $n" "$n" "" refuse
-    fg_case threads "floodgate memory, refusing, $n" "$n" "$ABUSE"
-    if [ -n "$BEFORE" ]; then
-      fg_case threads "previous build memory, admitting, $n" "$n" "$NEVER" "" "" "$BEFORE"
-      fg_case threads "previous build memory, refusing, $n" "$n" "$ABUSE" "" "" "$BEFORE"
-    fi
+    both_builds threads " memory, refusing, $n" "$n" "$ABUSE"
   done
 fi
 
@@ -307,15 +301,11 @@ if has nokeepalive; then
   # A scripted abuser's pattern: a new connection for every request.
   nginx_case nokeepalive "nginx limit_req, admitting" 1 "$ADMIT" "$ADMIT_ZONE" "--disable-keepalive"
   bare_case nokeepalive "bare Pingora proxy" 1 "--disable-keepalive"
-  fg_case nokeepalive "floodgate memory, admitting" 1 "$NEVER" "--disable-keepalive"
+  both_builds nokeepalive " memory, admitting" 1 "$NEVER" "--disable-keepalive"
   nginx_case nokeepalive "nginx limit_req, refusing" 1 "$REFUSE" "$REFUSE_ZONE" "--disable-keepalive"
   bare_case nokeepalive "bare Pingora proxy, refusing" 1 "--disable-keepalive" refuse
   bare_case nokeepalive "bare Pingora gateway, refusing" 1 "--disable-keepalive" "refuse gateway"
-  fg_case nokeepalive "floodgate memory, refusing" 1 "$ABUSE" "--disable-keepalive"
-  if [ -n "$BEFORE" ]; then
-    fg_case nokeepalive "previous build memory, admitting" 1 "$NEVER" "--disable-keepalive" "" "$BEFORE"
-    fg_case nokeepalive "previous build memory, refusing" 1 "$ABUSE" "--disable-keepalive" "" "$BEFORE"
-  fi
+  both_builds nokeepalive " memory, refusing" 1 "$ABUSE" "--disable-keepalive"
 fi
 
 if has flood; then
@@ -323,10 +313,7 @@ if has flood; then
   # held: each is closed at once. The rate is connection attempts per
   # second, the CPU per attempt.
   SERVER_EXTRA="max_connections_per_ip = 1"
-  fg_case flood "floodgate, connections over the cap" 1 "" "--disable-keepalive"
-  if [ -n "$BEFORE" ]; then
-    fg_case flood "previous build, connections over the cap" 1 "" "--disable-keepalive" "" "$BEFORE"
-  fi
+  both_builds flood ", connections over the cap" 1 "" "--disable-keepalive"
   SERVER_EXTRA=""
 fi
 
