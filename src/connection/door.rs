@@ -116,14 +116,18 @@ impl FrontDoor {
 
     /// An HTTP/2 connection's watch: a client's reset is held for an answer
     /// no longer than the upstream may take to give one.
-    fn h2_watch(&self) -> Arc<H2Watch> {
+    fn h2_watch(&self, stream: &Stream) -> Arc<H2Watch> {
         let runtime = self.state.runtime.load();
         let upstream = runtime.upstream.settings();
         let servers = u32::try_from(upstream.servers.len()).unwrap_or(u32::MAX);
         let hold_limit = upstream.read_timeout
             + upstream.connect_timeout.saturating_mul(servers)
             + self.settings.header_timeout;
-        H2Watch::new(self.settings.header_timeout, hold_limit)
+        H2Watch::new(
+            stream.get_socket_digest(),
+            self.settings.header_timeout,
+            hold_limit,
+        )
     }
 }
 
@@ -177,12 +181,9 @@ impl ServerApp for FrontDoor {
             // them (idle connections close after keepalive_timeout).
             Protocol::Http2(stream, preface) => {
                 clock.head_arrived();
-                let watched = GuardedStream::watching(
-                    stream,
-                    preface,
-                    self.h2_watch(),
-                    self.caps.metrics.clone(),
-                );
+                let watch = self.h2_watch(&stream);
+                let watched =
+                    GuardedStream::watching(stream, preface, watch, self.caps.metrics.clone());
                 return ServerApp::process_new(&self.proxy, Box::new(watched), shutdown).await;
             }
             Protocol::Http1(stream) => stream,

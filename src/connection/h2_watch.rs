@@ -30,9 +30,13 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard, Weak};
 use std::task::Waker;
 use std::time::Duration;
 
+use pingora::protocols::SocketDigest;
 use tokio::time::Instant;
 
+use log::debug;
+
 use super::clock::MIN_BODY_RATE;
+use super::hpack_bounds::HpackBounds;
 
 /// The header a stream's first header block carries to its request.
 pub const STREAM_HEADER: &str = "floodgate-h2-stream";
@@ -48,6 +52,8 @@ const RST_STREAM: u8 = 0x3;
 const CONTINUATION: u8 = 0x9;
 const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
+const PADDED: u8 = 0x8;
+const PRIORITY_FLAG: u8 = 0x20;
 
 /// Streams followed at once on one connection, far above what the h2
 /// server lets a client open (those it refuses are answered at once); a
@@ -72,6 +78,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// the frames) and its requests (which say what their bodies owe).
 pub struct H2Watch {
     id: u64,
+    /// The connection's socket as Pingora describes it to each of its
+    /// requests: a request names a stream of this watch only if it came on
+    /// this connection.
+    socket: Option<Arc<SocketDigest>>,
     header_timeout: Duration,
     /// The longest a reset is held for an answer: past it the upstream has
     /// given up anyway (its read timeout).
@@ -170,7 +180,11 @@ impl Stream {
 }
 
 impl H2Watch {
-    pub fn new(header_timeout: Duration, hold_limit: Duration) -> Arc<H2Watch> {
+    pub fn new(
+        socket: Option<Arc<SocketDigest>>,
+        header_timeout: Duration,
+        hold_limit: Duration,
+    ) -> Arc<H2Watch> {
         let mut registry = lock(&WATCHES);
         let id = loop {
             let mut bytes = [0u8; 8];
@@ -186,6 +200,7 @@ impl H2Watch {
         };
         let watch = Arc::new(H2Watch {
             id,
+            socket,
             header_timeout,
             hold_limit,
             inbound_waiting: AtomicBool::new(false),
@@ -506,13 +521,32 @@ pub struct H2Stream {
 }
 
 impl H2Stream {
-    /// The stream a request's `STREAM_HEADER` value (`stream_header`) names.
-    pub fn named(value: &http::HeaderValue) -> Option<H2Stream> {
+    /// The stream a request's `STREAM_HEADER` value (`stream_header`) names,
+    /// if it is a stream of the request's own connection (`socket`, its
+    /// digest's) that no other request holds.
+    pub fn named(
+        value: &http::HeaderValue,
+        socket: Option<&Arc<SocketDigest>>,
+    ) -> Option<H2Stream> {
         let (watch, id) = value.to_str().ok()?.split_once(':')?;
         let (watch, id) = (u64::from_str_radix(watch, 16).ok()?, id.parse().ok()?);
         let watch = lock(&WATCHES).get(&watch)?.upgrade()?;
-        watch.shared().streams.get_mut(&id)?.claimed = true;
-        Some(H2Stream { watch, id })
+        let same_connection = match (&watch.socket, socket) {
+            (Some(own), Some(request)) => Arc::ptr_eq(own, request),
+            (None, None) => true,
+            _ => false,
+        };
+        if !same_connection {
+            return None;
+        }
+        let stream = watch.shared().streams.get_mut(&id).map(|stream| {
+            let free = !stream.claimed;
+            stream.claimed = true;
+            free
+        });
+        stream
+            .is_some_and(|free| free)
+            .then_some(H2Stream { watch, id })
     }
 
     /// Whether the stream's request is whole and its exchange was cut
@@ -598,6 +632,13 @@ fn naming_frame(watch: u64, id: u32, out: &mut Vec<u8>) {
     out.extend_from_slice(&value[..len]);
 }
 
+/// An empty CONTINUATION ending stream `id`'s header block as the client
+/// left it.
+fn unnamed_block_end(id: u32, out: &mut Vec<u8>) {
+    out.extend_from_slice(&[0, 0, 0, CONTINUATION, END_HEADERS]);
+    out.extend_from_slice(&(id & 0x7fff_ffff).to_be_bytes());
+}
+
 fn frame_head(head: &[u8]) -> (usize, u8, u8, u32) {
     let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
     let id = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
@@ -621,6 +662,26 @@ pub(super) struct ClientFrames {
     name_after: Option<u32>,
     /// The stream whose first header block is being read.
     block: Option<u32>,
+    /// A header block the client has begun and not ended, and since when:
+    /// the h2 server takes no other frame until it ends.
+    open_block: Option<(u32, Instant)>,
+    /// Where the fields of the first block being read begin and end.
+    bounds: HpackBounds,
+    /// The current frame's payload belongs to that block: which of its
+    /// bytes are the block's.
+    fragment: Option<Fragment>,
+}
+
+/// A header frame's payload around its block fragment (RFC 9113 §6.2):
+/// a pad length and a priority before it, padding after it.
+#[derive(Clone, Copy)]
+struct Fragment {
+    /// The next byte is the pad length.
+    pad_length_next: bool,
+    /// Priority bytes still before the fragment.
+    skip: usize,
+    /// Padding bytes at the payload's end.
+    padding: usize,
 }
 
 impl ClientFrames {
@@ -635,6 +696,9 @@ impl ClientFrames {
             reset: None,
             name_after: None,
             block: None,
+            open_block: None,
+            bounds: HpackBounds::default(),
+            fragment: None,
         }
     }
 
@@ -645,15 +709,25 @@ impl ClientFrames {
     /// Between two of the client's frames, as the h2 server has been given
     /// them: where a frame of the watch's own may go in.
     pub(super) fn between_frames(&self) -> bool {
-        self.preface_left == 0 && self.payload_left == 0
+        self.preface_left == 0 && self.payload_left == 0 && self.open_block.is_none()
     }
 
-    /// The stream whose frame the h2 server has been given part of, and by
-    /// when the rest must have come (its length at the body floor, after a
-    /// grace of `header_timeout`).
+    /// The stream whose frame (or header block) the h2 server has been
+    /// given part of, and by when the rest must have come: a frame's
+    /// length at the body floor after a grace of `header_timeout`, a
+    /// block within `header_timeout` of its first frame.
     pub(super) fn inside_frame(&self) -> Option<(u32, Instant)> {
-        let until = self.inside_until?;
-        (self.payload_left > 0).then(|| (frame_head(&self.head).3, until))
+        let frame = self
+            .inside_until
+            .filter(|_| self.payload_left > 0)
+            .map(|until| (frame_head(&self.head).3, until));
+        let block = self
+            .open_block
+            .map(|(id, since)| (id, since + self.watch.header_timeout));
+        match (frame, block) {
+            (Some(f), Some(b)) => Some(if b.1 < f.1 { b } else { f }),
+            (f, b) => f.or(b),
+        }
     }
 
     /// What of `input` goes on to the h2 server, appended to `out`.
@@ -680,14 +754,18 @@ impl ClientFrames {
             } else if self.payload_left > 0 {
                 let n = self.payload_left.min(input.len());
                 out.extend_from_slice(&input[..n]);
+                if self.fragment.is_some() {
+                    self.read_fragment(&input[..n]);
+                }
                 self.payload_left -= n;
                 input = &input[n..];
                 if self.payload_left == 0 {
                     self.frame_done(out);
                 }
             } else {
-                if self.head_len == 0 {
-                    // Between two frames: what the watch has goes first.
+                if self.head_len == 0 && self.open_block.is_none() {
+                    // Between two frames, outside a header block: what the
+                    // watch has goes first.
                     self.watch.drain_inbound(out);
                 }
                 let n = (FRAME_HEAD - self.head_len).min(input.len());
@@ -710,10 +788,32 @@ impl ClientFrames {
             self.reset = Some((frame, FRAME_HEAD));
             return;
         }
-        if self
+        match kind {
+            HEADERS if flags & END_HEADERS == 0 => self.open_block = Some((id, Instant::now())),
+            CONTINUATION if flags & END_HEADERS != 0 => self.open_block = None,
+            _ => {}
+        }
+        let opening = kind == HEADERS && self.block != Some(id);
+        let last = self
             .watch
-            .client_frame(kind, flags, id, len, &mut self.block)
-        {
+            .client_frame(kind, flags, id, len, &mut self.block);
+        self.fragment = None;
+        if last || (self.block == Some(id) && matches!(kind, HEADERS | CONTINUATION)) {
+            if opening {
+                self.bounds = HpackBounds::default();
+            }
+            let headers = kind == HEADERS;
+            self.fragment = Some(Fragment {
+                pad_length_next: headers && flags & PADDED != 0,
+                skip: if headers && flags & PRIORITY_FLAG != 0 {
+                    5
+                } else {
+                    0
+                },
+                padding: 0,
+            });
+        }
+        if last {
             // The block goes on in the frame that names the stream.
             self.head[4] &= !END_HEADERS;
             self.name_after = Some(id);
@@ -729,10 +829,49 @@ impl ClientFrames {
         }
     }
 
+    /// Bytes of a first header block's frame, `self.payload_left` of its
+    /// payload still to come before them: the fragment's go to `bounds`.
+    fn read_fragment(&mut self, mut bytes: &[u8]) {
+        let Some(fragment) = self.fragment.as_mut() else {
+            return;
+        };
+        let mut left = self.payload_left;
+        if fragment.pad_length_next {
+            let Some((&pad, rest)) = bytes.split_first() else {
+                return;
+            };
+            fragment.pad_length_next = false;
+            fragment.padding = usize::from(pad);
+            left -= 1;
+            bytes = rest;
+            if fragment.padding > left.saturating_sub(fragment.skip) {
+                // More padding than payload: the h2 server refuses the
+                // frame, and nothing is appended to the block.
+                self.bounds.refuse();
+            }
+        }
+        let skipped = fragment.skip.min(bytes.len());
+        fragment.skip -= skipped;
+        left -= skipped;
+        bytes = &bytes[skipped..];
+        // What lies before the padding.
+        let block_bytes = left.saturating_sub(fragment.padding).min(bytes.len());
+        self.bounds.read(&bytes[..block_bytes]);
+    }
+
     fn frame_done(&mut self, out: &mut Vec<u8>) {
         self.inside_until = None;
+        self.fragment = None;
         if let Some(id) = self.name_after.take() {
-            naming_frame(self.watch.id, id, out);
+            if self.bounds.at_field_boundary() {
+                naming_frame(self.watch.id, id, out);
+            } else {
+                // The client's block ends inside a field, which would read
+                // what follows as its own: the block ends here, unnamed,
+                // and the h2 server refuses the connection for it.
+                debug!("HTTP/2 header block of stream {id} ends inside a field");
+                unnamed_block_end(id, out);
+            }
         }
     }
 }
@@ -819,7 +958,7 @@ mod tests {
     #[test]
     fn a_reset_of_a_whole_request_waits_for_its_answer() {
         for by_byte in [false, true] {
-            let watch = H2Watch::new(Duration::from_secs(10), Duration::from_secs(60));
+            let watch = H2Watch::new(None, Duration::from_secs(10), Duration::from_secs(60));
             let mut client = ClientFrames::new(watch.clone());
             let mut server = ServerFrames::new(watch.clone());
             let mut input = preface();
@@ -855,7 +994,7 @@ mod tests {
 
     #[test]
     fn the_stream_is_named_once_after_its_whole_first_block() {
-        let watch = H2Watch::new(Duration::from_secs(10), Duration::from_secs(60));
+        let watch = H2Watch::new(None, Duration::from_secs(10), Duration::from_secs(60));
         let mut client = ClientFrames::new(watch.clone());
         let mut input = preface();
         input.extend(frame(HEADERS, 0, 5, b"\x82"));
@@ -881,7 +1020,7 @@ mod tests {
         headers.append(STREAM_HEADER, "forged:7".parse().unwrap());
         headers.append(STREAM_HEADER, format!("{:x}:5", watch.id).parse().unwrap());
         let named_stream =
-            H2Stream::named(stream_header(&headers).expect("a value")).expect("named");
+            H2Stream::named(stream_header(&headers).expect("a value"), None).expect("named");
         assert_eq!(named_stream.id, 5);
         // The value the frame carries, as the gateway parses it.
         assert!(named(0x00ab_cdef, 77).ends_with(b"\x09abcdef:77"));
@@ -890,7 +1029,7 @@ mod tests {
 
     #[test]
     fn a_late_body_is_cut_and_a_gone_client_waits_for_its_answers() {
-        let watch = H2Watch::new(Duration::from_secs(1), Duration::from_secs(60));
+        let watch = H2Watch::new(None, Duration::from_secs(1), Duration::from_secs(60));
         let mut client = ClientFrames::new(watch.clone());
         let mut input = preface();
         input.extend(frame(HEADERS, END_HEADERS, 1, b"\x82"));
@@ -923,7 +1062,7 @@ mod tests {
 
     #[test]
     fn a_second_reset_or_a_provoked_server_reset_still_counts_the_exchange() {
-        let watch = H2Watch::new(Duration::from_secs(10), Duration::from_secs(60));
+        let watch = H2Watch::new(None, Duration::from_secs(10), Duration::from_secs(60));
         let mut client = ClientFrames::new(watch.clone());
         let mut input = preface();
         input.extend(frame(HEADERS, END_HEADERS | END_STREAM, 1, b"\x82"));
@@ -931,9 +1070,10 @@ mod tests {
         read_all(&mut client, &input, false);
         let mut headers = http::HeaderMap::new();
         headers.insert(STREAM_HEADER, format!("{:x}:1", watch.id).parse().unwrap());
-        let one = H2Stream::named(stream_header(&headers).expect("a value")).expect("named");
+        let one = H2Stream::named(stream_header(&headers).expect("a value"), None).expect("named");
         headers.insert(STREAM_HEADER, format!("{:x}:3", watch.id).parse().unwrap());
-        let three = H2Stream::named(stream_header(&headers).expect("a value")).expect("named");
+        let three =
+            H2Stream::named(stream_header(&headers).expect("a value"), None).expect("named");
         // Two resets of stream 1: neither reaches the h2 server.
         let reset = frame(RST_STREAM, 0, 1, &CANCEL.to_be_bytes());
         let mut twice = reset.clone();
@@ -955,7 +1095,7 @@ mod tests {
 
     #[test]
     fn the_watchs_frames_go_in_at_the_next_frame_boundary_and_only_there() {
-        let watch = H2Watch::new(Duration::from_secs(10), Duration::from_secs(60));
+        let watch = H2Watch::new(None, Duration::from_secs(10), Duration::from_secs(60));
         let mut client = ClientFrames::new(watch.clone());
         let mut input = preface();
         input.extend(frame(HEADERS, END_HEADERS, 1, b"\x82"));
@@ -983,8 +1123,131 @@ mod tests {
     }
 
     #[test]
+    fn a_block_that_ends_inside_a_field_is_ended_unnamed() {
+        for by_byte in [false, true] {
+            let watch = H2Watch::new(None, Duration::from_secs(10), Duration::from_secs(60));
+            let mut client = ClientFrames::new(watch.clone());
+            let mut input = preface();
+            // A forged name, then a literal whose Huffman value declares 41
+            // bytes and sends none: the naming frame would become its value.
+            let mut block = b"\x82\x86\x84\x01\x04test\x00\x13floodgate-h2-stream\x03f:1".to_vec();
+            block.extend(b"\x00\x01x\xa9");
+            input.extend(frame(HEADERS, END_HEADERS | END_STREAM, 1, &block));
+            let out = read_all(&mut client, &input, by_byte);
+            let mut expected = preface();
+            expected.extend(frame(HEADERS, END_STREAM, 1, &block));
+            expected.extend(frame(CONTINUATION, END_HEADERS, 1, b""));
+            assert_eq!(out, expected, "by byte: {by_byte}");
+        }
+    }
+
+    #[test]
+    fn padding_and_priority_are_not_read_as_the_block() {
+        let watch = H2Watch::new(None, Duration::from_secs(10), Duration::from_secs(60));
+        let mut client = ClientFrames::new(watch.clone());
+        // Pad length 4, a priority, the fragment, then padding bytes that
+        // would read as an unfinished literal.
+        let mut payload = vec![4u8];
+        payload.extend([0, 0, 0, 0, 16]);
+        payload.extend(b"\x82\x86\x84");
+        payload.extend([0x00, 0x7f, 0x00, 0x00]);
+        let mut input = preface();
+        input.extend(frame(
+            HEADERS,
+            END_HEADERS | PADDED | PRIORITY_FLAG,
+            1,
+            &payload,
+        ));
+        // Split across a CONTINUATION: the field's value is in the second.
+        input.extend(frame(HEADERS, PADDED, 3, b"\x01\x82\x00\x01x\x03\x00"));
+        input.extend(frame(CONTINUATION, END_HEADERS, 3, b"abc"));
+        let out = read_all(&mut client, &input, true);
+        let mut expected = preface();
+        expected.extend(frame(HEADERS, PADDED | PRIORITY_FLAG, 1, &payload));
+        expected.extend(named(watch.id, 1));
+        expected.extend(frame(HEADERS, PADDED, 3, b"\x01\x82\x00\x01x\x03\x00"));
+        expected.extend(frame(CONTINUATION, 0, 3, b"abc"));
+        expected.extend(named(watch.id, 3));
+        assert_eq!(out, expected);
+        // Padding longer than the frame: nothing appended.
+        let watch = H2Watch::new(None, Duration::from_secs(10), Duration::from_secs(60));
+        let mut client = ClientFrames::new(watch.clone());
+        let mut input = preface();
+        input.extend(frame(HEADERS, END_HEADERS | PADDED, 1, b"\x09\x82"));
+        let out = read_all(&mut client, &input, false);
+        assert!(out.ends_with(&frame(CONTINUATION, END_HEADERS, 1, b"")));
+    }
+
+    #[test]
+    fn nothing_of_the_watchs_goes_inside_a_header_block() {
+        let watch = H2Watch::new(None, Duration::from_secs(1), Duration::from_secs(60));
+        let mut client = ClientFrames::new(watch.clone());
+        let mut input = preface();
+        input.extend(frame(HEADERS, END_HEADERS, 1, b"\x82"));
+        // Stream 3's block begins and stays open.
+        input.extend(frame(HEADERS, END_STREAM, 3, b"\x82"));
+        let mut out = read_all(&mut client, &input, false);
+        watch.client_left();
+        assert!(watch.has_inbound(), "stream 1's body is cut");
+        assert!(!client.between_frames());
+        let (id, until) = client.inside_frame().expect("a block is open");
+        assert_eq!(id, 3);
+        assert!(until <= Instant::now() + Duration::from_secs(1));
+        out.extend(read_all(
+            &mut client,
+            &frame(CONTINUATION, 0, 3, b"\x86"),
+            false,
+        ));
+        out.extend(read_all(
+            &mut client,
+            &frame(CONTINUATION, END_HEADERS, 3, b"\x84"),
+            false,
+        ));
+        assert!(client.between_frames());
+        out.extend(read_all(
+            &mut client,
+            &frame(PRIORITY, 0, 9, &[0, 0, 0, 0, 16]),
+            false,
+        ));
+        let mut expected = preface();
+        expected.extend(frame(HEADERS, 0, 1, b"\x82"));
+        expected.extend(named(watch.id, 1));
+        expected.extend(frame(HEADERS, END_STREAM, 3, b"\x82"));
+        expected.extend(frame(CONTINUATION, 0, 3, b"\x86"));
+        expected.extend(frame(CONTINUATION, 0, 3, b"\x84"));
+        expected.extend(named(watch.id, 3));
+        // Only now, after the block, the cut goes in.
+        expected.extend(self_dependency(1));
+        expected.extend(frame(PRIORITY, 0, 9, &[0, 0, 0, 0, 16]));
+        assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn a_stream_is_claimed_once_and_only_from_its_own_connection() {
+        let socket = Arc::new(SocketDigest::from_raw_fd(7));
+        let other = Arc::new(SocketDigest::from_raw_fd(7));
+        let watch = H2Watch::new(
+            Some(socket.clone()),
+            Duration::from_secs(10),
+            Duration::from_secs(60),
+        );
+        let mut client = ClientFrames::new(watch.clone());
+        let mut input = preface();
+        input.extend(frame(HEADERS, END_HEADERS | END_STREAM, 1, b"\x82"));
+        read_all(&mut client, &input, false);
+        let value: http::HeaderValue = format!("{:x}:1", watch.id).parse().unwrap();
+        assert!(H2Stream::named(&value, Some(&other)).is_none());
+        assert!(H2Stream::named(&value, None).is_none());
+        let first = H2Stream::named(&value, Some(&socket)).expect("its own stream");
+        assert!(H2Stream::named(&value, Some(&socket)).is_none(), "claimed");
+        let unknown: http::HeaderValue = format!("{:x}:3", watch.id).parse().unwrap();
+        assert!(H2Stream::named(&unknown, Some(&socket)).is_none());
+        drop(first);
+    }
+
+    #[test]
     fn a_stream_beyond_what_is_followed_is_cut_as_it_opens() {
-        let watch = H2Watch::new(Duration::from_secs(10), Duration::from_secs(60));
+        let watch = H2Watch::new(None, Duration::from_secs(10), Duration::from_secs(60));
         let mut client = ClientFrames::new(watch.clone());
         let mut input = preface();
         for i in 0..=MOST_STREAMS as u32 {

@@ -33,6 +33,7 @@ pub mod clock;
 mod door;
 mod guarded;
 pub mod h2_watch;
+mod hpack_bounds;
 
 pub use accept::AcceptFilter;
 pub use caps::{CapReached, ConnectionCaps, ConnectionSettings, Permit, StreamCaps, StreamPermit};

@@ -195,11 +195,22 @@ impl Gateway {
         let h2 = session.req_header().version == http::Version::HTTP_2;
         // The header naming an HTTP/2 request's stream is the watch's word
         // to this request alone: read, then gone before anything else looks.
-        if let Some(named) = stream_header(&session.req_header().headers) {
-            if h2 {
-                ctx.h2_stream = H2Stream::named(named);
-            }
+        if h2 {
+            let socket = session.digest().and_then(|d| d.socket_digest.as_ref());
+            ctx.h2_stream = stream_header(&session.req_header().headers)
+                .and_then(|v| H2Stream::named(v, socket));
+        }
+        if stream_header(&session.req_header().headers).is_some() {
             session.req_header_mut().remove_header(&STREAM_HEADER_NAME);
+        }
+        if h2 && ctx.h2_stream.is_none() {
+            // Every stream's first block is named by its connection's
+            // watch: a request without a stream of its own would escape
+            // every cap and deadline that hangs on one.
+            return Err(Answer::bad_request(
+                "unnamed_stream",
+                "the HTTP/2 request is not tied to a stream of its connection",
+            ));
         }
         if !h2 {
             // A client that closes its side once the request is in does not
