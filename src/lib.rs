@@ -16,6 +16,7 @@ pub mod header_name;
 pub mod headers;
 pub mod metrics;
 pub mod proxy;
+pub mod refusal_log;
 pub mod rls;
 pub mod server;
 pub mod signals;

@@ -76,6 +76,10 @@ pub struct AppState {
     /// Once a minute per blocked client: one that keeps knocking must not
     /// fill the log.
     pub block_log: crate::log_throttle::KeyedLogThrottle<u128>,
+    /// When each client was last logged as refused by each limit (kept
+    /// across reloads): a client refused at full speed must not fill the
+    /// disk, nor cost a line's formatting per refusal.
+    pub refusal_log: crate::refusal_log::RefusalLog,
     /// `[server].header_timeout`: also the grace before a body's pace counts.
     pub header_timeout: std::time::Duration,
     /// `[server].slot_body_timeout`.
@@ -110,6 +114,13 @@ impl Drop for InFlight {
 }
 
 impl AppState {
+    /// The clock the refusal lines are spaced on: the proxy's own (a test
+    /// moves it rather than wait).
+    pub fn with_clock(mut self, clock: Arc<dyn crate::clock::Clock>) -> AppState {
+        self.refusal_log = crate::refusal_log::RefusalLog::new(clock);
+        self
+    }
+
     pub fn new(
         config: Config,
         inputs: Inputs,
@@ -131,6 +142,7 @@ impl AppState {
                 std::time::Duration::from_secs(60),
                 std::time::Duration::ZERO,
             ),
+            refusal_log: crate::refusal_log::RefusalLog::new(Arc::new(crate::clock::SystemClock)),
             header_timeout: config.server.header_timeout,
             slot_body_timeout: config.server.slot_body_timeout,
             instances,

@@ -1,7 +1,7 @@
 //! Serving each accepted connection: the caps, the TLS handshake, HTTP/2
 //! or one HTTP/1 session after another.
 
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -226,7 +226,13 @@ pub struct AdminDoor<A> {
     app: Arc<A>,
     caps: Arc<ConnectionCaps>,
     lifetime: Duration,
+    /// The group an address is capped in: the gateway's own grouping
+    /// (IPv6 by `[clients].ipv6_prefix`), as the configuration now says.
+    group: AddressGroup,
 }
+
+/// The group a peer address is counted in.
+pub type AddressGroup = Box<dyn Fn(IpAddr) -> IpAddr + Send + Sync>;
 
 /// Admin connections open at once, out of the descriptors the proxy keeps
 /// back from its own cap.
@@ -239,7 +245,12 @@ pub const ADMIN_CONNECTIONS: usize = 32;
 pub const ADMIN_CONNECTIONS_PER_ADDRESS: usize = 8;
 
 impl<A> AdminDoor<A> {
-    pub fn new(app: A, metrics: ConnectionMetrics, lifetime: Duration) -> Self {
+    pub fn new(
+        app: A,
+        metrics: ConnectionMetrics,
+        lifetime: Duration,
+        group: AddressGroup,
+    ) -> Self {
         let settings = ConnectionSettings {
             header_timeout: lifetime,
             keepalive_timeout: lifetime,
@@ -250,6 +261,7 @@ impl<A> AdminDoor<A> {
             app: Arc::new(app),
             caps: ConnectionCaps::new(&settings, metrics),
             lifetime,
+            group,
         }
     }
 }
@@ -261,12 +273,9 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for AdminDoor<A> {
         stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
-        // An IPv6 network's addresses are one client's (a /64 is one
-        // host's, or one home's, to hand out).
-        let peer = peer_of(&stream).map(|ip| match ip {
-            IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from_bits(v6.to_bits() & !((1u128 << 64) - 1))),
-            v4 => v4,
-        });
+        // An IPv6 network's addresses are one client's, as the gateway
+        // groups them.
+        let peer = peer_of(&stream).map(|ip| (self.group)(ip));
         let _permit = match self.caps.admit(peer) {
             Ok(permit) => permit,
             Err(reason) => {

@@ -450,7 +450,12 @@ impl Gateway {
         // its strike is in the store.
         strikes::strike(self.state.store.as_ref(), ctx).await;
         if let Some(verdict) = &ctx.verdict {
-            verdict.account(&ctx.runtime, ctx.client.as_ref(), ctx.request_id.as_str());
+            verdict.account(
+                &ctx.runtime,
+                &self.state.refusal_log,
+                ctx.client.as_ref(),
+                ctx.request_id.as_str(),
+            );
             // The status page's board, kept only where there is a page.
             let refusing = verdict
                 .decisive

@@ -6,6 +6,7 @@ use crate::algorithm::Decision;
 use crate::headers::{self, Layer, Position};
 use crate::identity::Client;
 use crate::limiter::{Check, Deciding, LimitId, LimitName};
+use crate::refusal_log::RefusalLog;
 use crate::state::Runtime;
 
 /// One layer's answer: a rate layer's decision or a concurrency layer's slot.
@@ -105,10 +106,18 @@ impl Verdict {
     }
 
     /// Counts each layer's outcome; logs a refusal, and what a shadow limit
-    /// would have refused, one line each.
-    pub(super) fn account(&self, runtime: &Runtime, client: Option<&Client>, request_id: &str) {
+    /// would have refused, at most one line per client and limit every
+    /// `REFUSAL_LOG_EVERY` (the counters count every one).
+    pub(super) fn account(
+        &self,
+        runtime: &Runtime,
+        lines: &RefusalLog,
+        client: Option<&Client>,
+        request_id: &str,
+    ) {
         // Formatted only for a line that is written: most requests log nothing.
         let label = || client.map_or_else(String::new, Client::log_label);
+        let due = |o: &Outcome| lines.due(o.limit, o.identity);
         for o in &self.outcomes {
             let decision = &o.decision;
             let counters = runtime.counters(o.limit);
@@ -126,28 +135,32 @@ impl Verdict {
                 (_, true, true) => {}
             }
             if o.shadow && !decision.allowed() {
-                info!(
-                    "shadow limit would refuse: {} limit={} retry_after_ms={}",
-                    label(),
-                    o.name,
-                    headers::ceil_ms(decision.retry_after_us())
-                );
+                if let Some(unlogged) = due(o) {
+                    info!(
+                        "shadow limit would refuse: {} limit={} retry_after_ms={} unlogged_since_last={unlogged}",
+                        label(),
+                        o.name,
+                        headers::ceil_ms(decision.retry_after_us())
+                    );
+                }
             }
         }
         if let Some(Position(i)) = self.decisive.filter(|_| self.refused) {
             let o = &self.outcomes[i];
-            info!(
-                "{}: {} limit={} retry_after_ms={}{} request_id={request_id}",
-                if o.banned { "banned" } else { "rate limited" },
-                label(),
-                o.name,
-                headers::ceil_ms(o.decision.retry_after_us()),
-                if o.decision.cost_exceeds_limit() {
-                    " (cost exceeds the limit)"
-                } else {
-                    ""
-                },
-            );
+            if let Some(unlogged) = due(o) {
+                info!(
+                    "{}: {} limit={} retry_after_ms={}{} request_id={request_id} unlogged_since_last={unlogged}",
+                    if o.banned { "banned" } else { "rate limited" },
+                    label(),
+                    o.name,
+                    headers::ceil_ms(o.decision.retry_after_us()),
+                    if o.decision.cost_exceeds_limit() {
+                        " (cost exceeds the limit)"
+                    } else {
+                        ""
+                    },
+                );
+            }
         }
     }
 }

@@ -381,6 +381,7 @@ pub fn build(config: &Config, inputs: Inputs) -> Result<Floodgate, BuildError> {
         );
     }
     let clock = clock_from_env()?;
+    let refusal_clock = clock.clone();
     let metrics = Arc::new(Metrics::new());
     let memory = Arc::new(
         MemoryStore::new(config.max_keys, clock.clone())
@@ -410,15 +411,18 @@ pub fn build(config: &Config, inputs: Inputs) -> Result<Floodgate, BuildError> {
         file: file.clone(),
         reason: e.to_string(),
     })?;
-    let state = Arc::new(AppState::new(
-        config.clone(),
-        inputs,
-        runtime,
-        store.clone(),
-        metrics,
-        access_log,
-        instances,
-    ));
+    let state = Arc::new(
+        AppState::new(
+            config.clone(),
+            inputs,
+            runtime,
+            store.clone(),
+            metrics,
+            access_log,
+            instances,
+        )
+        .with_clock(refusal_clock),
+    );
 
     // Draining is ours (see `signals`): Pingora stops the listeners once
     // nothing is in flight, with no further wait.
@@ -514,6 +518,10 @@ pub fn build(config: &Config, inputs: Inputs) -> Result<Floodgate, BuildError> {
                 HttpServer::new_app(Admin::new(state.clone())),
                 state.metrics.admin_connections.clone(),
                 connections.header_timeout,
+                {
+                    let state = state.clone();
+                    Box::new(move |ip| state.runtime.load().policy.clients.address_group_of(ip))
+                },
             ),
         );
         admin.add_tcp(&admin_addr.to_string());

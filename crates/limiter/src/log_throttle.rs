@@ -50,12 +50,20 @@ impl LogThrottle {
 
 /// One line at most per interval for each key (a client, an address), and
 /// at most one per `overall` interval over all keys. The keys remembered
-/// are bounded: beyond `capacity` the least recently logged is forgotten,
+/// are bounded: beyond `capacity` the least recently seen is forgotten,
 /// and the overall interval still bounds what many keys can write.
 pub struct KeyedLogThrottle<K: Hash + Eq> {
     every_us: u64,
-    last_us: Mutex<LruCache<K, u64>>,
+    /// Each key's last line and the lines it has held back since.
+    last_us: Mutex<LruCache<K, KeyLines>>,
     overall: LogThrottle,
+}
+
+#[derive(Clone, Copy)]
+struct KeyLines {
+    /// When its last line went out (`None`: not yet, held back overall).
+    last_us: Option<u64>,
+    held_back: u64,
 }
 
 impl<K: Hash + Eq> KeyedLogThrottle<K> {
@@ -71,21 +79,42 @@ impl<K: Hash + Eq> KeyedLogThrottle<K> {
     /// As [`LogThrottle::due`], for `key`; the count held back is over all
     /// keys.
     pub fn due(&self, key: K, now_us: u64) -> Option<u64> {
+        self.due_with_counts(key, now_us).map(|(_, all)| all)
+    }
+
+    /// As [`KeyedLogThrottle::due`], the count held back being this key's
+    /// own (as long as it stayed among those remembered).
+    pub fn due_for_key(&self, key: K, now_us: u64) -> Option<u64> {
+        self.due_with_counts(key, now_us).map(|(own, _)| own)
+    }
+
+    fn due_with_counts(&self, key: K, now_us: u64) -> Option<(u64, u64)> {
         // A line is only ever skipped when poisoned: the map is whole.
-        let mut last = self
+        let mut keys = self
             .last_us
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let fresh = last
-            .peek(&key)
-            .is_none_or(|&at| now_us < at || now_us - at >= self.every_us);
-        if !fresh {
-            self.overall.held_back.fetch_add(1, Ordering::Relaxed);
+        let lines = keys.get_or_insert_mut(key, || KeyLines {
+            last_us: None,
+            held_back: 0,
+        });
+        let fresh = lines
+            .last_us
+            .is_none_or(|at| now_us < at || now_us - at >= self.every_us);
+        let all = if fresh {
+            self.overall.due(now_us)
+        } else {
+            None
+        };
+        let Some(all) = all else {
+            if !fresh {
+                self.overall.held_back.fetch_add(1, Ordering::Relaxed);
+            }
+            lines.held_back += 1;
             return None;
-        }
-        let held_back = self.overall.due(now_us)?;
-        last.put(key, now_us);
-        Some(held_back)
+        };
+        lines.last_us = Some(now_us);
+        Some((std::mem::take(&mut lines.held_back), all))
     }
 }
 
@@ -129,6 +158,22 @@ mod tests {
         assert_eq!(log.due(3, 162 * S), Some(0));
         assert_eq!(log.due(2, 163 * S), Some(0));
         assert_eq!(log.due(3, 164 * S), None);
+    }
+
+    #[test]
+    fn each_keys_line_counts_what_that_key_held_back() {
+        let log = KeyedLogThrottle::new(10, Duration::from_secs(10), Duration::from_secs(1));
+        assert_eq!(log.due_for_key("a", 100 * S), Some(0));
+        for at in 0..5 {
+            assert_eq!(log.due_for_key("a", 101 * S + at), None);
+        }
+        // Held back by the overall interval: counted as its own too.
+        assert_eq!(log.due_for_key("b", 100 * S + 1), None);
+        assert_eq!(log.due_for_key("b", 102 * S), Some(1));
+        assert_eq!(log.due_for_key("b", 103 * S), None);
+        assert_eq!(log.due_for_key("a", 110 * S), Some(5));
+        assert_eq!(log.due_for_key("a", 111 * S), None);
+        assert_eq!(log.due_for_key("b", 112 * S), Some(1));
     }
 
     #[test]

@@ -368,6 +368,12 @@ impl ClientRules {
         Some(self.address_group(peer).0)
     }
 
+    /// The group `peer` is counted in, trusted or not (IPv6 by
+    /// `ipv6_prefix`): what a listener that trusts no one caps.
+    pub fn address_group_of(&self, peer: IpAddr) -> IpAddr {
+        self.address_group(normalize(peer)).0
+    }
+
     pub fn is_trusted(&self, ip: &IpAddr) -> bool {
         self.trusted_proxies.iter().any(|n| n.contains(ip))
     }

@@ -374,3 +374,30 @@ fn descriptor_keys_read_entries_and_nothing_of_http() {
         Some(address)
     );
 }
+
+#[test]
+fn a_listener_that_trusts_no_one_groups_addresses_as_the_gateway_does() {
+    let mut rules = rules();
+    let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+    // Trusted or not, an address is its own group; IPv4-mapped is IPv4.
+    assert_eq!(rules.address_group_of(ip("10.1.2.3")), ip("10.1.2.3"));
+    assert_eq!(
+        rules.address_group_of(ip("::ffff:10.1.2.3")),
+        ip("10.1.2.3")
+    );
+    assert_eq!(
+        rules.address_group_of(ip("2001:db8:1:2:aaaa::1")),
+        ip("2001:db8:1:2::")
+    );
+    // The configured prefix, not a fixed /64.
+    rules.ipv6_prefix = 48;
+    assert_eq!(
+        rules.address_group_of(ip("2001:db8:1:2:aaaa::1")),
+        ip("2001:db8:1::")
+    );
+    rules.ipv6_prefix = 128;
+    assert_eq!(
+        rules.address_group_of(ip("2001:db8:1:2:aaaa::1")),
+        ip("2001:db8:1:2:aaaa::1")
+    );
+}
