@@ -439,3 +439,82 @@ fn three_stores_leasing_from_one_redis_never_admit_past_the_limit() {
     }
     record("leases_property_redis", &worst);
 }
+
+/// The metric of leases an instance holds.
+fn leases_held(proxy: &Proxy) -> f64 {
+    proxy.metric("floodgate_redis_leases_held")
+}
+
+/// Requests sent one at a time, on one keep-alive connection: those
+/// admitted.
+fn admitted_of(proxy: &Proxy, requests: usize, headers: &[(&str, &str)]) -> usize {
+    let headers: Vec<(String, String)> = headers
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    count_status(
+        keepalive_gets(proxy.addr, "/", vec![headers; requests]),
+        200,
+    )
+}
+
+#[test]
+fn an_idle_lease_goes_back_after_lease_ttl_on_every_instance() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    // The proxies' clock, which the builder keeps clear of a window's end.
+    let config = on_redis(&upstream, &redis.url())
+        .redis_lines("instances = 3\nclock = \"local\"\nlease_ttl = \"500ms\"")
+        .limit(Limit::fixed_window("global", "global", 1_000, "10m"));
+    let proxies: Vec<Proxy> = (0..3).map(|_| leasing(config.start())).collect();
+    let (a, b, c) = (&proxies[0], &proxies[1], &proxies[2]);
+    assert_eq!(a.get("/").status, 200);
+    assert_eq!(c.get("/").status, 200);
+    let key = state_key(&redis, "global");
+    // A and C each hold a lease: their requests and 200 units besides.
+    let held = window_count(&redis, &key);
+    assert_eq!(held, 202, "two requests and two leases of 100");
+    // Idle for lease_ttl, each goes back (polled: the expiry task runs every
+    // few hundred milliseconds).
+    let returned = wait_until(Duration::from_secs(5), || window_count(&redis, &key) == 2);
+    // The users on B get everything A and C did not use.
+    let on_b = admitted_of(b, 1_100, &[]);
+    assert_eq!(
+        on_b, 998,
+        "B admitted {on_b} of 998 (leases returned: {returned}, Redis counted {held} before)"
+    );
+    assert!(returned);
+    for proxy in [a, c] {
+        assert_eq!(leases_held(proxy), 0.0);
+    }
+}
+
+#[test]
+fn the_leases_held_metric_counts_the_leases_an_instance_holds() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let proxy = leasing(
+        on_redis(&upstream, &redis.url())
+            .redis_lines("clock = \"local\"\nlease_ttl = \"3s\"")
+            .limit(Limit::fixed_window(
+                "per-client",
+                "header:X-Client",
+                1_000,
+                "10m",
+            ))
+            .start(),
+    );
+    for client in ["one", "two"] {
+        assert_eq!(proxy.send("GET", "/", &[("X-Client", client)]).status, 200);
+    }
+    assert!(
+        wait_until(Duration::from_secs(2), || leases_held(&proxy) == 2.0),
+        "leases held: {}",
+        leases_held(&proxy)
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || leases_held(&proxy) == 0.0),
+        "leases held after lease_ttl: {}",
+        leases_held(&proxy)
+    );
+}

@@ -497,7 +497,8 @@ impl<S: Store + 'static> Core<S> {
     }
 
     /// The queue of returns, and the task that sends them and ends expired
-    /// leases.
+    /// leases: started with the first lease installed (`install`), on the
+    /// proxy's runtime, so that every instance holding a lease runs it.
     fn returns(&self) -> &mpsc::UnboundedSender<Return> {
         self.returns.get_or_init(|| {
             let (sender, receiver) = mpsc::unbounded_channel();
@@ -672,6 +673,9 @@ impl<S: Store + 'static> Core<S> {
         let decision = lease.decision(now);
         let replaced = entry.lease.replace(lease);
         drop(shard);
+        // Nothing else would end the lease once idle: the expiry task must
+        // run wherever a lease is held. After the first lease, a load.
+        self.returns();
         if let Some(old) = replaced {
             self.give_back(old, now);
         }

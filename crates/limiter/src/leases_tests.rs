@@ -41,6 +41,28 @@ fn leased(store: &FakeStore, clock: &Arc<ManualClock>, instances: u64) -> Leased
     .with_monotonic(clock.clone())
 }
 
+/// Series that belong to no registry.
+fn lease_metrics() -> LeaseMetrics {
+    LeaseMetrics {
+        taken: prometheus::IntCounter::new("taken", "t").unwrap(),
+        decisions: prometheus::IntCounter::new("decisions", "d").unwrap(),
+        returned_units: prometheus::IntCounter::new("returned", "r").unwrap(),
+        held: prometheus::IntGauge::new("held", "h").unwrap(),
+    }
+}
+
+/// Lets the background tasks run (time is paused: a sleep moves it on at
+/// once) until `done`, for at most `ticks` of the expiry task.
+async fn until(ticks: usize, mut done: impl FnMut() -> bool) -> bool {
+    for _ in 0..ticks {
+        if done() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    done()
+}
+
 fn setup() -> (Arc<ManualClock>, FakeStore) {
     let clock = Arc::new(ManualClock::new(T0));
     let store = FakeStore::new(clock.clone());
@@ -447,12 +469,7 @@ proptest! {
 #[tokio::test]
 async fn a_half_spent_lease_is_topped_up_before_it_runs_dry() {
     let (clock, store) = setup();
-    let metrics = LeaseMetrics {
-        taken: prometheus::IntCounter::new("taken", "t").unwrap(),
-        decisions: prometheus::IntCounter::new("decisions", "d").unwrap(),
-        returned_units: prometheus::IntCounter::new("returned", "r").unwrap(),
-        held: prometheus::IntGauge::new("held", "h").unwrap(),
-    };
+    let metrics = lease_metrics();
     let gate = leased(&store, &clock, 1).with_metrics(metrics.clone());
     let hot = leasing(Algorithm::fixed_window(1_000_000, 60 * SEC).unwrap(), 1, 1);
     for _ in 0..200 {
@@ -473,4 +490,33 @@ async fn a_half_spent_lease_is_topped_up_before_it_runs_dry() {
     assert_eq!(store.decisions() as u64, metrics.taken.get());
     gate.return_all().await;
     assert_eq!(shared_remaining(&store, &hot, T0), 1_000_000 - 200);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_lease_goes_back_by_itself_once_idle_for_lease_ttl() {
+    let (clock, store) = setup();
+    let metrics = lease_metrics();
+    let gate = leased(&store, &clock, 1).with_metrics(metrics.clone());
+    let hot = leasing(Algorithm::fixed_window(1_000, 60 * SEC).unwrap(), 1, 1);
+    // A lease taken on the only path a quiet instance takes: one request
+    // decided by the store, nothing after it.
+    gate.decide(std::slice::from_ref(&hot)).await.unwrap();
+    assert_eq!(shared_remaining(&store, &hot, T0), 1_000 - 1 - MAX);
+    assert!(
+        until(4, || metrics.held.get() == 1).await,
+        "held: {}",
+        metrics.held.get()
+    );
+    // Not before it has been idle for lease_ttl.
+    clock.advance(TTL_US - 1);
+    until(4, || false).await;
+    assert_eq!(gate.leases_held(), 1);
+    clock.advance(1);
+    assert!(
+        until(4, || shared_remaining(&store, &hot, clock.now_us()) == 999).await,
+        "the lease's {MAX} units never came back"
+    );
+    assert_eq!(gate.leases_held(), 0);
+    assert!(until(4, || metrics.held.get() == 0).await);
+    assert_eq!(metrics.returned_units.get(), MAX);
 }
