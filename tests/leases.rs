@@ -7,6 +7,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::admin_token::{TokenFile, TOKEN};
 use common::redis_server::RedisServer;
 use common::*;
 
@@ -516,5 +517,81 @@ fn the_leases_held_metric_counts_the_leases_an_instance_holds() {
         wait_until(Duration::from_secs(10), || leases_held(&proxy) == 0.0),
         "leases held after lease_ttl: {}",
         leases_held(&proxy)
+    );
+}
+
+/// One client's requests, alternating between `proxies`, until each has
+/// refused in turn (a proxy with leased units left admits from them): how
+/// many were admitted.
+fn spend(proxies: &[&Proxy]) -> usize {
+    let mut admitted = 0;
+    let mut refused_in_a_row = 0;
+    for turn in 0..1_000 {
+        if refused_in_a_row == proxies.len() {
+            break;
+        }
+        match proxies[turn % proxies.len()].get("/").status {
+            200 => {
+                admitted += 1;
+                refused_in_a_row = 0;
+            }
+            429 => refused_in_a_row += 1,
+            other => panic!("status {other}"),
+        }
+    }
+    admitted
+}
+
+#[test]
+fn an_operators_credit_adds_exactly_its_units_to_a_client_whose_budget_is_leased() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let token = TokenFile::new();
+    // Leases that outlive the test: only the credit may end them.
+    let config = on_redis(&upstream, &redis.url())
+        .redis_lines("instances = 2\nclock = \"local\"\nlease_ttl = \"30s\"")
+        .env(
+            "FLOODGATE_IDENTITY_SECRET",
+            "a-secret-shared-by-both-instances",
+        )
+        .raw(&token.section())
+        .limit(Limit::fixed_window("per-ip", "ip", 100, "1h"));
+    let a = leasing(config.start());
+    let b = leasing(config.start());
+    // The client uses 10 of its 100, on both instances: each leases.
+    for turn in 0..10 {
+        assert_eq!([&a, &b][turn % 2].get("/").status, 200);
+    }
+    for proxy in [&a, &b] {
+        assert!(
+            wait_until(Duration::from_secs(5), || leases_held(proxy) == 1.0),
+            "a lease on each instance"
+        );
+    }
+    let key = state_key(&redis, "per-ip");
+    let counted = window_count(&redis, &key);
+    let admin = b.admin.expect("admin listener");
+    let bearer = format!("Bearer {TOKEN}");
+    let credited = request(
+        admin,
+        "POST",
+        "/v1/clients/credit",
+        &[
+            ("Authorization", &bearer),
+            ("Content-Type", "application/json"),
+        ],
+        br#"{"ip": "127.0.0.1", "limit": "per-ip", "units": 10}"#,
+    );
+    assert_eq!(credited.status, 200, "{}", credited.body);
+    // 90 left, and 10 credited: 100, on either instance.
+    let after = spend(&[&a, &b]);
+    assert_eq!(
+        after, 100,
+        "{after} admitted after a credit of 10 to a client that used 10 of 100 (Redis counted {counted} before the credit)"
+    );
+    assert_eq!(
+        window_count(&redis, &key),
+        100,
+        "the whole budget, counted once"
     );
 }

@@ -63,6 +63,13 @@ impl Remembered {
 pub trait Forget: Send + Sync {
     fn forget(&self, keys: &[StateKey]);
 
+    /// An operator gave units back to the keys' state (which, unlike a
+    /// reset, keeps what it counted): forgetting is enough for what holds
+    /// nothing of that state.
+    fn credited(&self, keys: &[StateKey]) {
+        self.forget(keys);
+    }
+
     /// Everything: what was announced while nobody listened is unknown.
     fn forget_all(&self);
 
@@ -106,6 +113,12 @@ impl Forgetter {
     pub fn forget(&self, keys: &[StateKey]) {
         for held in &self.0 {
             held.forget(keys);
+        }
+    }
+
+    pub fn credited(&self, keys: &[StateKey]) {
+        for held in &self.0 {
+            held.credited(keys);
         }
     }
 

@@ -140,8 +140,11 @@ impl Store for FakeStore {
         asks: &[Option<LeaseAsk>],
     ) -> Result<(Vec<Decision>, SmallVec<[u64; 4]>), LimiterError> {
         self.decisions.fetch_add(1, Ordering::SeqCst);
+        // Decided before the answer, as `decide` is: a held or failed
+        // answer is a reply on its way, or lost, after the script ran.
+        let decided = self.memory.decide_leasing(checks, asks).await;
         self.answer().await?;
-        self.memory.decide_leasing(checks, asks).await
+        decided
     }
 
     async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {

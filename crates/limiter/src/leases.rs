@@ -278,6 +278,9 @@ struct Entry {
     lease: Option<Lease>,
     /// A fetch is out for this key: wait for it rather than send another.
     fetching: Option<Arc<Notify>>,
+    /// An operator credited the key while the fetch was out: what it
+    /// leases goes back at once, as the leases held then did.
+    credited: bool,
 }
 
 /// A lease's units on their way back to the shared store.
@@ -344,6 +347,36 @@ impl Forget for Table {
     }
 }
 
+/// The lease table as operators change the state: `Table`'s forgetting,
+/// and a credit's returns, which need the store.
+impl<S: Store + 'static> Forget for Core<S> {
+    fn forget(&self, keys: &[StateKey]) {
+        self.table.forget(keys);
+    }
+
+    /// Unlike a reset, a credit leaves the state counting what was leased
+    /// of it: a lease dropped would keep its unused units spent, and the
+    /// credit would add fewer than its units. The leases go back instead,
+    /// with no new generation (the rest of the state is as it was). Given
+    /// back after the credit, they come off the count as they would have
+    /// before it, unless a charge lands in between and the credit was of
+    /// more than the client had used (the client then gets at most the
+    /// credit's units more than a full budget).
+    fn credited(&self, keys: &[StateKey]) {
+        for back in self.take_back(keys) {
+            let _ = self.returns().send(back);
+        }
+    }
+
+    fn forget_all(&self) {
+        self.table.forget_all();
+    }
+
+    fn listening(&self) {
+        self.table.listening();
+    }
+}
+
 /// Ends the fetch it was made for, however the request went: installed,
 /// refused, failed or given up on.
 struct Fetching {
@@ -362,6 +395,7 @@ impl Drop for Fetching {
                 .is_some_and(|n| Arc::ptr_eq(n, &self.notify))
             {
                 entry.fetching = None;
+                entry.credited = false;
             }
             if entry.lease.is_none() && entry.fetching.is_none() {
                 shard.remove(&self.key);
@@ -386,8 +420,9 @@ struct Core<S> {
     clock: Arc<dyn Clock>,
     /// Never stepped: a lease's age is also measured by it.
     monotonic: Arc<dyn Clock>,
-    /// Started on first use, on the proxy's runtime.
-    returns: OnceLock<mpsc::UnboundedSender<Return>>,
+    /// Started on first use, on the proxy's runtime. A return may hold its
+    /// key's fetch until it lands.
+    returns: OnceLock<mpsc::UnboundedSender<(Return, Option<Fetching>)>>,
     metrics: Option<LeaseMetrics>,
 }
 
@@ -442,9 +477,10 @@ impl<S: Store + 'static> Leased<S> {
         self
     }
 
-    /// Forgets the leases of keys another instance's operator reset.
+    /// Hears of the keys an operator reset (their leases are dropped) or
+    /// credited (their leases go back) through another instance.
     pub fn forgetter(&self) -> Arc<dyn Forget> {
-        self.0.table.clone()
+        self.0.clone()
     }
 
     /// Leases held now.
@@ -499,7 +535,7 @@ impl<S: Store + 'static> Core<S> {
     /// The queue of returns, and the task that sends them and ends expired
     /// leases: started with the first lease installed (`install`), on the
     /// proxy's runtime, so that every instance holding a lease runs it.
-    fn returns(&self) -> &mpsc::UnboundedSender<Return> {
+    fn returns(&self) -> &mpsc::UnboundedSender<(Return, Option<Fetching>)> {
         self.returns.get_or_init(|| {
             let (sender, receiver) = mpsc::unbounded_channel();
             tokio::spawn(send_returns(
@@ -514,9 +550,44 @@ impl<S: Store + 'static> Core<S> {
         })
     }
 
+    /// The leases of `keys` taken out to be given back, each holding its
+    /// key's fetch until it lands (a request for the key meanwhile waits
+    /// rather than be charged before the units are back). A fetch already
+    /// out is marked: what it leases goes back too (`Entry::credited`).
+    fn take_back(&self, keys: &[StateKey]) -> Vec<(Return, Option<Fetching>)> {
+        let now = self.now();
+        let mut backs = Vec::new();
+        for key in keys {
+            let mut shard = self.table.lock(key);
+            let Some(entry) = shard.get_mut(key) else {
+                continue;
+            };
+            entry.credited |= entry.fetching.is_some();
+            let back = entry
+                .lease
+                .take()
+                .and_then(|l| returned(l, now, self.table.generation()));
+            if let Some(back) = back {
+                let fetching = entry.fetching.is_none().then(|| {
+                    let notify = Arc::new(Notify::new());
+                    entry.fetching = Some(notify.clone());
+                    Fetching {
+                        table: self.table.clone(),
+                        key: *key,
+                        notify,
+                    }
+                });
+                backs.push((back, fetching));
+            } else if entry.fetching.is_none() {
+                shard.remove(key);
+            }
+        }
+        backs
+    }
+
     fn give_back(&self, lease: Lease, now: Now) {
         if let Some(back) = returned(lease, now, self.table.generation()) {
-            let _ = self.returns().send(back);
+            let _ = self.returns().send((back, None));
         }
     }
 
@@ -606,11 +677,12 @@ impl<S: Store + 'static> Core<S> {
         }
         drop(shard);
         if check.algorithm.kind() != Kind::TokenBucket {
-            let _ = self.returns().send(Return {
+            let back = Return {
                 check: check.clone(),
                 counted_at_us: took.decision.counted_at_us(),
                 generation: self.table.generation(),
-            });
+            };
+            let _ = self.returns().send((back, None));
         }
     }
 
@@ -654,6 +726,12 @@ impl<S: Store + 'static> Core<S> {
             return lease.decision(now);
         }
         let entry = shard.entry(check.key).or_default();
+        if std::mem::take(&mut entry.credited) {
+            drop(shard);
+            let decision = lease.decision(now);
+            self.give_back(lease, now);
+            return decision;
+        }
         // A top-up: what the lease still holds joins the new units.
         if let Some(held) = entry
             .lease
@@ -807,7 +885,7 @@ async fn send_returns<S: Store + 'static>(
     clocks: (Arc<dyn Clock>, Arc<dyn Clock>),
     ttl_us: u64,
     metrics: Option<LeaseMetrics>,
-    mut queue: mpsc::UnboundedReceiver<Return>,
+    mut queue: mpsc::UnboundedReceiver<(Return, Option<Fetching>)>,
 ) {
     let mut tick = tokio::time::interval(Duration::from_micros(ttl_us.clamp(1_000, 250_000)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -818,7 +896,7 @@ async fn send_returns<S: Store + 'static>(
                 if got == 0 {
                     return;
                 }
-                queued.drain(..).map(|back| (back, None)).collect()
+                std::mem::take(&mut queued)
             }
             _ = tick.tick() => {
                 let now = Now {
@@ -887,7 +965,19 @@ impl<S: Store + 'static> Store for Leased<S> {
         self.0.reset(checks).await
     }
 
+    /// This instance's lease of the key goes back first, and lands before
+    /// the credit (a token bucket's return is taken only while the schedule
+    /// ends where the lease left it, which a credit moves). The other
+    /// instances give theirs back when they hear of the credit.
     async fn credit(&self, check: &Check) -> Result<Decision, LimiterError> {
+        let backs = self.0.take_back(std::slice::from_ref(&check.key));
+        send(
+            &*self.0.inner,
+            &self.0.table,
+            self.0.metrics.as_ref(),
+            backs,
+        )
+        .await;
         self.0.inner.credit(check).await
     }
 
@@ -977,7 +1067,7 @@ impl<S: Store + 'static> Core<S> {
                 // Units taken meanwhile go back first: waiting holds none.
                 self.untake_all(checks, &local);
                 for back in backs {
-                    let _ = self.returns().send(back);
+                    let _ = self.returns().send((back, None));
                 }
                 drop(fetches);
                 waited = true;

@@ -520,3 +520,79 @@ async fn an_idle_lease_goes_back_by_itself_once_idle_for_lease_ttl() {
     assert!(until(4, || metrics.held.get() == 0).await);
     assert_eq!(metrics.returned_units.get(), MAX);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_credit_gives_every_lease_of_the_key_back_and_adds_exactly_its_units() {
+    let (clock, store) = setup();
+    let (a, b) = (leased(&store, &clock, 2), leased(&store, &clock, 2));
+    let hot = leasing(Algorithm::fixed_window(100, 60 * SEC).unwrap(), 1, 1);
+    // The client uses 10 of 100, on both: each holds a lease.
+    for turn in 0..10 {
+        let gate = [&a, &b][turn % 2];
+        assert!(gate.decide(std::slice::from_ref(&hot)).await.unwrap()[0].allowed());
+    }
+    assert_eq!((a.leases_held(), b.leases_held()), (1, 1));
+    assert!(shared_remaining(&store, &hot, T0) < 90);
+    // B's operator credits 10: B's lease goes back before the credit, A's
+    // when A hears of it (B hears of it too, and holds nothing then).
+    let credit = Check {
+        cost: 10,
+        ..hot.clone()
+    };
+    b.credit(&credit).await.unwrap();
+    for gate in [&a, &b] {
+        gate.forgetter().credited(&[hot.key]);
+    }
+    assert!(
+        until(4, || shared_remaining(&store, &hot, T0) == 100).await,
+        "{} left: the leases' units stayed spent",
+        shared_remaining(&store, &hot, T0)
+    );
+    assert_eq!((a.leases_held(), b.leases_held()), (0, 0));
+    let mut admitted = 0;
+    for turn in 0..150 {
+        let gate = [&a, &b][turn % 2];
+        if gate.decide(std::slice::from_ref(&hot)).await.unwrap()[0].allowed() {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 100, "90 left and 10 credited");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_fetched_across_a_credit_goes_back_rather_than_be_spent() {
+    let (clock, store) = setup();
+    let metrics = lease_metrics();
+    let gate = Arc::new(leased(&store, &clock, 1).with_metrics(metrics.clone()));
+    let hot = leasing(Algorithm::fixed_window(100, 60 * SEC).unwrap(), 1, 1);
+    store.hold_decisions();
+    let fetch = tokio::spawn({
+        let (gate, hot) = (gate.clone(), hot.clone());
+        async move { gate.decide(std::slice::from_ref(&hot)).await }
+    });
+    while store.decisions() == 0 {
+        tokio::task::yield_now().await;
+    }
+    // The script has run (1 used, MAX leased); a credit of more than the
+    // client used lands before its reply and empties the count: the
+    // lease's units would be spent on top of a full budget.
+    let credit = Check {
+        cost: 50,
+        ..hot.clone()
+    };
+    store.memory().credit(&credit).await.unwrap();
+    gate.forgetter().credited(&[hot.key]);
+    for _ in 0..1_000 {
+        store.let_one_through();
+    }
+    assert!(fetch.await.unwrap().unwrap()[0].allowed());
+    assert_eq!(gate.leases_held(), 0, "a lease from before the credit");
+    assert!(until(4, || metrics.returned_units.get() == MAX).await);
+    let mut admitted = 0;
+    for _ in 0..150 {
+        if gate.decide(std::slice::from_ref(&hot)).await.unwrap()[0].allowed() {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 100, "a full budget, and not a lease more");
+}

@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use log::{info, warn};
 
-use super::scripted::{changes_channel, decode_state_keys, install_tls_provider};
+use super::scripted::{changes_channel, decode_change, install_tls_provider, Change};
 use super::sentinel::{find_master, master_client};
 use super::settings::{RedisSettings, Topology};
 use crate::deny_cache::Forgetter;
@@ -81,8 +81,11 @@ pub async fn listen(settings: RedisSettings, forgetter: Forgetter, local: Arc<Me
                         message = messages.next() => match message {
                             Some(message) => {
                                 let text = String::from_utf8_lossy(message.get_payload_bytes());
-                                let keys = decode_state_keys(&text);
-                                forgetter.forget(&keys);
+                                let (change, keys) = decode_change(&text);
+                                match change {
+                                    Change::Reset => forgetter.forget(&keys),
+                                    Change::Credit => forgetter.credited(&keys),
+                                }
                                 // What this instance decided alone while
                                 // Redis was away is reset too.
                                 for key in &keys {

@@ -459,7 +459,7 @@ impl<C: Connect> Scripted<C> {
                 .exec_async(&mut connection)
                 .await
                 .map_err(classify)?;
-            self.announce(&mut connection, checks).await;
+            self.announce(&mut connection, checks, Change::Reset).await;
             Ok(())
         })
         .await
@@ -477,7 +477,7 @@ impl<C: Connect> Scripted<C> {
         let decided = self
             .within(self.operator_deadline(), |mut connection| async move {
                 let decided = self.run(&mut connection, &requests).await?;
-                self.announce(&mut connection, std::slice::from_ref(check))
+                self.announce(&mut connection, std::slice::from_ref(check), Change::Credit)
                     .await;
                 Ok(decided)
             })
@@ -524,12 +524,12 @@ impl<C: Connect> Scripted<C> {
     /// remembers for them (`KnownRefusals`). The change is made whether or
     /// not this is heard: a failure is logged, not answered as the
     /// change's (a retried credit would be given twice).
-    async fn announce(&self, connection: &mut C, checks: &[Check]) {
+    async fn announce(&self, connection: &mut C, checks: &[Check], change: Change) {
         let keys: Vec<StateKey> = checks.iter().map(|c| c.key).collect();
         let channel = changes_channel(&self.settings.key_prefix);
         let published = redis::cmd("PUBLISH")
             .arg(&channel)
-            .arg(encode_state_keys(&keys))
+            .arg(encode_change(change, &keys))
             .exec_async(connection)
             .await;
         if let Err(e) = published {
@@ -542,6 +542,39 @@ impl<C: Connect> Scripted<C> {
 /// of state an operator reset or credited.
 pub fn changes_channel(key_prefix: &str) -> String {
     format!("{key_prefix}:changes")
+}
+
+/// What an operator did to the keys announced on `changes_channel`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Their state is gone: a lease of them is dropped, never given back.
+    Reset,
+    /// Units were given back to their state, which still counts what was
+    /// leased of it: a lease of them goes back.
+    Credit,
+}
+
+/// Before the keys, the word `credit` for a credit (nothing for a reset):
+/// an instance from before it reads the word as a key that does not parse,
+/// and forgets the keys as it always did.
+const CREDIT_WORD: &str = "credit";
+
+/// A `changes_channel` message.
+pub fn encode_change(change: Change, keys: &[StateKey]) -> String {
+    match change {
+        Change::Reset => encode_state_keys(keys),
+        Change::Credit => format!("{CREDIT_WORD} {}", encode_state_keys(keys)),
+    }
+}
+
+/// What a `changes_channel` message says was done, and to which keys.
+pub fn decode_change(message: &str) -> (Change, Vec<StateKey>) {
+    match message.trim_start().strip_prefix(CREDIT_WORD) {
+        Some(keys) if keys.starts_with(|c: char| c.is_ascii_whitespace()) => {
+            (Change::Credit, decode_state_keys(keys))
+        }
+        _ => (Change::Reset, decode_state_keys(message)),
+    }
 }
 
 /// `limit:identity` in hex, space-separated: what `changes_channel` carries.
@@ -741,6 +774,21 @@ mod tests {
             decode_state_keys(&format!("zz:1 7 {message} 1:2:3")),
             keys.to_vec()
         );
+    }
+
+    #[test]
+    fn a_credit_is_told_from_a_reset_and_an_older_reader_still_finds_the_keys() {
+        let keys = [StateKey {
+            limit: 3,
+            identity: 0xabc,
+        }];
+        for change in [Change::Reset, Change::Credit] {
+            let message = encode_change(change, &keys);
+            assert_eq!(decode_change(&message), (change, keys.to_vec()));
+            // What an instance from before the word reads.
+            assert_eq!(decode_state_keys(&message), keys);
+        }
+        assert_eq!(decode_change("creditz 3:abc").0, Change::Reset);
     }
 
     #[test]
