@@ -595,3 +595,57 @@ fn an_operators_credit_adds_exactly_its_units_to_a_client_whose_budget_is_leased
         "the whole budget, counted once"
     );
 }
+
+#[test]
+fn after_a_redis_restart_no_lease_from_before_it_is_spent_or_given_back() {
+    let mut redis = RedisServer::start();
+    let upstream = Upstream::start();
+    // The proxy's time is the test's: a lease is made old at once. Half an
+    // hour into an hour, clear of the window's end.
+    let clock = TestClock::new();
+    let now = now_us();
+    let hour = 3_600_000_000;
+    clock.set_now_us(now - now % hour + hour / 2);
+    let proxy = leasing(
+        on_redis(&upstream, &redis.url())
+            .clock(&clock)
+            // Nothing decided beside Redis counts: a refusal while it is
+            // away is not an admission.
+            .redis_lines("clock = \"local\"\non_failure = \"deny\"\nlease_ttl = \"5s\"")
+            .limit(Limit::fixed_window(
+                "per-client",
+                "header:X-Client",
+                100,
+                "1h",
+            ))
+            .start(),
+    );
+    let x = [("X-Client", "x")];
+    let z = [("X-Client", "z")];
+    // Two clients, each with a lease of 49 from this Redis, Z's younger.
+    assert_eq!(proxy.send("GET", "/", &x).status, 200);
+    clock.advance(Duration::from_secs(3));
+    assert_eq!(proxy.send("GET", "/", &z).status, 200);
+    assert_eq!(redis.keys().len(), 2);
+    // Redis restarts empty, and X's lease is over: its return may be the
+    // first call after the restart, which fails, and X's request then goes
+    // on to the new Redis. The subscription to operators' changes ends at
+    // the restart too; either must end Z's lease.
+    redis.restart();
+    clock.advance(Duration::from_secs(3));
+    let _ = proxy.send("GET", "/", &x);
+    assert!(
+        wait_until(Duration::from_secs(5), || proxy
+            .admin_get("/readyz")
+            .body
+            .starts_with("ready")),
+        "decisions back on Redis"
+    );
+    // The new Redis has never seen Z: it gives Z its 100, and nothing Z
+    // was leased from the old one may be spent on top.
+    let after = admitted_of(&proxy, 150, &z);
+    assert_eq!(
+        after, 100,
+        "Z admitted {after} of a limit of 100 after the restart"
+    );
+}

@@ -76,6 +76,10 @@ pub trait Forget: Send + Sync {
     /// Operators' changes are heard from now on (after the `forget_all` of
     /// a new subscription).
     fn listening(&self) {}
+
+    /// The subscription to operators' changes is lost: they are not heard
+    /// until `listening` again.
+    fn not_listening(&self) {}
 }
 
 impl Forget for Remembered {
@@ -132,6 +136,12 @@ impl Forgetter {
     pub fn listening(&self) {
         for held in &self.0 {
             held.listening();
+        }
+    }
+
+    pub fn not_listening(&self) {
+        for held in &self.0 {
+            held.not_listening();
         }
     }
 }

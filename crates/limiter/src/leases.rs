@@ -30,8 +30,14 @@
 //! clock and by a monotonic one, whichever has gone further: a clock
 //! stepped back never makes an old lease young again, one stepped forward
 //! ends it sooner. An operator's reset (here or heard from another
-//! instance) and a failed store call drop every lease they may concern and
-//! start a new generation: a fetch or a return from before it is not used.
+//! instance) drops every lease it concerns and starts a new generation. So
+//! does anything that says the store's state may not be the one the leases
+//! came from, for every lease: a failed store call of any kind (a return
+//! included), and the loss of the subscription to operators' changes (a
+//! restarted Redis drops it at once). A lease belongs to the generation it
+//! was installed in, and its units go back only while that generation
+//! lasts: a fetch or a return from before is not used, so no return lands
+//! in a state that did not lease it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -98,6 +104,9 @@ struct Lease {
     /// When it was asked for, by the wall clock and by the monotonic one.
     start_us: u64,
     started_us: u64,
+    /// The table's generation it was installed in (`Table::generation`):
+    /// its units go back only while it lasts.
+    generation: u64,
 }
 
 /// What is left of a lease.
@@ -287,16 +296,16 @@ struct Entry {
 struct Return {
     check: Check,
     counted_at_us: u64,
-    /// Sent only if no reset came since (see `Table::generation`).
+    /// The lease's: sent only if no forgetting came since.
     generation: u64,
 }
 
 struct Table {
     shards: Box<[Mutex<HashMap<StateKey, Entry>>]>,
     /// Bumped by every forgetting, before it drops anything: a fetch whose
-    /// script ran before a reset installs nothing after it, and a return
-    /// made before it is not sent (it would take from the fresh state what
-    /// the reset gave).
+    /// script ran before a reset or a failure installs nothing after it,
+    /// and a return of units leased before it is not sent (it would take
+    /// from a fresh state what the reset gave or a restart left).
     generation: AtomicU64,
     /// Whether operators' changes are heard. Until they are, nothing is
     /// leased: the first subscription forgets every lease (a reset may have
@@ -345,6 +354,14 @@ impl Forget for Table {
     fn listening(&self) {
         self.listening.store(true, Ordering::Release);
     }
+
+    /// Nothing is leased until it is heard again, and nothing held is used
+    /// or given back: a lost subscription is often a Redis that restarted
+    /// empty, seen here before any call fails.
+    fn not_listening(&self) {
+        self.listening.store(false, Ordering::Release);
+        self.forget_all();
+    }
 }
 
 /// The lease table as operators change the state: `Table`'s forgetting,
@@ -374,6 +391,10 @@ impl<S: Store + 'static> Forget for Core<S> {
 
     fn listening(&self) {
         self.table.listening();
+    }
+
+    fn not_listening(&self) {
+        self.table.not_listening();
     }
 }
 
@@ -496,6 +517,17 @@ impl<S: Store + 'static> Leased<S> {
 }
 
 impl<S: Store + 'static> Core<S> {
+    /// `answer`, after dropping every lease if it is a failure: the
+    /// store's state is unknown then (a restart may have emptied it, a
+    /// failover lost its last writes), and no lease taken from it may be
+    /// spent or given back on top of what it says next. A branch per call.
+    fn checked<T>(&self, answer: Result<T, LimiterError>) -> Result<T, LimiterError> {
+        if answer.is_err() {
+            self.table.forget_all();
+        }
+        answer
+    }
+
     /// Read at each fetch: with `instances = "auto"` the count moves.
     fn divisor(&self) -> u64 {
         self.instances.get().saturating_mul(2)
@@ -563,10 +595,7 @@ impl<S: Store + 'static> Core<S> {
                 continue;
             };
             entry.credited |= entry.fetching.is_some();
-            let back = entry
-                .lease
-                .take()
-                .and_then(|l| returned(l, now, self.table.generation()));
+            let back = entry.lease.take().and_then(|l| returned(l, now));
             if let Some(back) = back {
                 let fetching = entry.fetching.is_none().then(|| {
                     let notify = Arc::new(Notify::new());
@@ -586,7 +615,7 @@ impl<S: Store + 'static> Core<S> {
     }
 
     fn give_back(&self, lease: Lease, now: Now) {
-        if let Some(back) = returned(lease, now, self.table.generation()) {
+        if let Some(back) = returned(lease, now) {
             let _ = self.returns().send((back, None));
         }
     }
@@ -624,6 +653,7 @@ impl<S: Store + 'static> Core<S> {
                     let took = Took {
                         decision: lease.decision(now),
                         mark,
+                        generation: lease.generation,
                     };
                     let top_up = (lease.half_spent(now) && entry.fetching.is_none()).then(|| {
                         let notify = Arc::new(Notify::new());
@@ -650,7 +680,7 @@ impl<S: Store + 'static> Core<S> {
                     notify,
                 };
                 drop(shard);
-                let back = over.and_then(|lease| returned(lease, now, self.table.generation()));
+                let back = over.and_then(|lease| returned(lease, now));
                 return Taken::Fetch(fetching, back);
             }
         };
@@ -670,6 +700,7 @@ impl<S: Store + 'static> Core<S> {
         if let Some(lease) = shard.get_mut(&check.key).and_then(|e| e.lease.as_mut()) {
             if lease.check.algorithm == check.algorithm
                 && lease.counted_at_us == took.decision.counted_at_us()
+                && lease.generation == took.generation
             {
                 lease.put_back(check.cost, took.mark);
                 return;
@@ -680,7 +711,7 @@ impl<S: Store + 'static> Core<S> {
             let back = Return {
                 check: check.clone(),
                 counted_at_us: took.decision.counted_at_us(),
-                generation: self.table.generation(),
+                generation: took.generation,
             };
             let _ = self.returns().send((back, None));
         }
@@ -719,6 +750,7 @@ impl<S: Store + 'static> Core<S> {
             reset_at_us,
             start_us: sent_us,
             started_us: sent_at.monotonic_us,
+            generation,
         };
         let mut lease = lease;
         let mut shard = self.table.lock(&check.key);
@@ -796,16 +828,11 @@ impl<S: Store + 'static> Core<S> {
 
     async fn return_all(&self) {
         let now = self.now();
-        let generation = self.table.generation();
         let mut backs = Vec::new();
         for shard in self.table.shards.iter() {
             let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
             for entry in shard.values_mut() {
-                if let Some(back) = entry
-                    .lease
-                    .take()
-                    .and_then(|l| returned(l, now, generation))
-                {
+                if let Some(back) = entry.lease.take().and_then(|l| returned(l, now)) {
                     backs.push((back, None));
                 }
             }
@@ -816,7 +843,7 @@ impl<S: Store + 'static> Core<S> {
 }
 
 /// The return of a lease's unused units at `now`, if worth sending.
-fn returned(lease: Lease, now: Now, generation: u64) -> Option<Return> {
+fn returned(lease: Lease, now: Now) -> Option<Return> {
     let units = lease.returnable(now);
     if units == 0 {
         return None;
@@ -827,15 +854,17 @@ fn returned(lease: Lease, now: Now, generation: u64) -> Option<Return> {
             ..lease.check
         },
         counted_at_us: lease.counted_at_us,
-        generation,
+        generation: lease.generation,
     })
 }
 
 /// Sends `backs` together (a few at a time, so that they share script
 /// runs), each holding its key's fetch, if any, until it has landed. A
-/// return from before a reset is dropped; one that fails leaves its units
-/// spent until their window or refill ends them: under-admission, never
-/// over.
+/// return from before a forgetting is dropped; one that fails leaves its
+/// units spent until their window or refill ends them (under-admission,
+/// never over) and drops every lease, as any failed call does: the next
+/// call may reach a Redis that restarted empty, where the other leases'
+/// units were never counted.
 async fn send<S: Store>(
     inner: &S,
     table: &Table,
@@ -849,10 +878,13 @@ async fn send<S: Store>(
             if back.generation != table.generation() {
                 return;
             }
-            if inner.refund(&back.check, back.counted_at_us).await.is_ok() {
-                if let Some(m) = metrics {
-                    m.returned_units.inc_by(back.check.cost);
+            match inner.refund(&back.check, back.counted_at_us).await {
+                Ok(()) => {
+                    if let Some(m) = metrics {
+                        m.returned_units.inc_by(back.check.cost);
+                    }
                 }
+                Err(_) => table.forget_all(),
             }
         });
         futures_util::future::join_all(sent).await;
@@ -865,6 +897,9 @@ async fn send<S: Store>(
 struct Took {
     decision: Decision,
     mark: u64,
+    /// The lease's: units taken from a lease of an older generation go
+    /// back nowhere.
+    generation: u64,
 }
 
 enum Taken {
@@ -922,16 +957,11 @@ async fn send_returns<S: Store + 'static>(
 fn expired(table: &Arc<Table>, now: Now) -> (Vec<(Return, Option<Fetching>)>, usize) {
     let mut backs = Vec::new();
     let mut held = 0;
-    let generation = table.generation();
     for shard in table.shards.iter() {
         let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
         shard.retain(|key, entry| {
             if entry.lease.as_ref().is_some_and(|l| l.over(now)) {
-                if let Some(back) = entry
-                    .lease
-                    .take()
-                    .and_then(|l| returned(l, now, generation))
-                {
+                if let Some(back) = entry.lease.take().and_then(|l| returned(l, now)) {
                     let fetching = entry.fetching.is_none().then(|| {
                         let notify = Arc::new(Notify::new());
                         entry.fetching = Some(notify.clone());
@@ -951,6 +981,8 @@ fn expired(table: &Arc<Table>, now: Now) -> (Vec<(Return, Option<Fetching>)>, us
     (backs, held)
 }
 
+/// Every call to the store below goes through `Core::checked`: whatever
+/// fails, every lease is dropped.
 #[async_trait]
 impl<S: Store + 'static> Store for Leased<S> {
     async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
@@ -958,7 +990,7 @@ impl<S: Store + 'static> Store for Leased<S> {
     }
 
     async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
-        self.0.inner.peek(checks).await
+        self.0.checked(self.0.inner.peek(checks).await)
     }
 
     async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
@@ -978,7 +1010,7 @@ impl<S: Store + 'static> Store for Leased<S> {
             backs,
         )
         .await;
-        self.0.inner.credit(check).await
+        self.0.checked(self.0.inner.credit(check).await)
     }
 
     async fn refund(&self, check: &Check, counted_at_us: u64) -> Result<(), LimiterError> {
@@ -986,23 +1018,23 @@ impl<S: Store + 'static> Store for Leased<S> {
     }
 
     async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
-        self.0.inner.acquire(slot).await
+        self.0.checked(self.0.inner.acquire(slot).await)
     }
 
     async fn renew(&self, slot: &Slot) -> Result<bool, LimiterError> {
-        self.0.inner.renew(slot).await
+        self.0.checked(self.0.inner.renew(slot).await)
     }
 
     async fn release(&self, slot: &Slot) -> Result<bool, LimiterError> {
-        self.0.inner.release(slot).await
+        self.0.checked(self.0.inner.release(slot).await)
     }
 
     async fn probe(&self) -> Result<(), LimiterError> {
-        self.0.inner.probe().await
+        self.0.checked(self.0.inner.probe().await)
     }
 
     async fn warm(&self) -> Result<(), LimiterError> {
-        self.0.inner.warm().await
+        self.0.checked(self.0.inner.warm().await)
     }
 
     fn deciding(&self) -> Deciding {
@@ -1017,7 +1049,7 @@ impl<S: Store + 'static> Store for Leased<S> {
 impl<S: Store + 'static> Core<S> {
     async fn decide(self: &Arc<Self>, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
         if !checks.iter().any(|c| self.leasable(c)) {
-            return self.inner.decide(checks).await;
+            return self.checked(self.inner.decide(checks).await);
         }
         // A fetch out for one of the keys: wait for it once, then decide.
         let mut waited = false;
@@ -1103,7 +1135,7 @@ impl<S: Store + 'static> Core<S> {
     async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
         let keys: SmallVec<[StateKey; 4]> = checks.iter().map(|c| c.key).collect();
         self.table.forget(&keys);
-        let reset = self.inner.reset(checks).await;
+        let reset = self.checked(self.inner.reset(checks).await);
         // Again: a fetch that ran while the store was resetting may have
         // leased from the state before it.
         self.table.forget(&keys);
@@ -1129,7 +1161,7 @@ impl<S: Store + 'static> Core<S> {
                 }
             }
         }
-        self.inner.refund(check, counted_at_us).await
+        self.checked(self.inner.refund(check, counted_at_us).await)
     }
 }
 

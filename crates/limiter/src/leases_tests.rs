@@ -596,3 +596,79 @@ async fn a_lease_fetched_across_a_credit_goes_back_rather_than_be_spent() {
     }
     assert_eq!(admitted, 100, "a full budget, and not a lease more");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_return_drops_every_lease_so_none_is_spent_or_given_back_on_a_fresh_state() {
+    let (clock, store) = setup();
+    let gate = leased(&store, &clock, 1);
+    let window = Algorithm::fixed_window(1_000, 60 * SEC).unwrap();
+    let (x, z) = (leasing(window, 1, 1), leasing(window, 2, 1));
+    gate.decide(std::slice::from_ref(&x)).await.unwrap();
+    clock.advance(TTL_US / 2);
+    gate.decide(std::slice::from_ref(&z)).await.unwrap();
+    assert_eq!(gate.leases_held(), 2);
+    // Redis restarts empty, and the first call after it fails: X's
+    // return, once X has been idle for lease_ttl (Z is younger).
+    store.memory().forget(&[x.clone(), z.clone()]);
+    store.fail_with(LimiterError::Timeout(Duration::ZERO));
+    clock.advance(TTL_US / 2);
+    assert!(
+        until(4, || gate.leases_held() == 0).await,
+        "Z's lease outlived the failed return"
+    );
+    store.recover();
+    // Z's traffic elsewhere in the new state; Z's old lease comes back
+    // nowhere, and Z's next request is the store's.
+    let elsewhere = Check {
+        lease: false,
+        ..z.clone()
+    };
+    store
+        .memory()
+        .decide_at(std::slice::from_ref(&elsewhere), clock.now_us());
+    clock.advance(TTL_US);
+    until(4, || false).await;
+    assert_eq!(shared_remaining(&store, &z, clock.now_us()), 999);
+    let calls = store.decisions();
+    gate.decide(std::slice::from_ref(&z)).await.unwrap();
+    assert_eq!(store.decisions(), calls + 1);
+}
+
+#[tokio::test]
+async fn any_failed_call_drops_every_lease() {
+    let (clock, store) = setup();
+    let gate = leased(&store, &clock, 1);
+    let hot = leasing(Algorithm::fixed_window(1_000, 60 * SEC).unwrap(), 1, 1);
+    gate.decide(std::slice::from_ref(&hot)).await.unwrap();
+    store.fail_with(LimiterError::Timeout(Duration::ZERO));
+    assert!(gate.probe().await.is_err());
+    store.recover();
+    assert_eq!(gate.leases_held(), 0, "a failed probe");
+    gate.decide(std::slice::from_ref(&hot)).await.unwrap();
+    store.fail_with(LimiterError::Timeout(Duration::ZERO));
+    let other = leasing(Algorithm::fixed_window(1_000, 60 * SEC).unwrap(), 2, 1);
+    assert!(gate.refund(&other, T0).await.is_err());
+    store.recover();
+    assert_eq!(gate.leases_held(), 0, "a failed refund");
+}
+
+#[tokio::test]
+async fn a_lost_subscription_drops_every_lease_and_nothing_is_leased_until_it_is_back() {
+    let (clock, store) = setup();
+    let gate = leased(&store, &clock, 1);
+    let hot = leasing(Algorithm::fixed_window(1_000, 60 * SEC).unwrap(), 1, 1);
+    gate.decide(std::slice::from_ref(&hot)).await.unwrap();
+    let forgetter = gate.forgetter();
+    forgetter.not_listening();
+    assert_eq!(gate.leases_held(), 0);
+    let calls = store.decisions();
+    for _ in 0..3 {
+        gate.decide(std::slice::from_ref(&hot)).await.unwrap();
+    }
+    assert_eq!(store.decisions(), calls + 3, "each the store's");
+    assert_eq!(gate.leases_held(), 0);
+    forgetter.forget_all();
+    forgetter.listening();
+    gate.decide(std::slice::from_ref(&hot)).await.unwrap();
+    assert_eq!(gate.leases_held(), 1);
+}

@@ -36,7 +36,7 @@ async fn subscriber(settings: &RedisSettings, url: &str) -> redis::RedisResult<r
 
 /// Listens until the process ends. Whenever the subscription is (re)made,
 /// every remembered refusal is forgotten: what was announced while nobody
-/// listened is unknown. A cluster's classic pub/sub reaches every node, so
+/// listened is unknown. While it is lost, nothing is leased. A cluster's classic pub/sub reaches every node, so
 /// one node is enough to listen on: the seeds are tried in turn.
 pub async fn listen(settings: RedisSettings, forgetter: Forgetter, local: Arc<MemoryStore>) {
     install_tls_provider();
@@ -102,7 +102,11 @@ pub async fn listen(settings: RedisSettings, forgetter: Forgetter, local: Arc<Me
                         }
                     }
                 }
-                warn!("lost the subscription to operators' changes on {channel}: remembered refusals are forgotten when it is back");
+                // At once, not when it is back: a Redis that restarted empty
+                // ends the subscription before any call fails, and the
+                // leases from before must be neither spent nor given back.
+                forgetter.not_listening();
+                warn!("lost the subscription to operators' changes on {channel}: leases dropped and none taken until it is back, when remembered refusals are forgotten");
                 lost_logged = true;
             }
             Ok(Err(e)) if !lost_logged => {
