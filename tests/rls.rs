@@ -389,10 +389,11 @@ fn malformed_calls_get_a_grpc_error_or_ok_and_memory_stays_bounded() {
         .ask(call("edge", thousand, 0))
         .expect_err("1,000 descriptors are refused");
     assert_eq!(many.code(), tonic::Code::InvalidArgument, "{many:?}");
-    // A value of 1 MB, under the message limit: decided like any other (a
-    // value an attacker makes long is no way around its limit).
+    // A value of 60,000 bytes, under the message limit (64 KiB, above
+    // Envoy's 60 KiB of request headers): decided like any other (a value
+    // an attacker makes long is no way around its limit).
     let before = rss_kib(rls.proxy.pid());
-    let long = "a".repeat(1_000_000);
+    let long = "a".repeat(60_000);
     let mut codes = Vec::new();
     for _ in 0..20 {
         codes.push(code(&rls.answer(call(
@@ -408,18 +409,20 @@ fn malformed_calls_get_a_grpc_error_or_ok_and_memory_stays_bounded() {
     );
     assert_eq!(codes.iter().filter(|c| **c == Code::OverLimit).count(), 15);
     // Past the message limit: refused before it is decoded.
-    let huge = rls
-        .ask(call(
-            "edge",
-            vec![descriptor(&[("remote_address", &"b".repeat(2_000_000))])],
-            0,
-        ))
-        .expect_err("a call over the message limit is refused");
-    assert_ne!(huge.code(), tonic::Code::Ok);
+    for size in [70_000, 2_000_000] {
+        let huge = rls
+            .ask(call(
+                "edge",
+                vec![descriptor(&[("remote_address", &"b".repeat(size))])],
+                0,
+            ))
+            .expect_err("a call over the message limit is refused");
+        assert_eq!(huge.code(), tonic::Code::OutOfRange, "{huge:?}");
+    }
     let after = rss_kib(rls.proxy.pid());
     assert!(
         after < before + 64 * 1024,
-        "20 calls of 1 MB must not stay in memory: {before} KiB, then {after} KiB"
+        "20 calls of 60 kB must not stay in memory: {before} KiB, then {after} KiB"
     );
     // And the service still answers.
     let fine = rls.answer(call(
@@ -429,6 +432,31 @@ fn malformed_calls_get_a_grpc_error_or_ok_and_memory_stays_bounded() {
     ));
     assert_eq!(code(&fine), Code::Ok);
     assert!(rls.proxy.is_running());
+}
+
+#[test]
+fn max_message_bytes_sets_the_largest_call() {
+    let upstream = Upstream::start();
+    let addr = local_addr();
+    let mut rls = connect(
+        ConfigBuilder::new(upstream.addr)
+            .limit(per_address(5))
+            .raw(&format!(
+                "[rls]\nlisten = \"{addr}\"\nmax_message_bytes = 4096\n"
+            ))
+            .start(),
+        addr,
+    );
+    let of = |size: usize| {
+        call(
+            "edge",
+            vec![descriptor(&[("remote_address", &"c".repeat(size))])],
+            0,
+        )
+    };
+    assert_eq!(code(&rls.answer(of(3_000))), Code::Ok);
+    let refused = rls.ask(of(5_000)).expect_err("over 4096 bytes");
+    assert_eq!(refused.code(), tonic::Code::OutOfRange, "{refused:?}");
 }
 
 /// 60 calls in flight at once on one client's bucket of 10, half through
@@ -746,4 +774,164 @@ fn over_tls_with_the_servers_certificates_while_handshakes_stall() {
     drop(stalled);
     drop(proxy);
     remove_test_dir(&dir);
+}
+
+// ---------------------------------------------------------------------------
+// The listener under attack: what no gRPC client would send.
+
+/// The path of `ShouldRateLimit`, as gRPC writes it.
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// The grpc-status a call over raw HTTP/2 was answered with: in its only
+/// header block, or in its trailers.
+async fn grpc_status(response: h2::client::ResponseFuture) -> Result<Option<u32>, h2::Error> {
+    let parse = |map: &http::HeaderMap| {
+        map.get("grpc-status")
+            .and_then(|s| s.to_str().ok())
+            .and_then(|s| s.parse().ok())
+    };
+    let response = response.await?;
+    if let Some(code) = parse(response.headers()) {
+        return Ok(Some(code));
+    }
+    let mut body = response.into_body();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+    }
+    Ok(body.trailers().await?.as_ref().and_then(parse))
+}
+
+/// What a connection of half-sent calls came to.
+struct HalfSent {
+    /// Each call's grpc-status, in order.
+    codes: Vec<Option<u32>>,
+    /// The streams the server let the connection have open at once.
+    max_streams: usize,
+}
+
+/// `calls` calls on one HTTP/2 connection, each sending the 5-byte prefix
+/// of a message it says is `declared` bytes long, and nothing more.
+async fn half_sent_calls(
+    addr: std::net::SocketAddr,
+    calls: usize,
+    declared: u32,
+) -> Result<HalfSent, String> {
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (sender, connection) = h2::client::handshake(tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let mut sender = sender.ready().await.map_err(|e| e.to_string())?;
+    let mut pending = Vec::new();
+    let mut prefix = vec![0u8];
+    prefix.extend_from_slice(&declared.to_be_bytes());
+    for _ in 0..calls {
+        sender = sender.ready().await.map_err(|e| e.to_string())?;
+        let request = http::Request::post(format!("http://{addr}{SHOULD_RATE_LIMIT}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .map_err(|e| e.to_string())?;
+        let (response, mut stream) = sender
+            .send_request(request, false)
+            .map_err(|e| e.to_string())?;
+        stream
+            .send_data(bytes::Bytes::from(prefix.clone()), false)
+            .map_err(|e| e.to_string())?;
+        // The stream stays open: the rest of the message never comes.
+        pending.push((response, stream));
+    }
+    let mut codes = Vec::new();
+    let mut open = Vec::new();
+    for (response, stream) in pending {
+        codes.push(grpc_status(response).await.map_err(|e| e.to_string())?);
+        open.push(stream);
+    }
+    Ok(HalfSent {
+        codes,
+        max_streams: sender.current_max_send_streams(),
+    })
+}
+
+#[test]
+fn half_sent_calls_are_refused_at_once_and_hold_no_memory() {
+    let upstream = Upstream::start();
+    let mut rls = start(ConfigBuilder::new(upstream.addr).limit(per_address(5)));
+    let pid = rls.proxy.pid();
+    let addr = rls.addr;
+    // Warm: the first calls allocate what every call reuses.
+    assert_eq!(
+        code(&rls.answer(call(
+            "edge",
+            vec![descriptor(&[("remote_address", "10.0.0.1")])],
+            0
+        ))),
+        Code::Ok
+    );
+    let before = rss_kib(pid);
+    // 60 connections at once, 17 calls each: 1,020 calls, each saying a
+    // message of 1 MiB follows, each 5 bytes of it sent.
+    let attack = std::thread::spawn(move || {
+        client_runtime().block_on(async move {
+            let connections = (0..60).map(|_| half_sent_calls(addr, 17, 1 << 20));
+            tokio::time::timeout(
+                Duration::from_secs(30),
+                futures_util::future::join_all(connections),
+            )
+            .await
+        })
+    });
+    let mut peak = before;
+    while !attack.is_finished() {
+        peak = peak.max(rss_kib(pid));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    peak = peak.max(rss_kib(pid));
+    let connections = attack
+        .join()
+        .expect("the attack's thread")
+        .expect("every call answered in 30 s");
+    let mut codes = std::collections::BTreeMap::new();
+    let mut max_streams = 0;
+    for connection in connections {
+        let connection = connection.expect("a connection of half-sent calls");
+        max_streams = max_streams.max(connection.max_streams);
+        for c in connection.codes {
+            *codes.entry(c).or_insert(0) += 1;
+        }
+    }
+    record(
+        "rls_half_sent_calls",
+        &format!(
+            "1,020 calls of 1 MiB declared, 5 bytes sent, on 60 connections: RSS {before} KiB before, peak {peak} KiB; grpc-status {codes:?}; {max_streams} streams per connection\n"
+        ),
+    );
+    // RESOURCE_EXHAUSTED (8) or OUT_OF_RANGE (11): refused on the prefix,
+    // not when the call's deadline ends it.
+    let refused =
+        codes.get(&Some(8)).copied().unwrap_or(0) + codes.get(&Some(11)).copied().unwrap_or(0);
+    assert_eq!(refused, 1020, "grpc-status of the calls: {codes:?}");
+    assert!(
+        peak < before + 32 * 1024,
+        "1,020 half-sent calls took RSS from {before} KiB to {peak} KiB"
+    );
+    assert!(
+        (1..=100).contains(&max_streams),
+        "{max_streams} streams per connection"
+    );
+    // And real calls are answered as before.
+    assert_eq!(
+        code(&rls.answer(call(
+            "edge",
+            vec![descriptor(&[("remote_address", "10.0.0.1")])],
+            0
+        ))),
+        Code::Ok
+    );
+    assert!(rls.proxy.is_running());
 }

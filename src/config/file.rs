@@ -46,6 +46,7 @@ pub(super) struct RlsSection {
     pub(super) listen: String,
     #[serde(default)]
     pub(super) tls: bool,
+    pub(super) max_message_bytes: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

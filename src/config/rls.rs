@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use super::file::RlsSection;
 use super::{at, Invalid};
 use crate::policy::Limit;
-use crate::rls::RlsSettings;
+use crate::rls::{RlsSettings, DEFAULT_MAX_MESSAGE_BYTES, MESSAGE_BYTES_RANGE};
 
 pub(super) fn validate_rls(
     section: Option<&RlsSection>,
@@ -45,8 +45,25 @@ pub(super) fn validate_rls(
             "the rate limit service serves the certificates of [server.tls], and there is none: configure [server.tls] or set tls = false",
         ));
     }
+    let max_message_bytes = match section.max_message_bytes {
+        None => DEFAULT_MAX_MESSAGE_BYTES,
+        Some(n) => usize::try_from(n)
+            .ok()
+            .filter(|n| MESSAGE_BYTES_RANGE.contains(n))
+            .ok_or_else(|| {
+                at(
+                    &[&"rls", &"max_message_bytes"],
+                    format!(
+                        "must be a number of bytes from {} to {} (got {n}); Envoy's calls are a few hundred bytes",
+                        MESSAGE_BYTES_RANGE.start(),
+                        MESSAGE_BYTES_RANGE.end()
+                    ),
+                )
+            })?,
+    };
     Ok(Some(RlsSettings {
         listen,
         tls: section.tls,
+        max_message_bytes,
     }))
 }

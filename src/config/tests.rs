@@ -637,8 +637,8 @@ fn descriptor_limits_read_like_the_others_and_refuse_what_envoy_cannot_give() {
         "domain edge descriptor [remote_address, path=/login]"
     );
     assert_eq!(
-        valid.rls.as_ref().map(|r| r.listen),
-        Some("127.0.0.1:8081".parse().expect("address"))
+        valid.rls.as_ref().map(|r| (r.listen, r.max_message_bytes)),
+        Some(("127.0.0.1:8081".parse().expect("address"), 65_536))
     );
     let cases: Vec<(String, &str)> = vec![
         (
@@ -696,6 +696,10 @@ fn descriptor_limits_read_like_the_others_and_refuse_what_envoy_cannot_give() {
         (
             format!("{MINIMAL}[rls]\nlisten = \"localhost\"\n"),
             "t.toml:6: rls.listen: \"localhost\" is not an address and port like \"127.0.0.1:8081\" or \"[::]:8081\"",
+        ),
+        (
+            format!("{MINIMAL}[rls]\nlisten = \"127.0.0.1:8081\"\nmax_message_bytes = 100\n"),
+            "t.toml:7: rls.max_message_bytes: must be a number of bytes from 1024 to 4194304 (got 100); Envoy's calls are a few hundred bytes",
         ),
         (
             format!("{MINIMAL}[rls]\nlisten = \"127.0.0.1:8081\"\ntls = true\n"),

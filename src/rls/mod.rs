@@ -12,5 +12,5 @@ mod service;
 mod settings;
 
 #[cfg(feature = "rls")]
-pub use service::{per_unit, RlsService, MAX_DESCRIPTORS, MAX_MESSAGE_BYTES};
-pub use settings::RlsSettings;
+pub use service::{per_unit, RlsService, MAX_DESCRIPTORS};
+pub use settings::{RlsSettings, DEFAULT_MAX_MESSAGE_BYTES, MESSAGE_BYTES_RANGE};

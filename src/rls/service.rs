@@ -4,7 +4,6 @@
 //! hand (the types are envoy-types'). Over TLS, the handshake is rustls'
 //! with the gateway's own certificate resolver.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,6 +26,7 @@ use tokio_rustls::TlsAcceptor;
 use tonic::{Request, Response, Status};
 
 use super::decide::{self, Ask, Descriptor, Failure, Shown};
+use super::settings::RlsSettings;
 use crate::policy::MAX_ENTRIES;
 use crate::state::AppState;
 use crate::tls::CertResolver;
@@ -35,12 +35,12 @@ use crate::tls::CertResolver;
 /// `rate_limits` action that applies, a handful.
 pub const MAX_DESCRIPTORS: usize = 64;
 
-/// The largest call decoded: far above what Envoy sends (its request
-/// headers are 60 KiB by default), and what a call may hold in memory.
-pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
-
 /// Calls at once on one connection, and streams Envoy may open on it.
-const STREAMS_PER_CONNECTION: u32 = 256;
+/// Envoy opens another connection when its calls need more (its pool
+/// follows the server's SETTINGS_MAX_CONCURRENT_STREAMS); a connection
+/// of calls that never finish holds at most this many messages of
+/// `[rls].max_message_bytes`, each for the call timeout at most.
+const STREAMS_PER_CONNECTION: u32 = 32;
 
 /// A call gets no answer after this, whatever its own deadline says
 /// (Envoy's filter gives 20 ms by default).
@@ -226,6 +226,7 @@ pub struct RlsService {
     listener: std::sync::Mutex<Option<std::net::TcpListener>>,
     tls: Option<TlsAcceptor>,
     state: Arc<AppState>,
+    max_message_bytes: usize,
 }
 
 /// gRPC over TLS: h2 by ALPN, as Envoy's and grpcio's clients require,
@@ -245,17 +246,18 @@ fn tls_acceptor(certificates: Arc<CertResolver>) -> std::io::Result<TlsAcceptor>
 impl RlsService {
     /// `certificates`: serve over TLS with them, else h2c.
     pub fn bind(
-        listen: SocketAddr,
+        settings: &RlsSettings,
         certificates: Option<Arc<CertResolver>>,
         state: Arc<AppState>,
     ) -> std::io::Result<RlsService> {
         let tls = certificates.map(tls_acceptor).transpose()?;
-        let listener = std::net::TcpListener::bind(listen)?;
+        let listener = std::net::TcpListener::bind(settings.listen)?;
         listener.set_nonblocking(true)?;
         Ok(RlsService {
             listener: std::sync::Mutex::new(Some(listener)),
             tls,
             state,
+            max_message_bytes: settings.max_message_bytes,
         })
     }
 }
@@ -334,7 +336,8 @@ impl BackgroundService for RlsService {
         let service = RateLimitServiceServer::new(Limiter {
             state: self.state.clone(),
         })
-        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        // Refused on the prefix that declares more: never buffered.
+        .max_decoding_message_size(self.max_message_bytes);
         let router = tonic::transport::Server::builder()
             .timeout(CALL_TIMEOUT)
             .concurrency_limit_per_connection(STREAMS_PER_CONNECTION as usize)
