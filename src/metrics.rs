@@ -117,6 +117,8 @@ pub struct Metrics {
     pub local_overflow: IntCounter,
     pub connections: ConnectionMetrics,
     pub admin_connections: ConnectionMetrics,
+    /// The rate limit service's listener (`[rls]`).
+    pub rls_connections: ConnectionMetrics,
     pub requests: RequestMetrics,
     pub rls: RlsMetrics,
     reloads: IntCounterVec,
@@ -274,8 +276,17 @@ impl Metrics {
                 "Decisions made against a limit's shared overflow bucket because the memory store was full of live state",
             ),
         );
-        let connections = connection_metrics(&registry, "floodgate", "Client");
-        let admin_connections = connection_metrics(&registry, "floodgate_admin", "Admin listener");
+        const HEAD_LATE: &str =
+            "closed with 408 (head not complete within header_timeout) or 431 (head too large)";
+        let connections = connection_metrics(&registry, "floodgate", "Client", HEAD_LATE);
+        let admin_connections =
+            connection_metrics(&registry, "floodgate_admin", "Admin listener", HEAD_LATE);
+        let rls_connections = connection_metrics(
+            &registry,
+            "floodgate_rls",
+            "Rate limit service",
+            "closed because their TLS handshake and HTTP/2 preface were not done within header_timeout",
+        );
         let requests_total = registered(
             &registry,
             IntCounterVec::new(
@@ -407,6 +418,7 @@ impl Metrics {
             local_overflow,
             connections,
             admin_connections,
+            rls_connections,
             requests,
             rls,
             reloads,
@@ -445,7 +457,12 @@ impl Metrics {
 }
 
 /// The series of one listener's connections, names under `prefix`.
-fn connection_metrics(registry: &Registry, prefix: &str, what: &str) -> ConnectionMetrics {
+fn connection_metrics(
+    registry: &Registry,
+    prefix: &str,
+    what: &str,
+    head_late: &str,
+) -> ConnectionMetrics {
     let metrics = ConnectionMetrics {
         open: registered(
             registry,
@@ -475,7 +492,7 @@ fn connection_metrics(registry: &Registry, prefix: &str, what: &str) -> Connecti
             registry,
             IntCounter::new(
                 format!("{prefix}_header_timeouts_total"),
-                format!("{what} connections closed with 408 (head not complete within header_timeout) or 431 (head too large)"),
+                format!("{what} connections {head_late}"),
             ),
         ),
         idle_timeouts: registered(

@@ -935,3 +935,290 @@ fn half_sent_calls_are_refused_at_once_and_hold_no_memory() {
     );
     assert!(rls.proxy.is_running());
 }
+
+/// Whether `stream` was closed by the server: EOF or a reset, read
+/// without waiting so that many are polled in turn.
+fn closed_by_server(stream: &mut std::net::TcpStream) -> bool {
+    use std::io::Read;
+    let _ = stream.set_nonblocking(true);
+    let mut buf = [0u8; 256];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            // What the server says before it closes (its SETTINGS).
+            Ok(_) => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return false
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+/// Polls `held` until at most `left` of them are open (or `limit`
+/// passes); how many are still open.
+fn open_after(held: &mut [(std::net::TcpStream, bool)], left: usize, limit: Duration) -> usize {
+    let count = |held: &mut [(std::net::TcpStream, bool)]| {
+        for (stream, closed) in held.iter_mut() {
+            if !*closed {
+                *closed = closed_by_server(stream);
+            }
+        }
+        held.iter().filter(|(_, closed)| !closed).count()
+    };
+    wait_until(limit, || count(held) <= left);
+    count(held)
+}
+
+/// `n` TCP connections to `addr` made at once, from 60 threads.
+fn connect_many(addr: std::net::SocketAddr, n: usize) -> Vec<std::net::TcpStream> {
+    std::thread::scope(|s| {
+        let threads: Vec<_> = (0..60)
+            .map(|t| {
+                s.spawn(move || {
+                    (0..n)
+                        .skip(t)
+                        .step_by(60)
+                        .filter_map(|_| {
+                            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .flat_map(|t| t.join().expect("a connecting thread"))
+            .collect()
+    })
+}
+
+/// HTTP/2's connection preface, and an empty SETTINGS frame.
+const PREFACE_AND_SETTINGS: &[u8] =
+    b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+
+#[test]
+fn connections_without_a_preface_and_idle_ones_are_closed_in_time() {
+    use std::io::Write;
+    let upstream = Upstream::start();
+    let rls = start(
+        ConfigBuilder::new(upstream.addr)
+            .admin()
+            .server("header_timeout = \"1s\"\nkeepalive_timeout = \"2s\"")
+            .limit(per_address(1000)),
+    );
+    // 60 that send nothing, 60 that send half the preface, 60 that send the
+    // preface and their settings and then nothing.
+    let mut silent = connect_many(rls.addr, 60);
+    let mut half = connect_many(rls.addr, 60);
+    let mut idle = connect_many(rls.addr, 60);
+    for s in &mut half {
+        let _ = s.write_all(&PREFACE_AND_SETTINGS[..12]);
+    }
+    for s in &mut idle {
+        let _ = s.write_all(PREFACE_AND_SETTINGS);
+    }
+    let mut held: Vec<(std::net::TcpStream, bool)> = silent
+        .drain(..)
+        .chain(half.drain(..))
+        .map(|s| (s, false))
+        .collect();
+    assert_eq!(held.len(), 120);
+    // Meanwhile a connection in use is not idle: a call on it every turn.
+    let runtime = client_runtime();
+    let mut active = runtime.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(rls.addr)
+            .await
+            .expect("connect");
+        let (sender, connection) = h2::client::handshake(tcp).await.expect("handshake");
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        sender
+    });
+    let whole_call = || {
+        let message = prost::Message::encode_to_vec(&call(
+            "edge",
+            vec![descriptor(&[("remote_address", "10.0.0.3")])],
+            0,
+        ));
+        let mut framed = vec![0u8];
+        framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        framed.extend_from_slice(&message);
+        bytes::Bytes::from(framed)
+    };
+    let call_on = |sender: &mut h2::client::SendRequest<bytes::Bytes>| {
+        runtime.block_on(async {
+            let mut ready = sender.clone().ready().await.map_err(|e| e.to_string())?;
+            let request = http::Request::post(format!("http://{}{SHOULD_RATE_LIMIT}", rls.addr))
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .body(())
+                .map_err(|e| e.to_string())?;
+            let (response, mut stream) = ready
+                .send_request(request, false)
+                .map_err(|e| e.to_string())?;
+            stream
+                .send_data(whole_call(), true)
+                .map_err(|e| e.to_string())?;
+            tokio::time::timeout(Duration::from_secs(3), grpc_status(response))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())
+        })
+    };
+    assert_eq!(call_on(&mut active), Ok(Some(0)));
+    let mut calls_made = 0;
+    let count_idle = |idle: &mut Vec<std::net::TcpStream>| {
+        idle.iter_mut()
+            .map(|s| usize::from(!closed_by_server(s)))
+            .sum::<usize>()
+    };
+    let mut idle_open = idle.len();
+    let quiet = wait_until(Duration::from_secs(10), || {
+        calls_made += 1;
+        assert_eq!(
+            call_on(&mut active),
+            Ok(Some(0)),
+            "a connection in use is kept: {}",
+            rls.proxy.log()
+        );
+        idle_open = count_idle(&mut idle);
+        open_after(&mut held, 0, Duration::ZERO) == 0 && idle_open == 0
+    });
+    let unpreface = open_after(&mut held, 0, Duration::ZERO);
+    record(
+        "rls_idle_connections",
+        &format!(
+            "header_timeout 1s, keepalive_timeout 2s, polled for 10 s at most: of 120 connections without a whole preface {unpreface} open; of 60 idle after their preface {idle_open} open; one connection with a call every turn ({calls_made} calls) kept\n"
+        ),
+    );
+    assert!(
+        quiet,
+        "{unpreface} of 120 connections without a preface, {idle_open} of 60 idle ones still open after 10 s"
+    );
+    assert!(rls.proxy.metric("floodgate_rls_header_timeouts_total") >= 120.0);
+    assert!(rls.proxy.metric("floodgate_rls_idle_timeouts_total") >= 60.0);
+    // The connection in use was never closed under its calls.
+    assert_eq!(call_on(&mut active), Ok(Some(0)));
+}
+
+/// A proxy serving the rate limit service with `rls_lines` in `[rls]`,
+/// once it listens and holds no connection (its own probe gone).
+fn serve(config: ConfigBuilder, rls_lines: &str) -> (Proxy, std::net::SocketAddr) {
+    let addr = local_addr();
+    let proxy = config
+        .raw(&format!("[rls]\nlisten = \"{addr}\"\n{rls_lines}\n"))
+        .start();
+    wait_for_listener(&proxy, addr);
+    wait_until(Duration::from_secs(5), || {
+        proxy.metric("floodgate_rls_connections_open") == 0.0
+    });
+    (proxy, addr)
+}
+
+/// How many of `n` connections made at once to `addr` stay open (the
+/// others are closed at once by a cap), polled until `expected` are.
+fn held_of(addr: std::net::SocketAddr, n: usize, expected: usize) -> usize {
+    let mut held: Vec<(std::net::TcpStream, bool)> = connect_many(addr, n)
+        .into_iter()
+        .map(|s| (s, false))
+        .collect();
+    assert_eq!(held.len(), n, "every connection accepted");
+    open_after(&mut held, expected, Duration::from_secs(5))
+}
+
+#[test]
+fn the_gateways_connection_caps_apply_to_the_service_unless_it_sets_its_own() {
+    let upstream = Upstream::start();
+    let config = || {
+        ConfigBuilder::new(upstream.addr)
+            .admin()
+            .server("header_timeout = \"30s\"\nmax_connections_per_ip = 5")
+            .limit(per_address(10))
+    };
+    // [server]'s caps, by default.
+    let (proxy, addr) = serve(config(), "");
+    let held = held_of(addr, 60, 5);
+    record(
+        "rls_connection_caps",
+        &format!("[server].max_connections_per_ip = 5: {held} of 60 connections at once held\n"),
+    );
+    assert_eq!(
+        held, 5,
+        "[server].max_connections_per_ip = 5: {held} of 60 held"
+    );
+    assert!(
+        proxy.metric("floodgate_rls_connections_refused_total{cap=\"per_ip\"}") >= 55.0,
+        "{}",
+        proxy.admin_get("/metrics").body
+    );
+    drop(proxy);
+    // [rls]'s own.
+    let (proxy, addr) = serve(config(), "max_connections_per_ip = 12");
+    assert_eq!(
+        held_of(addr, 60, 12),
+        12,
+        "[rls].max_connections_per_ip = 12"
+    );
+    drop(proxy);
+    let (proxy, addr) = serve(config(), "max_connections_per_ip = 40\nmax_connections = 8");
+    assert_eq!(held_of(addr, 60, 8), 8, "[rls].max_connections = 8");
+    assert!(proxy.metric("floodgate_rls_connections_refused_total{cap=\"total\"}") >= 52.0);
+}
+
+/// How many of `n` GETs on fresh connections the gateway answers, each
+/// given a few seconds.
+fn gateway_answers(addr: std::net::SocketAddr, n: usize) -> usize {
+    use std::io::{Read, Write};
+    (0..n)
+        .filter(|_| {
+            let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3))
+            else {
+                return false;
+            };
+            let _ = s.set_read_timeout(Some(Duration::from_secs(3)));
+            if s.write_all(b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+                .is_err()
+            {
+                return false;
+            }
+            let mut answer = Vec::new();
+            let _ = s.read_to_end(&mut answer);
+            answer.starts_with(b"HTTP/1.1 200")
+        })
+        .count()
+}
+
+#[test]
+fn a_flood_of_idle_connections_to_the_service_leaves_the_gateway_its_descriptors() {
+    let upstream = Upstream::start();
+    let addr = local_addr();
+    // 200 descriptors; the caps of [server] (20 per address) apply to the
+    // service.
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .server("header_timeout = \"30s\"\nmax_connections_per_ip = 20")
+        .limit(per_address(10))
+        .raw(&format!("[rls]\nlisten = \"{addr}\"\n"))
+        .start_wrapped(&["prlimit", "--nofile=200:200"]);
+    wait_for_listener(&proxy, addr);
+    let held = connect_many(addr, 240);
+    let answered = gateway_answers(proxy.addr, 5);
+    let log = proxy.log();
+    let exhausted = log.contains("Too many open files");
+    record(
+        "rls_fd_flood",
+        &format!(
+            "nofile 200, 240 idle connections opened to the rate limit service and kept by the client: the gateway answered {answered} of 5; \"Too many open files\" in the log: {exhausted}\n"
+        ),
+    );
+    assert_eq!(answered, 5, "the gateway answered {answered} of 5: {log}");
+    assert!(!exhausted, "{log}");
+    drop(held);
+}

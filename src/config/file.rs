@@ -47,6 +47,8 @@ pub(super) struct RlsSection {
     #[serde(default)]
     pub(super) tls: bool,
     pub(super) max_message_bytes: Option<i64>,
+    pub(super) max_connections: Option<i64>,
+    pub(super) max_connections_per_ip: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

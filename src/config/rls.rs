@@ -61,9 +61,23 @@ pub(super) fn validate_rls(
                 )
             })?,
     };
+    let count = |value: Option<i64>, key: &'static str| -> Result<Option<usize>, Invalid> {
+        value
+            .map(|n| {
+                usize::try_from(n).ok().filter(|&n| n >= 1).ok_or_else(|| {
+                    at(
+                        &[&"rls", &key],
+                        "must be a whole number of at least 1 (without it, [server]'s applies)",
+                    )
+                })
+            })
+            .transpose()
+    };
     Ok(Some(RlsSettings {
         listen,
         tls: section.tls,
         max_message_bytes,
+        max_connections: count(section.max_connections, "max_connections")?,
+        max_connections_per_ip: count(section.max_connections_per_ip, "max_connections_per_ip")?,
     }))
 }

@@ -702,6 +702,10 @@ fn descriptor_limits_read_like_the_others_and_refuse_what_envoy_cannot_give() {
             "t.toml:7: rls.max_message_bytes: must be a number of bytes from 1024 to 4194304 (got 100); Envoy's calls are a few hundred bytes",
         ),
         (
+            format!("{MINIMAL}[rls]\nlisten = \"127.0.0.1:8081\"\nmax_connections_per_ip = 0\n"),
+            "t.toml:7: rls.max_connections_per_ip: must be a whole number of at least 1 (without it, [server]'s applies)",
+        ),
+        (
             format!("{MINIMAL}[rls]\nlisten = \"127.0.0.1:8081\"\ntls = true\n"),
             "t.toml:7: rls.tls: the rate limit service serves the certificates of [server.tls], and there is none: configure [server.tls] or set tls = false",
         ),

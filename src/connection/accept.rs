@@ -15,7 +15,7 @@ use crate::state::AppState;
 
 /// The address a connection from `peer` counts against under the
 /// per-address cap: grouped as limits group it, none for a trusted proxy.
-pub(super) fn counted_as(state: &AppState, peer: Option<IpAddr>) -> Option<IpAddr> {
+pub fn counted_as(state: &AppState, peer: Option<IpAddr>) -> Option<IpAddr> {
     peer.and_then(|ip| state.runtime.load().policy.clients.connection_group(ip))
 }
 

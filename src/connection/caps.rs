@@ -31,6 +31,9 @@ const REFUSAL_LOG_MEMORY: usize = 10_000;
 
 /// Open connections, in all and per client address.
 pub struct ConnectionCaps {
+    /// Which listener's connections the refusal log names ("" for the
+    /// gateway's, whose log came first).
+    listener: &'static str,
     max_total: usize,
     max_per_ip: usize,
     total: AtomicUsize,
@@ -50,12 +53,17 @@ pub struct Permit {
     /// The address counted against the per-address cap (none for trusted
     /// proxies, which hold many clients' connections).
     counted_as: Option<IpAddr>,
+    /// Whether the caps' `open` series counts it (not a place another
+    /// listener's connection takes in the total: `admit_elsewhere`).
+    shown: bool,
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
         self.caps.total.fetch_sub(1, Ordering::AcqRel);
-        self.caps.metrics.open.dec();
+        if self.shown {
+            self.caps.metrics.open.dec();
+        }
         if let Some(ip) = self.counted_as {
             let mut per_ip = self.caps.lock();
             if let Some(n) = per_ip.open.get_mut(&ip) {
@@ -77,7 +85,18 @@ pub enum CapReached {
 
 impl ConnectionCaps {
     pub fn new(settings: &ConnectionSettings, metrics: ConnectionMetrics) -> Arc<Self> {
+        ConnectionCaps::of_listener("", settings, metrics)
+    }
+
+    /// Caps whose refusals the log tells apart by `listener` (e.g. "rate
+    /// limit service ", written before "connection from ...").
+    pub fn of_listener(
+        listener: &'static str,
+        settings: &ConnectionSettings,
+        metrics: ConnectionMetrics,
+    ) -> Arc<Self> {
         Arc::new(ConnectionCaps {
+            listener,
             max_total: settings.max_connections,
             max_per_ip: settings.max_connections_per_ip,
             total: AtomicUsize::new(0),
@@ -120,6 +139,27 @@ impl ConnectionCaps {
         Ok(Permit {
             caps: self.clone(),
             counted_as: address,
+            shown: true,
+        })
+    }
+
+    /// A place in the total alone, for a connection another listener
+    /// serves and counts (the rate limit service's): every listener's
+    /// connections draw on one table of descriptors, which the total is
+    /// sized from. Not shown in these caps' `open` series, nor counted as
+    /// a refusal here.
+    pub fn admit_elsewhere(self: &Arc<Self>) -> Result<Permit, CapReached> {
+        // The lock orders this against `admit`'s check of the total.
+        let per_ip = self.lock();
+        if self.total.load(Ordering::Acquire) >= self.max_total {
+            return Err(CapReached::Total);
+        }
+        self.total.fetch_add(1, Ordering::AcqRel);
+        drop(per_ip);
+        Ok(Permit {
+            caps: self.clone(),
+            counted_as: None,
+            shown: false,
         })
     }
 
@@ -148,7 +188,7 @@ impl ConnectionCaps {
     /// last minute.
     /// `group` is the address as the per-address cap counts it (an IPv6
     /// client by its prefix), so that a /64 cannot write a line per address.
-    pub(super) fn refused(&self, group: Option<IpAddr>, reason: CapReached) {
+    pub fn refused(&self, group: Option<IpAddr>, reason: CapReached) {
         let (label, cap) = match reason {
             CapReached::Total => ("total", self.max_total),
             CapReached::PerAddress => ("per_ip", self.max_per_ip),
@@ -158,7 +198,8 @@ impl ConnectionCaps {
         if let Some(unlogged) = self.refusal_log.due(key, SystemClock.now_us()) {
             let who = group.map_or_else(|| "unknown".to_string(), |ip| ip.to_string());
             warn!(
-                "connection from {who} closed at once: {label} connection cap ({cap}) reached (logged once a minute per address; {unlogged} refusals since the last line not logged)"
+                "{}connection from {who} closed at once: {label} connection cap ({cap}) reached (logged once a minute per address; {unlogged} refusals since the last line not logged)",
+                self.listener
             );
         }
     }

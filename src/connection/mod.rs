@@ -35,7 +35,7 @@ mod guarded;
 pub mod h2_watch;
 mod hpack_bounds;
 
-pub use accept::AcceptFilter;
+pub use accept::{counted_as, AcceptFilter};
 pub use caps::{CapReached, ConnectionCaps, ConnectionSettings, Permit, StreamCaps, StreamPermit};
 pub use clock::{HeadClock, MAX_HEAD_BYTES, MIN_BODY_RATE};
 pub use door::{AdminDoor, FrontDoor, ADMIN_CONNECTIONS};

@@ -8,6 +8,8 @@
 
 pub mod decide;
 #[cfg(feature = "rls")]
+mod door;
+#[cfg(feature = "rls")]
 mod service;
 mod settings;
 

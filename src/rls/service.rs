@@ -16,17 +16,17 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
-use futures_util::Stream;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Semaphore};
-use tokio_rustls::server::TlsStream;
+use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
 use super::decide::{self, Ask, Descriptor, Failure, Shown};
+use super::door::{ConnectionInfo, Deadlines, Door};
 use super::settings::RlsSettings;
+use crate::connection::{ConnectionCaps, ConnectionSettings};
 use crate::policy::MAX_ENTRIES;
 use crate::state::AppState;
 use crate::tls::CertResolver;
@@ -45,14 +45,6 @@ const STREAMS_PER_CONNECTION: u32 = 32;
 /// A call gets no answer after this, whatever its own deadline says
 /// (Envoy's filter gives 20 ms by default).
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// TLS handshakes under way at once. Past this a new connection is closed
-/// at once: peers that open connections and never finish a handshake can
-/// neither stall the accept loop nor hold memory without bound.
-const MAX_HANDSHAKES: usize = 1024;
-
-/// A handshake gets this long; a peer that sends nothing is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The service, on the process's state (the generation in force at each
 /// call: a reload changes the limits it serves).
@@ -174,7 +166,9 @@ impl RateLimitService for Limiter {
     ) -> Result<Response<RateLimitResponse>, Status> {
         let started = Instant::now();
         let state = &self.state;
-        let call = request.into_inner();
+        // The extensions hold the call's place among its connection's
+        // calls in flight until it is answered.
+        let (_, _in_flight, call) = request.into_parts();
         let ask = ask_of(state, &call)?;
         let runtime = state.runtime.load_full();
         let answer = match decide::decide(&runtime, &state.store, &state.metrics.rls, &ask).await {
@@ -224,9 +218,29 @@ impl RateLimitService for Limiter {
 /// background services.
 pub struct RlsService {
     listener: std::sync::Mutex<Option<std::net::TcpListener>>,
-    tls: Option<TlsAcceptor>,
+    door: Arc<Door>,
+    tls: bool,
     state: Arc<AppState>,
     max_message_bytes: usize,
+}
+
+/// Counts each call among its connection's calls in flight, from its
+/// headers on (before its message is read), so that a connection is idle
+/// only when it has none.
+#[derive(Clone)]
+struct Gate;
+
+impl tonic::service::Interceptor for Gate {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        let in_flight = request
+            .extensions()
+            .get::<ConnectionInfo>()
+            .map(|connection| Arc::new(connection.calls.begin()));
+        if let Some(in_flight) = in_flight {
+            request.extensions_mut().insert(in_flight);
+        }
+        Ok(request)
+    }
 }
 
 /// gRPC over TLS: h2 by ALPN, as Envoy's and grpcio's clients require,
@@ -244,72 +258,54 @@ fn tls_acceptor(certificates: Arc<CertResolver>) -> std::io::Result<TlsAcceptor>
 }
 
 impl RlsService {
-    /// `certificates`: serve over TLS with them, else h2c.
+    /// `certificates`: serve over TLS with them, else h2c. `process`: the
+    /// caps whose total every listener's connections count in, and
+    /// `connections` the gateway's settings, whose caps apply where
+    /// `[rls]` sets none and whose deadlines apply.
     pub fn bind(
         settings: &RlsSettings,
         certificates: Option<Arc<CertResolver>>,
         state: Arc<AppState>,
+        process: Arc<ConnectionCaps>,
+        connections: &ConnectionSettings,
     ) -> std::io::Result<RlsService> {
         let tls = certificates.map(tls_acceptor).transpose()?;
         let listener = std::net::TcpListener::bind(settings.listen)?;
         listener.set_nonblocking(true)?;
+        let own = ConnectionSettings {
+            max_connections: settings
+                .max_connections
+                .unwrap_or(connections.max_connections),
+            max_connections_per_ip: settings
+                .max_connections_per_ip
+                .unwrap_or(connections.max_connections_per_ip),
+            ..*connections
+        };
+        log::info!(
+            "rls: connections: at most {} open (within the process's {}), {} per client address; TLS handshake and HTTP/2 preface within {:?}, closed after {:?} without a call",
+            own.max_connections,
+            connections.max_connections,
+            own.max_connections_per_ip,
+            own.header_timeout,
+            own.keepalive_timeout
+        );
+        let caps = ConnectionCaps::of_listener(
+            "rate limit service ",
+            &own,
+            state.metrics.rls_connections.clone(),
+        );
+        let deadlines = Deadlines {
+            header_timeout: own.header_timeout,
+            idle_timeout: own.keepalive_timeout,
+        };
         Ok(RlsService {
             listener: std::sync::Mutex::new(Some(listener)),
-            tls,
+            tls: tls.is_some(),
+            door: Door::new(caps, process, state.clone(), tls, deadlines),
             state,
             max_message_bytes: settings.max_message_bytes,
         })
     }
-}
-
-/// Connections whose handshake is done, in the order they finish it: each
-/// handshake runs in a task of its own, so a slow one delays no other.
-fn handshaken(
-    listener: TcpListener,
-    acceptor: TlsAcceptor,
-) -> impl Stream<Item = std::io::Result<TlsStream<TcpStream>>> {
-    let (done, connections) = mpsc::channel(64);
-    tokio::spawn(async move {
-        let handshakes = Arc::new(Semaphore::new(MAX_HANDSHAKES));
-        loop {
-            let accepted = tokio::select! {
-                // The server has stopped taking connections.
-                () = done.closed() => return,
-                accepted = listener.accept() => accepted,
-            };
-            let tcp = match accepted {
-                Ok((tcp, _)) => tcp,
-                Err(e) => {
-                    // Out of descriptors, most often: accepting again at
-                    // once would spin.
-                    log::warn!("rls: cannot accept a connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let Ok(slot) = handshakes.clone().try_acquire_owned() else {
-                log::debug!("rls: {MAX_HANDSHAKES} TLS handshakes under way, a connection closed");
-                continue;
-            };
-            let _ = tcp.set_nodelay(true);
-            let (acceptor, done) = (acceptor.clone(), done.clone());
-            tokio::spawn(async move {
-                let shaken = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await;
-                drop(slot);
-                match shaken {
-                    Ok(Ok(tls)) => {
-                        let _ = done.send(Ok(tls)).await;
-                    }
-                    Ok(Err(e)) => log::debug!("rls: a TLS handshake failed: {e}"),
-                    Err(_) => log::debug!("rls: a TLS handshake took over {HANDSHAKE_TIMEOUT:?}"),
-                }
-            });
-        }
-    });
-    futures_util::stream::unfold(connections, |mut connections| async move {
-        let next = connections.recv().await?;
-        Some((next, connections))
-    })
 }
 
 #[async_trait::async_trait]
@@ -331,13 +327,14 @@ impl BackgroundService for RlsService {
             .map_or_else(|_| "?".to_string(), |a| a.to_string());
         log::info!(
             "rls: serving envoy.service.ratelimit.v3.RateLimitService on {address} ({})",
-            if self.tls.is_some() { "TLS" } else { "h2c" }
+            if self.tls { "TLS" } else { "h2c" }
         );
         let service = RateLimitServiceServer::new(Limiter {
             state: self.state.clone(),
         })
         // Refused on the prefix that declares more: never buffered.
         .max_decoding_message_size(self.max_message_bytes);
+        let service = InterceptedService::new(service, Gate);
         let router = tonic::transport::Server::builder()
             .timeout(CALL_TIMEOUT)
             .concurrency_limit_per_connection(STREAMS_PER_CONNECTION as usize)
@@ -347,18 +344,9 @@ impl BackgroundService for RlsService {
         let stopped = async move {
             let _ = shutdown.changed().await;
         };
-        let served = match &self.tls {
-            Some(acceptor) => {
-                router
-                    .serve_with_incoming_shutdown(handshaken(listener, acceptor.clone()), stopped)
-                    .await
-            }
-            None => {
-                let incoming =
-                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-                router.serve_with_incoming_shutdown(incoming, stopped).await
-            }
-        };
+        let served = router
+            .serve_with_incoming_shutdown(self.door.clone().incoming(listener), stopped)
+            .await;
         if let Err(e) = served {
             log::error!("rls: the service stopped: {e}");
         }

@@ -23,4 +23,7 @@ pub struct RlsSettings {
     pub tls: bool,
     /// The largest call decoded (`[rls].max_message_bytes`).
     pub max_message_bytes: usize,
+    /// The service's own connection caps; `[server]`'s where not set.
+    pub max_connections: Option<usize>,
+    pub max_connections_per_ip: Option<usize>,
 }

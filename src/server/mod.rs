@@ -550,14 +550,18 @@ pub fn build(config: &Config, inputs: Inputs) -> Result<Floodgate, BuildError> {
     if let Some(rls) = &config.rls {
         // Validated with the config: `tls` needs `[server.tls]`.
         let certificates = state.certificates.clone().filter(|_| rls.tls);
-        let service =
-            crate::rls::RlsService::bind(rls, certificates, state.clone()).map_err(|source| {
-                BuildError::RlsListen {
-                    file: file.clone(),
-                    listen: rls.listen,
-                    source,
-                }
-            })?;
+        let service = crate::rls::RlsService::bind(
+            rls,
+            certificates,
+            state.clone(),
+            caps.clone(),
+            &connections,
+        )
+        .map_err(|source| BuildError::RlsListen {
+            file: file.clone(),
+            listen: rls.listen,
+            source,
+        })?;
         let mut service = background_service("rate limit service", service);
         // As many threads as the gateway's workers: Envoy's calls are its
         // requests, one each.
