@@ -1222,3 +1222,116 @@ fn a_flood_of_idle_connections_to_the_service_leaves_the_gateway_its_descriptors
     assert!(!exhausted, "{log}");
     drop(held);
 }
+
+/// How many calls the service admits of one per address, each a
+/// descriptor of `rest` and then `remote_address`.
+fn admitted(rls: &mut Rls, addresses: &[String], rest: &[(&str, &str)]) -> usize {
+    addresses
+        .iter()
+        .filter(|address| {
+            let mut entries = rest.to_vec();
+            entries.push(("remote_address", address.as_str()));
+            code(&rls.answer(call("edge", vec![descriptor(&entries)], 0))) == Code::Ok
+        })
+        .count()
+}
+
+#[test]
+fn remote_address_is_read_as_an_address_and_grouped_as_the_gateway_groups_clients() {
+    let upstream = Upstream::start();
+    let token = admin_token::TokenFile::new();
+    let mut rls = start(
+        ConfigBuilder::new(upstream.addr)
+            .admin()
+            .raw(&token.section())
+            .limit(per_address(5))
+            .limit(
+                Limit::fixed_window("login", "descriptor", 2, "1h").matching(
+                    r#"domain = "edge", descriptors = [["generic_key", "login"], ["remote_address"]]"#,
+                ),
+            ),
+    );
+    // 200 addresses of one /64 ([clients].ipv6_prefix, 64 by default).
+    let network: Vec<String> = (0..200u32)
+        .map(|i| {
+            format!(
+                "2001:db8:1:2:{:x}:{:x}:{:x}:{:x}",
+                i * 7919 % 65536,
+                i,
+                i ^ 0x55,
+                i + 1
+            )
+        })
+        .collect();
+    let of_network = admitted(&mut rls, &network, &[]);
+    // Five spellings of one IPv6 address and five of one IPv4 address, each
+    // asked twice.
+    let v6 = [
+        "2001:db8:5::1",
+        "2001:DB8:5::1",
+        "2001:db8:5:0::1",
+        "2001:0db8:0005:0000:0000:0000:0000:0001",
+        "2001:db8:5:0:0:0:0:1",
+    ];
+    let v4 = [
+        "192.0.2.7",
+        "::ffff:192.0.2.7",
+        "::FFFF:C000:207",
+        "0:0:0:0:0:ffff:192.0.2.7",
+        "::ffff:c000:0207",
+    ];
+    let twice = |spellings: &[&str]| -> Vec<String> {
+        spellings
+            .iter()
+            .chain(spellings)
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let of_v6 = admitted(&mut rls, &twice(&v6), &[]);
+    let of_v4 = admitted(&mut rls, &twice(&v4), &[]);
+    // A limit keyed on the whole descriptor reads the address the same way.
+    let logins = admitted(&mut rls, &twice(&v4[..3]), &[("generic_key", "login")]);
+    // A value that is no address keeps a budget of its own, by its text.
+    let text = |s: &str| vec![s.to_string(); 6];
+    let of_text = admitted(&mut rls, &text("pipe:/run/envoy.sock"), &[]);
+    let of_other_text = admitted(&mut rls, &text("Pipe:/run/envoy.sock"), &[]);
+    record(
+        "rls_remote_address",
+        &format!(
+            "limit 5 per remote_address: 200 addresses of one /64 admitted {of_network}; 5 spellings of one IPv6 address x2 admitted {of_v6}; 5 spellings of one IPv4 address x2 admitted {of_v4}; key \"descriptor\" (limit 2), 3 spellings x2 admitted {logins}\n"
+        ),
+    );
+    assert_eq!(
+        of_network, 5,
+        "200 addresses of one /64 got {of_network} calls"
+    );
+    assert_eq!(of_v6, 5, "five spellings of one IPv6 address got {of_v6}");
+    assert_eq!(of_v4, 5, "five spellings of one IPv4 address got {of_v4}");
+    assert_eq!(logins, 2, "key = \"descriptor\": {logins}");
+    assert_eq!((of_text, of_other_text), (5, 5));
+    // The refusal log names the network, as the gateway's does.
+    rls.proxy.await_log(
+        "descriptor=[remote_address=2001:db8:1:2::/64] limit=per_address",
+        "a refusal names the /64",
+    );
+    // The admin API finds the network's state by any of its addresses.
+    let admin = rls.proxy.admin.expect("admin");
+    let auth = format!("Bearer {}", admin_token::TOKEN);
+    let shown = request(
+        admin,
+        "GET",
+        "/v1/clients?descriptor=remote_address:2001:db8:1:2:ffff::9",
+        &[("Authorization", &auth)],
+        b"",
+    );
+    assert_eq!(shown.status, 200, "{}", shown.body);
+    let shown: serde_json::Value = serde_json::from_str(&shown.body).expect("JSON");
+    let per_address = shown["limits"]
+        .as_array()
+        .expect("limits")
+        .iter()
+        .find(|l| l["limit"] == "per_address")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(per_address["remaining"], 0, "{shown}");
+}

@@ -13,7 +13,7 @@ use crate::headers::{self, Header, Layer, Position, RETRY_AFTER};
 use crate::identity::KeySource;
 use crate::limiter::{Check, Deciding, LimitId, OnFailure, Store};
 use crate::metrics::RlsMetrics;
-use crate::policy::{Limit, Policy, Rule};
+use crate::policy::{remote_address, Limit, Policy, Rule};
 use crate::state::Runtime;
 
 /// A call, as Envoy sent it (checked for size by the service).
@@ -375,9 +375,11 @@ fn account(
     }
 }
 
-/// A descriptor as the log shows it: an address, and a value the limit's
-/// pattern names, in the clear; any other value (an API key, a user id) as
-/// a short keyed hash, never in full.
+/// A descriptor as the log shows it: an address as the group its limit
+/// counts (an IPv6 client's network), and a value the limit's pattern
+/// names, in the clear; any other value (an API key, a user id, a
+/// `remote_address` that is no address) as a short keyed hash, never in
+/// full.
 fn entries_label(policy: &Policy, limit: LimitId, entries: &[(&str, &str)]) -> String {
     let pattern = policy.limits[limit.index()].matcher.descriptors.as_ref();
     let mut out = Vec::with_capacity(entries.len());
@@ -386,7 +388,9 @@ fn entries_label(policy: &Policy, limit: LimitId, entries: &[(&str, &str)]) -> S
             .and_then(|p| p.entries.get(k))
             .and_then(|e| e.value.as_ref())
             .is_some_and(|glob| !glob.as_str().contains('*'));
-        if pinned || key == "remote_address" {
+        if let Some(ip) = remote_address(key, value) {
+            out.push(format!("{key}={}", policy.clients.address_label(ip)));
+        } else if pinned {
             out.push(format!("{key}={value}"));
         } else {
             let hash = policy

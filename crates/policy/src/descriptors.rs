@@ -3,6 +3,8 @@
 //! a descriptor its pattern matches, entry for entry, as envoyproxy/ratelimit
 //! walks its tree of nested descriptors.
 
+use std::net::IpAddr;
+
 use crate::glob::PathPattern;
 
 /// The most entries a descriptor pattern names, and a descriptor of a
@@ -11,6 +13,26 @@ pub const MAX_ENTRIES: usize = 32;
 
 /// The longest domain and entry key a pattern names.
 pub const MAX_DESCRIPTOR_TEXT: usize = 256;
+
+/// The entry Envoy's `remote_address` action writes: the client's address
+/// as Envoy resolved it.
+pub const REMOTE_ADDRESS: &str = "remote_address";
+
+/// The address a `remote_address` entry's value spells, in any of its
+/// spellings (case, omitted or padded zeros, `::ffff:a.b.c.d` for the IPv4
+/// client it carries); none for another entry or a value that is no
+/// address. A caller that could send its address as several texts would
+/// otherwise get a budget for each.
+pub fn remote_address(key: &str, value: &str) -> Option<IpAddr> {
+    if key != REMOTE_ADDRESS {
+        return None;
+    }
+    let ip: IpAddr = value.parse().ok()?;
+    Some(match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    })
+}
 
 /// One entry of a descriptor pattern: `["remote_address"]` (any value, each
 /// value its own budget when the key reads it) or `["path", "/login"]` (that
@@ -23,11 +45,23 @@ pub struct EntryPattern {
 
 impl EntryPattern {
     fn matches(&self, key: &str, value: &str) -> bool {
-        *self.key == *key
-            && self
-                .value
-                .as_ref()
-                .is_none_or(|glob| glob.matches_exactly(value))
+        if *self.key != *key {
+            return false;
+        }
+        let Some(glob) = &self.value else {
+            return true;
+        };
+        if glob.matches_exactly(value) {
+            return true;
+        }
+        // An address the pattern names is met in every spelling of it.
+        match (
+            remote_address(key, glob.as_str()),
+            remote_address(key, value),
+        ) {
+            (Some(named), Some(sent)) => named == sent,
+            _ => false,
+        }
     }
 }
 
@@ -182,6 +216,42 @@ mod tests {
         );
         assert!(exact.specificity() > glob.specificity());
         assert!(glob.specificity() > any.specificity());
+    }
+
+    #[test]
+    fn a_remote_address_is_read_as_an_address_in_any_spelling() {
+        let v6 = "2001:db8::1".parse::<IpAddr>().ok();
+        for spelling in [
+            "2001:DB8::1",
+            "2001:db8:0::1",
+            "2001:0db8:0000:0000:0000:0000:0000:0001",
+        ] {
+            assert_eq!(remote_address(REMOTE_ADDRESS, spelling), v6, "{spelling}");
+        }
+        let v4 = "192.0.2.7".parse::<IpAddr>().ok();
+        for spelling in ["192.0.2.7", "::ffff:192.0.2.7", "::FFFF:C000:207"] {
+            assert_eq!(remote_address(REMOTE_ADDRESS, spelling), v4, "{spelling}");
+        }
+        // No address: a zone, brackets, a port, octal-looking zeros, text.
+        for text in [
+            "fe80::1%eth0",
+            "[2001:db8::1]",
+            "192.0.2.7:80",
+            "010.0.0.1",
+            "pipe:/x",
+            "",
+        ] {
+            assert_eq!(remote_address(REMOTE_ADDRESS, text), None, "{text}");
+        }
+        assert_eq!(remote_address("x_forwarded_for", "192.0.2.7"), None);
+        // A pattern that names an address meets its other spellings, and
+        // only those.
+        let partner = pattern("edge", &[("remote_address", Some("203.0.113.7"))]);
+        assert!(partner.matches("edge", &[("remote_address", "::ffff:203.0.113.7")]));
+        assert!(!partner.matches("edge", &[("remote_address", "203.0.113.8")]));
+        let glob = pattern("edge", &[("remote_address", Some("10.*"))]);
+        assert!(glob.matches("edge", &[("remote_address", "10.1.2.3")]));
+        assert!(!glob.matches("edge", &[("remote_address", "::ffff:10.1.2.3")]));
     }
 
     #[test]

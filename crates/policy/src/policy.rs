@@ -11,7 +11,8 @@ use floodgate_algorithm::Algorithm;
 use floodgate_limiter::{Check, LimitId, LimitName, OnFailure, Slot, StateKey};
 
 pub use crate::descriptors::{
-    DescriptorPattern, Entries, EntryPattern, MAX_DESCRIPTOR_TEXT, MAX_ENTRIES,
+    remote_address, DescriptorPattern, Entries, EntryPattern, MAX_DESCRIPTOR_TEXT, MAX_ENTRIES,
+    REMOTE_ADDRESS,
 };
 pub use crate::glob::PathPattern;
 pub use crate::identity::KeySource;

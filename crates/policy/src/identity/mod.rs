@@ -17,7 +17,7 @@ use http::{HeaderMap, HeaderName};
 use ipnet::IpNet;
 use smallvec::SmallVec;
 
-use crate::descriptors::Entries;
+use crate::descriptors::{remote_address, Entries};
 use crate::jwt::{ClaimPath, JwtRules, TokenCheck};
 pub use error::IdentityError;
 pub use forwarded::{normalize, ForwardedHeader};
@@ -188,19 +188,22 @@ impl ClientRules {
     }
 
     fn ip_hash(&self, ip: IpAddr, prefix: u8) -> u128 {
-        let mut bytes = [0u8; 17];
-        let len = match ip {
-            IpAddr::V4(v4) => {
-                bytes[..4].copy_from_slice(&v4.octets());
-                4
-            }
-            IpAddr::V6(v6) => {
-                bytes[..16].copy_from_slice(&v6.octets());
-                16
-            }
-        };
-        bytes[len] = prefix;
+        let (bytes, len) = address_bytes(ip, prefix);
         self.hasher.hash(Kind::Ip, &bytes[..=len])
+    }
+
+    /// The identity of a descriptor entry's value: a `remote_address` that
+    /// is an address is a client's, keyed as the gateway keys its clients
+    /// (any spelling one address, IPv6 grouped by `ipv6_prefix`); any other
+    /// value, one that is no address included, by its text.
+    fn entry_identity(&self, key: &str, value: &[u8]) -> u128 {
+        let address = std::str::from_utf8(value)
+            .ok()
+            .and_then(|text| remote_address(key, text));
+        match address {
+            Some(ip) => self.address_identity(ip),
+            None => self.hasher.hash(Kind::Entry, value),
+        }
     }
 
     /// The identity hash a limit keys on; `None` when the request lacks it
@@ -274,15 +277,27 @@ impl ClientRules {
                 .claim(path)
                 .map(|v| self.hash_value(Kind::Claim, &v, fold)),
             KeySource::Global => parts.complete().then_some(0),
-            KeySource::Entry(key) => parts.entry(key).map(|v| self.hasher.hash(Kind::Entry, v)),
+            KeySource::Entry(key) => parts.entry(key).map(|v| self.entry_identity(key, v)),
             KeySource::Descriptor => parts.descriptor().map(|entries| {
                 // Length-prefixed, so that no two descriptors join to one
                 // text ("a"+"bc" against "ab"+"c").
                 let mut joined = Vec::with_capacity(64);
                 for (key, value) in entries {
-                    for text in [key, value] {
-                        joined.extend_from_slice(&(text.len() as u32).to_le_bytes());
-                        joined.extend_from_slice(text.as_bytes());
+                    let grouped;
+                    let value = match remote_address(key, value) {
+                        Some(ip) => {
+                            // 0xFF is in no UTF-8 text: no value Envoy can
+                            // send as text reads as an address here.
+                            let (group, prefix) = self.address_group(ip);
+                            let (bytes, len) = address_bytes(group, prefix);
+                            grouped = [&[0xFF][..], &bytes[..=len]].concat();
+                            &grouped[..]
+                        }
+                        None => value.as_bytes(),
+                    };
+                    for bytes in [key.as_bytes(), value] {
+                        joined.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+                        joined.extend_from_slice(bytes);
                     }
                 }
                 self.hasher.hash(Kind::Descriptor, &joined)
@@ -346,6 +361,15 @@ impl ClientRules {
         }
     }
 
+    /// An address as logs print the group limits count it in: an IPv4
+    /// address alone, an IPv6 one as its network (`2001:db8::/64`).
+    pub fn address_label(&self, ip: IpAddr) -> String {
+        match self.address_group(normalize(ip)) {
+            (group @ IpAddr::V4(_), _) => group.to_string(),
+            (group, prefix) => format!("{group}/{prefix}"),
+        }
+    }
+
     /// The tier a request from `ip` without key or token is in.
     pub fn tier_of_address(&self, ip: IpAddr) -> Tier {
         let ip = normalize(ip);
@@ -377,6 +401,24 @@ impl ClientRules {
     pub fn is_trusted(&self, ip: &IpAddr) -> bool {
         self.trusted_proxies.iter().any(|n| n.contains(ip))
     }
+}
+
+/// An address and its prefix length as the bytes its identity hashes, and
+/// where the prefix length is in them.
+fn address_bytes(ip: IpAddr, prefix: u8) -> ([u8; 17], usize) {
+    let mut bytes = [0u8; 17];
+    let len = match ip {
+        IpAddr::V4(v4) => {
+            bytes[..4].copy_from_slice(&v4.octets());
+            4
+        }
+        IpAddr::V6(v6) => {
+            bytes[..16].copy_from_slice(&v6.octets());
+            16
+        }
+    };
+    bytes[len] = prefix;
+    (bytes, len)
 }
 
 #[cfg(test)]

@@ -401,3 +401,69 @@ fn a_listener_that_trusts_no_one_groups_addresses_as_the_gateway_does() {
         ip("2001:db8:1:2:aaaa::1")
     );
 }
+
+#[test]
+fn remote_address_is_keyed_as_the_client_address_the_gateway_keys() {
+    let r = rules();
+    let remote = KeySource::Entry("remote_address".into());
+    let of =
+        |key: &KeySource, value: &str| r.descriptor_identity(key, &[("remote_address", value)]);
+    // One IPv4 client in any spelling, and the gateway's `ip` key for it.
+    let v4 = of(&remote, "192.0.2.7");
+    assert_eq!(v4, Some(r.address_identity("192.0.2.7".parse().unwrap())));
+    for spelling in [
+        "::ffff:192.0.2.7",
+        "::FFFF:C000:207",
+        "0:0:0:0:0:ffff:192.0.2.7",
+    ] {
+        assert_eq!(of(&remote, spelling), v4, "{spelling}");
+    }
+    // An IPv6 address and every other of its /64 (ipv6_prefix).
+    let v6 = of(&remote, "2001:db8:1:2::1");
+    for spelling in [
+        "2001:DB8:1:2::1",
+        "2001:0db8:0001:0002:0000:0000:0000:0001",
+        "2001:db8:1:2:ffff:1:2:3",
+    ] {
+        assert_eq!(of(&remote, spelling), v6, "{spelling}");
+    }
+    assert_ne!(of(&remote, "2001:db8:1:3::1"), v6);
+    // The whole descriptor reads it the same way.
+    let whole = |value: &str| {
+        r.descriptor_identity(
+            &KeySource::Descriptor,
+            &[("generic_key", "login"), ("remote_address", value)],
+        )
+    };
+    assert_eq!(whole("::ffff:192.0.2.7"), whole("192.0.2.7"));
+    assert_eq!(whole("2001:db8:1:2::9"), whole("2001:DB8:1:2::1"));
+    assert_ne!(whole("2001:db8:1:3::1"), whole("2001:db8:1:2::1"));
+    // Text that is no address keeps a budget of its own, by its text.
+    let pipe = of(&remote, "pipe:/run/envoy.sock");
+    assert!(pipe.is_some());
+    assert_ne!(pipe, of(&remote, "Pipe:/run/envoy.sock"));
+    assert_ne!(pipe, v4);
+    // Another entry that holds an address is text like any other.
+    let other = KeySource::Entry("x".into());
+    assert_ne!(
+        r.descriptor_identity(&other, &[("x", "::ffff:192.0.2.7")]),
+        r.descriptor_identity(&other, &[("x", "192.0.2.7")])
+    );
+    // The admin API's lookup by any of its addresses finds the network.
+    assert_eq!(
+        r.identity_for(
+            &remote,
+            &KnownPart::Entry("remote_address", b"2001:db8:1:2::abcd"),
+            false
+        ),
+        v6
+    );
+    assert_eq!(
+        r.address_label("::ffff:192.0.2.7".parse().unwrap()),
+        "192.0.2.7"
+    );
+    assert_eq!(
+        r.address_label("2001:db8:1:2::9".parse().unwrap()),
+        "2001:db8:1:2::/64"
+    );
+}
