@@ -459,6 +459,36 @@ fn max_message_bytes_sets_the_largest_call() {
     assert_eq!(refused.code(), tonic::Code::OutOfRange, "{refused:?}");
 }
 
+#[test]
+fn a_burst_of_calls_on_a_new_connection_is_answered_whole() {
+    // Sent before the server's SETTINGS arrive: streams past its limit are
+    // refused, and past 20 refusals the connection is lost.
+    let upstream = Upstream::start();
+    let rls = start(ConfigBuilder::new(upstream.addr).limit(per_address(1000)));
+    let codes = rls.runtime.block_on(async {
+        let client = RateLimitServiceClient::connect(format!("http://{}", rls.addr))
+            .await
+            .expect("connect");
+        let calls = (0..100).map(|i| {
+            let mut client = client.clone();
+            async move {
+                let address = format!("10.0.1.{i}");
+                let answer = client
+                    .should_rate_limit(call(
+                        "edge",
+                        vec![descriptor(&[("remote_address", &address)])],
+                        0,
+                    ))
+                    .await;
+                answer.map(|a| code(a.get_ref())).map_err(|e| e.code())
+            }
+        });
+        futures_util::future::join_all(calls).await
+    });
+    let answered = codes.iter().filter(|c| **c == Ok(Code::Ok)).count();
+    assert_eq!(answered, 100, "{codes:?}");
+}
+
 /// 60 calls in flight at once on one client's bucket of 10, half through
 /// each of two instances on one Redis: the race that a read, check and
 /// write would lose. Returns (admitted, refused).

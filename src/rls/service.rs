@@ -35,12 +35,15 @@ use crate::tls::CertResolver;
 /// `rate_limits` action that applies, a handful.
 pub const MAX_DESCRIPTORS: usize = 64;
 
-/// Calls at once on one connection, and streams Envoy may open on it.
-/// Envoy opens another connection when its calls need more (its pool
-/// follows the server's SETTINGS_MAX_CONCURRENT_STREAMS); a connection
-/// of calls that never finish holds at most this many messages of
-/// `[rls].max_message_bytes`, each for the call timeout at most.
-const STREAMS_PER_CONNECTION: u32 = 32;
+/// Calls at once on one connection, and streams Envoy may open on it:
+/// HTTP/2's advice (RFC 9113, 6.5.2: no fewer than 100). A client may open
+/// streams before our SETTINGS reach it; those past the limit are refused,
+/// and past 20 refusals the h2 server ends the connection (its guard
+/// against rapid resets), so a lower limit cost a new connection's burst
+/// of calls. Envoy opens another connection when its calls need more. A
+/// connection of calls that never finish holds at most this many messages
+/// of `[rls].max_message_bytes`, each for the call timeout at most.
+const STREAMS_PER_CONNECTION: u32 = 100;
 
 /// A call gets no answer after this, whatever its own deadline says
 /// (Envoy's filter gives 20 ms by default).
