@@ -95,6 +95,8 @@ pub struct RlsMetrics {
     pub over_limit: IntCounter,
     pub invalid_argument: IntCounter,
     pub unavailable: IntCounter,
+    /// Refused for want of `[rls].token_file`'s token.
+    pub unauthenticated: IntCounter,
     /// Descriptors no limit matched (answered OK, as envoyproxy/ratelimit
     /// does), by why: no limit on the `domain`, or none on the descriptor.
     pub unknown_domain: IntCounter,
@@ -315,7 +317,7 @@ impl Metrics {
             IntCounterVec::new(
                 Opts::new(
                     "floodgate_rls_requests_total",
-                    "Envoy rate limit service calls, by answer (ok, over_limit; the gRPC errors invalid_argument, unavailable)",
+                    "Envoy rate limit service calls, by answer (ok, over_limit; the gRPC errors invalid_argument, unavailable, unauthenticated)",
                 ),
                 &["code"],
             ),
@@ -335,6 +337,7 @@ impl Metrics {
             over_limit: rls_calls.with_label_values(&["over_limit"]),
             invalid_argument: rls_calls.with_label_values(&["invalid_argument"]),
             unavailable: rls_calls.with_label_values(&["unavailable"]),
+            unauthenticated: rls_calls.with_label_values(&["unauthenticated"]),
             unknown_domain: rls_unmatched.with_label_values(&["domain"]),
             unknown_descriptor: rls_unmatched.with_label_values(&["descriptor"]),
             duration: registered(

@@ -16,6 +16,7 @@ use crate::headers::HeaderStyle;
 use crate::limiter::{Deciding, Instances, LimitId, Store};
 use crate::metrics::{LayerCounters, Metrics};
 use crate::policy::{Limit, Policy};
+use crate::rls::RlsTokens;
 use crate::status::Status;
 use crate::tls::CertResolver;
 use crate::upstream::Upstreams;
@@ -32,6 +33,8 @@ pub struct Runtime {
     counters: Vec<LayerCounters>,
     /// `[admin].token_file`'s token (a reload rotates it).
     pub admin_token: Option<AdminToken>,
+    /// `[rls].token_file`'s tokens (a reload rotates them).
+    pub rls_tokens: Option<RlsTokens>,
 }
 
 impl Runtime {
@@ -47,6 +50,7 @@ impl Runtime {
                 .map(|l| metrics.layer(l.name.as_str()))
                 .collect(),
             admin_token: config.admin_token.clone(),
+            rls_tokens: config.rls_tokens.clone(),
         })
     }
 

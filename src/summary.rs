@@ -49,9 +49,14 @@ pub fn describe(config: &Config) -> String {
     if let Some(rls) = &config.rls {
         let _ = writeln!(
             out,
-            "rls       {} (Envoy's rate limit service, gRPC over {})",
+            "rls       {} (Envoy's rate limit service, gRPC over {}; {})",
             rls.listen,
-            if rls.tls { "TLS" } else { "h2c" }
+            if rls.tls { "TLS" } else { "h2c" },
+            if config.rls_tokens.is_some() {
+                "callers show a token of token_file"
+            } else {
+                "any caller that reaches it is answered: bind it where only Envoy does"
+            }
         );
     }
     match &config.redis {

@@ -716,9 +716,14 @@ fn envoy_protos() -> std::path::PathBuf {
         .join("proto")
 }
 
-/// `n` calls by Python's grpcio (over TLS trusting `ca`, when given): one
-/// line per answer.
-fn grpcio_calls(addr: std::net::SocketAddr, n: u32, ca: Option<&std::path::Path>) -> Vec<String> {
+/// `n` calls by Python's grpcio (over TLS trusting `ca`, when given; with
+/// `token` as a bearer token, when given): one line per answer.
+fn grpcio_calls(
+    addr: std::net::SocketAddr,
+    n: u32,
+    ca: Option<&std::path::Path>,
+    token: Option<&str>,
+) -> Vec<String> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/rls_client.py");
     let out_dir = temp_dir();
     let mut python = Command::new("python3");
@@ -731,6 +736,10 @@ fn grpcio_calls(addr: std::net::SocketAddr, n: u32, ca: Option<&std::path::Path>
     if let Some(ca) = ca {
         python.arg(ca);
     }
+    match token {
+        Some(token) => python.env("RLS_TOKEN", token),
+        None => python.env_remove("RLS_TOKEN"),
+    };
     let output = python.output().expect("python3");
     remove_test_dir(&out_dir);
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -754,7 +763,7 @@ const FIVE_CALLS_ON_THREE: [&str; 5] = [
 fn python_grpcio_with_stubs_compiled_from_the_shipped_protos_is_answered() {
     let upstream = Upstream::start();
     let rls = start(ConfigBuilder::new(upstream.addr).limit(per_address(3)));
-    assert_eq!(grpcio_calls(rls.addr, 5, None), FIVE_CALLS_ON_THREE);
+    assert_eq!(grpcio_calls(rls.addr, 5, None, None), FIVE_CALLS_ON_THREE);
 }
 
 #[test]
@@ -780,7 +789,7 @@ fn over_tls_with_the_servers_certificates_while_handshakes_stall() {
         .collect();
     assert_eq!(stalled.len(), 50);
     assert_eq!(
-        grpcio_calls(rls, 5, Some(&dir.join("ca.crt"))),
+        grpcio_calls(rls, 5, Some(&dir.join("ca.crt")), None),
         FIVE_CALLS_ON_THREE
     );
     // Cleartext HTTP/2 is not served on a TLS listener.
@@ -1364,4 +1373,135 @@ fn remote_address_is_read_as_an_address_and_grouped_as_the_gateway_groups_client
         .cloned()
         .unwrap_or_default();
     assert_eq!(per_address["remaining"], 0, "{shown}");
+}
+
+/// A token file for `[rls].token_file`, in a directory of its own.
+struct RlsToken(std::path::PathBuf);
+
+impl RlsToken {
+    fn new(token: &str) -> RlsToken {
+        let path = temp_dir().join("rls.token");
+        std::fs::write(&path, format!("{token}\n")).expect("token file");
+        RlsToken(path)
+    }
+}
+
+impl Drop for RlsToken {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.parent() {
+            remove_test_dir(dir);
+        }
+    }
+}
+
+const RLS_TOKEN: &str = "rls-token-6f1c2a9b8e7d4c3b";
+
+#[test]
+fn with_a_token_file_only_callers_showing_the_token_are_answered_and_charged() {
+    let upstream = Upstream::start();
+    let file = RlsToken::new(RLS_TOKEN);
+    let addr = local_addr();
+    let config = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .limit(per_address(3))
+        .raw(&format!(
+            "[rls]\nlisten = \"{addr}\"\ntoken_file = \"{}\"\n",
+            file.0.display()
+        ));
+    let mut rls = connect(config.start(), addr);
+    let asked = || {
+        call(
+            "edge",
+            vec![descriptor(&[("remote_address", "10.0.0.1")])],
+            0,
+        )
+    };
+    // 60 connections at once, each with a call without the token and one
+    // with a wrong one.
+    let wrong = [
+        "Bearer rls-token-6f1c2a9b8e7d4c3c".to_string(),
+        "Bearer rls-token-6f1c2a9b8e7d4c3".to_string(),
+        format!("Bearer {RLS_TOKEN}0"),
+        format!("Basic {RLS_TOKEN}"),
+        RLS_TOKEN.to_string(),
+        format!("Bearer: {RLS_TOKEN}"),
+    ];
+    let codes = rls.runtime.block_on(async {
+        let connections = (0..60).map(|i| {
+            let wrong = wrong[i % wrong.len()].clone();
+            async move {
+                let client = RateLimitServiceClient::connect(format!("http://{addr}"))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let calls = [None, Some(wrong)].map(|shown| {
+                    let mut client = client.clone();
+                    async move {
+                        let mut request = tonic::Request::new(asked());
+                        if let Some(shown) = shown {
+                            request
+                                .metadata_mut()
+                                .insert("authorization", shown.parse().expect("ASCII"));
+                        }
+                        match client.should_rate_limit(request).await {
+                            Ok(answer) => format!("{:?}", code(answer.get_ref())),
+                            Err(status) => format!("{:?}", status.code()),
+                        }
+                    }
+                });
+                Ok::<_, String>(futures_util::future::join_all(calls).await)
+            }
+        });
+        futures_util::future::join_all(connections).await
+    });
+    let codes: Vec<String> = codes
+        .into_iter()
+        .flat_map(|c| c.expect("a connection"))
+        .collect();
+    let unauthenticated = codes.iter().filter(|c| *c == "Unauthenticated").count();
+    // Python's grpcio, without the token, then with it: the budget of 3 is
+    // whole, so none of the refused calls was charged.
+    let without = grpcio_calls(addr, 2, None, None);
+    let with = grpcio_calls(addr, 5, None, Some(RLS_TOKEN));
+    record(
+        "rls_token",
+        &format!(
+            "token_file set: of 120 calls without the token or with a wrong one, {unauthenticated} UNAUTHENTICATED; grpcio without it: {without:?}; with it: {with:?}\n"
+        ),
+    );
+    assert_eq!(unauthenticated, 120, "{codes:?}");
+    assert_eq!(without, ["ERROR UNAUTHENTICATED", "ERROR UNAUTHENTICATED"]);
+    assert_eq!(with, FIVE_CALLS_ON_THREE);
+    assert!(
+        rls.proxy
+            .metric(r#"floodgate_rls_requests_total{code="unauthenticated"}"#)
+            >= 122.0
+    );
+    // The scheme's name is case-insensitive.
+    let mut lower = tonic::Request::new(call(
+        "edge",
+        vec![descriptor(&[("remote_address", "10.0.0.2")])],
+        0,
+    ));
+    lower.metadata_mut().insert(
+        "authorization",
+        format!("bearer {RLS_TOKEN}").parse().expect("ASCII"),
+    );
+    let client = &mut rls.client;
+    let answer = rls.runtime.block_on(client.should_rate_limit(lower));
+    assert_eq!(answer.map(|a| code(a.get_ref())).ok(), Some(Code::Ok));
+    // A reload rotates the token: the old one is refused from then on.
+    std::fs::write(&file.0, "rls-token-rotated-0123456789\n").expect("token file");
+    rls.proxy.signal("-HUP");
+    rls.proxy.await_log("reloaded", "the reload is applied");
+    assert_eq!(
+        grpcio_calls(addr, 1, None, Some(RLS_TOKEN)),
+        ["ERROR UNAUTHENTICATED"]
+    );
+    assert_eq!(
+        grpcio_calls(addr, 1, None, Some("rls-token-rotated-0123456789")),
+        ["OVER_LIMIT remaining=0 limit=per_address/3/HOUR"]
+    );
+    // No token is ever written to the log.
+    let log = rls.proxy.log();
+    assert!(!log.contains("rls-token-"), "{log}");
 }

@@ -28,6 +28,13 @@ pub(super) fn validate_admin(
     let bytes = inputs
         .read(file)
         .map_err(|e| at(&path, format!("cannot read {}: {e}", file.display())))?;
+    let token = token_of(&bytes).map_err(|why| at(&path, why))?;
+    Ok(Some(AdminToken::new(token)))
+}
+
+/// A bearer token as a file holds it (surrounding spaces and newlines
+/// dropped), or why it is none.
+pub(super) fn token_of(bytes: &[u8]) -> Result<&str, String> {
     // What a cookie and a header carry as they are: base64, hex, words.
     let token = std::str::from_utf8(bytes.trim_ascii())
         .ok()
@@ -35,19 +42,11 @@ pub(super) fn validate_admin(
             t.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"-._~+/=".contains(&b))
         })
-        .ok_or_else(|| {
-            at(
-                &path,
-                "the token may hold letters, digits and - . _ ~ + / = only",
-            )
-        })?;
+        .ok_or("the token may hold letters, digits and - . _ ~ + / = only")?;
     if token.len() < MIN_TOKEN_BYTES {
-        return Err(at(
-            &path,
-            format!(
-                "the token must hold at least {MIN_TOKEN_BYTES} characters (e.g. the output of `openssl rand -hex 32`)"
-            ),
+        return Err(format!(
+            "the token must hold at least {MIN_TOKEN_BYTES} characters (e.g. the output of `openssl rand -hex 32`)"
         ));
     }
-    Ok(Some(AdminToken::new(token)))
+    Ok(token)
 }

@@ -49,6 +49,7 @@ pub(super) struct RlsSection {
     pub(super) max_message_bytes: Option<i64>,
     pub(super) max_connections: Option<i64>,
     pub(super) max_connections_per_ip: Option<i64>,
+    pub(super) token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]

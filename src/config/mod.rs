@@ -29,7 +29,7 @@ use crate::headers::HeaderStyle;
 use crate::identity::IdentityKeySource;
 use crate::limiter::{OnFailure, RedisSettings};
 use crate::policy::Policy;
-use crate::rls::RlsSettings;
+use crate::rls::{RlsSettings, RlsTokens};
 use crate::server::settings::ServerSettings;
 use crate::tls::TlsListeners;
 use crate::upstream::UpstreamSettings;
@@ -82,6 +82,8 @@ pub struct Config {
     pub admin_token: Option<AdminToken>,
     /// `[rls]`: Envoy's rate limit service, when served.
     pub rls: Option<RlsSettings>,
+    /// `[rls].token_file`'s tokens: without them any caller is answered.
+    pub rls_tokens: Option<RlsTokens>,
 }
 
 impl Config {
@@ -265,6 +267,7 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
     let access_log = log::validate_log(&raw.log)?;
     let admin_token = admin::validate_admin(&raw.admin, server.admin_listen.is_some(), inputs)?;
     let rls = rls::validate_rls(raw.rls.as_ref(), &limits, tls.is_some())?;
+    let rls_tokens = rls::validate_rls_tokens(raw.rls.as_ref(), inputs)?;
     Ok(Config {
         file: file.to_path_buf(),
         identity_key,
@@ -286,6 +289,7 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
         access_log,
         admin_token,
         rls,
+        rls_tokens,
     })
 }
 

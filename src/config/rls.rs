@@ -3,10 +3,57 @@
 
 use std::net::SocketAddr;
 
+use super::admin::token_of;
 use super::file::RlsSection;
-use super::{at, Invalid};
+use super::inputs::Inputs;
+use super::{at, AsSegment, Invalid};
 use crate::policy::Limit;
-use crate::rls::{RlsSettings, DEFAULT_MAX_MESSAGE_BYTES, MESSAGE_BYTES_RANGE};
+use crate::rls::{RlsSettings, RlsTokens, DEFAULT_MAX_MESSAGE_BYTES, MESSAGE_BYTES_RANGE};
+
+/// Tokens one file may hold: the one in use and those being rolled out.
+const MAX_TOKENS: usize = 8;
+
+/// `[rls].token_file`'s tokens, read again on every reload (so that they
+/// can be rotated); none without the key, and any caller is answered.
+pub(super) fn validate_rls_tokens(
+    section: Option<&RlsSection>,
+    inputs: &Inputs,
+) -> Result<Option<RlsTokens>, Invalid> {
+    let path: [&dyn AsSegment; 2] = [&"rls", &"token_file"];
+    let Some(file) = section.and_then(|s| s.token_file.as_ref()) else {
+        return Ok(None);
+    };
+    let bytes = inputs
+        .read(file)
+        .map_err(|e| at(&path, format!("cannot read {}: {e}", file.display())))?;
+    let mut tokens = Vec::new();
+    for (n, line) in bytes.split(|&b| b == b'\n').enumerate() {
+        if line.trim_ascii().is_empty() {
+            continue;
+        }
+        let token = token_of(line).map_err(|why| at(&path, format!("line {}: {why}", n + 1)))?;
+        tokens.push(token.to_string());
+    }
+    if tokens.is_empty() {
+        return Err(at(
+            &path,
+            format!(
+                "{} holds no token: one a line (e.g. the output of `openssl rand -hex 32`)",
+                file.display()
+            ),
+        ));
+    }
+    if tokens.len() > MAX_TOKENS {
+        return Err(at(
+            &path,
+            format!(
+                "{} tokens: at most {MAX_TOKENS}, the one in use and those being rolled out",
+                tokens.len()
+            ),
+        ));
+    }
+    Ok(Some(RlsTokens::new(tokens)))
+}
 
 pub(super) fn validate_rls(
     section: Option<&RlsSection>,

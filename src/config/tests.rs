@@ -607,6 +607,60 @@ fn redis_tls_ca_file_is_for_tls_connections_only() {
     }
 }
 
+#[test]
+fn the_rls_tokens_are_read_checked_and_never_printed() {
+    let text =
+        format!("{MINIMAL}[rls]\nlisten = \"127.0.0.1:8081\"\ntoken_file = \"/run/secrets/rls\"\n");
+    let parse_tokens = |file: &[u8]| {
+        Config::parse(
+            Path::new("t.toml"),
+            &text,
+            &Inputs::default().with_files([(PathBuf::from("/run/secrets/rls"), file.to_vec())]),
+        )
+    };
+    let config = parse_tokens(b"0123456789abcdef-old\n\n  fedcba9876543210-new  \n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let tokens = config.rls_tokens.as_ref().expect("tokens");
+    for shown in ["Bearer 0123456789abcdef-old", "Bearer fedcba9876543210-new"] {
+        assert!(tokens.admit([shown.as_bytes()].into_iter()), "{shown}");
+    }
+    assert!(!format!("{config:?}").contains("0123456789abcdef"));
+    assert!(
+        parse(&format!("{MINIMAL}[rls]\nlisten = \"127.0.0.1:8081\"\n"))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .rls_tokens
+            .is_none()
+    );
+    for (file, expected) in [
+        (
+            &b"short"[..],
+            "t.toml:7: rls.token_file: line 1: the token must hold at least 16 characters (e.g. the output of `openssl rand -hex 32`)",
+        ),
+        (
+            b"0123456789abcdef\n0123456789abcdef;0123",
+            "t.toml:7: rls.token_file: line 2: the token may hold letters, digits and - . _ ~ + / = only",
+        ),
+        (
+            b"\n \n",
+            "t.toml:7: rls.token_file: /run/secrets/rls holds no token: one a line (e.g. the output of `openssl rand -hex 32`)",
+        ),
+        (
+            b"a123456789abcdef\nb123456789abcdef\nc123456789abcdef\nd123456789abcdef\ne123456789abcdef\nf123456789abcdef\ng123456789abcdef\nh123456789abcdef\ni123456789abcdef",
+            "t.toml:7: rls.token_file: 9 tokens: at most 8, the one in use and those being rolled out",
+        ),
+    ] {
+        let err = parse_tokens(file).expect_err(expected);
+        assert_eq!(err.to_string(), expected);
+    }
+    let unreadable = parse(&text).expect_err("no such file");
+    assert!(
+        unreadable
+            .to_string()
+            .starts_with("t.toml:7: rls.token_file: cannot read /run/secrets/rls: "),
+        "{unreadable}"
+    );
+}
+
 /// A limit for the rate limit service, and `[rls]`, after MINIMAL.
 fn descriptor_limit(lines: &str) -> String {
     format!(

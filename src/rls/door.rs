@@ -264,6 +264,7 @@ impl Drop for CallInFlight {
 /// counted.
 #[derive(Debug, Clone)]
 pub struct ConnectionInfo {
+    pub remote: SocketAddr,
     pub calls: Arc<Calls>,
 }
 
@@ -304,6 +305,7 @@ impl Connected for RlsConnection {
 
     fn connect_info(&self) -> ConnectionInfo {
         ConnectionInfo {
+            remote: self.remote,
             calls: self.calls.clone(),
         }
     }

@@ -6,6 +6,7 @@
 //! `decide` is the call apart from gRPC; `service` (the `rls` cargo
 //! feature) serves it.
 
+pub mod auth;
 pub mod decide;
 #[cfg(feature = "rls")]
 mod door;
@@ -13,6 +14,7 @@ mod door;
 mod service;
 mod settings;
 
+pub use auth::RlsTokens;
 #[cfg(feature = "rls")]
 pub use service::{per_unit, RlsService, MAX_DESCRIPTORS};
 pub use settings::{RlsSettings, DEFAULT_MAX_MESSAGE_BYTES, MESSAGE_BYTES_RANGE};

@@ -26,7 +26,9 @@ use tonic::{Request, Response, Status};
 use super::decide::{self, Ask, Descriptor, Failure, Shown};
 use super::door::{ConnectionInfo, Deadlines, Door};
 use super::settings::RlsSettings;
+use crate::clock::{Clock, SystemClock};
 use crate::connection::{ConnectionCaps, ConnectionSettings};
+use crate::log_throttle::LogThrottle;
 use crate::policy::MAX_ENTRIES;
 use crate::state::AppState;
 use crate::tls::CertResolver;
@@ -227,20 +229,43 @@ pub struct RlsService {
     max_message_bytes: usize,
 }
 
-/// Counts each call among its connection's calls in flight, from its
-/// headers on (before its message is read), so that a connection is idle
-/// only when it has none.
+/// What every call passes on its headers, before its message is read:
+/// the token, when `[rls].token_file` asks for one (a call without it is
+/// refused and charges nothing), and its count among its connection's calls
+/// in flight, so that a connection is idle only when it has none.
 #[derive(Clone)]
-struct Gate;
+struct Gate {
+    state: Arc<AppState>,
+}
+
+/// Calls refused for want of the token: a line a minute at most, however
+/// many come.
+static UNAUTHENTICATED_LOG: LogThrottle = LogThrottle::new(Duration::from_secs(60));
 
 impl tonic::service::Interceptor for Gate {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        let in_flight = request
-            .extensions()
-            .get::<ConnectionInfo>()
-            .map(|connection| Arc::new(connection.calls.begin()));
-        if let Some(in_flight) = in_flight {
-            request.extensions_mut().insert(in_flight);
+        let connection = request.extensions().get::<ConnectionInfo>().cloned();
+        if let Some(tokens) = &self.state.runtime.load().rls_tokens {
+            let shown = request.metadata().get_all("authorization");
+            if !tokens.admit(shown.iter().map(|value| value.as_bytes())) {
+                self.state.metrics.rls.unauthenticated.inc();
+                if let Some(held_back) = UNAUTHENTICATED_LOG.due(SystemClock.now_us()) {
+                    let from = connection
+                        .as_ref()
+                        .map_or_else(|| "?".to_string(), |c| c.remote.to_string());
+                    log::warn!(
+                        "rls: a call from {from} refused: it shows no token of [rls].token_file (authorization: Bearer <token>); {held_back} more since the last line"
+                    );
+                }
+                return Err(Status::unauthenticated(
+                    "this rate limit service answers callers that show its token: authorization: Bearer <token>",
+                ));
+            }
+        }
+        if let Some(connection) = connection {
+            request
+                .extensions_mut()
+                .insert(Arc::new(connection.calls.begin()));
         }
         Ok(request)
     }
@@ -337,7 +362,12 @@ impl BackgroundService for RlsService {
         })
         // Refused on the prefix that declares more: never buffered.
         .max_decoding_message_size(self.max_message_bytes);
-        let service = InterceptedService::new(service, Gate);
+        let service = InterceptedService::new(
+            service,
+            Gate {
+                state: self.state.clone(),
+            },
+        );
         let router = tonic::transport::Server::builder()
             .timeout(CALL_TIMEOUT)
             .concurrency_limit_per_connection(STREAMS_PER_CONNECTION as usize)

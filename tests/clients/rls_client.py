@@ -7,7 +7,10 @@
       "edge", descriptor [remote_address=10.0.0.1]; one line per call:
       the overall code, the remaining count and the limit as
       name/requests_per_unit/unit. With CA_FILE, over TLS, trusting the
-      certificates that CA signed.
+      certificates that CA signed. With RLS_TOKEN in the environment, each
+      call carries `authorization: Bearer <RLS_TOKEN>`, as Envoy's
+      `initial_metadata` sends it. A call refused with a gRPC error prints
+      ERROR and the status code's name.
 """
 import os
 import sys
@@ -60,10 +63,16 @@ def main():
         channel = grpc.secure_channel(addr, credentials)
     else:
         channel = grpc.insecure_channel(addr)
+    token = os.environ.get("RLS_TOKEN")
+    metadata = [("authorization", f"Bearer {token}")] if token else None
     with channel:
         stub = rls_pb2_grpc.RateLimitServiceStub(channel)
         for _ in range(n):
-            answer = stub.ShouldRateLimit(request, timeout=5)
+            try:
+                answer = stub.ShouldRateLimit(request, timeout=5, metadata=metadata)
+            except grpc.RpcError as error:
+                print(f"ERROR {error.code().name}", flush=True)
+                continue
             status = answer.statuses[0]
             limit = status.current_limit
             print(f"{Code.Name(answer.overall_code)} remaining={status.limit_remaining} "
