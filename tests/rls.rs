@@ -766,6 +766,34 @@ fn python_grpcio_with_stubs_compiled_from_the_shipped_protos_is_answered() {
     assert_eq!(grpcio_calls(rls.addr, 5, None, None), FIVE_CALLS_ON_THREE);
 }
 
+/// A caller refused call after call writes one line per descriptor and
+/// limit every 10 s, the metric counting each refusal (every refusal was a
+/// line before: 57 here).
+#[test]
+fn refusals_are_logged_once_per_descriptor_and_limit_and_interval() {
+    let upstream = Upstream::start();
+    let rls = start(ConfigBuilder::new(upstream.addr).admin().limit(per_address(3)));
+    let answers = grpcio_calls(rls.addr, 60, None, None);
+    let refused = answers.iter().filter(|a| a.starts_with("OVER_LIMIT")).count();
+    assert_eq!(refused, 57, "{answers:?}");
+    assert_eq!(
+        rls.proxy
+            .metric(r#"floodgate_decisions_total{limit="per_address",outcome="refused"}"#),
+        57.0
+    );
+    rls.proxy.await_log(
+        "limit=per_address retry_after_ms=",
+        "the first refusal is logged",
+    );
+    let log = rls.proxy.log();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("rate limited: rls"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{log}");
+    assert!(lines[0].ends_with("unlogged_since_last=0"), "{}", lines[0]);
+}
+
 #[test]
 fn over_tls_with_the_servers_certificates_while_handshakes_stall() {
     let upstream = Upstream::start();

@@ -14,6 +14,7 @@ use crate::identity::KeySource;
 use crate::limiter::{Check, Deciding, LimitId, OnFailure, Store};
 use crate::metrics::RlsMetrics;
 use crate::policy::{remote_address, Limit, Policy, Rule};
+use crate::refusal_log::RefusalLog;
 use crate::state::Runtime;
 
 /// A call, as Envoy sent it (checked for size by the service).
@@ -271,6 +272,7 @@ pub async fn decide(
     runtime: &Runtime,
     store: &Arc<dyn Store>,
     metrics: &RlsMetrics,
+    lines: &RefusalLog,
     ask: &Ask<'_>,
 ) -> Result<Answer, Failure> {
     let policy = &runtime.policy;
@@ -309,6 +311,7 @@ pub async fn decide(
     account(
         runtime,
         policy,
+        lines,
         ask,
         &planned,
         &decisions,
@@ -317,11 +320,14 @@ pub async fn decide(
     Ok(answer)
 }
 
-/// The limits' counters, as the gateway counts its layers, and one line
-/// per refusal (and per shadow refusal).
+/// The limits' counters, as the gateway counts its layers, and a
+/// refusal's line (and a shadow refusal's) as the gateway spaces them: one
+/// per descriptor and limit every `REFUSAL_LOG_EVERY`, with the count of
+/// those unlogged since.
 fn account(
     runtime: &Runtime,
     policy: &Policy,
+    lines: &RefusalLog,
     ask: &Ask<'_>,
     planned: &Planned,
     decisions: &[Decision],
@@ -349,6 +355,9 @@ fn account(
         .enumerate()
         .filter(|(_, (_, d))| !d.allowed());
     for (i, (check, decision)) in logged {
+        let Some(unlogged) = lines.due(check.limit, check.key.identity) else {
+            continue;
+        };
         let descriptor = planned
             .met
             .iter()
@@ -357,7 +366,7 @@ fn account(
                 entries_label(policy, check.limit, &ask.descriptors[k].entries)
             });
         info!(
-            "{}: rls domain={} descriptor=[{descriptor}] limit={} retry_after_ms={}{}",
+            "{}: rls domain={} descriptor=[{descriptor}] limit={} retry_after_ms={}{} unlogged_since_last={unlogged}",
             if check.shadow {
                 "shadow limit would refuse"
             } else {

@@ -176,7 +176,15 @@ impl RateLimitService for Limiter {
         let (_, _in_flight, call) = request.into_parts();
         let ask = ask_of(state, &call)?;
         let runtime = state.runtime.load_full();
-        let answer = match decide::decide(&runtime, &state.store, &state.metrics.rls, &ask).await {
+        let answer = match decide::decide(
+            &runtime,
+            &state.store,
+            &state.metrics.rls,
+            &state.refusal_log,
+            &ask,
+        )
+        .await
+        {
             Ok(answer) => answer,
             Err(Failure::Unavailable(why)) => {
                 state.metrics.rls.unavailable.inc();
