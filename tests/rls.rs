@@ -772,9 +772,16 @@ fn python_grpcio_with_stubs_compiled_from_the_shipped_protos_is_answered() {
 #[test]
 fn refusals_are_logged_once_per_descriptor_and_limit_and_interval() {
     let upstream = Upstream::start();
-    let rls = start(ConfigBuilder::new(upstream.addr).admin().limit(per_address(3)));
+    let rls = start(
+        ConfigBuilder::new(upstream.addr)
+            .admin()
+            .limit(per_address(3)),
+    );
     let answers = grpcio_calls(rls.addr, 60, None, None);
-    let refused = answers.iter().filter(|a| a.starts_with("OVER_LIMIT")).count();
+    let refused = answers
+        .iter()
+        .filter(|a| a.starts_with("OVER_LIMIT"))
+        .count();
     assert_eq!(refused, 57, "{answers:?}");
     assert_eq!(
         rls.proxy
