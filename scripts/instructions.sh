@@ -15,13 +15,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REQUESTS="${REQUESTS:-2000}"
+# PROFILE=release counts release builds (no second LTO build for profiling);
+# H2=1 adds the same cases over h2c (prior knowledge), through the HTTP/2
+# frame watch; FLOODGATE_LOG sets RUST_LOG (warn by default; info is the
+# shipped default, where refusals are logged).
+PROFILE="${PROFILE:-profiling}"
 source scripts/bench_tools.sh
 
 command -v valgrind >/dev/null 2>&1 || install_package valgrind
-cargo build --profile profiling --quiet --bin floodgate --example bare_proxy
-BARE="$PWD/target/profiling/examples/bare_proxy"
+cargo build --profile "$PROFILE" --quiet --bin floodgate --example bare_proxy
+BARE="$PWD/target/$PROFILE/examples/bare_proxy"
 BINARIES=("$@")
-[ ${#BINARIES[@]} -gt 0 ] || BINARIES=("$PWD/target/profiling/floodgate")
+[ ${#BINARIES[@]} -gt 0 ] || BINARIES=("$PWD/target/$PROFILE/floodgate")
 
 UP=18100; PROXY_PORT=18101
 cat > "$WORK/upstream.conf" <<CONF
@@ -42,9 +47,9 @@ count() { # label command...: instructions per answered request
   local pid=$!
   PIDS+=($pid)
   wait_port $PROXY_PORT
-  "$OHA" -c 2 -n 20 --no-tui "http://127.0.0.1:$PROXY_PORT/" >/dev/null 2>&1 # warm
+  "$OHA" -c 2 -n 20 --no-tui $OHA_FLAGS "http://127.0.0.1:$PROXY_PORT/" >/dev/null 2>&1 # warm
   callgrind_control -i on $pid >/dev/null 2>&1
-  "$OHA" -c 8 -n "$REQUESTS" --no-tui "http://127.0.0.1:$PROXY_PORT/" >/dev/null 2>&1
+  "$OHA" -c 8 -n "$REQUESTS" --no-tui $OHA_FLAGS "http://127.0.0.1:$PROXY_PORT/" >/dev/null 2>&1
   callgrind_control -i off $pid >/dev/null 2>&1
   kill -INT $pid; wait $pid 2>/dev/null || true
   local total
@@ -52,9 +57,9 @@ count() { # label command...: instructions per answered request
   rm -f "$WORK"/cg.$pid*
   printf '%-44s %9d\n' "$label" $((total / REQUESTS))
 }
-conf() { # body
-  printf '[server]\nlisten = "127.0.0.1:%s"\nthreads = 1\n[upstream]\nservers = ["127.0.0.1:%s"]\n%s\n' \
-    "$PROXY_PORT" "$UP" "$1" > "$WORK/fg.toml"
+conf() { # body [server lines]
+  printf '[server]\nlisten = "127.0.0.1:%s"\nthreads = 1\n%s\n[upstream]\nservers = ["127.0.0.1:%s"]\n%s\n' \
+    "$PROXY_PORT" "${2:-}" "$UP" "$1" > "$WORK/fg.toml"
 }
 NEVER='[[limits]]
 name = "per-ip"
@@ -68,7 +73,8 @@ key = "ip"
 algorithm = "token_bucket"
 capacity = 1
 refill_rate = 0.001'
-export RUST_LOG=warn
+export RUST_LOG="${FLOODGATE_LOG:-warn}"
+OHA_FLAGS=""
 
 echo "instructions per request, $REQUESTS requests over 8 connections, one worker"
 count "bare Pingora proxy" "$BARE" "127.0.0.1:$PROXY_PORT" "127.0.0.1:$UP" 1
@@ -81,3 +87,13 @@ for binary in "${BINARIES[@]}"; do
   conf "$NEVER"; count "$name memory, admitting" "$binary" --config "$WORK/fg.toml"
   conf "$ABUSE"; count "$name memory, refusing" "$binary" --config "$WORK/fg.toml"
 done
+if [ "${H2:-0}" = 1 ]; then
+  OHA_FLAGS="--http2"
+  for binary in "${BINARIES[@]}"; do
+    name="$(basename "$binary")"
+    conf "" "h2c = true"; count "$name h2c, no limits" "$binary" --config "$WORK/fg.toml"
+    conf "$NEVER" "h2c = true"; count "$name h2c memory, admitting" "$binary" --config "$WORK/fg.toml"
+    conf "$ABUSE" "h2c = true"; count "$name h2c memory, refusing" "$binary" --config "$WORK/fg.toml"
+  done
+  OHA_FLAGS=""
+fi
