@@ -16,7 +16,8 @@ use super::file::{
 use super::source::Segment;
 use super::{at, key_path, AsSegment, Invalid};
 use crate::algorithm::{
-    takes_lease, Algorithm, Calendar, Kind, Parameter, Period, MAX_EXACT, MAX_SLIDING_LOG,
+    takes_lease, Algorithm, AlgorithmError, Calendar, Kind, Parameter, Period, MAX_EXACT,
+    MAX_SLIDING_LOG,
 };
 use crate::identity::{Tier, Tiers};
 use crate::jwt::ClaimPath;
@@ -542,7 +543,16 @@ fn leases_for(i: usize, s: &LimitSection, limit: &Limit, redis: bool) -> Result<
         Rule::Rate(algorithm) => Some(algorithm.kind()),
         Rule::Concurrency(_) => None,
     };
+    // An instance spends a leased bucket's tokens on a schedule of whole
+    // µs (crates/limiter/src/leases.rs), which a bucket counting in
+    // fractions of one does not keep: such a bucket is decided on Redis.
+    let fractional = |rule: &Rule| matches!(rule, Rule::Rate(a) if a.per_us() > 1);
     let refusal = match kind {
+        Some(Kind::TokenBucket)
+            if fractional(&limit.rule) || limit.tiers.iter().any(|(_, r)| fractional(r)) =>
+        {
+            Some("leases spend a token bucket's tokens a whole microsecond apart, and this refill_rate is not (1,000,000 / refill_rate is no whole number, and refill_rate is above 1,000): it takes no leases. A refill_rate that divides 1,000,000, or one of at most 1,000, does".to_string())
+        }
         Some(kind) if !takes_lease(kind) => Some(format!(
             "{} decides every request on Redis (every admission is its own stamp or departure slot): it takes no leases",
             kind.name()
@@ -712,16 +722,10 @@ fn ban(section: &BanSection, limit: &str, i: usize) -> Result<Ban, Invalid> {
     };
     let within_us = span("within", &section.within)?;
     let duration_us = span("duration", &section.duration)?;
-    // One stamp per strike: `after` of them must stay exact over `within`.
-    let strikes = Algorithm::sliding_log(after, within_us).map_err(|_| {
-        (
-            here("within"),
-            format!(
-                "too long for {after} strikes: at most {}s",
-                MAX_EXACT / 4 / after / 1_000_000
-            ),
-        )
-    })?;
+    // One stamp per strike, `after` of them over `within`: within the
+    // sliding log's range by the bounds above.
+    let strikes =
+        Algorithm::sliding_log(after, within_us).map_err(|e| (here("within"), e.to_string()))?;
     let penalty =
         Algorithm::token_bucket(1, duration_us).map_err(|e| (here("duration"), e.to_string()))?;
     let named = |kind: &str| {
@@ -905,12 +909,7 @@ fn calendar_quota(
         .limit
         .or_else(|| base.and_then(|b| b.limit))
         .ok_or_else(|| (field("limit"), format!("{name} needs `limit`")))?;
-    if limit.fract() != 0.0 || limit < 1.0 || limit > (MAX_EXACT / 4) as f64 {
-        return Err((
-            field("limit"),
-            format!("must be a whole number of at least 1 (got {limit})"),
-        ));
-    }
+    let limit = whole(limit).map_err(|m| (field("limit"), m))?;
     let period_name = own
         .period
         .as_ref()
@@ -962,7 +961,19 @@ fn calendar_quota(
         timezone,
         week_starts,
     };
-    Algorithm::calendar_quota(limit as u64, calendar).map_err(|e| (field("limit"), e.to_string()))
+    Algorithm::calendar_quota(limit, calendar).map_err(|e| (field("limit"), e.to_string()))
+}
+
+/// A count as a config gives it: a whole number of at least 1. One beyond
+/// what a u64 holds is out of every algorithm's range, which says so.
+fn whole(number: f64) -> Result<u64, String> {
+    if number.fract() != 0.0 || number < 1.0 {
+        return Err(format!(
+            "must be a whole number of at least 1 (got {number})"
+        ));
+    }
+    // Whole and at least 1: the cast saturates only beyond u64::MAX.
+    Ok(number as u64)
 }
 
 /// How long a concurrency slot is held unless renewed: long enough that
@@ -1000,14 +1011,10 @@ fn numbers(
             .or_else(|| base.and_then(|b| b.number(parameter)))
             .ok_or_else(|| needed(parameter))
     };
-    let quota = number(spec.quota)?;
-    if quota.fract() != 0.0 || quota < 1.0 || quota > MAX_EXACT as f64 {
-        return Err((
-            field(spec.quota),
-            format!("must be a whole number of at least 1 (got {quota})"),
-        ));
-    }
-    let period_us = if spec.period == Parameter::Window {
+    let quota = whole(number(spec.quota)?).map_err(|m| (field(spec.quota), m))?;
+    // Each range is the algorithm's, and so is its message, in the terms
+    // of the file (per window, per second); a rate's is given what it got.
+    let (algorithm, per_second) = if spec.period == Parameter::Window {
         let text = own
             .window
             .as_ref()
@@ -1017,19 +1024,23 @@ fn numbers(
         if window < Duration::from_millis(1) {
             return Err((field(Parameter::Window), "must be at least 1ms".into()));
         }
-        window.as_micros() as u64
+        let window_us = u64::try_from(window.as_micros()).unwrap_or(u64::MAX);
+        (Algorithm::new(kind, quota, window_us), None)
     } else {
         let per_second = number(spec.period)?;
-        if per_second.is_nan() || per_second <= 0.0 || per_second > 1_000_000.0 {
-            return Err((
-                field(spec.period),
-                format!("must be more than 0 and at most 1000000 per second (got {per_second})"),
-            ));
-        }
-        // Rounded up so the configured rate is never exceeded.
-        (1_000_000.0 / per_second).ceil() as u64
+        let algorithm = match kind {
+            Kind::LeakyBucket => Algorithm::leaky_bucket_per_second(quota, per_second),
+            _ => Algorithm::token_bucket_per_second(quota, per_second),
+        };
+        (algorithm, Some(per_second))
     };
-    Algorithm::new(kind, quota as u64, period_us).map_err(|e| (field(spec.quota), e.to_string()))
+    algorithm.map_err(|e| {
+        let message = match (e, per_second) {
+            (AlgorithmError::RateOutOfRange { .. }, Some(got)) => format!("{e} (got {got})"),
+            _ => e.to_string(),
+        };
+        (field(e.parameter(kind)), message)
+    })
 }
 
 /// Patterns are matched against paths as `[server]` says requests' paths are

@@ -74,7 +74,7 @@ fn errors_name_line_and_key() {
         ),
         (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"token_bucket\"\ncapacity = 5\nrefill_rate = 0\n"),
-            "t.toml:10: limits[0].refill_rate: must be more than 0 and at most 1000000 per second (got 0)",
+            "t.toml:10: limits[0].refill_rate: must be more than 0 and at most 10,000,000 per second (got 0)",
         ),
         (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"token_bucket\"\ncapacity = 5\n"),
@@ -165,10 +165,6 @@ fn errors_name_line_and_key() {
             "t.toml:12: limits[0].ban: a shadow limit refuses nobody, so it can ban nobody",
         ),
         (
-            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\nban = {{ after = 100000, within = \"30d\", duration = \"1d\" }}\n"),
-            "t.toml:11: limits[0].ban.within: too long for 100000 strikes: at most 22517s",
-        ),
-        (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"global\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = \"1m\"\nban = {{ after = 3, within = \"1m\", duration = \"1h\" }}\n"),
             "t.toml:11: limits[0].ban: a limit keyed global has one key for everyone: its ban would shut everyone out",
         ),
@@ -253,6 +249,163 @@ fn errors_name_line_and_key() {
         let err = parse(text).expect_err("must fail");
         assert_eq!(err.to_string(), *expected);
     }
+}
+
+/// One limit of `algorithm` with `numbers` (TOML lines), in a file whose
+/// limit table starts on line 5.
+fn one_limit(algorithm: &str, numbers: &str) -> Result<Config, ConfigError> {
+    parse(&format!(
+        "{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"{algorithm}\"\n{numbers}\n"
+    ))
+}
+
+/// The limits people sell per day, week and month are taken as written
+/// (`floodgate check` refused them all when a window's arithmetic formed
+/// limit × window in microseconds).
+#[test]
+fn a_window_takes_the_limits_people_sell() {
+    let windows = [
+        ("fixed_window", 100_000u64, "1d"),
+        ("sliding_window", 100_000, "1d"),
+        ("sliding_log", 100_000, "1d"),
+        ("fixed_window", 50_000, "7d"),
+        ("sliding_window", 50_000, "7d"),
+        ("sliding_log", 50_000, "7d"),
+        ("fixed_window", 10_000, "7d"),
+        ("sliding_window", 1_000, "30d"),
+        ("fixed_window", 700_000, "1h"),
+        ("fixed_window", 4_000_000_000, "30d"),
+        ("sliding_window", 4_000_000_000, "30d"),
+        ("sliding_window", 4_294_967_295, "366d"),
+        ("sliding_log", 100_000, "366d"),
+    ];
+    for (algorithm, limit, window) in windows {
+        let numbers = format!("limit = {limit}\nwindow = \"{window}\"");
+        let config = one_limit(algorithm, &numbers)
+            .unwrap_or_else(|e| panic!("{algorithm} {limit} per {window}: {e}"));
+        let Rule::Rate(rate) = config.policy.limits[0].rule else {
+            panic!("a rate limit");
+        };
+        assert_eq!(rate.quota(), limit);
+    }
+    let buckets = [
+        ("4294967295", "10000000"),
+        ("4294967295", "2"),
+        ("71", "0.0000000317"),
+        ("100", "0.5"),
+    ];
+    for (capacity, rate) in buckets {
+        one_limit(
+            "token_bucket",
+            &format!("capacity = {capacity}\nrefill_rate = {rate}"),
+        )
+        .unwrap_or_else(|e| panic!("{capacity} at {rate}/s: {e}"));
+    }
+}
+
+/// Each range ends where its message says, one past it refused with the
+/// file's line and key, in the file's terms (per window, per second, days;
+/// never the microseconds the arithmetic counts in).
+#[test]
+fn every_range_ends_exactly_where_its_message_says() {
+    let cases = [
+        (
+            "fixed_window",
+            "limit = 2251799813685248\nwindow = \"366d\"",
+            "limit = 2251799813685249\nwindow = \"366d\"",
+            "t.toml:9: limits[0].limit: at most 2,251,799,813,685,248 per window (got 2,251,799,813,685,249)",
+        ),
+        (
+            "sliding_window",
+            "limit = 4294967295\nwindow = \"1s\"",
+            "limit = 4294967296\nwindow = \"1s\"",
+            "t.toml:9: limits[0].limit: at most 4,294,967,295 per window (got 4,294,967,296)",
+        ),
+        (
+            "sliding_log",
+            "limit = 100000\nwindow = \"366d\"",
+            "limit = 100001\nwindow = \"366d\"",
+            "t.toml:9: limits[0].limit: sliding_log keeps one stamp per request: at most 100,000 per window (got 100,001); use sliding_window for more",
+        ),
+        (
+            "fixed_window",
+            "limit = 1\nwindow = \"26062d\"",
+            "limit = 1\nwindow = \"26063d\"",
+            "t.toml:10: limits[0].window: must be at most 26062d (71 years)",
+        ),
+        (
+            "sliding_window",
+            "limit = 1\nwindow = \"625488h\"",
+            "limit = 1\nwindow = \"625489h\"",
+            "t.toml:10: limits[0].window: must be at most 26062d (71 years)",
+        ),
+        (
+            "token_bucket",
+            "capacity = 1\nrefill_rate = 10000000",
+            "capacity = 1\nrefill_rate = 10000001",
+            "t.toml:10: limits[0].refill_rate: must be more than 0 and at most 10,000,000 per second (got 10000001)",
+        ),
+        (
+            "token_bucket",
+            "capacity = 2251799813\nrefill_rate = 1",
+            "capacity = 2251799814\nrefill_rate = 1",
+            "t.toml:9: limits[0].capacity: at most 2,251,799,813 at this refill_rate (got 2,251,799,814): an empty bucket must refill within 71 years",
+        ),
+        (
+            "leaky_bucket",
+            "capacity = 1\nrate = 1000000",
+            "capacity = 1\nrate = 1000001",
+            "t.toml:10: limits[0].rate: must be more than 0 and at most 1,000,000 per second (got 1000001)",
+        ),
+        (
+            "leaky_bucket",
+            "capacity = 2251799813\nrate = 1",
+            "capacity = 2251799814\nrate = 1",
+            "t.toml:9: limits[0].capacity: at most 2,251,799,813 at this rate (got 2,251,799,814): a full waiting room must drain within 71 years",
+        ),
+        (
+            "quota",
+            "limit = 2251799813685248\nperiod = \"month\"",
+            "limit = 2251799813685249\nperiod = \"month\"",
+            "t.toml:9: limits[0].limit: at most 2,251,799,813,685,248 per period (got 2,251,799,813,685,249)",
+        ),
+    ];
+    for (algorithm, last, beyond, message) in cases {
+        one_limit(algorithm, last).unwrap_or_else(|e| panic!("{algorithm} {last}: {e}"));
+        let error = one_limit(algorithm, beyond).expect_err(beyond).to_string();
+        assert_eq!(error, message);
+        assert!(!error.contains("µs") && !error.contains("micro"), "{error}");
+    }
+}
+
+/// A bucket counting in fractions of a µs is decided on Redis: leases
+/// spend a bucket's tokens a whole µs apart.
+#[test]
+fn a_bucket_refilling_in_fractions_of_a_microsecond_takes_no_leases() {
+    let redis = "[redis]\nurl = \"redis://127.0.0.1:6379\"\n";
+    let limit = |rate: &str, leases: &str| {
+        parse(&format!(
+            "{MINIMAL}{redis}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"token_bucket\"\ncapacity = 100\nrefill_rate = {rate}\n{leases}\n"
+        ))
+    };
+    for (rate, leased) in [
+        ("1000", true),
+        ("3", true),
+        ("2000000", false),
+        ("3000", false),
+    ] {
+        let config = limit(rate, "").unwrap_or_else(|e| panic!("{rate}: {e}"));
+        assert_eq!(config.policy.limits[0].leases, leased, "{rate}/s");
+    }
+    let refused = limit("3000", "leases = \"auto\"")
+        .expect_err("leases on")
+        .to_string();
+    assert!(
+        refused.contains(
+            "limits[0].leases: leases spend a token bucket's tokens a whole microsecond apart"
+        ),
+        "{refused}"
+    );
 }
 
 #[test]

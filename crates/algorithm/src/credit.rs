@@ -7,6 +7,8 @@
 use super::decision::Update;
 use super::kind::Kind;
 use super::state::State;
+use super::token_bucket;
+use super::validated::Algorithm;
 
 /// Whether `credited` can give units back to this algorithm's state.
 pub fn takes_credit(kind: Kind) -> bool {
@@ -14,23 +16,25 @@ pub fn takes_credit(kind: Kind) -> bool {
 }
 
 /// The state with `units` given back at `now_us`, and the update that
-/// writes it; none when nothing was spent. `period_us` is the interval of
-/// a bucket or the window; `period_end_us` where a quota's running period
-/// ends.
+/// writes it; none when nothing was spent. `period_end_us` is where a
+/// quota's running period ends.
 pub fn credited(
-    kind: Kind,
-    period_us: u64,
+    algorithm: &Algorithm,
     period_end_us: u64,
     state: &State,
     now_us: u64,
     units: u64,
 ) -> Option<(State, Update)> {
-    match (kind, state) {
-        (Kind::TokenBucket, State::Gcra { tat_us }) if *tat_us > now_us => {
+    let period_us = algorithm.period_us();
+    match (algorithm.kind(), state) {
+        (Kind::TokenBucket, &State::Gcra { tat_us, tat_ps }) => {
             // Back to no earlier than now: a bucket holds no more than full.
-            let back_us = units.saturating_mul(period_us);
-            let tat_us = tat_us.saturating_sub(back_us).max(now_us);
-            Some((State::Gcra { tat_us }, Update::Gcra { tat_us }))
+            let (tat_us, tat_ps) =
+                token_bucket::credited(algorithm.interval(), (tat_us, tat_ps), now_us, units)?;
+            Some((
+                State::Gcra { tat_us, tat_ps },
+                Update::Gcra { tat_us, tat_ps },
+            ))
         }
         (Kind::FixedWindow, State::Window { start_us, count }) => {
             // Only the running window's count: an older one is spent anyway.
@@ -73,19 +77,19 @@ pub fn takes_refund(kind: Kind) -> bool {
 /// schedule then, and giving them back cannot free a slot another lease
 /// holds.
 pub fn refunded(
-    kind: Kind,
-    period_us: u64,
+    algorithm: &Algorithm,
     state: &State,
     now_us: u64,
     units: u64,
     counted_at_us: u64,
 ) -> Option<(State, Update)> {
-    match (kind, state) {
-        (Kind::TokenBucket, State::Gcra { tat_us }) => {
+    let period_us = algorithm.period_us();
+    match (algorithm.kind(), state) {
+        (Kind::TokenBucket, State::Gcra { tat_us, .. }) => {
             if counted_at_us != 0 && *tat_us != counted_at_us {
                 return None;
             }
-            credited(kind, period_us, 0, state, now_us, units)
+            credited(algorithm, 0, state, now_us, units)
         }
         (Kind::FixedWindow, &State::Window { start_us, count })
             if start_us == counted_at_us && count > 0 =>

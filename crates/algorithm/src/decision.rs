@@ -234,6 +234,8 @@ pub enum Update {
     Unchanged,
     Gcra {
         tat_us: u64,
+        /// Picoseconds past `tat_us` (see `State::Gcra`).
+        tat_ps: u64,
     },
     Window {
         start_us: u64,

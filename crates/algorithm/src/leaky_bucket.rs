@@ -37,7 +37,10 @@ pub fn evaluate(
             slots_left(backlog_us),
             backlog_us,
             wait_us,
-            Update::Gcra { tat_us: after_us },
+            Update::Gcra {
+                tat_us: after_us,
+                tat_ps: 0,
+            },
             after_us,
         )
     } else {

@@ -54,7 +54,7 @@ impl Algorithm {
         }
         let mut leasing = self.evaluate(state, now_us, cost + units);
         if leasing.decision.allowed() {
-            if let Update::Gcra { tat_us } = leasing.update {
+            if let Update::Gcra { tat_us, .. } = leasing.update {
                 // Where the lease's tokens end in the bucket's schedule: a
                 // return finds them there, or finds them spent past.
                 leasing.decision = leasing.decision.counted_at(tat_us);

@@ -6,9 +6,10 @@
 //! layers be decided all-or-nothing: every layer is evaluated first, and the
 //! changes are applied only when every enforcing layer admitted the request.
 //!
-//! Time is integer microseconds and every quantity an integer, so that the Lua
-//! scripts (whose numbers are doubles, exact below 2^53) reproduce each decision
-//! bit for bit; an `Algorithm` cannot be built with numbers that break this.
+//! Time is integer microseconds (a token bucket's may be a decimal fraction
+//! of one) and every quantity an integer, so that the Lua scripts (whose
+//! numbers are doubles, exact below 2^53) reproduce each decision bit for
+//! bit; an `Algorithm` cannot be built with numbers that break this.
 //!
 //! This crate depends on no other part of floodgate, and Cargo holds it to
 //! that: its manifest names none.
@@ -37,7 +38,11 @@ pub use kind::{Kind, Parameter, Spec, ALGORITHMS, ALGORITHM_NAMES};
 pub use lease::{lease_units, takes_lease};
 pub use sliding_log::LogState;
 pub use state::State;
-pub use validated::{Algorithm, AlgorithmError, MAX_EXACT, MAX_SLIDING_LOG};
+pub use validated::{
+    grouped, Algorithm, AlgorithmError, MAX_COUNT, MAX_EXACT, MAX_LEAK_PER_SECOND,
+    MAX_REFILL_PER_SECOND, MAX_SCALED, MAX_SLIDING_LOG, MAX_SLIDING_WINDOW, MAX_WINDOW_DAYS,
+    MAX_WINDOW_US,
+};
 
 #[cfg(test)]
 mod tests;

@@ -4,11 +4,33 @@
 //! It assumes the previous window's requests were spread evenly, so it can be
 //! off by up to the previous window's count times the share of it still in
 //! view, in either direction; unlike the fixed window it does not admit a
-//! double burst across an edge. Everything is scaled by `window` so that the
-//! comparison stays in integers: `current * window + previous * (window -
-//! elapsed) + cost * window <= limit * window`.
+//! double burst across an edge.
+//!
+//! The share still in view is measured in whole steps: the window is cut
+//! into `steps` steps of `step_us` (`steps`), `elapsed` counts the steps
+//! begun, and everything is scaled by `steps` so that the comparison stays
+//! in integers: `current * steps + previous * (steps - elapsed) + cost *
+//! steps <= limit * steps`. A step is 1 µs whenever `limit * window_us` is
+//! at most 2^51, which every window accepted before steps was (its
+//! decisions are unchanged); beyond that a step is as short as keeps
+//! `limit * steps` within 2^51, so that the Lua twin computes the same in
+//! doubles: 100,000 a day weighs in steps of 4 µs, 4,294,967,295 in 366
+//! days in steps of a minute (at least 2^18 steps a window for every limit
+//! up to 2^32 - 1). Counting a begun step as elapsed never weighs the
+//! previous window less than the µs-exact estimate would, so a coarser
+//! step never admits what that estimate refuses.
 
 use super::decision::{Evaluation, Update};
+use super::validated::MAX_SCALED;
+
+/// How the window is cut: (`step_us`, `steps`), with `steps` the fewest
+/// steps of `step_us` that cover `window_us` and `limit * steps` at most
+/// `MAX_SCALED`.
+pub fn steps(limit: u64, window_us: u64) -> (u64, u64) {
+    let most = (MAX_SCALED / limit.max(1)).max(1);
+    let step_us = window_us.div_ceil(most);
+    (step_us, window_us.div_ceil(step_us))
+}
 
 pub fn evaluate(
     limit: u64,
@@ -29,17 +51,22 @@ pub fn evaluate(
     } else {
         (0, 0)
     };
-    let elapsed_us = now_eff - start_us;
-    let used_scaled = current * window_us + previous * (window_us - elapsed_us);
-    let limit_scaled = limit * window_us;
+    // A count above the limit (left by a reload that lowered it) weighs
+    // as the limit: the window is full either way, and the scaled sums
+    // stay within 3 * 2^51.
+    let (current, previous) = (current.min(limit), previous.min(limit));
+    let (step_us, steps) = steps(limit, window_us);
+    let elapsed = (now_eff - start_us) / step_us;
+    let used_scaled = current * steps + previous * (steps - elapsed);
+    let limit_scaled = limit * steps;
     let end_us = start_us + window_us;
     let reset_after_us = end_us - now_us;
     let idle_at_us = end_us + window_us;
-    let remaining_before = limit_scaled.saturating_sub(used_scaled) / window_us;
+    let remaining_before = limit_scaled.saturating_sub(used_scaled) / steps;
     if cost > limit {
         return Evaluation::oversized(limit, remaining_before, reset_after_us, idle_at_us);
     }
-    let cost_scaled = cost * window_us;
+    let cost_scaled = cost * steps;
     if used_scaled + cost_scaled <= limit_scaled {
         let update = if cost == 0 {
             Update::Unchanged
@@ -50,11 +77,17 @@ pub fn evaluate(
                 previous,
             }
         };
-        let remaining = (limit_scaled - used_scaled - cost_scaled) / window_us;
+        let remaining = (limit_scaled - used_scaled - cost_scaled) / steps;
         return Evaluation::admitted(limit, remaining, reset_after_us, update, idle_at_us)
             .counted_at(start_us);
     }
-    let retry_at_us = retry_at(limit, window_us, start_us, current, previous, cost);
+    let window = Window {
+        start_us,
+        window_us,
+        step_us,
+        steps,
+    };
+    let retry_at_us = window.retry_at(limit, current, previous, cost);
     Evaluation::refused(
         limit,
         remaining_before,
@@ -64,31 +97,37 @@ pub fn evaluate(
     )
 }
 
-/// The first instant at which the same request is admitted, if nothing else
-/// arrives meanwhile.
-fn retry_at(
-    limit: u64,
-    window_us: u64,
+/// The running window and how it is cut.
+struct Window {
     start_us: u64,
-    current: u64,
-    previous: u64,
-    cost: u64,
-) -> u64 {
-    // Later in this window the previous window's weight falls: admitted once
-    // previous * (window - elapsed) <= (limit - cost - current) * window.
-    if previous > 0 && limit >= cost + current {
-        let room_scaled = (limit - cost - current) * window_us;
-        let elapsed_needed = window_us - (room_scaled / previous).min(window_us);
-        if elapsed_needed < window_us {
-            return start_us + elapsed_needed;
+    window_us: u64,
+    step_us: u64,
+    steps: u64,
+}
+
+impl Window {
+    /// The first instant at which the same request is admitted, if nothing
+    /// else arrives meanwhile.
+    fn retry_at(&self, limit: u64, current: u64, previous: u64, cost: u64) -> u64 {
+        let steps = self.steps;
+        // Later in this window the previous window's weight falls: admitted
+        // once previous * (steps - elapsed) <= (limit - cost - current) * steps.
+        if previous > 0 && limit >= cost + current {
+            let room_scaled = (limit - cost - current) * steps;
+            let elapsed_needed = steps - (room_scaled / previous).min(steps);
+            if elapsed_needed < steps {
+                // Within the window: (steps - 1) steps start before its end.
+                return self.start_us + elapsed_needed * self.step_us;
+            }
         }
+        // In the next window, this window's count becomes the fading one;
+        // if no step of it is light enough, the one after starts empty.
+        let next_start_us = self.start_us + self.window_us;
+        if current == 0 {
+            return next_start_us;
+        }
+        let room_scaled = (limit - cost) * steps;
+        let elapsed_needed = steps - (room_scaled / current).min(steps);
+        next_start_us + (elapsed_needed * self.step_us).min(self.window_us)
     }
-    // In the next window, this window's count becomes the fading one.
-    let next_start_us = start_us + window_us;
-    if current == 0 {
-        return next_start_us;
-    }
-    let room_scaled = (limit - cost) * window_us;
-    let elapsed_needed = window_us - (room_scaled / current).min(window_us);
-    next_start_us + elapsed_needed
 }

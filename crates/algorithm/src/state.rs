@@ -6,8 +6,10 @@ use super::sliding_log::LogState;
 /// Per-key state of one limit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {
-    /// Token and leaky bucket: the theoretical arrival time (GCRA).
-    Gcra { tat_us: u64 },
+    /// Token and leaky bucket: the theoretical arrival time (GCRA), and
+    /// the fraction of a µs past it in picoseconds (below 10^6; 0 but for a
+    /// token bucket whose interval is a fraction of a µs).
+    Gcra { tat_us: u64, tat_ps: u64 },
     /// Fixed window: the window's start and its count.
     Window { start_us: u64, count: u64 },
     /// Sliding window counter.
@@ -27,7 +29,7 @@ impl State {
     pub fn apply(&mut self, update: &Update) {
         match (self, update) {
             (_, Update::Unchanged) => {}
-            (state, Update::Gcra { tat_us }) => *state = State::Gcra { tat_us: *tat_us },
+            (state, &Update::Gcra { tat_us, tat_ps }) => *state = State::Gcra { tat_us, tat_ps },
             (state, Update::Window { start_us, count }) => {
                 *state = State::Window {
                     start_us: *start_us,

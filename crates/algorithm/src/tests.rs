@@ -423,16 +423,459 @@ fn numbers_that_would_break_the_arithmetic_build_no_algorithm() {
         Algorithm::fixed_window(0, SEC),
         Err(AlgorithmError::ZeroQuota)
     );
-    assert_eq!(
-        Algorithm::sliding_window(1 << 30, 1 << 30),
-        Err(AlgorithmError::TooLarge)
-    );
-    assert_eq!(
-        Algorithm::sliding_log(MAX_SLIDING_LOG + 1, SEC),
-        Err(AlgorithmError::LogTooLong)
-    );
-    let shared = Algorithm::token_bucket(1, MAX_EXACT / 4)
+    let shared = Algorithm::token_bucket(1, MAX_SCALED)
         .expect("valid numbers")
         .divided(8);
-    assert!(shared.quota() * shared.period_us() <= MAX_EXACT / 4);
+    assert!(shared.quota() * shared.period() <= MAX_SCALED);
+}
+
+const DAY: u64 = 86_400 * SEC;
+
+/// The limits people sell, and the largest each window algorithm takes,
+/// over every window from 1 s to 366 days.
+#[test]
+fn windows_take_every_limit_up_to_their_range() {
+    let per_window = [
+        (100_000, DAY),
+        (10_000, 7 * DAY),
+        (50_000, 7 * DAY),
+        (1_000, 30 * DAY),
+        (700_000, DAY / 24),
+        (4_000_000_000, 30 * DAY),
+    ];
+    for (limit, window_us) in per_window {
+        Algorithm::fixed_window(limit, window_us).expect("a fixed window");
+        Algorithm::sliding_window(limit, window_us).expect("a sliding window");
+        if limit <= MAX_SLIDING_LOG {
+            Algorithm::sliding_log(limit, window_us).expect("a sliding log");
+        }
+    }
+    for window_us in [SEC, 60 * SEC, DAY, 7 * DAY, 30 * DAY, 366 * DAY] {
+        let most = u64::from(u32::MAX);
+        Algorithm::fixed_window(most, window_us).expect("a fixed window");
+        Algorithm::sliding_window(most, window_us).expect("a sliding window");
+        Algorithm::sliding_log(MAX_SLIDING_LOG, window_us).expect("a sliding log");
+    }
+}
+
+/// Each range, tight: its last number is taken, the next one refused, in
+/// the config's own terms.
+#[test]
+fn ranges_end_exactly_where_they_say() {
+    let year = 366 * DAY;
+    // Windows: the count, then the window's length.
+    assert!(Algorithm::fixed_window(MAX_COUNT, year).is_ok());
+    assert_eq!(
+        Algorithm::fixed_window(MAX_COUNT + 1, year),
+        Err(AlgorithmError::TooManyPerWindow {
+            most: MAX_COUNT,
+            got: MAX_COUNT + 1
+        })
+    );
+    assert!(Algorithm::sliding_window(MAX_SLIDING_WINDOW, year).is_ok());
+    let too_many = Algorithm::sliding_window(MAX_SLIDING_WINDOW + 1, SEC);
+    assert_eq!(
+        too_many,
+        Err(AlgorithmError::TooManyPerWindow {
+            most: MAX_SLIDING_WINDOW,
+            got: MAX_SLIDING_WINDOW + 1
+        })
+    );
+    assert_eq!(
+        too_many.map_err(|e| e.to_string()),
+        Err("at most 4,294,967,295 per window (got 4,294,967,296)".to_string())
+    );
+    assert!(Algorithm::sliding_log(MAX_SLIDING_LOG, year).is_ok());
+    assert_eq!(
+        Algorithm::sliding_log(MAX_SLIDING_LOG + 1, SEC),
+        Err(AlgorithmError::LogTooLong {
+            got: MAX_SLIDING_LOG + 1
+        })
+    );
+    for kind in [Kind::FixedWindow, Kind::SlidingWindow, Kind::SlidingLog] {
+        assert!(Algorithm::new(kind, 1, MAX_WINDOW_US).is_ok());
+        assert_eq!(
+            Algorithm::new(kind, 1, MAX_WINDOW_US + 1),
+            Err(AlgorithmError::WindowTooLong)
+        );
+    }
+    // A calendar quota counts as a fixed window does.
+    let month = Calendar {
+        period: Period::Month,
+        timezone: chrono_tz::UTC,
+        week_starts: chrono::Weekday::Mon,
+    };
+    assert!(Algorithm::calendar_quota(MAX_COUNT, month).is_ok());
+    assert_eq!(
+        Algorithm::calendar_quota(MAX_COUNT + 1, month),
+        Err(AlgorithmError::TooManyPerPeriod {
+            most: MAX_COUNT,
+            got: MAX_COUNT + 1
+        })
+    );
+    // A token bucket's rate: 10,000,000 a second and not a bit more.
+    let fastest = MAX_REFILL_PER_SECOND as f64;
+    let bucket = Algorithm::token_bucket_per_second(u64::from(u32::MAX), fastest)
+        .expect("the fastest bucket");
+    assert_eq!((bucket.period(), bucket.per_us()), (100_000, 1_000_000));
+    assert_eq!(
+        Algorithm::token_bucket_per_second(1, fastest.next_up()),
+        Err(AlgorithmError::RateOutOfRange {
+            most: MAX_REFILL_PER_SECOND
+        })
+    );
+    for nonsense in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        assert!(Algorithm::token_bucket_per_second(1, nonsense).is_err());
+    }
+    // Its capacity: an empty bucket refills within 2^51 of its units.
+    let per_second = Algorithm::token_bucket_per_second(2_251_799_813, 1.0).expect("valid");
+    assert_eq!((per_second.period(), per_second.per_us()), (SEC, 1));
+    assert_eq!(
+        Algorithm::token_bucket_per_second(2_251_799_814, 1.0),
+        Err(AlgorithmError::TooLargeForRate {
+            kind: Kind::TokenBucket,
+            most: 2_251_799_813,
+            got: 2_251_799_814
+        })
+    );
+    // One a year (365 days): 71 tokens refill within 71 years, 72 do not.
+    let yearly = 1.0 / (365.0 * 86_400.0);
+    assert!(Algorithm::token_bucket_per_second(71, yearly).is_ok());
+    assert!(matches!(
+        Algorithm::token_bucket_per_second(72, yearly),
+        Err(AlgorithmError::TooLargeForRate { most: 71, .. })
+    ));
+    assert_eq!(
+        Algorithm::token_bucket_per_second(1, 1.0 / (72.0 * 365.25 * 86_400.0)),
+        Err(AlgorithmError::RateTooSlow)
+    );
+    // A leaky bucket keeps whole µs: 1,000,000 a second at most.
+    assert!(Algorithm::leaky_bucket_per_second(1, 1e6).is_ok());
+    assert_eq!(
+        Algorithm::leaky_bucket_per_second(1, 1e6_f64.next_up()),
+        Err(AlgorithmError::RateOutOfRange {
+            most: MAX_LEAK_PER_SECOND
+        })
+    );
+    // No message speaks of microseconds, which no config holds.
+    let errors = [
+        AlgorithmError::TooManyPerWindow { most: 1, got: 2 },
+        AlgorithmError::TooManyPerPeriod { most: 1, got: 2 },
+        AlgorithmError::LogTooLong { got: 2 },
+        AlgorithmError::WindowTooLong,
+        AlgorithmError::RateOutOfRange { most: 1 },
+        AlgorithmError::RateTooSlow,
+        AlgorithmError::TooLargeForRate {
+            kind: Kind::LeakyBucket,
+            most: 1,
+            got: 2,
+        },
+    ];
+    for error in errors {
+        let text = error.to_string();
+        assert!(
+            !text.contains("µs") && !text.contains("micro") && !text.contains("2^"),
+            "{text}"
+        );
+    }
+}
+
+/// A bucket's interval: whole µs where that is exact or at most 0.1% slow
+/// (as before), else a decimal fraction of a µs, never a faster rate.
+#[test]
+fn a_bucket_keeps_its_rate_in_the_finest_unit_its_burst_allows() {
+    let cases = [
+        // (capacity, per second, period, per µs)
+        (10, 10.0, 100_000, 1),
+        (10, 3.0, 333_334, 1),
+        (10, 667.0, 1_500, 1),
+        (10, 1e6, 1, 1),
+        (10, 3_000.0, 333_333_334, 1_000_000),
+        (10, 999_999.0, 1_000_002, 1_000_000),
+        (10, 1.5e6, 666_667, 1_000_000),
+        (10, 1e7, 100_000, 1_000_000),
+        // A burst too long for picoseconds takes the finest unit that holds it.
+        (1 << 39, 3_000.0, 3_334, 10),
+    ];
+    for (capacity, per_second, period, per_us) in cases {
+        let bucket = Algorithm::token_bucket_per_second(capacity, per_second).expect("valid");
+        assert_eq!(
+            (bucket.period(), bucket.per_us()),
+            (period, per_us),
+            "{per_second}/s"
+        );
+        let rate = 1e6 * bucket.per_us() as f64 / bucket.period() as f64;
+        assert!(rate <= per_second, "{per_second}/s runs at {rate}/s");
+        assert!(
+            rate >= per_second * (1.0 - 1e-3),
+            "{per_second}/s runs at {rate}/s"
+        );
+    }
+}
+
+/// 10,000,000 a second is 10 tokens a µs, 1 every 0.1 µs: a request of 1
+/// takes a tenth of a µs of the schedule, not a whole one.
+#[test]
+fn a_bucket_faster_than_a_token_a_microsecond_counts_every_token() {
+    let mut key = Key::new(Algorithm::token_bucket_per_second(100, 1e7).expect("valid"));
+    for left in (0..100).rev() {
+        let d = key.request(T0, 1);
+        assert_eq!((d.allowed(), d.remaining()), (true, left));
+    }
+    let d = key.request(T0, 1);
+    assert_eq!((d.allowed(), d.retry_after_us()), (false, 1));
+    // A µs later, 10 tokens are back.
+    for _ in 0..10 {
+        assert!(key.request(T0 + 1, 1).allowed());
+    }
+    assert!(!key.request(T0 + 1, 1).allowed());
+    // At +4 µs 30 tokens are back; 25 take 2.5 µs of the schedule, which
+    // keeps the half: full again 9.5 µs later.
+    let d = key.request(T0 + 4, 25);
+    assert_eq!((d.allowed(), d.remaining()), (true, 5));
+    assert_eq!(
+        key.state,
+        State::Gcra {
+            tat_us: T0 + 13,
+            tat_ps: 500_000
+        }
+    );
+    assert_eq!(
+        key.peek(T0 + 4, 0).reset_after_us(),
+        10,
+        "9.5 µs, rounded up"
+    );
+    // A credit and a refund move it back by tenths too.
+    let credited = key.algorithm.credit(&key.state, T0 + 4, 3);
+    assert_eq!(
+        credited.update,
+        Update::Gcra {
+            tat_us: T0 + 13,
+            tat_ps: 200_000
+        }
+    );
+}
+
+/// A sliding window's steps: 1 µs while `limit * window_us` fits 2^51 (the
+/// arithmetic of every window accepted before), and at least 2^18 steps a
+/// window for every limit up to 2^32 - 1.
+#[test]
+fn a_sliding_window_weighs_in_steps_as_fine_as_exact_arithmetic_allows() {
+    assert_eq!(sliding_window::steps(10, 60 * SEC), (1, 60 * SEC));
+    assert_eq!(sliding_window::steps(100_000, DAY), (4, DAY / 4));
+    let most = MAX_SLIDING_WINDOW;
+    for window_us in [SEC, DAY, 30 * DAY, 366 * DAY, MAX_WINDOW_US] {
+        for limit in [1, 1_000, 100_000, most] {
+            let (step_us, steps) = sliding_window::steps(limit, window_us);
+            assert!(limit * steps <= MAX_SCALED, "{limit} per {window_us}");
+            assert!(step_us * steps >= window_us && step_us * (steps - 1) < window_us);
+            assert!(
+                steps == window_us || steps >= 1 << 18,
+                "{limit} {window_us}"
+            );
+            if limit
+                .checked_mul(window_us)
+                .is_some_and(|p| p <= MAX_SCALED)
+            {
+                assert_eq!(step_us, 1);
+            }
+        }
+    }
+    // 2^19 steps of a minute (and a bit) for 4,294,967,295 in 366 days.
+    assert_eq!(
+        sliding_window::steps(most, 366 * DAY),
+        (60_314_942, 524_288)
+    );
+}
+
+/// A window at the top of its range, over a year: the estimate decays step
+/// by step, and a refusal's retry time is the step where it passes.
+#[test]
+fn a_year_long_sliding_window_at_its_largest_limit() {
+    let year = 366 * DAY;
+    let most = MAX_SLIDING_WINDOW;
+    let alg = Algorithm::sliding_window(most, year).expect("valid");
+    let (step_us, steps) = sliding_window::steps(most, year);
+    let mut key = Key::new(alg);
+    let edge = T0 - T0 % year + year;
+    // The window ends full.
+    assert!(key.request(edge - 1, most).allowed());
+    // Just past its edge the previous window still weighs fully.
+    let d = key.request(edge, 1);
+    assert!(!d.allowed());
+    // previous * (steps - e) <= (most - 1) * steps  =>  e >= steps / most,
+    // rounded up to a whole step: the first step.
+    assert_eq!(d.retry_after_us(), step_us);
+    assert!(!key.peek(edge + step_us - 1, 1).allowed());
+    let d = key.peek(edge + step_us, 1);
+    assert!(d.allowed());
+    // Half-way, half the previous window is still in view (within a step).
+    let half = key.peek(edge + year / 2, 0).remaining();
+    let expected = most / 2;
+    assert!(
+        half.abs_diff(expected) <= most / steps + 1,
+        "{half} vs {expected}"
+    );
+}
+
+/// Whole per-window limits over windows that fit no µs-exact product,
+/// against the twins' shared rules: a fixed window admits exactly its
+/// limit, a sliding window no more than its µs-exact estimate would.
+#[test]
+fn a_day_of_a_hundred_thousand_admits_exactly_its_number() {
+    for alg in [
+        Algorithm::fixed_window(100_000, DAY).expect("valid"),
+        Algorithm::sliding_window(100_000, DAY).expect("valid"),
+        Algorithm::sliding_log(100_000, DAY).expect("valid"),
+        Algorithm::fixed_window(4_000_000_000, 30 * DAY).expect("valid"),
+        Algorithm::sliding_window(4_000_000_000, 30 * DAY).expect("valid"),
+    ] {
+        let mut key = Key::new(alg);
+        let cost = alg.quota() / 40;
+        let admitted = (0..60)
+            .filter(|i| key.request(T0 + i, cost).allowed())
+            .count();
+        assert_eq!(admitted, 40, "{alg}");
+    }
+}
+
+/// The µs-exact sliding estimate, in 128 bits: whether it admits.
+fn exact_estimate_admits(
+    limit: u64,
+    window_us: u64,
+    state: &State,
+    now_us: u64,
+    cost: u64,
+) -> bool {
+    let State::TwoWindows {
+        start_us,
+        current,
+        previous,
+    } = *state
+    else {
+        return cost <= limit;
+    };
+    let now_eff = now_us.max(start_us);
+    let start = now_eff - now_eff % window_us;
+    let (current, previous) = if start == start_us {
+        (current, previous)
+    } else if start == start_us + window_us {
+        (0, current)
+    } else {
+        (0, 0)
+    };
+    let (current, previous) = (current.min(limit) as u128, previous.min(limit) as u128);
+    let (w, elapsed) = (window_us as u128, (now_eff - start) as u128);
+    current * w + previous * (w - elapsed) + cost as u128 * w <= limit as u128 * w
+}
+
+fn large_window() -> impl Strategy<Value = Algorithm> {
+    (
+        prop_oneof![
+            Just(MAX_SLIDING_WINDOW),
+            Just(4_000_000_000u64),
+            100_000u64..=MAX_SLIDING_WINDOW,
+        ],
+        prop_oneof![Just(366 * DAY), Just(30 * DAY), Just(DAY), SEC..=366 * DAY],
+        0usize..3,
+    )
+        .prop_map(|(limit, window_us, which)| {
+            match which {
+                0 => Algorithm::fixed_window(limit, window_us),
+                1 => Algorithm::sliding_window(limit, window_us),
+                _ => Algorithm::sliding_log(MAX_SLIDING_LOG, window_us),
+            }
+            .expect("valid numbers")
+        })
+}
+
+/// Token buckets across their range: up to 2^32 - 1 tokens, from one a
+/// year to 10,000,000 a second, in whole µs or in fractions of one.
+fn large_bucket() -> impl Strategy<Value = Algorithm> {
+    prop_oneof![
+        (
+            1u64..=u64::from(u32::MAX),
+            prop_oneof![Just(1e7), 2.0f64..1e7, 1_000f64..1e7],
+        ),
+        (1u64..=71, Just(1.0 / (365.0 * 86_400.0))),
+        (1u64..1_000, 1e-4f64..10.0),
+    ]
+    .prop_filter_map("refills within 71 years", |(capacity, rate)| {
+        Algorithm::token_bucket_per_second(capacity, rate).ok()
+    })
+}
+
+/// (time step in µs, a share of the quota a request costs)
+fn large_steps() -> impl Strategy<Value = Vec<(u64, u64)>> {
+    prop::collection::vec(
+        (
+            prop_oneof![
+                4 => 0u64..1_000,
+                3 => 0u64..DAY,
+                2 => 0u64..40 * DAY,
+            ],
+            prop_oneof![Just(0u64), 1u64..4, 4u64..=1_000],
+        ),
+        1..120,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// At the top of their range (a year-long window at its largest
+    /// limit, a bucket of 2^32 - 1 refilling 10,000,000 a second), a
+    /// refused request is admitted exactly `retry_after` later and not a
+    /// µs sooner, no window admits beyond its limit, and a sliding window
+    /// never admits what its µs-exact estimate would refuse.
+    #[test]
+    fn the_largest_limits_stay_exact(
+        alg in prop_oneof![large_window(), large_bucket()],
+        steps in large_steps(),
+    ) {
+        let mut key = Key::new(alg);
+        let mut now = T0;
+        let mut admitted: Vec<(u64, u64)> = Vec::new();
+        for (step, share) in steps {
+            now += step;
+            // 0, a few units, or a share of the quota up to all of it.
+            let cost = if share < 4 { share } else { (alg.quota() as u128 * share as u128 / 1_000) as u64 };
+            if alg.kind() == Kind::SlidingWindow {
+                let exact = exact_estimate_admits(alg.quota(), alg.period_us(), &key.state, now, cost);
+                let stepped = key.peek(now, cost).allowed();
+                prop_assert!(exact || !stepped, "{} admitted past its estimate at {}", alg, now);
+            }
+            let d = key.request(now, cost);
+            prop_assert!(d.remaining() <= alg.quota());
+            if d.allowed() {
+                admitted.push((now, cost));
+            } else if !d.cost_exceeds_limit() {
+                prop_assert!(d.retry_after_us() > 0);
+                prop_assert!(key.peek(now + d.retry_after_us(), cost).allowed(),
+                    "{} not admitted at retry time: {:?}", alg, d);
+                prop_assert!(!key.peek(now + d.retry_after_us() - 1, cost).allowed(),
+                    "{} admitted before retry time: {:?}", alg, d);
+            }
+        }
+        for &(from, _) in &admitted {
+            let (quota, window_us) = (alg.quota(), alg.period_us());
+            match alg.kind() {
+                Kind::FixedWindow | Kind::SlidingWindow => {
+                    let start = from - from % window_us;
+                    prop_assert!(admitted_between(&admitted, start, start + window_us - 1) <= quota);
+                }
+                Kind::SlidingLog => {
+                    prop_assert!(admitted_between(&admitted, from, from + window_us - 1) <= quota);
+                }
+                _ => {
+                    for &(to, _) in &admitted {
+                        if to >= from {
+                            let refill = u128::from(to - from) * u128::from(alg.per_us()) / u128::from(alg.period());
+                            prop_assert!(u128::from(admitted_between(&admitted, from, to)) <= u128::from(quota) + refill);
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

@@ -1,40 +1,117 @@
 //! Token bucket, kept as GCRA: instead of a token count and a last-refill time,
 //! the state is one instant, `tat`, the time at which the bucket will be full
 //! again. Tokens available at `now` are `capacity - (tat - now) / interval`.
-//! One integer of state, lazy refill, and an exact retry time.
+//! One instant of state, lazy refill, and an exact retry time.
+//!
+//! Time is counted in units of `1 / per_us` µs: whole µs for most buckets,
+//! a decimal fraction of a µs (down to 10^-6) for one whose interval is no
+//! whole number of µs (10,000,000 a second: 0.1 µs). The arithmetic runs on
+//! the debt, `tat - now` in those units, which the burst bounds (at most
+//! 2^51 units, `Algorithm::token_bucket_per_second`), rather than on
+//! instants, which in units finer than a µs would not fit a double. The
+//! state keeps the instant in whole µs and the rest of it in picoseconds,
+//! so that a bucket whose unit changes on reload reads it all the same.
 
 use super::decision::{Evaluation, Update};
 
-/// `capacity` tokens, one token back every `interval_us`.
+/// Picoseconds in a µs: the unit of a tat's fraction, whatever the bucket's.
+pub const PS_PER_US: u64 = 1_000_000;
+
+/// The most debt a state is read as, in a bucket's units: one further in
+/// the future (a clock far behind another, a reload to a finer unit) counts
+/// as this far, so that every sum below stays exact in a double.
+const MAX_DEBT: u64 = 1 << 52;
+
+/// One token every `units` of `1 / per_us` µs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interval {
+    pub units: u64,
+    /// 1, or a power of ten up to `PS_PER_US`.
+    pub per_us: u64,
+}
+
+impl Interval {
+    /// Units from `now_us` until the instant `tat` (whole µs, picoseconds),
+    /// 0 when it is past.
+    pub(crate) fn debt(&self, (tat_us, tat_ps): (u64, u64), now_us: u64) -> u64 {
+        if tat_us < now_us || (tat_us == now_us && tat_ps == 0) {
+            return 0;
+        }
+        let whole_us = (tat_us - now_us).min(MAX_DEBT / self.per_us);
+        // A fraction finer than the unit (from a finer bucket before a
+        // reload) is a unit more: never more tokens than the state allows.
+        whole_us * self.per_us + tat_ps.div_ceil(PS_PER_US / self.per_us)
+    }
+
+    /// The instant `units` past `now_us`, in whole µs and picoseconds.
+    pub(crate) fn after(&self, now_us: u64, units: u64) -> (u64, u64) {
+        (
+            now_us + units / self.per_us,
+            units % self.per_us * (PS_PER_US / self.per_us),
+        )
+    }
+
+    /// `units` in whole µs, rounded up: the first whole µs by which they
+    /// have passed.
+    fn us(&self, units: u64) -> u64 {
+        units.div_ceil(self.per_us)
+    }
+}
+
+/// `capacity` tokens, one token back every `interval`; the state's `tat`.
 pub fn evaluate(
     capacity: u64,
-    interval_us: u64,
-    tat_us: u64,
+    interval: Interval,
+    tat: (u64, u64),
     now_us: u64,
     cost: u64,
 ) -> Evaluation {
-    let burst_us = capacity * interval_us;
+    let burst = capacity * interval.units;
     // A bucket whose tat lies in the past is full: refill is capped there.
-    let start_us = tat_us.max(now_us);
-    let debt_us = start_us - now_us;
+    let debt = interval.debt(tat, now_us);
+    let wait_us = interval.us(debt);
     if cost > capacity {
-        let remaining = burst_us.saturating_sub(debt_us) / interval_us;
-        return Evaluation::oversized(capacity, remaining, debt_us, start_us);
+        let remaining = burst.saturating_sub(debt) / interval.units;
+        return Evaluation::oversized(capacity, remaining, wait_us, now_us + wait_us);
     }
-    let after_us = start_us + cost * interval_us;
-    let needed_us = after_us - now_us;
-    if needed_us <= burst_us {
+    let after = debt + cost * interval.units;
+    if after <= burst {
         let update = if cost == 0 {
             Update::Unchanged
         } else {
-            Update::Gcra { tat_us: after_us }
+            let (tat_us, tat_ps) = interval.after(now_us, after);
+            Update::Gcra { tat_us, tat_ps }
         };
-        let remaining = (burst_us - needed_us) / interval_us;
-        Evaluation::admitted(capacity, remaining, needed_us, update, after_us)
+        let remaining = (burst - after) / interval.units;
+        let full_us = interval.us(after);
+        Evaluation::admitted(capacity, remaining, full_us, update, now_us + full_us)
     } else {
         // A clock that stepped backwards can leave debt beyond the burst;
         // `saturating_sub` keeps the count at zero instead of wrapping.
-        let remaining = burst_us.saturating_sub(debt_us) / interval_us;
-        Evaluation::refused(capacity, remaining, debt_us, needed_us - burst_us, start_us)
+        let remaining = burst.saturating_sub(debt) / interval.units;
+        Evaluation::refused(
+            capacity,
+            remaining,
+            wait_us,
+            interval.us(after - burst),
+            now_us + wait_us,
+        )
     }
+}
+
+/// `units` tokens given back at `now_us`: the tat moved back by their
+/// intervals, to no earlier than now (a bucket holds no more than full);
+/// none when the bucket is full already.
+pub(crate) fn credited(
+    interval: Interval,
+    tat: (u64, u64),
+    now_us: u64,
+    units: u64,
+) -> Option<(u64, u64)> {
+    let debt = interval.debt(tat, now_us);
+    if debt == 0 {
+        return None;
+    }
+    let left = debt.saturating_sub(units.saturating_mul(interval.units));
+    Some(interval.after(now_us, left))
 }

@@ -1,76 +1,211 @@
 //! An algorithm with its numbers, checked once so that the arithmetic never
 //! meets a zero divisor or an inexact product.
+//!
+//! The Redis scripts compute in doubles, exact for integers up to 2^53. Every
+//! algorithm is written so that what it forms stays below `MAX_SCALED`
+//! (2^51), a few of which added to an instant stay exact: a window's counts
+//! are only added (a sliding window weighs its previous count in at most
+//! `MAX_SCALED / limit` steps, see `sliding_window`), and a bucket's whole
+//! burst, in its own units of time, is at most `MAX_SCALED`. The ranges below
+//! follow from that, and each error says them in the terms a config uses.
 
 use super::calendar::Calendar;
 use super::decision::Evaluation;
-use super::kind::Kind;
+use super::kind::{Kind, Parameter};
 use super::sliding_log::LogState;
 use super::state::State;
 use super::{credit, fixed_window, leaky_bucket, quota, sliding_log, sliding_window, token_bucket};
 
-/// The largest product of two quantities any algorithm forms; Lua doubles stay
-/// exact below it.
+/// The largest integer below which every integer is exact in a double.
 pub const MAX_EXACT: u64 = 1 << 53;
+
+/// The most any count, scaled count or span of time an algorithm forms may
+/// reach: a quarter of `MAX_EXACT`, so that such a value added to an instant
+/// (below 2^52 µs until the year 2112) and to another like it stays exact.
+pub const MAX_SCALED: u64 = MAX_EXACT / 4;
 
 /// The most units a sliding log may hold: it keeps one stamp per request.
 pub const MAX_SLIDING_LOG: u64 = 100_000;
 
-/// Why numbers do not make an algorithm.
+/// The most a sliding window counts per window: its weight then falls in
+/// at least 2^18 steps per window (`sliding_window::steps`).
+pub const MAX_SLIDING_WINDOW: u64 = u32::MAX as u64;
+
+/// The most a fixed window or a calendar quota counts: counts are only
+/// added, never multiplied.
+pub const MAX_COUNT: u64 = MAX_SCALED;
+
+/// The longest window, in whole days: 71 years, the longest whole number
+/// of days below 2^51 µs.
+pub const MAX_WINDOW_DAYS: u64 = 26_062;
+
+/// `MAX_WINDOW_DAYS` in µs.
+pub const MAX_WINDOW_US: u64 = MAX_WINDOW_DAYS * 86_400 * 1_000_000;
+
+// The longest whole number of days within `MAX_SCALED`.
+const _: () = assert!(MAX_WINDOW_US <= MAX_SCALED && MAX_WINDOW_US + 86_400_000_000 > MAX_SCALED);
+
+/// The fastest a token bucket refills, per second: its interval is then at
+/// least 100,000 of its units (10^-6 µs), so rounding it up to a whole
+/// unit slows it by less than 1 part in 100,000.
+pub const MAX_REFILL_PER_SECOND: u64 = 10_000_000;
+
+/// The fastest a leaky bucket lets requests leave, per second: it keeps
+/// its schedule in whole µs.
+pub const MAX_LEAK_PER_SECOND: u64 = 1_000_000;
+
+/// Why numbers do not make an algorithm. Each says what is wrong in the
+/// config's own terms (per window, per second, days): the microseconds
+/// the arithmetic counts in are no concern of the person who wrote it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum AlgorithmError {
     #[error("must be a whole number of at least 1")]
     ZeroQuota,
-    #[error("the interval or window must be at least 1µs")]
+    #[error("must be at least 1ms")]
     ZeroPeriod,
-    #[error("too large: the quota times its window in microseconds must stay below 2^51")]
-    TooLarge,
-    #[error("sliding_log keeps one stamp per request; use at most {MAX_SLIDING_LOG} (or sliding_window)")]
-    LogTooLong,
+    #[error("at most {} per window (got {})", grouped(*most), grouped(*got))]
+    TooManyPerWindow { most: u64, got: u64 },
+    #[error("at most {} per period (got {})", grouped(*most), grouped(*got))]
+    TooManyPerPeriod { most: u64, got: u64 },
+    #[error("sliding_log keeps one stamp per request: at most {} per window (got {}); use sliding_window for more", grouped(MAX_SLIDING_LOG), grouped(*got))]
+    LogTooLong { got: u64 },
+    #[error("must be at most {MAX_WINDOW_DAYS}d (71 years)")]
+    WindowTooLong,
+    #[error("must be more than 0 and at most {} per second", grouped(*most))]
+    RateOutOfRange { most: u64 },
+    #[error("too slow: one unit would take more than 71 years")]
+    RateTooSlow,
+    #[error("at most {} at this {} (got {}): {} within 71 years", grouped(*most), rate_name(*kind), grouped(*got), span_name(*kind))]
+    TooLargeForRate { kind: Kind, most: u64, got: u64 },
     #[error("a calendar quota is made with its calendar (Algorithm::calendar_quota)")]
     NeedsCalendar,
 }
 
+impl AlgorithmError {
+    /// The number of a `kind` limit's config this error is about: its
+    /// quota (`limit`, `capacity`) or its period (`window`, a rate).
+    pub fn parameter(&self, kind: Kind) -> Parameter {
+        let spec = kind.spec();
+        match self {
+            AlgorithmError::ZeroPeriod
+            | AlgorithmError::WindowTooLong
+            | AlgorithmError::RateOutOfRange { .. }
+            | AlgorithmError::RateTooSlow => spec.period,
+            _ => spec.quota,
+        }
+    }
+}
+
+fn rate_name(kind: Kind) -> &'static str {
+    kind.spec().period.name()
+}
+
+/// What a bucket's capacity and rate make last.
+fn span_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::LeakyBucket => "a full waiting room must drain",
+        _ => "an empty bucket must refill",
+    }
+}
+
+/// `n` with its thousands grouped by commas, as people write large limits.
+pub fn grouped(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// An interval in µs rounded up to a whole µs, or why it cannot be one.
+fn whole_us(us: f64) -> Result<u64, AlgorithmError> {
+    let whole = us.ceil();
+    if whole > MAX_SCALED as f64 {
+        return Err(AlgorithmError::RateTooSlow);
+    }
+    // Below 2^51 and whole: the cast is exact.
+    Ok((whole as u64).max(1))
+}
+
 /// One limit's algorithm with its numbers, valid by construction: a quota of
-/// at least 1, a period of at least 1µs, and every product the arithmetic
-/// forms exact in a double.
+/// at least 1, a period of at least one unit, and every value the
+/// arithmetic forms exact in a double.
 ///
-/// `quota` is the bucket's capacity or the window's limit; `period_us` the
+/// `quota` is the bucket's capacity or the window's limit; `period` the
 /// interval between two tokens (buckets), the window's length, or a
-/// calendar period's usual length (the calendar says where it really ends).
+/// calendar period's usual length (the calendar says where it really
+/// ends), in units of `1 / per_us` µs. `per_us` is 1 but for a token bucket
+/// whose interval is no whole number of µs: then a power of ten up to 10^6.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Algorithm {
     kind: Kind,
     quota: u64,
-    period_us: u64,
+    period: u64,
+    per_us: u64,
     calendar: Option<Calendar>,
+}
+
+/// Checks `quota` and `period` (in units of `1 / per_us` µs) for `kind`.
+fn check(kind: Kind, quota: u64, period: u64, per_us: u64) -> Result<(), AlgorithmError> {
+    if quota == 0 {
+        return Err(AlgorithmError::ZeroQuota);
+    }
+    if period == 0 {
+        return Err(AlgorithmError::ZeroPeriod);
+    }
+    // A token bucket's interval is at least 1/10^7 s (0.1 µs).
+    if period.saturating_mul(MAX_REFILL_PER_SECOND) < 1_000_000 * per_us {
+        return Err(AlgorithmError::RateOutOfRange {
+            most: MAX_REFILL_PER_SECOND,
+        });
+    }
+    let most = match kind {
+        Kind::Quota => return Err(AlgorithmError::NeedsCalendar),
+        // A bucket's arithmetic spans its whole burst, in its units.
+        Kind::TokenBucket | Kind::LeakyBucket => {
+            let most = MAX_SCALED / period;
+            if most == 0 {
+                return Err(AlgorithmError::RateTooSlow);
+            }
+            if quota > most {
+                return Err(AlgorithmError::TooLargeForRate {
+                    kind,
+                    most,
+                    got: quota,
+                });
+            }
+            return Ok(());
+        }
+        Kind::FixedWindow => MAX_COUNT,
+        Kind::SlidingWindow => MAX_SLIDING_WINDOW,
+        Kind::SlidingLog => {
+            if quota > MAX_SLIDING_LOG {
+                return Err(AlgorithmError::LogTooLong { got: quota });
+            }
+            MAX_SLIDING_LOG
+        }
+    };
+    if quota > most {
+        return Err(AlgorithmError::TooManyPerWindow { most, got: quota });
+    }
+    if period > MAX_WINDOW_US {
+        return Err(AlgorithmError::WindowTooLong);
+    }
+    Ok(())
 }
 
 impl Algorithm {
     pub fn new(kind: Kind, quota: u64, period_us: u64) -> Result<Algorithm, AlgorithmError> {
-        if quota == 0 {
-            return Err(AlgorithmError::ZeroQuota);
-        }
-        if period_us == 0 {
-            return Err(AlgorithmError::ZeroPeriod);
-        }
-        if kind == Kind::Quota {
-            return Err(AlgorithmError::NeedsCalendar);
-        }
-        if kind == Kind::SlidingLog && quota > MAX_SLIDING_LOG {
-            return Err(AlgorithmError::LogTooLong);
-        }
-        // The scripts compute in doubles: every product, added to a
-        // timestamp, must stay exact.
-        if quota
-            .checked_mul(period_us)
-            .is_none_or(|p| p > MAX_EXACT / 4)
-        {
-            return Err(AlgorithmError::TooLarge);
-        }
+        check(kind, quota, period_us, 1)?;
         Ok(Algorithm {
             kind,
             quota,
-            period_us,
+            period: period_us,
+            per_us: 1,
             calendar: None,
         })
     }
@@ -81,13 +216,17 @@ impl Algorithm {
         if limit == 0 {
             return Err(AlgorithmError::ZeroQuota);
         }
-        if limit > MAX_EXACT / 4 {
-            return Err(AlgorithmError::TooLarge);
+        if limit > MAX_COUNT {
+            return Err(AlgorithmError::TooManyPerPeriod {
+                most: MAX_COUNT,
+                got: limit,
+            });
         }
         Ok(Algorithm {
             kind: Kind::Quota,
             quota: limit,
-            period_us: calendar.period.nominal_us(),
+            period: calendar.period.nominal_us(),
+            per_us: 1,
             calendar: Some(calendar),
         })
     }
@@ -97,9 +236,68 @@ impl Algorithm {
         Algorithm::new(Kind::TokenBucket, capacity, interval_us)
     }
 
+    /// Bursts up to `capacity`, `per_second` tokens back a second, from one
+    /// in 71 years to `MAX_REFILL_PER_SECOND`.
+    ///
+    /// The interval between two tokens is kept in whole µs when that is
+    /// exact, or when the bucket refills at most 1,000 a second (rounded up
+    /// to the µs as before, it is at most 0.1% slow). Otherwise in the
+    /// finest of 1/10 .. 1/10^6 µs that still spans the whole burst in at
+    /// most `MAX_SCALED` units: 10,000,000 a second is then 0.1 µs exactly,
+    /// and 3,000 a second 333.333334 µs. The interval is rounded up to its
+    /// unit, so a bucket never refills faster than it says.
+    pub fn token_bucket_per_second(
+        capacity: u64,
+        per_second: f64,
+    ) -> Result<Algorithm, AlgorithmError> {
+        let kind = Kind::TokenBucket;
+        if !(per_second > 0.0 && per_second <= MAX_REFILL_PER_SECOND as f64) {
+            return Err(AlgorithmError::RateOutOfRange {
+                most: MAX_REFILL_PER_SECOND,
+            });
+        }
+        let us = 1e6 / per_second;
+        if us.fract() != 0.0 && per_second > 1_000.0 {
+            for decimals in (1..=6).rev() {
+                let per_us = 10u64.pow(decimals);
+                // At most 10^12 / 10^-7 < 2^63: the cast is exact.
+                let period = (1e6 * per_us as f64 / per_second).ceil() as u64;
+                if capacity
+                    .checked_mul(period)
+                    .is_some_and(|b| b <= MAX_SCALED)
+                {
+                    check(kind, capacity, period, per_us)?;
+                    return Ok(Algorithm {
+                        kind,
+                        quota: capacity,
+                        period,
+                        per_us,
+                        calendar: None,
+                    });
+                }
+            }
+        }
+        Algorithm::new(kind, capacity, whole_us(us)?)
+    }
+
     /// Requests leave one every `interval_us`; up to `capacity` may wait.
     pub fn leaky_bucket(capacity: u64, interval_us: u64) -> Result<Algorithm, AlgorithmError> {
         Algorithm::new(Kind::LeakyBucket, capacity, interval_us)
+    }
+
+    /// Requests leave `per_second` a second, at most
+    /// `MAX_LEAK_PER_SECOND`: their slots are whole µs apart, the interval
+    /// rounded up so that they never leave faster than that.
+    pub fn leaky_bucket_per_second(
+        capacity: u64,
+        per_second: f64,
+    ) -> Result<Algorithm, AlgorithmError> {
+        if !(per_second > 0.0 && per_second <= MAX_LEAK_PER_SECOND as f64) {
+            return Err(AlgorithmError::RateOutOfRange {
+                most: MAX_LEAK_PER_SECOND,
+            });
+        }
+        Algorithm::leaky_bucket(capacity, whole_us(1e6 / per_second)?)
     }
 
     /// At most `limit` per aligned window.
@@ -132,9 +330,30 @@ impl Algorithm {
     }
 
     /// A bucket's interval between two tokens, a window's length, or a
-    /// calendar period's usual length.
+    /// calendar period's usual length, in whole µs (a bucket's interval
+    /// that is a fraction of a µs rounded up: never a faster rate).
     pub fn period_us(&self) -> u64 {
-        self.period_us
+        self.period.div_ceil(self.per_us)
+    }
+
+    /// The period in its own units, `1 / per_us()` µs: exact where
+    /// `period_us` rounds.
+    pub fn period(&self) -> u64 {
+        self.period
+    }
+
+    /// How many of the period's units make a µs: 1, or for a token bucket
+    /// whose interval is no whole number of µs a power of ten up to 10^6.
+    pub fn per_us(&self) -> u64 {
+        self.per_us
+    }
+
+    /// A token bucket's interval between two tokens, in its own units.
+    pub(crate) fn interval(&self) -> token_bucket::Interval {
+        token_bucket::Interval {
+            units: self.period,
+            per_us: self.per_us,
+        }
     }
 
     pub fn calendar(&self) -> Option<&Calendar> {
@@ -142,12 +361,13 @@ impl Algorithm {
     }
 
     /// The second number the Redis script takes for this algorithm at
-    /// `now_us`: the period, or for a calendar quota where the current
-    /// period ends (the script cannot read a zone's rules).
+    /// `now_us`, in units of `1 / per_us()` µs: the period, or for a
+    /// calendar quota where the current period ends (the script cannot
+    /// read a zone's rules).
     pub fn script_period_at(&self, now_us: u64) -> u64 {
         match &self.calendar {
             Some(calendar) => calendar.period_end_us(now_us),
-            None => self.period_us,
+            None => self.period,
         }
     }
 
@@ -155,14 +375,14 @@ impl Algorithm {
     /// decided against it is charged whatever is left, so the balance may
     /// go below zero (a cost the response reports is owed, not asked for).
     /// What remains of a ceiling keeps the arithmetic exact: 2^51 units for
-    /// a window or a quota, whose counts are only added; 2^51 µs of debt
-    /// (71 years) for a bucket. A sliding window multiplies its counts by
-    /// its window, so its ceiling would be low enough to be reached: it is
-    /// not offered this (`owes_costs`).
+    /// a window or a quota, whose counts are only added; 2^51 units of its
+    /// time of debt for a bucket (71 years of whole µs). A sliding window
+    /// weighs its counts, so its ceiling would be low enough to be reached:
+    /// it is not offered this (`owes_costs`).
     pub fn without_ceiling(&self) -> Algorithm {
         let quota = match self.kind {
-            Kind::FixedWindow | Kind::Quota => MAX_EXACT / 4,
-            _ => (MAX_EXACT / 4 / self.period_us).max(1),
+            Kind::FixedWindow | Kind::Quota => MAX_COUNT,
+            _ => (MAX_SCALED / self.period).max(1),
         };
         Algorithm { quota, ..*self }
     }
@@ -187,14 +407,7 @@ impl Algorithm {
     /// at cost 0 afterwards, and the update that writes it.
     pub fn credit(&self, state: &State, now_us: u64, units: u64) -> Evaluation {
         let period_end_us = self.script_period_at(now_us);
-        match credit::credited(
-            self.kind,
-            self.period_us,
-            period_end_us,
-            state,
-            now_us,
-            units,
-        ) {
+        match credit::credited(self, period_end_us, state, now_us, units) {
             Some((state, update)) => Evaluation {
                 update,
                 ..self.evaluate(&state, now_us, 0)
@@ -207,14 +420,7 @@ impl Algorithm {
     /// `now_us` (see `credit::refunded`): the state's decision at cost 0
     /// afterwards, and the update that writes it.
     pub fn refund(&self, state: &State, now_us: u64, units: u64, counted_at_us: u64) -> Evaluation {
-        match credit::refunded(
-            self.kind,
-            self.period_us,
-            state,
-            now_us,
-            units,
-            counted_at_us,
-        ) {
+        match credit::refunded(self, state, now_us, units, counted_at_us) {
             Some((state, update)) => Evaluation {
                 update,
                 ..self.evaluate(&state, now_us, 0)
@@ -230,12 +436,12 @@ impl Algorithm {
     }
 
     /// The quota's time window in microseconds (`w=`): for the buckets, the time
-    /// to refill from empty.
+    /// to refill from empty (rounded up to the µs).
     pub fn window_us(&self) -> u64 {
         if self.kind.is_bucket() {
-            self.quota * self.period_us
+            (self.quota * self.period).div_ceil(self.per_us)
         } else {
-            self.period_us
+            self.period
         }
     }
 
@@ -243,19 +449,19 @@ impl Algorithm {
     /// gets its share of the quota (at least 1) and of the rate. A bucket
     /// whose quota is smaller than `instances` keeps 1 token and a rate
     /// divided as the others; only a rate already slower than one token per
-    /// 2^51 / quota µs stops being divided, to keep the arithmetic exact.
+    /// 2^51 / quota units stops being divided, to keep the arithmetic exact.
     pub fn divided(&self, instances: u64) -> Algorithm {
         let n = instances.max(1);
         let quota = (self.quota / n).max(1);
-        let period_us = if self.kind.is_bucket() {
+        let period = if self.kind.is_bucket() {
             // Within what `new` accepts for this quota.
-            self.period_us.saturating_mul(n).min(MAX_EXACT / 4 / quota)
+            self.period.saturating_mul(n).min(MAX_SCALED / quota)
         } else {
-            self.period_us
+            self.period
         };
         Algorithm {
             quota,
-            period_us,
+            period,
             ..*self
         }
     }
@@ -263,7 +469,10 @@ impl Algorithm {
     /// A fresh state for this algorithm (what a key that was never seen holds).
     pub fn fresh_state(&self) -> State {
         match self.kind {
-            Kind::TokenBucket | Kind::LeakyBucket => State::Gcra { tat_us: 0 },
+            Kind::TokenBucket | Kind::LeakyBucket => State::Gcra {
+                tat_us: 0,
+                tat_ps: 0,
+            },
             Kind::FixedWindow => State::Window {
                 start_us: 0,
                 count: 0,
@@ -286,13 +495,15 @@ impl Algorithm {
     /// A state of the wrong shape (a limit whose algorithm changed on reload) is
     /// treated as fresh.
     pub fn evaluate(&self, state: &State, now_us: u64, cost: u64) -> Evaluation {
-        let (quota, period) = (self.quota, self.period_us);
+        let (quota, period) = (self.quota, self.period);
         match (self.kind, state) {
-            (Kind::TokenBucket, State::Gcra { tat_us }) => {
-                token_bucket::evaluate(quota, period, *tat_us, now_us, cost)
+            (Kind::TokenBucket, &State::Gcra { tat_us, tat_ps }) => {
+                token_bucket::evaluate(quota, self.interval(), (tat_us, tat_ps), now_us, cost)
             }
-            (Kind::LeakyBucket, State::Gcra { tat_us }) => {
-                leaky_bucket::evaluate(quota, period, *tat_us, now_us, cost)
+            // A bucket's schedule in whole µs: a fraction (left by a token
+            // bucket before a reload) is a µs more.
+            (Kind::LeakyBucket, &State::Gcra { tat_us, tat_ps }) => {
+                leaky_bucket::evaluate(quota, period, tat_us + u64::from(tat_ps > 0), now_us, cost)
             }
             (Kind::FixedWindow, State::Window { start_us, count }) => {
                 fixed_window::evaluate(quota, period, *start_us, *count, now_us, cost)
@@ -346,10 +557,10 @@ impl std::fmt::Display for Algorithm {
                 spec.quota.name(),
                 self.quota,
                 spec.period.name(),
-                1_000_000.0 / self.period_us as f64
+                1_000_000.0 * self.per_us as f64 / self.period as f64
             )
         } else {
-            let ms = self.period_us / 1000;
+            let ms = self.period / 1000;
             let window = match ms {
                 ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
                 ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),

@@ -9,8 +9,9 @@
 -- ARGV[2]  r, the number of requests; then for each request: n, its number
 --          of layers, then 5 values per layer: algorithm (its code in
 --          CODE, which the proxy prepends from its algorithm table), its two
---          numbers (capacity and interval_us, limit and window_us, or limit
---          and the calendar period's end), cost, mode (0 enforce, 1 shadow,
+--          numbers (capacity and interval in µs, with decimals for a token
+--          bucket that counts in fractions of a µs; limit and window_us; or
+--          limit and the calendar period's end), cost, mode (0 enforce, 1 shadow,
 --          2 peek, 3 shadow peek, 4 credit: the cost is given back, see
 --          credit_layer; 5 refund: the cost of a reservation is given back
 --          where it was counted, which a 6th value gives, see refund_layer;
@@ -79,7 +80,10 @@ local function decide_request(first_key, arg, n)
   local blocked = false
   for i = 1, n do
     local algorithm = ALGORITHMS[tonumber(ARGV[arg])]
-    local a, b = tonumber(ARGV[arg + 1]), tonumber(ARGV[arg + 2])
+    local a, b = tonumber(ARGV[arg + 1]), ARGV[arg + 2]
+    -- A token bucket's interval may be a decimal fraction of a µs, which
+    -- a double would round: it reads its own.
+    if algorithm.period ~= nil then b = algorithm.period(b) else b = tonumber(b) end
     local cost = tonumber(ARGV[arg + 3])
     local key = KEYS[first_key + i - 1]
     local mode = ARGV[arg + 4]

@@ -8,23 +8,37 @@
 -- TTL      until the end of the window after the current one, when both
 --          counts have faded out.
 --
--- Admits when c * window + p * (window - elapsed) + cost * window
--- <= limit * window: the estimate c + p * (1 - elapsed / window), scaled.
+-- Admits when c * steps + p * (steps - elapsed) + cost * steps
+-- <= limit * steps: the estimate c + p * (1 - elapsed / window), scaled,
+-- with the window cut into `steps` steps of `step` µs and `elapsed` the
+-- steps begun (see sliding_window_steps). Counts above the limit weigh as
+-- the limit. Every product stays within 2^51, every sum within 3 * 2^51.
 
-local function sliding_window_retry_at(limit, window, start, current, previous, cost)
+-- The twin of `steps` in sliding_window.rs: 1 µs steps unless
+-- limit * window would pass 2^51, else the shortest that keep
+-- limit * steps within it. Both divisions are of integers below 2^53, whose
+-- correctly rounded quotient is on the right side of every integer, so
+-- floor and ceil are exact.
+local function sliding_window_steps(limit, window)
+  local most = math.max(div(2251799813685248, limit), 1)
+  local step = math.ceil(window / most)
+  return step, math.ceil(window / step)
+end
+
+local function sliding_window_retry_at(limit, window, step, steps, start, current, previous, cost)
   if previous > 0 and limit >= cost + current then
-    local room = (limit - cost - current) * window
-    local needed = window - math.min(div(room, previous), window)
-    if needed < window then
-      return start + needed
+    local room = (limit - cost - current) * steps
+    local needed = steps - math.min(div(room, previous), steps)
+    if needed < steps then
+      return start + needed * step
     end
   end
   local next_start = start + window
   if current == 0 then
     return next_start
   end
-  local room = (limit - cost) * window
-  return next_start + window - math.min(div(room, current), window)
+  local room = (limit - cost) * steps
+  return next_start + math.min((steps - math.min(div(room, current), steps)) * step, window)
 end
 
 local function sliding_window_evaluate(limit, window, st, now, cost)
@@ -36,23 +50,25 @@ local function sliding_window_evaluate(limit, window, st, now, cost)
   elseif start == st.s + window then
     previous = st.c
   end
-  local elapsed = now_eff - start
-  local used = current * window + previous * (window - elapsed)
-  local limit_scaled = limit * window
+  current, previous = math.min(current, limit), math.min(previous, limit)
+  local step, steps = sliding_window_steps(limit, window)
+  local elapsed = div(now_eff - start, step)
+  local used = current * steps + previous * (steps - elapsed)
+  local limit_scaled = limit * steps
   local finish = start + window
   local reset_after = finish - now
   local idle_at = finish + window
-  local remaining_before = div(math.max(limit_scaled - used, 0), window)
+  local remaining_before = div(math.max(limit_scaled - used, 0), steps)
   if cost > limit then
     return oversized(limit, remaining_before, reset_after, idle_at)
   end
-  local cost_scaled = cost * window
+  local cost_scaled = cost * steps
   if used + cost_scaled <= limit_scaled then
     local update = nil
     if cost > 0 then update = { s = start, c = current + cost, p = previous } end
-    return admitted(limit, div(limit_scaled - used - cost_scaled, window), reset_after, update, idle_at, start)
+    return admitted(limit, div(limit_scaled - used - cost_scaled, steps), reset_after, update, idle_at, start)
   end
-  local retry_at = sliding_window_retry_at(limit, window, start, current, previous, cost)
+  local retry_at = sliding_window_retry_at(limit, window, step, steps, start, current, previous, cost)
   return refused(limit, remaining_before, reset_after, retry_at - now, idle_at)
 end
 

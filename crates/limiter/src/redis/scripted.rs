@@ -77,7 +77,10 @@ pub(super) struct ScriptLayer {
     key: String,
     code: u8,
     quota: u64,
-    period_us: u64,
+    /// In units of `1 / per_us` µs.
+    period: u64,
+    /// 1, or a power of ten (a token bucket counting in fractions of a µs).
+    per_us: u64,
     cost: u64,
     mode: Mode,
     /// Where a refunded reservation was counted (`Mode::Refund` only).
@@ -91,6 +94,13 @@ impl ScriptLayer {
     pub(super) fn key(&self) -> &str {
         &self.key
     }
+}
+
+/// `units` of `1 / per_us` µs (a power of ten) as the script reads them:
+/// µs with as many decimals as `per_us` has zeros ("0.1", "333.333334").
+fn decimal_us(units: u64, per_us: u64) -> String {
+    let decimals = per_us.ilog10() as usize;
+    format!("{}.{:0decimals$}", units / per_us, units % per_us)
 }
 
 /// The probe's layer: always admits (so it always writes), and its key lives
@@ -204,11 +214,12 @@ impl<C: Connect> Scripted<C> {
                     key: self.key(check),
                     code: check.algorithm.kind().code(),
                     quota: check.algorithm.quota(),
-                    period_us: match check.algorithm.calendar() {
+                    per_us: check.algorithm.per_us(),
+                    period: match check.algorithm.calendar() {
                         Some(_) => check
                             .algorithm
                             .script_period_at(*now_us.get_or_insert_with(|| self.clock.now_us())),
-                        None => check.algorithm.period_us(),
+                        None => check.algorithm.period(),
                     },
                     cost: check.cost,
                     mode: match (peek || check.peek, check.shadow, ask) {
@@ -231,7 +242,8 @@ impl<C: Connect> Scripted<C> {
             key: format!("{}:probe:{{0}}", self.settings.key_prefix),
             code: probe.kind().code(),
             quota: probe.quota(),
-            period_us: probe.period_us(),
+            period: probe.period(),
+            per_us: probe.per_us(),
             cost: 1,
             mode: Mode::Enforce,
             refund_at: 0,
@@ -348,12 +360,13 @@ impl<C: Connect> Scripted<C> {
         for layers in requests {
             invocation.arg(layers.len());
             for layer in layers.iter() {
-                invocation
-                    .arg(layer.code)
-                    .arg(layer.quota)
-                    .arg(layer.period_us)
-                    .arg(layer.cost)
-                    .arg(layer.mode as u8);
+                invocation.arg(layer.code).arg(layer.quota);
+                if layer.per_us == 1 {
+                    invocation.arg(layer.period);
+                } else {
+                    invocation.arg(decimal_us(layer.period, layer.per_us));
+                }
+                invocation.arg(layer.cost).arg(layer.mode as u8);
                 match layer.mode {
                     Mode::Refund => {
                         invocation.arg(layer.refund_at);
