@@ -202,8 +202,14 @@ fn one_algorithm(which: usize, n: u64, interval_us: u64) -> Result<Algorithm, Al
 }
 
 fn any_algorithm() -> impl Strategy<Value = Algorithm> {
-    (1u64..50, 1u64..5_000_000, 0usize..6)
-        .prop_map(|(n, interval_us, which)| all_algorithms(n, interval_us)[which])
+    prop_oneof![
+        6 => (1u64..50, 1u64..5_000_000, 0usize..6)
+            .prop_map(|(n, interval_us, which)| all_algorithms(n, interval_us)[which]),
+        // A token bucket counting in fractions of a µs.
+        1 => (1u64..50, 1_000f64..1e7).prop_map(|(n, per_second)| {
+            Algorithm::token_bucket_per_second(n, per_second).expect("valid numbers")
+        }),
+    ]
 }
 
 /// (time step in µs, possibly backwards; cost)
@@ -316,10 +322,10 @@ proptest! {
             let (quota, period_us) = (alg.quota(), alg.period_us());
             match alg.kind() {
                 Kind::TokenBucket => {
-                    let (capacity, interval_us) = (quota, period_us);
+                    let capacity = quota;
                     for &(to, _) in &admitted {
                         if to >= from {
-                            let refill = (to - from) / interval_us;
+                            let refill = (to - from) * alg.per_us() / alg.period();
                             prop_assert!(admitted_between(&admitted, from, to) <= capacity + refill);
                         }
                     }
@@ -652,6 +658,46 @@ fn a_bucket_faster_than_a_token_a_microsecond_counts_every_token() {
         Update::Gcra {
             tat_us: T0 + 13,
             tat_ps: 200_000
+        }
+    );
+}
+
+/// A tat further ahead than a finer bucket's arithmetic reaches (left by a
+/// slower bucket before a reload, or a clock far behind): refused, its
+/// waits counted exactly from the tat itself, and a credit reckoned from
+/// 2^52 units ahead.
+#[test]
+fn a_tat_far_ahead_is_waited_for_exactly() {
+    let alg = Algorithm::token_bucket_per_second(10, 1e7).expect("valid");
+    let far = 100 * 366 * DAY;
+    let key = Key {
+        algorithm: alg,
+        state: State::Gcra {
+            tat_us: T0 + far,
+            tat_ps: 300_000,
+        },
+    };
+    for cost in [0, 1, 7, 8, 10] {
+        let d = key.peek(T0, cost);
+        assert!(!d.allowed());
+        assert_eq!(d.reset_after_us(), far + 1);
+        // Full at far + 0.3 µs, 1 µs of burst: `cost` tokens fit from
+        // far - 0.7 + cost / 10 µs, the whole µs after.
+        let retry = d.retry_after_us();
+        assert_eq!(retry, far + u64::from(cost >= 8), "cost {cost}");
+        assert!(key.peek(T0 + retry, cost).allowed());
+        assert!(!key.peek(T0 + retry - 1, cost).allowed());
+    }
+    let e = alg.evaluate(&key.state, T0, 11);
+    assert!(e.decision.cost_exceeds_limit());
+    assert_eq!(e.idle_at_us, T0 + far + 1);
+    let credited = alg.credit(&key.state, T0, 5);
+    assert_eq!(
+        credited.update,
+        Update::Gcra {
+            // 2^52 units down to whole µs, the tat's 0.3 µs, less 0.5 µs.
+            tat_us: T0 + (1 << 52) / 1_000_000 - 1,
+            tat_ps: 800_000,
         }
     );
 }

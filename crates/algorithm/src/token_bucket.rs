@@ -17,9 +17,11 @@ use super::decision::{Evaluation, Update};
 /// Picoseconds in a µs: the unit of a tat's fraction, whatever the bucket's.
 pub const PS_PER_US: u64 = 1_000_000;
 
-/// The most debt a state is read as, in a bucket's units: one further in
-/// the future (a clock far behind another, a reload to a finer unit) counts
-/// as this far, so that every sum below stays exact in a double.
+/// The most debt a state's charges and credits are reckoned from, in a
+/// bucket's units: a tat further ahead (a clock far behind another, a
+/// reload to a finer unit) is refused as it is, but a credit first brings
+/// it to this far, so that every sum stays exact in a double. Its waits are
+/// counted in whole µs from the tat itself, which is exact however far.
 const MAX_DEBT: u64 = 1 << 52;
 
 /// One token every `units` of `1 / per_us` µs.
@@ -56,6 +58,31 @@ impl Interval {
     fn us(&self, units: u64) -> u64 {
         units.div_ceil(self.per_us)
     }
+
+    /// Whole µs from `now_us` until the instant `tat` has passed: 0 when it
+    /// has.
+    fn wait_us(&self, (tat_us, tat_ps): (u64, u64), now_us: u64) -> u64 {
+        if tat_us < now_us || (tat_us == now_us && tat_ps == 0) {
+            return 0;
+        }
+        tat_us - now_us + u64::from(tat_ps > 0)
+    }
+
+    /// Whole µs from `now_us` until the debt to the instant `tat` is at
+    /// most `room` units: the first x with `debt - x * per_us <= room`,
+    /// reckoned from the whole µs to the tat so that it is exact however
+    /// far ahead the tat is.
+    fn wait_for_room_us(&self, (tat_us, tat_ps): (u64, u64), now_us: u64, room: u64) -> u64 {
+        if tat_us < now_us || (tat_us == now_us && tat_ps == 0) {
+            return 0;
+        }
+        let rem = tat_ps.div_ceil(PS_PER_US / self.per_us);
+        if room >= rem {
+            (tat_us - now_us).saturating_sub((room - rem) / self.per_us)
+        } else {
+            tat_us - now_us + 1
+        }
+    }
 }
 
 /// `capacity` tokens, one token back every `interval`; the state's `tat`.
@@ -69,7 +96,7 @@ pub fn evaluate(
     let burst = capacity * interval.units;
     // A bucket whose tat lies in the past is full: refill is capped there.
     let debt = interval.debt(tat, now_us);
-    let wait_us = interval.us(debt);
+    let wait_us = interval.wait_us(tat, now_us);
     if cost > capacity {
         let remaining = burst.saturating_sub(debt) / interval.units;
         return Evaluation::oversized(capacity, remaining, wait_us, now_us + wait_us);
@@ -89,11 +116,12 @@ pub fn evaluate(
         // A clock that stepped backwards can leave debt beyond the burst;
         // `saturating_sub` keeps the count at zero instead of wrapping.
         let remaining = burst.saturating_sub(debt) / interval.units;
+        let room = burst - cost * interval.units;
         Evaluation::refused(
             capacity,
             remaining,
             wait_us,
-            interval.us(after - burst),
+            interval.wait_for_room_us(tat, now_us, room),
             now_us + wait_us,
         )
     }

@@ -13,8 +13,8 @@
 -- The interval is n units of 1/per µs (per = 10^decimals). The arithmetic
 -- runs on the debt, tat - now in those units, which the burst bounds
 -- (capacity * n <= 2^51, checked by the proxy's config) and
--- token_bucket_debt caps at 2^52: never on instants, which in units finer
--- than a µs would not fit a double.
+-- token_bucket_debt caps at 2^52, and on whole µs to tat: never on
+-- instants in units finer than a µs, which would not fit a double.
 
 local POW10 = { [0] = 1, 10, 100, 1000, 10000, 100000, 1000000 }
 
@@ -37,13 +37,36 @@ local function tat_load(key)
   return { t = tonumber(string.sub(v, 1, dot - 1)), f = tonumber(string.sub(v, dot + 1)) }
 end
 
--- Units from now until tat, 0 when it is past; at most 2^52 (a state
--- further ahead counts as that far). A fraction finer than the unit is a
--- unit more.
+-- Whether tat has passed at now.
+local function tat_past(tat, now)
+  return tat.t < now or (tat.t == now and tat.f == 0)
+end
+
+-- Units from now until tat, 0 when it is past; at most 2^52 (a credit to
+-- a state further ahead reckons from that far). A fraction finer than the
+-- unit is a unit more.
 local function token_bucket_debt(iv, tat, now)
-  if tat.t < now or (tat.t == now and tat.f == 0) then return 0 end
+  if tat_past(tat, now) then return 0 end
   return math.min(tat.t - now, div(4503599627370496, iv.per)) * iv.per
     + math.ceil(tat.f / (1000000 / iv.per))
+end
+
+-- Whole µs until tat has passed, exact however far ahead it is.
+local function token_bucket_wait(tat, now)
+  if tat_past(tat, now) then return 0 end
+  if tat.f > 0 then return tat.t - now + 1 end
+  return tat.t - now
+end
+
+-- Whole µs until the debt is at most `room` units, reckoned from the whole
+-- µs to tat so that it is exact however far ahead tat is.
+local function token_bucket_wait_for_room(iv, tat, now, room)
+  if tat_past(tat, now) then return 0 end
+  local rem = math.ceil(tat.f / (1000000 / iv.per))
+  if room >= rem then
+    return math.max(tat.t - now - div(room - rem, iv.per), 0)
+  end
+  return tat.t - now + 1
 end
 
 -- The instant `units` past now.
@@ -55,7 +78,7 @@ local function token_bucket_evaluate(capacity, iv, tat, now, cost)
   local n, per = iv.n, iv.per
   local burst = capacity * n
   local debt = token_bucket_debt(iv, tat, now)
-  local wait = math.ceil(debt / per)
+  local wait = token_bucket_wait(tat, now)
   if cost > capacity then
     return oversized(capacity, div(math.max(burst - debt, 0), n), wait, now + wait)
   end
@@ -66,7 +89,8 @@ local function token_bucket_evaluate(capacity, iv, tat, now, cost)
     local full = math.ceil(after / per)
     return admitted(capacity, div(burst - after, n), full, update, now + full)
   end
-  return refused(capacity, div(math.max(burst - debt, 0), n), wait, math.ceil((after - burst) / per), now + wait)
+  return refused(capacity, div(math.max(burst - debt, 0), n), wait,
+    token_bucket_wait_for_room(iv, tat, now, burst - cost * n), now + wait)
 end
 
 local function token_bucket_store(key, tat, idle_at, now)
