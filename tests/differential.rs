@@ -9,7 +9,10 @@ use std::time::Duration;
 
 use common::redis_server::RedisServer;
 use common::Rng;
-use floodgate::algorithm::{takes_lease, Algorithm, Calendar, Decision, Period};
+use floodgate::algorithm::{
+    takes_lease, Algorithm, AlgorithmError, Calendar, Decision, Period, MAX_COUNT, MAX_SCALED,
+    MAX_SLIDING_LOG, MAX_WINDOW_US,
+};
 use floodgate::clock::ManualClock;
 use floodgate::limiter::redis::{InstanceCount, Topology};
 use floodgate::limiter::StateKey;
@@ -99,6 +102,313 @@ fn request(rng: &mut Rng, name: &str, layers: &[Algorithm], client: u128, cost: 
         .collect()
 }
 
+/// What a sequence exercised: a sequence that admits nothing (or
+/// everything), or never credits, refunds or leases where it could, would
+/// prove little.
+#[derive(Default)]
+struct Exercised {
+    steps: usize,
+    admitted: usize,
+    credits: usize,
+    refunds: usize,
+    leases: usize,
+}
+
+impl Exercised {
+    fn assert_enough(&self, what: &str, layer: &Algorithm) {
+        let steps = self.steps;
+        assert!(
+            self.admitted > steps / 20 && self.admitted < steps - steps / 20,
+            "{what}: admitted {} of {steps}",
+            self.admitted
+        );
+        assert!(
+            if layer.takes_credit() {
+                self.credits > steps / 100
+            } else {
+                self.credits == 0
+            },
+            "{what}: {} credits gave units back",
+            self.credits
+        );
+        assert!(
+            if layer.takes_refund() {
+                self.refunds > steps / 200
+            } else {
+                self.refunds == 0
+            },
+            "{what}: {} refunds gave units back",
+            self.refunds
+        );
+        assert!(
+            if takes_lease(layer.kind()) {
+                self.leases > steps / 100
+            } else {
+                self.leases == 0
+            },
+            "{what}: {} leases taken",
+            self.leases
+        );
+    }
+}
+
+/// How large a sequence's costs are.
+#[derive(Clone, Copy, PartialEq)]
+enum Costs {
+    /// A few units: limits of up to 40.
+    Few,
+    /// Up to a quarter of the limit, now and then all of it or a few
+    /// units: limits across their whole range.
+    Shares,
+}
+
+/// The latest instant a sequence's clock reaches before it is set back (to
+/// fresh clients): a year-long window jumped over thrice a step would
+/// otherwise run it past the year 2255, where no double holds a µs.
+const LATEST_US: u64 = 1_750_000_000_000_000 + 40 * 366 * 86_400 * 1_000_000;
+
+/// `steps` random requests (credits, refunds and leases among them) of
+/// `layers` through Redis and through the memory store, which must decide
+/// each alike.
+fn compare(
+    redis: &RedisServer,
+    runtime: &tokio::runtime::Runtime,
+    name: &str,
+    layers: [Algorithm; 2],
+    rng: &mut Rng,
+    steps: usize,
+    costs: Costs,
+) -> Exercised {
+    let start_us = 1_750_000_000_000_000 + rng.below(1 << 40);
+    let clock = Arc::new(ManualClock::new(start_us));
+    let remote = RedisStandalone::new(settings(redis.url()), clock.clone());
+    let local = MemoryStore::new(100_000, clock.clone());
+    let mut seen = Exercised::default();
+    // Clients of the current stretch of time; a clock set back starts
+    // with new ones.
+    let mut clients = 0u128;
+    // Reservations taken (the first layer admitted at a cost): some are
+    // given back later, part or all, where they were counted.
+    let mut reserved: Vec<(Check, u64)> = Vec::new();
+    let mut last: Option<Decision> = None;
+    // A refused request, replayed at (or just before) its retry time: the
+    // instants where decisions flip, which random steps would rarely hit.
+    let mut replay: Option<(Vec<Check>, u64)> = None;
+    while seen.steps < steps {
+        let replaying = replay.take().filter(|_| rng.below(2) == 0);
+        let by_us = match &replaying {
+            Some((_, retry_us)) => retry_us - rng.below(2),
+            None => step_us(rng, &layers[0], last.as_ref()),
+        };
+        // A step past `LATEST_US` sets the clock back instead, to clients
+        // never seen: a store may have forgotten the old ones' state once
+        // it was idle, which it no longer is on a clock set back.
+        if clock_now(&clock).saturating_add(by_us) > LATEST_US {
+            clock.set(start_us + rng.below(1 << 40));
+            clients += 3;
+            reserved.clear();
+            last = None;
+            continue;
+        }
+        clock.advance(by_us);
+        let checks: Vec<Check> = match replaying {
+            Some((checks, _)) => checks,
+            None => {
+                let client = clients + rng.below(3) as u128;
+                let quota = layers[0].quota().min(layers[1].quota());
+                let cost = match (rng.below(10), costs) {
+                    (0, _) => 0,
+                    (1, _) => quota + 1,
+                    // All of the limit, or all but a unit or two: it
+                    // fits only once the window or the bucket is about
+                    // empty, and waits longest.
+                    (3, Costs::Shares) => quota - rng.below(quota.min(3)),
+                    (4..=9, Costs::Shares) => 1 + rng.below((quota / 4).max(1)),
+                    _ => 1 + rng.below(quota.min(4)),
+                };
+                let count = 1 + rng.below(2) as usize;
+                let mut checks = request(rng, name, &layers[..count], client, cost);
+                // Now and then the first layer's state read with other
+                // numbers, as a reload that changed them leaves it: counts
+                // above the new limit, a bucket's tat in another unit.
+                if rng.below(20) == 0 {
+                    checks[0].algorithm = reloaded(&layers);
+                }
+                // Now and then a cost the response reported: owed in
+                // full whatever is left (the balance may go below 0).
+                if layers[0].owes_costs() && rng.below(8) == 0 {
+                    checks.truncate(1);
+                    checks[0].algorithm = checks[0].algorithm.without_ceiling();
+                    checks[0].cost = rng.below(3 * layers[0].quota() + 1);
+                    checks[0].peek = false;
+                }
+                checks
+            }
+        };
+        let step = seen.steps;
+        // Now and then a peek first (the script's peek mode): the same
+        // answer on both, and nothing charged on either.
+        if rng.below(4) == 0 {
+            let peeked = runtime
+                .block_on(remote.peek(&checks))
+                .unwrap_or_else(|e| panic!("{name}: redis failed at step {step}: {e}"));
+            assert_eq!(
+                peeked,
+                local.peek_at(&checks, clock_now(&clock)),
+                "{name} peek at step {step}: layers {layers:?}"
+            );
+        }
+        // Now and then an operator's credit on the first layer (the
+        // script's credit mode): the same state after on both, which the
+        // decision below and the later ones compare.
+        if rng.below(12) == 0 {
+            let mut credit = checks[0].clone();
+            credit.algorithm = layers[0];
+            credit.cost = 1 + rng.below(layers[0].quota() + 2);
+            let before = local.peek_at(
+                &[Check {
+                    cost: 0,
+                    peek: true,
+                    ..credit.clone()
+                }],
+                clock_now(&clock),
+            )[0]
+            .remaining();
+            let credited = runtime
+                .block_on(remote.credit(&credit))
+                .unwrap_or_else(|e| panic!("{name}: redis failed at step {step}: {e}"));
+            assert_eq!(
+                credited,
+                local.credit_at(&credit, clock_now(&clock)),
+                "{name} credit of {} at step {step}: layers {layers:?}",
+                credit.cost
+            );
+            // Only credits that gave something back prove anything.
+            seen.credits += usize::from(credited.remaining() > before);
+        }
+        // Now and then a reservation settled for less (the script's
+        // refund mode): the same state after on both.
+        if !reserved.is_empty() && rng.below(3) == 0 {
+            let (mut refund, counted_at) =
+                reserved.swap_remove(rng.below(reserved.len() as u64) as usize);
+            refund.cost = 1 + rng.below(refund.cost);
+            let peek = [Check {
+                cost: 0,
+                peek: true,
+                ..refund.clone()
+            }];
+            let before = local.peek_at(&peek, clock_now(&clock))[0].remaining();
+            runtime
+                .block_on(remote.refund(&refund, counted_at))
+                .unwrap_or_else(|e| panic!("{name}: redis failed at step {step}: {e}"));
+            local.refund_at(&refund, counted_at, clock_now(&clock));
+            let after = runtime
+                .block_on(remote.peek(&peek))
+                .unwrap_or_else(|e| panic!("{name}: redis failed at step {step}: {e}"));
+            assert_eq!(
+                after,
+                local.peek_at(&peek, clock_now(&clock)),
+                "{name} refund of {} counted at {counted_at} at step {step}: layers {layers:?}",
+                refund.cost
+            );
+            seen.refunds += usize::from(after[0].remaining() > before);
+        }
+        // Now and then leases asked beside the layers (the script's
+        // lease mode): the same decisions and the same units leased.
+        let asks: Vec<Option<LeaseAsk>> = if rng.below(3) == 0 {
+            checks
+                .iter()
+                .map(|_| {
+                    (rng.below(4) != 0).then(|| LeaseAsk {
+                        max: 1 + rng.below(20),
+                        divisor: 1 + rng.below(6),
+                    })
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let (expected, leased) = local.decide_leasing_at(&checks, &asks, clock_now(&clock));
+        let (got, got_leased) = runtime
+            .block_on(remote.decide_leasing(&checks, &asks))
+            .unwrap_or_else(|e| panic!("{name}: redis failed at step {step}: {e}"));
+        assert_eq!(
+            got,
+            expected,
+            "{name} step {step}: layers {layers:?} cost {} at {} asks {asks:?}",
+            checks[0].cost,
+            clock_now(&clock)
+        );
+        assert_eq!(
+            got_leased.to_vec(),
+            leased.to_vec(),
+            "{name} step {step}: units leased"
+        );
+        if let Some(&units) = leased.first().filter(|u| **u > 0) {
+            seen.leases += 1;
+            // A lease's units given back is a refund where the lease
+            // says they are (for a bucket, where its tokens end).
+            reserved.push((
+                Check {
+                    cost: units,
+                    ..checks[0].clone()
+                },
+                expected[0].counted_at_us(),
+            ));
+        }
+        let all_allowed = expected.iter().all(|d| d.allowed());
+        seen.admitted += usize::from(all_allowed);
+        let first = &checks[0];
+        if all_allowed
+            && !first.peek
+            && !first.shadow
+            && first.cost > 0
+            && first.cost <= first.algorithm.quota()
+        {
+            reserved.push((first.clone(), expected[0].counted_at_us()));
+            if reserved.len() > 8 {
+                reserved.remove(0);
+            }
+        }
+        let retry_us = expected
+            .iter()
+            .map(|d| d.retry_after_us())
+            .max()
+            .unwrap_or(0);
+        if !all_allowed && retry_us > 0 {
+            replay = Some((checks, retry_us));
+        }
+        last = expected.first().copied();
+        seen.steps += 1;
+    }
+    seen
+}
+
+/// The first layer as a reload may leave it: a bucket with the second
+/// layer's numbers; a window or a quota with the second layer's limit over
+/// its own window or calendar. (A window's length changed on reload is
+/// read differently by the stores, each its own way: the memory store
+/// forgets a state idle by the numbers that wrote it, Redis keeps it until
+/// its TTL; neither is a twin's arithmetic.)
+fn reloaded(layers: &[Algorithm; 2]) -> Algorithm {
+    let [first, second] = layers;
+    let reloaded = match first.calendar() {
+        _ if first.kind().is_bucket() => return *second,
+        Some(calendar) => Algorithm::calendar_quota(second.quota(), *calendar),
+        None => Algorithm::new(first.kind(), second.quota(), first.period_us()),
+    };
+    reloaded.expect("numbers of the same kind")
+}
+
+const NAMES: [&str; 6] = [
+    "token_bucket",
+    "leaky_bucket",
+    "fixed_window",
+    "sliding_window",
+    "sliding_log",
+    "quota",
+];
+
 #[test]
 fn lua_scripts_match_their_rust_twins() {
     let redis = RedisServer::start();
@@ -106,229 +416,145 @@ fn lua_scripts_match_their_rust_twins() {
         .enable_all()
         .build()
         .expect("runtime");
-    let names = [
-        "token_bucket",
-        "leaky_bucket",
-        "fixed_window",
-        "sliding_window",
-        "sliding_log",
-        "quota",
-    ];
-    for (which, name) in names.iter().enumerate() {
+    for (which, name) in NAMES.iter().enumerate() {
         let mut rng = Rng(0xF100D + which as u64);
-        let clock = Arc::new(ManualClock::new(1_750_000_000_000_000 + rng.below(1 << 40)));
-        let remote = RedisStandalone::new(settings(redis.url()), clock.clone());
-        let local = MemoryStore::new(100_000, clock.clone());
         // Two layers of the same kind with different numbers, on a few clients,
         // so that all-or-nothing and separate keys are compared too.
         let layers = [
             random_algorithm(&mut rng, which as u64),
             random_algorithm(&mut rng, which as u64),
         ];
-        let mut steps = 0;
-        let mut admitted = 0;
-        let mut credits = 0;
-        let mut refunds = 0;
-        let mut leases = 0;
-        // Reservations taken (the first layer admitted at a cost): some are
-        // given back later, part or all, where they were counted.
-        let mut reserved: Vec<(Check, u64)> = Vec::new();
-        let mut last: Option<Decision> = None;
-        // A refused request, replayed at (or just before) its retry time: the
-        // instants where decisions flip, which random steps would rarely hit.
-        let mut replay: Option<(Vec<Check>, u64)> = None;
-        while steps < 10_000 {
-            let checks: Vec<Check> = match replay.take().filter(|_| rng.below(2) == 0) {
-                Some((checks, retry_us)) => {
-                    clock.advance(retry_us - rng.below(2));
-                    checks
-                }
-                None => {
-                    clock.advance(step_us(&mut rng, &layers[0], last.as_ref()));
-                    let client = rng.below(3) as u128;
-                    let quota = layers[0].quota().min(layers[1].quota());
-                    let cost = match rng.below(10) {
-                        0 => 0,
-                        1 => quota + 1,
-                        _ => 1 + rng.below(quota.min(4)),
-                    };
-                    let count = 1 + rng.below(2) as usize;
-                    let mut checks = request(&mut rng, name, &layers[..count], client, cost);
-                    // Now and then a cost the response reported: owed in
-                    // full whatever is left (the balance may go below 0).
-                    if layers[0].owes_costs() && rng.below(8) == 0 {
-                        checks.truncate(1);
-                        checks[0].algorithm = checks[0].algorithm.without_ceiling();
-                        checks[0].cost = rng.below(3 * layers[0].quota() + 1);
-                        checks[0].peek = false;
-                    }
-                    checks
-                }
-            };
-            // Now and then a peek first (the script's peek mode): the same
-            // answer on both, and nothing charged on either.
-            if rng.below(4) == 0 {
-                let peeked = runtime
-                    .block_on(remote.peek(&checks))
-                    .unwrap_or_else(|e| panic!("{name}: redis failed at step {steps}: {e}"));
-                assert_eq!(
-                    peeked,
-                    local.peek_at(&checks, clock_now(&clock)),
-                    "{name} peek at step {steps}"
-                );
-            }
-            // Now and then an operator's credit on the first layer (the
-            // script's credit mode): the same state after on both, which the
-            // decision below and the later ones compare.
-            if rng.below(12) == 0 {
-                let mut credit = checks[0].clone();
-                credit.algorithm = layers[0];
-                credit.cost = 1 + rng.below(layers[0].quota() + 2);
-                let before = local.peek_at(
-                    &[Check {
-                        cost: 0,
-                        peek: true,
-                        ..credit.clone()
-                    }],
-                    clock_now(&clock),
-                )[0]
-                .remaining();
-                let credited = runtime
-                    .block_on(remote.credit(&credit))
-                    .unwrap_or_else(|e| panic!("{name}: redis failed at step {steps}: {e}"));
-                assert_eq!(
-                    credited,
-                    local.credit_at(&credit, clock_now(&clock)),
-                    "{name} credit of {} at step {steps}",
-                    credit.cost
-                );
-                // Only credits that gave something back prove anything.
-                credits += usize::from(credited.remaining() > before);
-            }
-            // Now and then a reservation settled for less (the script's
-            // refund mode): the same state after on both.
-            if !reserved.is_empty() && rng.below(3) == 0 {
-                let (mut refund, counted_at) =
-                    reserved.swap_remove(rng.below(reserved.len() as u64) as usize);
-                refund.cost = 1 + rng.below(refund.cost);
-                let peek = [Check {
-                    cost: 0,
-                    peek: true,
-                    ..refund.clone()
-                }];
-                let before = local.peek_at(&peek, clock_now(&clock))[0].remaining();
-                runtime
-                    .block_on(remote.refund(&refund, counted_at))
-                    .unwrap_or_else(|e| panic!("{name}: redis failed at step {steps}: {e}"));
-                local.refund_at(&refund, counted_at, clock_now(&clock));
-                let after = runtime
-                    .block_on(remote.peek(&peek))
-                    .unwrap_or_else(|e| panic!("{name}: redis failed at step {steps}: {e}"));
-                assert_eq!(
-                    after,
-                    local.peek_at(&peek, clock_now(&clock)),
-                    "{name} refund of {} counted at {counted_at} at step {steps}",
-                    refund.cost
-                );
-                refunds += usize::from(after[0].remaining() > before);
-            }
-            // Now and then leases asked beside the layers (the script's
-            // lease mode): the same decisions and the same units leased.
-            let asks: Vec<Option<LeaseAsk>> = if rng.below(3) == 0 {
-                checks
-                    .iter()
-                    .map(|_| {
-                        (rng.below(4) != 0).then(|| LeaseAsk {
-                            max: 1 + rng.below(20),
-                            divisor: 1 + rng.below(6),
-                        })
-                    })
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            let (expected, leased) = local.decide_leasing_at(&checks, &asks, clock_now(&clock));
-            let (got, got_leased) = runtime
-                .block_on(remote.decide_leasing(&checks, &asks))
-                .unwrap_or_else(|e| panic!("{name}: redis failed at step {steps}: {e}"));
-            assert_eq!(
-                got,
-                expected,
-                "{name} step {steps}: layers {layers:?} cost {} at {} asks {asks:?}",
-                checks[0].cost,
-                clock_now(&clock)
-            );
-            assert_eq!(
-                got_leased.to_vec(),
-                leased.to_vec(),
-                "{name} step {steps}: units leased"
-            );
-            if let Some(&units) = leased.first().filter(|u| **u > 0) {
-                leases += 1;
-                // A lease's units given back is a refund where the lease
-                // says they are (for a bucket, where its tokens end).
-                reserved.push((
-                    Check {
-                        cost: units,
-                        ..checks[0].clone()
-                    },
-                    expected[0].counted_at_us(),
-                ));
-            }
-            let all_allowed = expected.iter().all(|d| d.allowed());
-            admitted += usize::from(all_allowed);
-            let first = &checks[0];
-            if all_allowed
-                && !first.peek
-                && !first.shadow
-                && first.cost > 0
-                && first.cost <= first.algorithm.quota()
-            {
-                reserved.push((first.clone(), expected[0].counted_at_us()));
-                if reserved.len() > 8 {
-                    reserved.remove(0);
-                }
-            }
-            let retry_us = expected
-                .iter()
-                .map(|d| d.retry_after_us())
-                .max()
-                .unwrap_or(0);
-            if !all_allowed && retry_us > 0 {
-                replay = Some((checks, retry_us));
-            }
-            last = expected.first().copied();
-            steps += 1;
+        let seen = compare(&redis, &runtime, name, layers, &mut rng, 10_000, Costs::Few);
+        seen.assert_enough(name, &layers[0]);
+    }
+}
+
+const SEC: u64 = 1_000_000;
+const DAY: u64 = 86_400 * SEC;
+
+/// An algorithm of kind `which` from anywhere in its range: `variant` 0 and
+/// 1 are its extremes (its largest numbers over its longest and shortest
+/// windows, its fastest and slowest rates), 2 a random draw.
+fn ranged_algorithm(rng: &mut Rng, which: u64, variant: u64) -> [Algorithm; 2] {
+    let window = |rng: &mut Rng| SEC + rng.below(366 * DAY);
+    let year = 1.0 / (365.0 * 86_400.0);
+    let most = u64::from(u32::MAX);
+    // A bucket of up to `capacity` at `rate`: as large as refills within
+    // the range (71 years).
+    let bucket = |capacity: u64, rate: f64| match Algorithm::token_bucket_per_second(capacity, rate)
+    {
+        Err(AlgorithmError::TooLargeForRate { most, .. }) => {
+            Algorithm::token_bucket_per_second(most, rate)
         }
-        // A sequence that admits nothing (or everything) would prove little.
-        assert!(
-            admitted > 500 && admitted < 9_500,
-            "{name}: admitted {admitted} of {steps}"
-        );
-        assert!(
-            if layers[0].takes_credit() {
-                credits > 100
+        other => other,
+    };
+    let pair = match (which, variant) {
+        (0, 0) => [bucket(most, 1e7), bucket(most, 2.0)],
+        (0, 1) => [bucket(71, year), bucket(most, 1_500_000.5)],
+        (0, _) => {
+            let fast =
+                1_000.0 + rng.below(10_000_000 - 1_000) as f64 + rng.below(1_000) as f64 / 1e3;
+            let slow = 1.0 / (1 + rng.below(365 * 86_400)) as f64;
+            [
+                bucket(1 + rng.below(most), fast),
+                bucket(1 + rng.below(most), slow),
+            ]
+        }
+        (1, 0) => [
+            Algorithm::leaky_bucket_per_second(most, 1e6),
+            Algorithm::leaky_bucket_per_second(2_251_799_813, 1.0),
+        ],
+        (1, _) => {
+            let interval_us = 1 + rng.below(10 * SEC);
+            let capacity = (MAX_SCALED / interval_us).min(1 + rng.below(most));
+            [
+                Algorithm::leaky_bucket(capacity, interval_us),
+                Algorithm::leaky_bucket(1 + rng.below(capacity), interval_us),
+            ]
+        }
+        (2, 0) => [
+            Algorithm::fixed_window(MAX_COUNT, 366 * DAY),
+            Algorithm::fixed_window(most, SEC),
+        ],
+        (2, 1) => [
+            Algorithm::fixed_window(MAX_COUNT, MAX_WINDOW_US),
+            Algorithm::fixed_window(100_000, DAY),
+        ],
+        (2, _) => [
+            Algorithm::fixed_window(1 + rng.below(MAX_COUNT), window(rng)),
+            Algorithm::fixed_window(1 + rng.below(most), window(rng)),
+        ],
+        (3, 0) => [
+            Algorithm::sliding_window(most, 366 * DAY),
+            Algorithm::sliding_window(most, SEC),
+        ],
+        (3, 1) => [
+            Algorithm::sliding_window(4_000_000_000, 30 * DAY),
+            Algorithm::sliding_window(most, MAX_WINDOW_US),
+        ],
+        (3, _) => [
+            Algorithm::sliding_window(1 + rng.below(most), window(rng)),
+            Algorithm::sliding_window(100_000 + rng.below(most - 100_000), window(rng)),
+        ],
+        (4, 0) => [
+            Algorithm::sliding_log(MAX_SLIDING_LOG, 366 * DAY),
+            Algorithm::sliding_log(MAX_SLIDING_LOG, SEC),
+        ],
+        (4, 1) => [
+            Algorithm::sliding_log(MAX_SLIDING_LOG, MAX_WINDOW_US),
+            Algorithm::sliding_log(50_000, 7 * DAY),
+        ],
+        (4, _) => [
+            Algorithm::sliding_log(1 + rng.below(MAX_SLIDING_LOG), window(rng)),
+            Algorithm::sliding_log(1 + rng.below(MAX_SLIDING_LOG), window(rng)),
+        ],
+        (_, variant) => {
+            let calendar = |period| Calendar {
+                period,
+                timezone: chrono_tz::Europe::Paris,
+                week_starts: chrono::Weekday::Mon,
+            };
+            let limit = if variant == 0 {
+                MAX_COUNT
             } else {
-                credits == 0
-            },
-            "{name}: {credits} credits gave units back"
-        );
-        assert!(
-            if layers[0].takes_refund() {
-                refunds > 50
-            } else {
-                refunds == 0
-            },
-            "{name}: {refunds} refunds gave units back"
-        );
-        assert!(
-            if takes_lease(layers[0].kind()) {
-                leases > 100
-            } else {
-                leases == 0
-            },
-            "{name}: {leases} leases taken"
-        );
+                1 + rng.below(MAX_COUNT)
+            };
+            [
+                Algorithm::calendar_quota(limit, calendar(Period::Month)),
+                Algorithm::calendar_quota(most, calendar(Period::Day)),
+            ]
+        }
+    };
+    pair.map(|a| a.expect("numbers within the range"))
+}
+
+/// The twins agree over each algorithm's whole range, extremes included: a
+/// year-long window at its largest limit, a bucket of 2^32 - 1 refilling
+/// 10,000,000 a second, one refilling once a year; costs up to a quarter
+/// of the limit, so that the largest limits are reached too.
+#[test]
+fn lua_scripts_match_their_rust_twins_across_their_whole_range() {
+    let redis = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    for (which, name) in NAMES.iter().enumerate() {
+        for variant in 0..3 {
+            let mut rng = Rng(0x5CA1E + 16 * which as u64 + variant);
+            let layers = ranged_algorithm(&mut rng, which as u64, variant);
+            let label = format!("{name}-range-{variant}");
+            let seen = compare(
+                &redis,
+                &runtime,
+                &label,
+                layers,
+                &mut rng,
+                2_500,
+                Costs::Shares,
+            );
+            seen.assert_enough(&format!("{label} {layers:?}"), &layers[0]);
+        }
     }
 }
 
