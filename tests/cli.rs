@@ -190,6 +190,60 @@ fn check_prints_the_resolved_layers() {
     );
 }
 
+/// The limits an API sells per day, week and month: `check` refused every
+/// one of them while a window's arithmetic formed limit × window in
+/// microseconds (at most 26,062 a day, 3,723 a week, 868 in 30 days).
+#[test]
+fn check_accepts_the_limits_people_sell_per_day_week_and_month() {
+    let windows = [
+        ("fixed_window", 100_000u64, "1d"),
+        ("sliding_window", 100_000, "1d"),
+        ("sliding_log", 100_000, "1d"),
+        ("fixed_window", 50_000, "7d"),
+        ("sliding_window", 50_000, "7d"),
+        ("sliding_log", 50_000, "7d"),
+        ("fixed_window", 4_000_000_000, "30d"),
+        ("sliding_window", 4_000_000_000, "30d"),
+    ];
+    let mut config = ConfigBuilder::new("127.0.0.1:2".parse().expect("addr"))
+        .listen("127.0.0.1:1".parse().expect("addr"));
+    for (algorithm, limit, window) in windows {
+        let name = format!("{algorithm}-{limit}-per-{window}");
+        config = config.limit(match algorithm {
+            "fixed_window" => Limit::fixed_window(&name, "api_key", limit, window),
+            "sliding_window" => Limit::sliding_window(&name, "api_key", limit, window),
+            _ => Limit::sliding_log(&name, "api_key", limit, window),
+        });
+    }
+    // And a token bucket at both ends of its range.
+    let config = config
+        .limit(Limit::token_bucket("bytes", "global", 4_294_967_295, 1e7))
+        .limit(Limit::token_bucket(
+            "yearly",
+            "api_key",
+            71,
+            1.0 / 31_536_000.0,
+        ));
+    let file = config.write();
+    let out = check(file.to_str().expect("path"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (algorithm, limit, _) in windows {
+        assert!(
+            stdout.contains(&format!("{algorithm} limit={limit} window=")),
+            "{stdout}"
+        );
+    }
+    assert!(
+        stdout.contains("token_bucket capacity=4294967295 refill_rate=10000000.000/s"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn check_warns_about_a_redis_store_without_an_identity_secret() {
     let warning = "warning: a Redis store without an identity secret";
