@@ -68,6 +68,9 @@ pub struct Spec {
     /// What it guarantees: the book's algorithm table (docs/book/algorithms.md) says exactly this
     /// (a test compares them).
     pub summary: &'static str,
+    /// The numbers it takes, as the book's table gives them (the ranges
+    /// `Algorithm`'s constructors check; a test compares them too).
+    pub range: &'static str,
 }
 
 /// Every algorithm, in the order config's error messages list them.
@@ -79,6 +82,7 @@ pub const ALGORITHMS: [Spec; 6] = [
         quota: Parameter::Capacity,
         period: Parameter::RefillRate,
         summary: "bursts up to `capacity`, then `refill_rate` per second on average",
+        range: "`refill_rate` up to 10,000,000 per second; `capacity` up to 4,294,967,295 and beyond while an empty bucket refills within 71 years (4,294,967,295 needs 1.91 per second; one a year, 71)",
     },
     Spec {
         kind: Kind::SlidingWindow,
@@ -87,6 +91,7 @@ pub const ALGORITHMS: [Spec; 6] = [
         quota: Parameter::Limit,
         period: Parameter::Window,
         summary: "estimate `current + previous × (1 − elapsed/window)` ≤ `limit`; no double burst at edges, approximate by at most the previous window's share",
+        range: "`limit` up to 4,294,967,295 per window; `window` 1ms to 26062d",
     },
     Spec {
         kind: Kind::FixedWindow,
@@ -95,6 +100,7 @@ pub const ALGORITHMS: [Spec; 6] = [
         quota: Parameter::Limit,
         period: Parameter::Window,
         summary: "at most `limit` per aligned window; up to 2 × `limit` across a window edge",
+        range: "`limit` up to 2,251,799,813,685,248 per window; `window` 1ms to 26062d",
     },
     Spec {
         kind: Kind::SlidingLog,
@@ -103,6 +109,7 @@ pub const ALGORITHMS: [Spec; 6] = [
         quota: Parameter::Limit,
         period: Parameter::Window,
         summary: "exact: at most `limit` in any `window`; keeps one stamp per admitted request, so `limit` is capped at 100000",
+        range: "`limit` up to 100,000 per window; `window` 1ms to 26062d",
     },
     Spec {
         kind: Kind::LeakyBucket,
@@ -111,6 +118,7 @@ pub const ALGORITHMS: [Spec; 6] = [
         quota: Parameter::Capacity,
         period: Parameter::Rate,
         summary: "requests leave at most `rate` per second, evenly spaced; up to `capacity` wait for their slot (the proxy holds them), beyond that 429 at once",
+        range: "`rate` up to 1,000,000 per second; `capacity` while a full waiting room drains within 71 years",
     },
     Spec {
         kind: Kind::Quota,
@@ -119,6 +127,7 @@ pub const ALGORITHMS: [Spec; 6] = [
         quota: Parameter::Limit,
         period: Parameter::Period,
         summary: "at most `limit` per calendar `day`, `week` or `month` in `timezone` (default UTC; weeks start on `week_starts`, default monday); resets at local midnight of the period's first day",
+        range: "`limit` up to 2,251,799,813,685,248 per period",
     },
 ];
 
@@ -170,11 +179,12 @@ mod tests {
             ""
         };
         format!(
-            "| `{}` | `{}`, `{}`{per_second} | {} |",
+            "| `{}` | `{}`, `{}`{per_second} | {} | {} |",
             spec.name,
             spec.quota.name(),
             spec.period.name(),
-            spec.summary
+            spec.summary,
+            spec.range
         )
     }
 

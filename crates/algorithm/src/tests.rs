@@ -464,6 +464,38 @@ fn windows_take_every_limit_up_to_their_range() {
     }
 }
 
+/// The book's ranges (the algorithm table's `range`) are the ones checked.
+#[test]
+fn the_table_gives_the_ranges_the_constructors_check() {
+    let window = format!("`window` 1ms to {MAX_WINDOW_DAYS}d");
+    let ranges = [
+        (Kind::FixedWindow, grouped(MAX_COUNT)),
+        (Kind::SlidingWindow, grouped(MAX_SLIDING_WINDOW)),
+        (Kind::SlidingLog, grouped(MAX_SLIDING_LOG)),
+    ];
+    for (kind, most) in ranges {
+        let range = kind.spec().range;
+        assert!(
+            range.contains(&format!("`limit` up to {most} per window")),
+            "{range}"
+        );
+        assert!(range.contains(&window), "{range}");
+    }
+    let quota = Kind::Quota.spec().range;
+    assert!(quota.contains(&grouped(MAX_COUNT)), "{quota}");
+    let bucket = Kind::TokenBucket.spec().range;
+    assert!(bucket.contains(&format!("{} per second", grouped(MAX_REFILL_PER_SECOND))));
+    let leaky = Kind::LeakyBucket.spec().range;
+    assert!(leaky.contains(&format!("{} per second", grouped(MAX_LEAK_PER_SECOND))));
+    // "4,294,967,295 needs 1.91 per second; one a year, 71"
+    assert!(Algorithm::token_bucket_per_second(u64::from(u32::MAX), 1.91).is_ok());
+    assert!(Algorithm::token_bucket_per_second(u64::from(u32::MAX), 1.9).is_err());
+    assert_eq!(grouped(0), "0");
+    assert_eq!(grouped(999), "999");
+    assert_eq!(grouped(1_000), "1,000");
+    assert_eq!(grouped(u64::MAX), "18,446,744,073,709,551,615");
+}
+
 /// Each range, tight: its last number is taken, the next one refused, in
 /// the config's own terms.
 #[test]
