@@ -29,16 +29,38 @@ fn algorithms() -> [Algorithm; 6] {
     ]
 }
 
+/// Limits at the top of their range: a sliding window whose previous
+/// count weighs in steps longer than a µs, a token bucket counting in
+/// tenths of a µs.
+fn at_scale() -> [(&'static str, Algorithm); 3] {
+    [
+        (
+            "sliding_window 100,000/day",
+            Algorithm::sliding_window(100_000, 86_400 * SEC).expect("valid numbers"),
+        ),
+        (
+            "sliding_window 2^32-1/366d",
+            Algorithm::sliding_window(u64::from(u32::MAX), 366 * 86_400 * SEC)
+                .expect("valid numbers"),
+        ),
+        (
+            "token_bucket 2^32-1 at 10,000,000/s",
+            Algorithm::token_bucket_per_second(u64::from(u32::MAX), 1e7).expect("valid numbers"),
+        ),
+    ]
+}
+
 fn decide(c: &mut Criterion) {
     let mut group = c.benchmark_group("decide");
-    for algorithm in algorithms() {
-        group.bench_function(algorithm.name(), |b| {
+    let named = algorithms().map(|a| (a.name(), a));
+    for (name, algorithm) in named.into_iter().chain(at_scale()) {
+        group.bench_function(name, |b| {
             let mut state = algorithm.fresh_state();
             let mut now = 1_800_000_000 * SEC;
             b.iter(|| {
                 // Time moves so that about half the requests are admitted:
                 // both paths are measured, and a sliding log stays full.
-                now += algorithm.window_us() / algorithm.quota() / 2;
+                now += (algorithm.window_us() / algorithm.quota() / 2).max(1);
                 let e = algorithm.evaluate(&state, black_box(now), 1);
                 if e.decision.allowed() {
                     state.apply(&e.update);

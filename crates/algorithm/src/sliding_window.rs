@@ -27,6 +27,13 @@ use super::validated::MAX_SCALED;
 /// steps of `step_us` that cover `window_us` and `limit * steps` at most
 /// `MAX_SCALED`.
 pub fn steps(limit: u64, window_us: u64) -> (u64, u64) {
+    // The common case, without the divisions below.
+    if limit
+        .checked_mul(window_us)
+        .is_some_and(|scaled| scaled <= MAX_SCALED)
+    {
+        return (1, window_us);
+    }
     let most = (MAX_SCALED / limit.max(1)).max(1);
     let step_us = window_us.div_ceil(most);
     (step_us, window_us.div_ceil(step_us))
@@ -56,7 +63,10 @@ pub fn evaluate(
     // stay within 3 * 2^51.
     let (current, previous) = (current.min(limit), previous.min(limit));
     let (step_us, steps) = steps(limit, window_us);
-    let elapsed = (now_eff - start_us) / step_us;
+    let elapsed = match step_us {
+        1 => now_eff - start_us,
+        _ => (now_eff - start_us) / step_us,
+    };
     let used_scaled = current * steps + previous * (steps - elapsed);
     let limit_scaled = limit * steps;
     let end_us = start_us + window_us;

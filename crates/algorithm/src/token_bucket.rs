@@ -36,17 +36,34 @@ impl Interval {
     /// Units from `now_us` until the instant `tat` (whole µs, picoseconds),
     /// 0 when it is past.
     pub(crate) fn debt(&self, (tat_us, tat_ps): (u64, u64), now_us: u64) -> u64 {
-        if tat_us < now_us || (tat_us == now_us && tat_ps == 0) {
-            return 0;
+        // Without a branch on where the tat lies (a bucket near empty is
+        // past and ahead in turns, which a branch mispredicts).
+        let ahead_us = tat_us.saturating_sub(now_us);
+        let fraction = if tat_us >= now_us {
+            self.units_of_ps(tat_ps)
+        } else {
+            0
+        };
+        ahead_us.min(self.whole_us(MAX_DEBT)) * self.per_us + fraction
+    }
+
+    /// A tat's picoseconds in units, rounded up: a fraction finer than the
+    /// unit (from a finer bucket before a reload) is a unit more, never
+    /// more tokens than the state allows.
+    fn units_of_ps(&self, tat_ps: u64) -> u64 {
+        // Whole µs, the common case, need no division: a few of them cost
+        // a decision as much as all the rest.
+        if self.per_us == 1 {
+            return u64::from(tat_ps > 0);
         }
-        let whole_us = (tat_us - now_us).min(MAX_DEBT / self.per_us);
-        // A fraction finer than the unit (from a finer bucket before a
-        // reload) is a unit more: never more tokens than the state allows.
-        whole_us * self.per_us + tat_ps.div_ceil(PS_PER_US / self.per_us)
+        tat_ps.div_ceil(PS_PER_US / self.per_us)
     }
 
     /// The instant `units` past `now_us`, in whole µs and picoseconds.
     pub(crate) fn after(&self, now_us: u64, units: u64) -> (u64, u64) {
+        if self.per_us == 1 {
+            return (now_us + units, 0);
+        }
         (
             now_us + units / self.per_us,
             units % self.per_us * (PS_PER_US / self.per_us),
@@ -56,16 +73,24 @@ impl Interval {
     /// `units` in whole µs, rounded up: the first whole µs by which they
     /// have passed.
     fn us(&self, units: u64) -> u64 {
+        if self.per_us == 1 {
+            return units;
+        }
         units.div_ceil(self.per_us)
+    }
+
+    /// `units` in whole µs, rounded down.
+    fn whole_us(&self, units: u64) -> u64 {
+        if self.per_us == 1 {
+            return units;
+        }
+        units / self.per_us
     }
 
     /// Whole µs from `now_us` until the instant `tat` has passed: 0 when it
     /// has.
     fn wait_us(&self, (tat_us, tat_ps): (u64, u64), now_us: u64) -> u64 {
-        if tat_us < now_us || (tat_us == now_us && tat_ps == 0) {
-            return 0;
-        }
-        tat_us - now_us + u64::from(tat_ps > 0)
+        tat_us.saturating_sub(now_us) + u64::from(tat_us >= now_us && tat_ps > 0)
     }
 
     /// Whole µs from `now_us` until the debt to the instant `tat` is at
@@ -76,9 +101,9 @@ impl Interval {
         if tat_us < now_us || (tat_us == now_us && tat_ps == 0) {
             return 0;
         }
-        let rem = tat_ps.div_ceil(PS_PER_US / self.per_us);
+        let rem = self.units_of_ps(tat_ps);
         if room >= rem {
-            (tat_us - now_us).saturating_sub((room - rem) / self.per_us)
+            (tat_us - now_us).saturating_sub(self.whole_us(room - rem))
         } else {
             tat_us - now_us + 1
         }
