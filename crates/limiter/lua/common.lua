@@ -3,8 +3,11 @@
 -- from the proxy's algorithm table), common.lua, the algorithms,
 -- decide.lua.
 --
--- Every quantity is an integer below 2^53 (microseconds, counts), so Lua's
--- doubles hold it exactly; config validation keeps every product in range.
+-- Every quantity is an integer below 2^53 (microseconds, counts, a token
+-- bucket's fractions of a µs relative to now), so Lua's doubles hold it
+-- exactly: each algorithm keeps what it forms within 2^51, and config
+-- validation keeps its numbers in the range where it does (see
+-- crates/algorithm/src/validated.rs).
 -- Integers are written back with '%d', which Redis's Lua 5.1 formats through
 -- a 64-bit C long: exact at these magnitudes (tostring() would round to 14
 -- digits), and far cheaper than '%.0f', whose float printing was the largest
