@@ -10,6 +10,7 @@ pub use floodgate_policy::{blocklist, identity, jwt, path, request_id};
 pub mod access_log;
 pub mod admin;
 pub mod client_headers;
+pub mod clients;
 pub mod config;
 pub mod connection;
 pub mod header_name;

@@ -124,6 +124,10 @@ pub struct Metrics {
     pub requests: RequestMetrics,
     pub rls: RlsMetrics,
     reloads: IntCounterVec,
+    /// Changes to run-time clients through the admin API, by what changed.
+    pub client_changes: IntCounterVec,
+    /// API keys set (or revoked) at run time, held in this process.
+    pub run_time_keys: IntGauge,
 }
 
 impl Metrics {
@@ -401,7 +405,29 @@ impl Metrics {
         for result in ["ok", "failed"] {
             reloads.with_label_values(&[result]);
         }
+        let client_changes = registered(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "floodgate_client_changes_total",
+                    "Changes to run-time clients made through this instance's admin API, by what (api_key_set, api_key_revoked, api_keys_imported)",
+                ),
+                &["what"],
+            ),
+        );
+        for what in ["api_key_set", "api_key_revoked", "api_keys_imported"] {
+            client_changes.with_label_values(&[what]);
+        }
+        let run_time_keys = registered(
+            &registry,
+            IntGauge::new(
+                "floodgate_run_time_keys",
+                "API keys set or revoked at run time, held in this process",
+            ),
+        );
         Metrics {
+            client_changes,
+            run_time_keys,
             registry,
             decisions,
             bans,

@@ -95,6 +95,9 @@ pub struct AppState {
     pub config_path: PathBuf,
     /// The recent past the status page shows.
     pub status: Status,
+    /// The API keys set at run time and where they are kept; none while
+    /// the admin API is off.
+    pub clients: Option<Arc<crate::clients::RunTimeClients>>,
     /// The environment the process started with, and the disk: what a
     /// reload reads the file and the files it names with.
     inputs: Inputs,
@@ -122,6 +125,15 @@ impl AppState {
     /// moves it rather than wait).
     pub fn with_clock(mut self, clock: Arc<dyn crate::clock::Clock>) -> AppState {
         self.refusal_log = crate::refusal_log::RefusalLog::new(clock);
+        self
+    }
+
+    /// The run-time clients the admin API changes.
+    pub fn with_clients(
+        mut self,
+        clients: Option<Arc<crate::clients::RunTimeClients>>,
+    ) -> AppState {
+        self.clients = clients;
         self
     }
 
@@ -155,6 +167,7 @@ impl AppState {
                 .as_ref()
                 .map(|t| CertResolver::new(t.certs.clone())),
             config_path: config.file.clone(),
+            clients: None,
             inputs,
             started_with: config,
             in_flight: Arc::new(AtomicUsize::new(0)),
@@ -259,5 +272,10 @@ impl AppState {
         self.metrics
             .local_keys
             .set(i64::try_from(self.store.keys_held()).unwrap_or(i64::MAX));
+        if let Some(clients) = &self.clients {
+            self.metrics
+                .run_time_keys
+                .set(i64::try_from(clients.keys.len()).unwrap_or(i64::MAX));
+        }
     }
 }

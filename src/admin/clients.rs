@@ -18,7 +18,8 @@ use crate::policy::{OnMissing, Policy, Rule};
 #[derive(Debug, Clone)]
 enum Selector {
     Ip(IpAddr),
-    ApiKey(Vec<u8>),
+    /// By its keyed hash: the key itself need not be known.
+    ApiKey(u128),
     Header(HeaderName, Vec<u8>),
     Cookie(String, Vec<u8>),
     Query(String, Vec<u8>),
@@ -95,17 +96,16 @@ impl Lookup {
                 (Selector::Ip(ip), format!("ip={ip}"))
             }
             "api_key" => {
-                let key = value.as_bytes();
-                let known = clients.api_keys.get(key).ok_or_else(|| {
+                let known = clients.known_key(value.as_bytes()).ok_or_else(|| {
                     ApiError::not_found(
                         "unknown_client",
-                        "no such key in [clients.api_keys]: requests with it are anonymous",
+                        "no such key (set at run time or in [clients.api_keys]), or it is revoked: requests with it are anonymous",
                     )
                 })?;
                 if key_settles_tier {
-                    tier = Some(known.clone());
+                    tier = Some(known.tier.clone());
                 }
-                (Selector::ApiKey(key.to_vec()), key_label(policy, key))
+                (Selector::ApiKey(known.hash), known.log_label())
             }
             "key_hash" => {
                 // As logs print it (`key#1a2b3c4d`), or more of the hash.
@@ -115,27 +115,52 @@ impl Lookup {
                         "key_hash takes the label logs print (key#1a2b3c4d): at least 8 hex digits",
                     ));
                 }
-                let mut matching = clients.api_keys.iter().filter(|(key, _)| {
-                    format!("{:032x}", clients.api_key_hash(key)).starts_with(&wanted)
-                });
-                let (key, known) = match (matching.next(), matching.next()) {
-                    (Some(found), None) => found,
-                    (None, _) => {
+                // Run-time keys first: an entry there beats the file's.
+                let run_time = clients.run_time.as_deref();
+                let mut matching: Vec<(u128, Option<Tier>)> = run_time
+                    .map(|table| table.find_prefix(&wanted, 2))
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|hash| {
+                        let entry = run_time.and_then(|t| t.get(hash))?;
+                        // A revoked key is no client.
+                        let name = entry.tier?;
+                        Some((
+                            hash,
+                            Some(
+                                clients
+                                    .tiers
+                                    .get(&name)
+                                    .unwrap_or_else(|| clients.tiers.anonymous()),
+                            ),
+                        ))
+                    })
+                    .collect();
+                for (key, known) in &clients.api_keys {
+                    let hash = clients.api_key_hash(key);
+                    let overridden = run_time.is_some_and(|t| t.get(hash).is_some());
+                    if !overridden && format!("{hash:032x}").starts_with(&wanted) {
+                        matching.push((hash, Some(known.clone())));
+                    }
+                }
+                let (hash, known) = match matching.as_slice() {
+                    [found] => found.clone(),
+                    [] => {
                         return Err(ApiError::not_found(
                             "unknown_client",
-                            "no key in [clients.api_keys] has this hash",
+                            "no known key has this hash",
                         ))
                     }
-                    (Some(_), Some(_)) => {
+                    _ => {
                         return Err(ApiError::bad_request(
                             "more than one key has this hash prefix: give more digits",
                         ))
                     }
                 };
                 if key_settles_tier {
-                    tier = Some(known.clone());
+                    tier = known;
                 }
-                (Selector::ApiKey(key.to_vec()), key_label(policy, key))
+                (Selector::ApiKey(hash), ApiKey::label_of(hash))
             }
             "header" => {
                 let (name, v) = split_pair(value, "header")?;
@@ -196,7 +221,7 @@ impl Lookup {
     fn part(&self) -> KnownPart<'_> {
         match &self.selector {
             Selector::Ip(ip) => KnownPart::Ip(*ip),
-            Selector::ApiKey(key) => KnownPart::ApiKey(key),
+            Selector::ApiKey(hash) => KnownPart::ApiKeyHash(*hash),
             Selector::Header(name, value) => KnownPart::Header(name, value),
             Selector::Cookie(name, value) => KnownPart::Cookie(name, value),
             Selector::Query(name, value) => KnownPart::Query(name, value),
@@ -306,10 +331,6 @@ impl Lookup {
             None => Ok(()),
         }
     }
-}
-
-fn key_label(policy: &Policy, key: &[u8]) -> String {
-    ApiKey::label_of(policy.clients.api_key_hash(key))
 }
 
 fn seconds(us: u64) -> f64 {

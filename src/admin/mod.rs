@@ -3,6 +3,7 @@
 //! all open; and, behind `[admin].token_file`'s token, the admin API under
 //! `/v1/` and the status page at `/`.
 
+mod api_keys;
 pub mod auth;
 mod clients;
 mod reply;
@@ -35,6 +36,10 @@ const LOGIN_PAGE: &str = include_str!("login.html");
 
 /// A request body the API reads at most (a credit is a few dozen bytes).
 const MAX_BODY: usize = 16 * 1024;
+
+/// An import's body at most: `MAX_IMPORT` keys of up to 256 bytes with
+/// their tier and label.
+const MAX_IMPORT_BODY: usize = 8 * 1024 * 1024;
 
 pub struct Admin {
     state: Arc<AppState>,
@@ -96,15 +101,20 @@ fn query_params(query: Option<&str>) -> Params {
 
 /// The request body, up to `MAX_BODY`.
 async fn read_body(session: &mut ServerSession) -> Result<Vec<u8>, ApiError> {
+    read_body_up_to(session, MAX_BODY).await
+}
+
+/// The request body, up to `most` bytes.
+async fn read_body_up_to(session: &mut ServerSession, most: usize) -> Result<Vec<u8>, ApiError> {
     let mut body = Vec::new();
     loop {
         match session.read_request_body().await {
             Ok(Some(chunk)) => {
-                if body.len() + chunk.len() > MAX_BODY {
+                if body.len() + chunk.len() > most {
                     return Err(ApiError {
                         status: 413,
                         code: "body_too_large",
-                        reason: format!("the body is over {MAX_BODY} bytes"),
+                        reason: format!("the body is over {most} bytes"),
                     });
                 }
                 body.extend_from_slice(&chunk);
@@ -200,6 +210,11 @@ impl Admin {
                     clients_call(&method, &params, policy, store, &peer, &mut who).await
                 }
                 Call::Credit => credit_call(session, policy, store, &peer, &mut who).await,
+                Call::ApiKeys | Call::Import => {
+                    let params = query_params(query.as_deref());
+                    self.api_keys_call(session, route.call, &method, &params, policy, &peer)
+                        .await
+                }
             },
         };
         let status = result.as_ref().map_or_else(|e| e.status, |_| 200);
@@ -223,6 +238,51 @@ impl Admin {
                 response
             }
         }
+    }
+
+    /// `/v1/api_keys` and `/v1/api_keys/import`: every change is one log
+    /// line (key labels, never a key) and counted.
+    async fn api_keys_call(
+        &self,
+        session: &mut ServerSession,
+        call: Call,
+        method: &Method,
+        params: &Params,
+        policy: &crate::policy::Policy,
+        peer: &str,
+    ) -> Result<Value, ApiError> {
+        let Some(clients) = &self.state.clients else {
+            return Err(ApiError::not_found(
+                "run_time_clients_off",
+                "run-time clients start with the admin API: restart with [admin].token_file set",
+            ));
+        };
+        let now_s = unix_now();
+        let changed = match (call, method.as_str()) {
+            (Call::ApiKeys, "GET") => return api_keys::get(clients, policy, params),
+            (Call::ApiKeys, "PUT") => {
+                let body = read_body(session).await?;
+                api_keys::put(clients, policy, &body, now_s).await?
+            }
+            (Call::ApiKeys, _) => api_keys::revoke(clients, policy, params, now_s).await?,
+            _ => {
+                let body = read_body_up_to(session, MAX_IMPORT_BODY).await?;
+                api_keys::import(clients, policy, &body, now_s).await?
+            }
+        };
+        let (answer, changed) = changed;
+        self.state
+            .metrics
+            .client_changes
+            .with_label_values(&[changed.what])
+            .inc();
+        info!(
+            "admin: {} {} in {} (by {peer})",
+            changed.what,
+            changed.detail,
+            clients.kept_in()
+        );
+        Ok(answer)
     }
 
     fn status_json(&self, runtime: &crate::state::Runtime) -> Value {
@@ -298,6 +358,8 @@ impl Admin {
 /// What an API route does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Call {
+    ApiKeys,
+    Import,
     Clients,
     Credit,
     Limits,
@@ -313,7 +375,17 @@ struct Route {
 
 /// The API, in one place: the dispatch, a 405's `Allow` and a 404's hint
 /// all read it.
-const ROUTES: [Route; 4] = [
+const ROUTES: [Route; 6] = [
+    Route {
+        path: "/v1/api_keys",
+        allow: "GET, PUT, DELETE",
+        call: Call::ApiKeys,
+    },
+    Route {
+        path: "/v1/api_keys/import",
+        allow: "POST",
+        call: Call::Import,
+    },
     Route {
         path: "/v1/clients",
         allow: "GET, DELETE",
@@ -464,7 +536,7 @@ mod tests {
     fn the_hint_names_every_route() {
         assert_eq!(
             routes_hint(),
-            "/v1/clients, /v1/clients/credit, /v1/limits or /v1/status"
+            "/v1/api_keys, /v1/api_keys/import, /v1/clients, /v1/clients/credit, /v1/limits or /v1/status"
         );
     }
 }

@@ -4,6 +4,7 @@ use super::file::AdminSection;
 use super::inputs::Inputs;
 use super::{at, AsSegment, Invalid};
 use crate::admin::auth::AdminToken;
+use crate::identity::IdentityKeySource;
 
 /// Shorter tokens are guessable over a network.
 const MIN_TOKEN_BYTES: usize = 16;
@@ -49,4 +50,44 @@ pub(super) fn token_of(bytes: &[u8]) -> Result<&str, String> {
         ));
     }
     Ok(token)
+}
+
+/// `[admin].clients_file`: where the memory store keeps the API keys set
+/// at run time, by their keyed hash, which must come out the same after a
+/// restart (hence a secret); with `[redis]` they live in Redis.
+pub(super) fn validate_clients_file(
+    a: &AdminSection,
+    admin_api: bool,
+    redis: bool,
+    identity_key: IdentityKeySource,
+) -> Result<Option<std::path::PathBuf>, Invalid> {
+    let path: [&dyn AsSegment; 2] = [&"admin", &"clients_file"];
+    let Some(file) = &a.clients_file else {
+        return Ok(None);
+    };
+    if !admin_api {
+        return Err(at(
+            &path,
+            "clients are set through the admin API, which is off: set [admin].token_file",
+        ));
+    }
+    if redis {
+        return Err(at(
+            &path,
+            "with [redis], run-time clients live in Redis: drop clients_file",
+        ));
+    }
+    if identity_key != IdentityKeySource::Secret {
+        return Err(at(
+            &path,
+            "keys are kept by their keyed hash, which must survive a restart: set [clients].identity_secret_file (or FLOODGATE_IDENTITY_SECRET)",
+        ));
+    }
+    if file.as_os_str().is_empty() || file.file_name().is_none() {
+        return Err(at(
+            &path,
+            "name a file, e.g. \"/var/lib/floodgate/clients.json\"",
+        ));
+    }
+    Ok(Some(file.clone()))
 }

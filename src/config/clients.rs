@@ -89,6 +89,15 @@ pub(super) fn validate_clients(
         return Err(at(&[&"clients", &"ipv6_prefix"], "must be from 1 to 128"));
     }
     let mut tiers = Tiers::default();
+    for (i, tier) in c.tiers.iter().enumerate() {
+        if tier == ANONYMOUS || tier == INTERNAL || tier.is_empty() {
+            return Err(at(
+                &[&"clients", &"tiers", &i],
+                format!("tier \"{tier}\" is reserved; name a tier e.g. \"free\" or \"pro\""),
+            ));
+        }
+        tiers.intern(tier);
+    }
     let mut api_keys = HashMap::new();
     for (key, tier) in &c.api_keys {
         if key.is_empty() {
@@ -128,6 +137,8 @@ pub(super) fn validate_clients(
         ipv6_prefix: ipv6_prefix as u8,
         internal: nets(&c.internal, "internal")?,
         api_keys,
+        // Set once the admin API is known to be on (`validate`).
+        run_time: None,
         tiers,
     })
 }

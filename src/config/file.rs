@@ -56,6 +56,7 @@ pub(super) struct RlsSection {
 #[serde(deny_unknown_fields)]
 pub(super) struct AdminSection {
     pub(super) token_file: Option<PathBuf>,
+    pub(super) clients_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -242,6 +243,9 @@ pub(super) struct ClientsSection {
     pub(super) api_keys: BTreeMap<String, String>,
     pub(super) forwarded_header: Option<ForwardedHeaderName>,
     pub(super) identity_secret_file: Option<PathBuf>,
+    /// Tiers no listed key names, for keys set at run time.
+    #[serde(default)]
+    pub(super) tiers: Vec<String>,
     pub(super) jwt: Option<JwtSection>,
 }
 

@@ -10,6 +10,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::identity::RunTimeKeys;
+
 #[derive(Clone)]
 pub struct Inputs {
     /// `REDIS_URL`: beats `[redis].url`.
@@ -19,6 +21,9 @@ pub struct Inputs {
     /// What `[server].threads` defaults to.
     pub(super) cores: usize,
     files: Files,
+    /// The process's run-time API keys: every generation's `ClientRules`
+    /// reads this one table, so that a reload keeps them.
+    pub(super) run_time_keys: Option<Arc<RunTimeKeys>>,
 }
 
 #[derive(Clone)]
@@ -44,6 +49,7 @@ impl Default for Inputs {
             identity_secret: None,
             cores: 1,
             files: Files::Disk,
+            run_time_keys: None,
         }
     }
 }
@@ -56,7 +62,15 @@ impl Inputs {
             identity_secret: non_empty(std::env::var("FLOODGATE_IDENTITY_SECRET").ok()),
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             files: Files::Disk,
+            run_time_keys: None,
         }
+    }
+
+    /// The table of run-time API keys that configurations with the admin
+    /// API read (the running proxy's; `floodgate check` has none).
+    pub fn with_run_time_keys(mut self, table: Arc<RunTimeKeys>) -> Inputs {
+        self.run_time_keys = Some(table);
+        self
     }
 
     pub fn with_redis_url(mut self, url: impl Into<String>) -> Inputs {

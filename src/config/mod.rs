@@ -80,6 +80,9 @@ pub struct Config {
     pub access_log: AccessLogTarget,
     /// `[admin].token_file`'s token: without one the admin API is off.
     pub admin_token: Option<AdminToken>,
+    /// `[admin].clients_file`: where the memory store keeps run-time
+    /// clients.
+    pub clients_file: Option<PathBuf>,
     /// `[rls]`: Envoy's rate limit service, when served.
     pub rls: Option<RlsSettings>,
     /// `[rls].token_file`'s tokens: without them any caller is answered.
@@ -108,6 +111,9 @@ impl Config {
         }
         if self.rls != newer.rls {
             changed.push("[rls]");
+        }
+        if self.clients_file != newer.clients_file {
+            changed.push("[admin].clients_file");
         }
         let tls_listeners = |c: &Config| c.tls.as_ref().map(|t| (t.listen.clone(), t.http2));
         if tls_listeners(self) != tls_listeners(newer) {
@@ -240,7 +246,7 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
         .transpose()?;
     let default_on_failure = redis.as_ref().map_or(OnFailure::Local, |r| r.on_failure);
     let (hasher, identity_key) = clients::identity_hasher(&raw.clients, inputs, redis.is_some())?;
-    let clients = clients::validate_clients(&raw.clients, hasher, inputs)?;
+    let mut clients = clients::validate_clients(&raw.clients, hasher, inputs)?;
     let paths = server::path_rules(&raw.server);
     let compile_pattern = limits::pattern_compiler(&paths);
     upstream.grpc_paths = upstream::compile_grpc_paths(&raw.upstream, &compile_pattern)?;
@@ -266,6 +272,15 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
         .transpose()?;
     let access_log = log::validate_log(&raw.log)?;
     let admin_token = admin::validate_admin(&raw.admin, server.admin_listen.is_some(), inputs)?;
+    let clients_file = admin::validate_clients_file(
+        &raw.admin,
+        admin_token.is_some(),
+        redis.is_some(),
+        identity_key,
+    )?;
+    if admin_token.is_some() {
+        clients.run_time = inputs.run_time_keys.clone();
+    }
     let rls = rls::validate_rls(raw.rls.as_ref(), &limits, tls.is_some())?;
     let rls_tokens = rls::validate_rls_tokens(raw.rls.as_ref(), inputs)?;
     Ok(Config {
@@ -288,6 +303,7 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
         tls,
         access_log,
         admin_token,
+        clients_file,
         rls,
         rls_tokens,
     })

@@ -926,3 +926,73 @@ fn descriptor_limits_read_like_the_others_and_refuse_what_envoy_cannot_give() {
         assert_eq!(error.to_string(), expected, "{text}");
     }
 }
+
+#[test]
+fn run_time_clients_need_the_admin_api_and_a_file_needs_a_secret_and_no_redis() {
+    let text = |admin: &str, more: &str| {
+        format!(
+            "[server]\nlisten = \"127.0.0.1:8080\"\nadmin_listen = \"127.0.0.1:9091\"\n[upstream]\nservers = [\"127.0.0.1:8000\"]\n{more}\n[clients]\ntiers = [\"free\", \"pro\"]\n[[limits]]\nname = \"a\"\nkey = \"api_key\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1m\"\n[limits.tiers.pro]\nlimit = 100\n[admin]\n{admin}\n"
+        )
+    };
+    let table = std::sync::Arc::new(crate::identity::RunTimeKeys::default());
+    let inputs = Inputs::default()
+        .with_files([(PathBuf::from("/t"), b"0123456789abcdef0123".to_vec())])
+        .with_run_time_keys(table.clone());
+    let parse_with = |text: &str, inputs: &Inputs| Config::parse(Path::new("t.toml"), text, inputs);
+    let token = "token_file = \"/t\"";
+    let file = "clients_file = \"/var/lib/floodgate/clients.json\"";
+
+    // The admin API on: the table is read; off: none is, not even probed.
+    let on = parse_with(&text(token, ""), &inputs).unwrap_or_else(|e| panic!("{e}"));
+    let run_time = on.policy.clients.run_time.as_ref().expect("the table");
+    assert!(std::sync::Arc::ptr_eq(run_time, &table));
+    assert!(on.policy.clients.tiers.get("free").is_some());
+    let off = parse_with(&text("", ""), &inputs).unwrap_or_else(|e| panic!("{e}"));
+    assert!(off.policy.clients.run_time.is_none());
+
+    let secret = inputs
+        .clone()
+        .with_identity_secret("a secret of sixteen bytes or more");
+    let kept = parse_with(&text(&format!("{token}\n{file}"), ""), &secret)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        kept.clients_file,
+        Some(PathBuf::from("/var/lib/floodgate/clients.json"))
+    );
+
+    for (admin, more, inputs, expected) in [
+        (
+            file.to_string(),
+            "",
+            &secret,
+            "admin.clients_file: clients are set through the admin API, which is off",
+        ),
+        (
+            format!("{token}\n{file}"),
+            "",
+            &inputs,
+            "admin.clients_file: keys are kept by their keyed hash",
+        ),
+        (
+            format!("{token}\n{file}"),
+            "[redis]\nurl = \"redis://127.0.0.1:6379\"\n",
+            &secret,
+            "admin.clients_file: with [redis], run-time clients live in Redis",
+        ),
+    ] {
+        let e = parse_with(&text(&admin, more), inputs)
+            .expect_err(expected)
+            .to_string();
+        assert!(e.contains(expected), "{e}");
+    }
+    let reserved = parse_with(
+        &text(token, "").replace("[\"free\", \"pro\"]", "[\"internal\"]"),
+        &inputs,
+    )
+    .expect_err("reserved")
+    .to_string();
+    assert!(
+        reserved.contains("clients.tiers[0]: tier \"internal\" is reserved"),
+        "{reserved}"
+    );
+}

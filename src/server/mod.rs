@@ -51,6 +51,8 @@ pub enum BuildError {
     Tls { file: String, reason: String },
     #[error("{file}: log.access: {reason}")]
     AccessLog { file: String, reason: String },
+    #[error("admin.clients_file: {0}")]
+    ClientsFile(#[from] crate::clients::LoadError),
     #[error("{file}: rls.listen: cannot listen on {listen}: {source}")]
     RlsListen {
         file: String,
@@ -124,6 +126,50 @@ impl BackgroundService for ChangesListener {
             _ = shutdown.changed() => {}
         }
     }
+}
+
+/// Follows the run-time clients kept in Redis (`clients::RedisClients`).
+struct ClientsFollower {
+    redis: Arc<crate::clients::RedisClients>,
+}
+
+#[async_trait::async_trait]
+impl BackgroundService for ClientsFollower {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        tokio::select! {
+            _ = self.redis.clone().follow() => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
+/// The run-time clients, and what follows them in Redis.
+type RunTimeParts = (
+    Option<Arc<crate::clients::RunTimeClients>>,
+    Option<Arc<crate::clients::RedisClients>>,
+);
+
+/// The run-time clients (with the admin API on): kept in Redis with
+/// `[redis]` (and the task that follows it), else in process and in
+/// `[admin].clients_file`, loaded now.
+fn run_time_clients(config: &Config) -> Result<RunTimeParts, BuildError> {
+    use crate::clients::RunTimeClients;
+    let Some(keys) = config.policy.clients.run_time.clone() else {
+        return Ok((None, None));
+    };
+    Ok(match &config.redis {
+        Some(settings) => {
+            let (clients, redis) = RunTimeClients::shared(keys, settings);
+            (Some(Arc::new(clients)), Some(redis))
+        }
+        None => {
+            if config.clients_file.is_none() {
+                log::info!("run-time clients are kept in this process only: set [admin].clients_file to keep them across restarts");
+            }
+            let clients = RunTimeClients::local(keys, config.clients_file.clone())?;
+            (Some(Arc::new(clients)), None)
+        }
+    })
 }
 
 /// `instances = "auto"`: keeps this instance counted (`limiter::Roster`).
@@ -399,6 +445,7 @@ pub fn build(config: &Config, inputs: Inputs) -> Result<Floodgate, BuildError> {
             )
         }
     };
+    let (clients, follower) = run_time_clients(config)?;
     let runtime = Runtime::new(config, &metrics).map_err(|source| BuildError::Upstream {
         file: file.clone(),
         source,
@@ -421,7 +468,8 @@ pub fn build(config: &Config, inputs: Inputs) -> Result<Floodgate, BuildError> {
             access_log,
             instances,
         )
-        .with_clock(refusal_clock),
+        .with_clock(refusal_clock)
+        .with_clients(clients),
     );
 
     // Draining is ours (see `signals`): Pingora stops the listeners once
@@ -567,6 +615,12 @@ pub fn build(config: &Config, inputs: Inputs) -> Result<Floodgate, BuildError> {
         // requests, one each.
         service.threads = Some(config.server.threads);
         server.add_service(service);
+    }
+    if let Some(redis) = follower {
+        server.add_service(background_service(
+            "run-time clients",
+            ClientsFollower { redis },
+        ));
     }
     if let Some(roster) = &roster {
         server.add_service(background_service(

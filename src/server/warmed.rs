@@ -16,6 +16,9 @@ use tokio::sync::OnceCell;
 
 use crate::state::AppState;
 
+/// How long the start waits for the run-time clients to load from Redis.
+const CLIENTS_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Every worker waits for the same warm-up; the first to start runs it (on
 /// its own runtime, where the connection's tasks then run).
 #[derive(Clone)]
@@ -46,6 +49,18 @@ impl WarmUp {
                         ),
                         Err(e) => log::warn!(
                             "Redis {target} not ready ({e}): listening anyway; requests are decided as `on_failure` says until it is"
+                        ),
+                    }
+                }
+                // The run-time API keys too: a request must not meet a
+                // revoked key as the file has it, nor miss a new one.
+                if let Some(clients) = &self.state.clients {
+                    let started = Instant::now();
+                    match clients.warm(CLIENTS_WITHIN).await {
+                        Ok(()) => {}
+                        Err(e) => log::warn!(
+                            "run-time clients not loaded ({e}): listening anyway with none; they apply once Redis answers ({} ms)",
+                            started.elapsed().as_millis()
                         ),
                     }
                 }

@@ -34,6 +34,18 @@ async fn subscriber(settings: &RedisSettings, url: &str) -> redis::RedisResult<r
     }
 }
 
+/// A client of the one node that takes writes: the standalone node, or the
+/// master the sentinels name now. What the run-time clients (the admin
+/// API's keys) are kept on; none for a cluster, which they do not use yet.
+pub async fn writable_node(settings: &RedisSettings) -> Option<redis::RedisResult<redis::Client>> {
+    install_tls_provider();
+    match &settings.topology {
+        Topology::Standalone(url) => Some(subscriber(settings, url).await),
+        Topology::Sentinel(_) => Some(subscriber(settings, "").await),
+        Topology::Cluster(_) => None,
+    }
+}
+
 /// Listens until the process ends. Whenever the subscription is (re)made,
 /// every remembered refusal is forgotten: what was announced while nobody
 /// listened is unknown. While it is lost, nothing is leased. A cluster's classic pub/sub reaches every node, so

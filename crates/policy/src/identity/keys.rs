@@ -127,6 +127,8 @@ pub struct KeyInputs<'a> {
 pub enum KnownPart<'a> {
     Ip(IpAddr),
     ApiKey(&'a [u8]),
+    /// An API key known by its keyed hash only (a key set at run time).
+    ApiKeyHash(u128),
     Header(&'a HeaderName, &'a [u8]),
     Cookie(&'a str, &'a [u8]),
     Query(&'a str, &'a [u8]),

@@ -7,6 +7,7 @@ mod forwarded;
 mod hashing;
 mod keys;
 mod reading;
+mod run_time;
 mod tiers;
 
 use std::collections::HashMap;
@@ -25,6 +26,7 @@ use hashing::Kind;
 pub use hashing::{random_key, IdentityHasher, IdentityKeySource};
 pub use keys::{form_decode, normalize_host, KeyInputs, KeySource, KnownPart};
 use reading::{DescriptorParts, KeyParts, Known, OnePart, RequestParts};
+pub use run_time::{KeyEntry, RunTimeKey, RunTimeKeys};
 pub use tiers::{Tier, Tiers, ANONYMOUS, INTERNAL};
 
 /// Validated `[clients]` settings.
@@ -36,6 +38,9 @@ pub struct ClientRules {
     pub ipv6_prefix: u8,
     pub internal: Vec<IpNet>,
     pub api_keys: HashMap<Box<[u8]>, Tier>,
+    /// Keys set at run time (the admin API), which beat `api_keys`; none
+    /// when the admin API is off, and then no request probes it.
+    pub run_time: Option<Arc<RunTimeKeys>>,
     /// Every tier the configuration names, anonymous and internal included.
     pub tiers: Tiers,
     pub hasher: IdentityHasher,
@@ -126,13 +131,7 @@ impl ClientRules {
             // The upstream might read either one: no limit may be keyed on a guess.
             return Err(IdentityError::AmbiguousApiKey);
         }
-        let api_key = key_value.and_then(|value| {
-            let tier = self.api_keys.get(value.as_bytes())?;
-            Some(ApiKey {
-                hash: self.hasher.hash(Kind::ApiKey, value.as_bytes()),
-                tier: tier.clone(),
-            })
-        });
+        let api_key = key_value.and_then(|value| self.known_key(value.as_bytes()));
         let tier = if self.internal.iter().any(|n| n.contains(&client_ip)) {
             self.tiers.internal()
         } else {
@@ -175,6 +174,32 @@ impl ClientRules {
             client.subject_hash = claims.get(&SUBJECT).map(|s| self.subject_hash(&s));
         }
         client.token = Some(token);
+    }
+
+    /// A key's identity and tier, when it is a known key: a run-time entry
+    /// first (a revoked key is no key, whatever the file says), else
+    /// `api_keys`. One probe of the run-time table, and only while it holds
+    /// something.
+    pub fn known_key(&self, key: &[u8]) -> Option<ApiKey> {
+        if let Some(table) = self.run_time.as_ref().filter(|t| !t.is_empty()) {
+            let hash = self.api_key_hash(key);
+            let tier = match table.lookup(hash) {
+                // A tier a reload dropped from the file is no tier: the
+                // key stays known, with the limits of an anonymous client.
+                Some(RunTimeKey::Tier(name)) => self
+                    .tiers
+                    .get(&name)
+                    .unwrap_or_else(|| self.tiers.anonymous()),
+                Some(RunTimeKey::Revoked) => return None,
+                None => self.api_keys.get(key)?.clone(),
+            };
+            return Some(ApiKey { hash, tier });
+        }
+        let tier = self.api_keys.get(key)?;
+        Some(ApiKey {
+            hash: self.api_key_hash(key),
+            tier: tier.clone(),
+        })
     }
 
     /// The keyed hash of an API key as sent (known to `api_keys` or not).

@@ -128,6 +128,7 @@ impl KeyParts for OnePart<'_> {
     fn api_key(&self) -> Option<Known<&[u8]>> {
         match self.part {
             KnownPart::ApiKey(key) => Some(Known::Named(*key)),
+            KnownPart::ApiKeyHash(hash) => Some(Known::Identity(*hash)),
             _ => None,
         }
     }

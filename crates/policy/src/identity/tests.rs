@@ -11,6 +11,7 @@ fn rules_with(forwarded_header: ForwardedHeader) -> ClientRules {
         ipv6_prefix: 64,
         internal: vec!["192.168.0.0/16".parse().unwrap()],
         api_keys,
+        run_time: None,
         tiers,
         hasher: IdentityHasher::from_secret(b"test secret of sixteen bytes"),
         jwt: None,
@@ -466,4 +467,49 @@ fn remote_address_is_keyed_as_the_client_address_the_gateway_keys() {
         r.address_label("2001:db8:1:2::9".parse().unwrap()),
         "2001:db8:1:2::/64"
     );
+}
+
+fn tier_of(r: &ClientRules, key: &[u8]) -> String {
+    r.identify(ip("203.0.113.1"), &headers(&[("x-api-key", key)]))
+        .unwrap()
+        .tier
+        .name()
+        .to_string()
+}
+
+#[test]
+fn a_run_time_key_beats_the_file_and_a_revoked_one_is_no_key() {
+    let mut r = rules();
+    r.tiers.intern("free");
+    let table = Arc::new(RunTimeKeys::default());
+    r.run_time = Some(table.clone());
+    let set = |key: &[u8], tier: Option<&str>| {
+        table.set([(
+            r.api_key_hash(key),
+            KeyEntry {
+                tier: tier.map(Arc::from),
+                set_at: 0,
+                label: None,
+            },
+        )])
+    };
+    // Empty table: the file alone.
+    assert_eq!(tier_of(&r, b"k-pro"), "pro");
+    assert_eq!(tier_of(&r, b"new"), "anonymous");
+    set(b"new", Some("free"));
+    assert_eq!(tier_of(&r, b"new"), "free");
+    let known = r.known_key(b"new").unwrap();
+    assert_eq!(known.hash, r.api_key_hash(b"new"));
+    set(b"k-pro", Some("free"));
+    assert_eq!(tier_of(&r, b"k-pro"), "free");
+    set(b"k-pro", None);
+    assert_eq!(tier_of(&r, b"k-pro"), "anonymous");
+    assert!(r.known_key(b"k-pro").is_none());
+    // Dropped from the table: the file's tier again.
+    table.remove(r.api_key_hash(b"k-pro"));
+    assert_eq!(tier_of(&r, b"k-pro"), "pro");
+    // A tier the configuration no longer names: known, anonymous numbers.
+    set(b"gone", Some("platinum"));
+    assert_eq!(tier_of(&r, b"gone"), "anonymous");
+    assert!(r.known_key(b"gone").is_some());
 }
