@@ -485,3 +485,38 @@ fn sixty_concurrent_changes_under_load_fail_no_request_and_the_last_write_wins()
     assert_eq!(a.metric("floodgate_run_time_keys"), 60.0);
     assert_eq!(b.metric("floodgate_run_time_keys"), 60.0);
 }
+
+#[test]
+fn the_example_script_onboards_upgrades_and_revokes_a_customer() {
+    let upstream = Upstream::start();
+    let token = TokenFile::new();
+    let proxy = builder(&upstream, &token).start();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/clients.sh");
+    let out = std::process::Command::new("sh")
+        .arg(&script)
+        .env("ADMIN", format!("http://{}", admin(&proxy)))
+        .env("TOKEN_FILE", &token.0)
+        .env("KEY", KEY)
+        .output()
+        .expect("sh");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for step in [
+        "\"tier\": \"free\"",
+        "\"tier\": \"pro\"",
+        "\"revoked\": true",
+    ] {
+        assert!(stdout.contains(step), "{step}: {stdout}");
+    }
+    assert!(!stdout.contains(KEY), "{stdout}");
+    assert_eq!(tier_served(proxy.addr, KEY), "anonymous");
+    assert_eq!(
+        proxy.metric("floodgate_client_changes_total{what=\"api_key_set\"}"),
+        2.0
+    );
+    assert_never_shown(&proxy);
+}
