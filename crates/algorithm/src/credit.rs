@@ -8,7 +8,17 @@ use super::decision::Update;
 use super::kind::Kind;
 use super::state::State;
 use super::token_bucket;
-use super::validated::Algorithm;
+
+/// What a credit or a refund needs of an algorithm (taken by value, so
+/// that this module does not depend on the one that validates them).
+#[derive(Debug, Clone, Copy)]
+pub struct Numbers {
+    pub kind: Kind,
+    /// A bucket's interval in µs, or the window.
+    pub period_us: u64,
+    /// A token bucket's interval in its own units.
+    pub interval: token_bucket::Interval,
+}
 
 /// Whether `credited` can give units back to this algorithm's state.
 pub fn takes_credit(kind: Kind) -> bool {
@@ -19,18 +29,18 @@ pub fn takes_credit(kind: Kind) -> bool {
 /// writes it; none when nothing was spent. `period_end_us` is where a
 /// quota's running period ends.
 pub fn credited(
-    algorithm: &Algorithm,
+    algorithm: &Numbers,
     period_end_us: u64,
     state: &State,
     now_us: u64,
     units: u64,
 ) -> Option<(State, Update)> {
-    let period_us = algorithm.period_us();
-    match (algorithm.kind(), state) {
+    let period_us = algorithm.period_us;
+    match (algorithm.kind, state) {
         (Kind::TokenBucket, &State::Gcra { tat_us, tat_ps }) => {
             // Back to no earlier than now: a bucket holds no more than full.
             let (tat_us, tat_ps) =
-                token_bucket::credited(algorithm.interval(), (tat_us, tat_ps), now_us, units)?;
+                token_bucket::credited(algorithm.interval, (tat_us, tat_ps), now_us, units)?;
             Some((
                 State::Gcra { tat_us, tat_ps },
                 Update::Gcra { tat_us, tat_ps },
@@ -77,14 +87,14 @@ pub fn takes_refund(kind: Kind) -> bool {
 /// schedule then, and giving them back cannot free a slot another lease
 /// holds.
 pub fn refunded(
-    algorithm: &Algorithm,
+    algorithm: &Numbers,
     state: &State,
     now_us: u64,
     units: u64,
     counted_at_us: u64,
 ) -> Option<(State, Update)> {
-    let period_us = algorithm.period_us();
-    match (algorithm.kind(), state) {
+    let period_us = algorithm.period_us;
+    match (algorithm.kind, state) {
         (Kind::TokenBucket, State::Gcra { tat_us, .. }) => {
             if counted_at_us != 0 && *tat_us != counted_at_us {
                 return None;

@@ -24,6 +24,7 @@ mod kind;
 pub mod leaky_bucket;
 mod lease;
 pub mod quota;
+mod ranges;
 pub mod sliding_log;
 pub mod sliding_window;
 mod state;
@@ -36,13 +37,13 @@ pub use credit::takes_credit;
 pub use decision::{Decision, Evaluation, Update};
 pub use kind::{Kind, Parameter, Spec, ALGORITHMS, ALGORITHM_NAMES};
 pub use lease::{lease_units, takes_lease};
+pub use ranges::{
+    MAX_COUNT, MAX_EXACT, MAX_LEAK_PER_SECOND, MAX_REFILL_PER_SECOND, MAX_SCALED, MAX_SLIDING_LOG,
+    MAX_SLIDING_WINDOW, MAX_WINDOW_DAYS, MAX_WINDOW_US,
+};
 pub use sliding_log::LogState;
 pub use state::State;
-pub use validated::{
-    grouped, Algorithm, AlgorithmError, MAX_COUNT, MAX_EXACT, MAX_LEAK_PER_SECOND,
-    MAX_REFILL_PER_SECOND, MAX_SCALED, MAX_SLIDING_LOG, MAX_SLIDING_WINDOW, MAX_WINDOW_DAYS,
-    MAX_WINDOW_US,
-};
+pub use validated::{grouped, Algorithm, AlgorithmError};
 
 #[cfg(test)]
 mod tests;

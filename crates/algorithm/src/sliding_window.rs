@@ -21,7 +21,7 @@
 //! step never admits what that estimate refuses.
 
 use super::decision::{Evaluation, Update};
-use super::validated::MAX_SCALED;
+use super::ranges::MAX_SCALED;
 
 /// How the window is cut: (`step_us`, `steps`), with `steps` the fewest
 /// steps of `step_us` that cover `window_us` and `limit * steps` at most
