@@ -13,6 +13,7 @@ pub mod client_headers;
 pub mod clients;
 pub mod config;
 pub mod connection;
+pub mod constant_time;
 pub mod header_name;
 pub mod headers;
 pub mod metrics;

@@ -8,6 +8,7 @@ use std::sync::{Arc, OnceLock};
 use http::header::{AUTHORIZATION, COOKIE};
 use http::HeaderMap;
 
+use crate::constant_time::same;
 use crate::identity::random_key;
 use siphasher::sip128::{Hasher128, SipHasher13};
 
@@ -66,17 +67,6 @@ impl AdminToken {
             _ => false,
         }
     }
-}
-
-/// Compared in time that depends on the length only, so that a guess
-/// learns nothing from how long it took to be refused.
-fn same(expected: &[u8], candidate: &[u8]) -> bool {
-    expected.len() == candidate.len()
-        && expected
-            .iter()
-            .zip(candidate)
-            .fold(0u8, |diff, (a, b)| diff | (a ^ b))
-            == 0
 }
 
 /// How a request proved itself.

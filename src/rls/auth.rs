@@ -5,6 +5,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::constant_time::same;
+
 /// The tokens `[rls].token_file` holds, one a line, any of them accepted
 /// (a new one is rolled out to the Envoys while the old one still holds);
 /// never printed.
@@ -43,16 +45,6 @@ impl RlsTokens {
         }
         found
     }
-}
-
-/// Compared in time that depends on the length only.
-fn same(expected: &[u8], candidate: &[u8]) -> bool {
-    expected.len() == candidate.len()
-        && expected
-            .iter()
-            .zip(candidate)
-            .fold(0u8, |diff, (a, b)| diff | (a ^ b))
-            == 0
 }
 
 #[cfg(test)]
