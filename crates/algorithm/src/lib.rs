@@ -23,6 +23,7 @@ pub mod fixed_window;
 mod kind;
 pub mod leaky_bucket;
 mod lease;
+pub mod ledger;
 pub mod quota;
 mod ranges;
 pub mod sliding_log;
@@ -37,6 +38,7 @@ pub use credit::takes_credit;
 pub use decision::{Decision, Evaluation, Update};
 pub use kind::{Kind, Parameter, Spec, ALGORITHMS, ALGORITHM_NAMES};
 pub use lease::{lease_units, takes_lease};
+pub use ledger::Ledger;
 pub use ranges::{
     MAX_COUNT, MAX_EXACT, MAX_LEAK_PER_SECOND, MAX_REFILL_PER_SECOND, MAX_SCALED, MAX_SLIDING_LOG,
     MAX_SLIDING_WINDOW, MAX_WINDOW_DAYS, MAX_WINDOW_US,
