@@ -4,8 +4,10 @@
 //! makes a budget larger than the limit (a full bucket stays full, a count
 //! stops at zero): a bigger allowance is a tier's job, not a reset's.
 
+use super::decision::Ledger;
 use super::decision::Update;
 use super::kind::Kind;
+use super::ledger;
 use super::state::State;
 use super::token_bucket;
 
@@ -37,14 +39,19 @@ pub fn credited(
 ) -> Option<(State, Update)> {
     let period_us = algorithm.period_us;
     match (algorithm.kind, state) {
-        (Kind::TokenBucket, &State::Gcra { tat_us, tat_ps }) => {
-            // Back to no earlier than now: a bucket holds no more than full.
+        (
+            Kind::TokenBucket,
+            &State::Gcra {
+                tat_us,
+                tat_ps,
+                ledger,
+            },
+        ) => {
+            // Back to no earlier than now: a bucket holds no more than full
+            // (its leases outstanding left out, which the ledger keeps).
             let (tat_us, tat_ps) =
                 token_bucket::credited(algorithm.interval, (tat_us, tat_ps), now_us, units)?;
-            Some((
-                State::Gcra { tat_us, tat_ps },
-                Update::Gcra { tat_us, tat_ps },
-            ))
+            Some(gcra(tat_us, tat_ps, ledger))
         }
         (Kind::FixedWindow, State::Window { start_us, count }) => {
             // Only the running window's count: an older one is spent anyway.
@@ -80,12 +87,10 @@ pub fn takes_refund(kind: Kind) -> bool {
 /// The state with `units` of a reservation counted at `counted_at_us`
 /// (`Decision::counted_at_us`) given back at `now_us`, as if they had never
 /// been taken; none when they are no longer there to give back (their
-/// window is over, their stamp has left the log). A bucket's units go back
-/// as a credit does; a leased bucket's (`counted_at_us` is then the
-/// schedule's end the lease left, see `evaluate_leasing`) only while nothing
-/// was charged after the lease: the leased tokens are the last of the
-/// schedule then, and giving them back cannot free a slot another lease
-/// holds.
+/// window is over, their stamp has left the log). A bucket's reservation
+/// goes back as a credit does; a bucket's lease (`counted_at_us` is then
+/// its epoch's end in the ledger) off the ledger while its epoch holds it
+/// (`ledger::refunded`).
 pub fn refunded(
     algorithm: &Numbers,
     state: &State,
@@ -95,12 +100,26 @@ pub fn refunded(
 ) -> Option<(State, Update)> {
     let period_us = algorithm.period_us;
     match (algorithm.kind, state) {
-        (Kind::TokenBucket, State::Gcra { tat_us, .. }) => {
-            if counted_at_us != 0 && *tat_us != counted_at_us {
-                return None;
-            }
-            credited(algorithm, 0, state, now_us, units)
+        // A lease's units, counted at its epoch's end: off the ledger.
+        (
+            Kind::TokenBucket,
+            &State::Gcra {
+                tat_us,
+                tat_ps,
+                ledger,
+            },
+        ) if counted_at_us != 0 => {
+            let ((tat_us, tat_ps), ledger) = ledger::refunded(
+                algorithm.interval,
+                (tat_us, tat_ps),
+                ledger,
+                now_us,
+                units,
+                counted_at_us,
+            )?;
+            Some(gcra(tat_us, tat_ps, ledger))
         }
+        (Kind::TokenBucket, State::Gcra { .. }) => credited(algorithm, 0, state, now_us, units),
         (Kind::FixedWindow, &State::Window { start_us, count })
             if start_us == counted_at_us && count > 0 =>
         {
@@ -160,4 +179,19 @@ pub fn refunded(
         }
         _ => None,
     }
+}
+
+fn gcra(tat_us: u64, tat_ps: u64, ledger: Ledger) -> (State, Update) {
+    (
+        State::Gcra {
+            tat_us,
+            tat_ps,
+            ledger,
+        },
+        Update::Gcra {
+            tat_us,
+            tat_ps,
+            ledger,
+        },
+    )
 }

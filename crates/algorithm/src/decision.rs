@@ -228,6 +228,20 @@ impl Evaluation {
     }
 }
 
+/// Outstanding leased units, in two epochs: the running one (ending at
+/// `end_us`) and the one before it. A missing ledger (state from before it)
+/// is `Ledger::default()`: nothing outstanding.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ledger {
+    /// Where the running epoch ends; 0 for none. It is also where a lease
+    /// taken in it is counted (`Decision::counted_at_us`), for its return.
+    pub end_us: u64,
+    /// An epoch's length: at least the life of every lease it counts.
+    pub epoch_us: u64,
+    pub current: u64,
+    pub previous: u64,
+}
+
 /// The change an admitted request makes to its state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Update {
@@ -236,6 +250,8 @@ pub enum Update {
         tat_us: u64,
         /// Picoseconds past `tat_us` (see `State::Gcra`).
         tat_ps: u64,
+        /// A token bucket's leases outstanding (see `crate::ledger`).
+        ledger: Ledger,
     },
     Window {
         start_us: u64,

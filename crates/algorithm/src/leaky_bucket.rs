@@ -4,7 +4,7 @@
 //! than that arriving at an empty bucket is sent at once. The state is the next
 //! free slot (GCRA's theoretical arrival time).
 
-use super::decision::{Evaluation, Update};
+use super::decision::{Evaluation, Ledger, Update};
 
 pub fn evaluate(
     capacity: u64,
@@ -40,6 +40,7 @@ pub fn evaluate(
             Update::Gcra {
                 tat_us: after_us,
                 tat_ps: 0,
+                ledger: Ledger::default(),
             },
             after_us,
         )

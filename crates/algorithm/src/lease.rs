@@ -11,8 +11,9 @@
 //! and every request is decided by the shared state. The last units are
 //! never leased, so one instance cannot starve the others.
 
-use super::decision::{Evaluation, Update};
+use super::decision::Evaluation;
 use super::kind::Kind;
+use super::ledger;
 use super::state::State;
 use super::validated::Algorithm;
 
@@ -36,14 +37,36 @@ impl Algorithm {
     /// Decides a request of `cost` like `evaluate` and, when it is admitted,
     /// also takes a lease of `lease_units` from what is left: the
     /// evaluation to write (of `cost` plus the lease) and the units leased.
+    /// A token bucket's lease goes on its ledger (`crate::ledger`), counted
+    /// in epochs of `life_us`, the longest the lease will be used; none
+    /// when it is 0.
     pub fn evaluate_leasing(
         &self,
         state: &State,
         now_us: u64,
         cost: u64,
-        max: u64,
-        divisor: u64,
+        (max, divisor, life_us): (u64, u64, u64),
     ) -> (Evaluation, u64) {
+        if let (
+            Kind::TokenBucket,
+            &State::Gcra {
+                tat_us,
+                tat_ps,
+                ledger,
+            },
+        ) = (self.kind(), state)
+        {
+            let (e, _, units) = ledger::evaluate_leasing(
+                self.quota(),
+                self.interval(),
+                ((tat_us, tat_ps), ledger),
+                now_us,
+                cost,
+                life_us,
+                |left| lease_units(left, max, divisor),
+            );
+            return (e, units);
+        }
         let alone = self.evaluate(state, now_us, cost);
         if !alone.decision.allowed() || !takes_lease(self.kind()) {
             return (alone, 0);
@@ -52,13 +75,8 @@ impl Algorithm {
         if units == 0 {
             return (alone, 0);
         }
-        let mut leasing = self.evaluate(state, now_us, cost + units);
+        let leasing = self.evaluate(state, now_us, cost + units);
         if leasing.decision.allowed() {
-            if let Update::Gcra { tat_us, .. } = leasing.update {
-                // Where the lease's tokens end in the bucket's schedule: a
-                // return finds them there, or finds them spent past.
-                leasing.decision = leasing.decision.counted_at(tat_us);
-            }
             (leasing, units)
         } else {
             // Unreachable by the arithmetic (the units fit what is left);
@@ -105,7 +123,7 @@ mod tests {
                 }
             }
             let alone = algorithm.evaluate(&state, now, cost);
-            let (leasing, units) = algorithm.evaluate_leasing(&state, now, cost, max, divisor);
+            let (leasing, units) = algorithm.evaluate_leasing(&state, now, cost, (max, divisor, 1_000_000));
             prop_assert_eq!(leasing.decision.allowed(), alone.decision.allowed());
             if !alone.decision.allowed() {
                 prop_assert_eq!(units, 0);
@@ -124,8 +142,12 @@ mod tests {
             Algorithm::sliding_log(100, 1_000_000).expect("valid numbers"),
             Algorithm::leaky_bucket(100, 10_000).expect("valid numbers"),
         ] {
-            let (e, units) =
-                algorithm.evaluate_leasing(&algorithm.fresh_state(), 1_000_000, 1, 50, 2);
+            let (e, units) = algorithm.evaluate_leasing(
+                &algorithm.fresh_state(),
+                1_000_000,
+                1,
+                (50, 2, 1_000_000),
+            );
             assert!(e.decision.allowed());
             assert_eq!(units, 0);
         }

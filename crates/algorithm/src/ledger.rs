@@ -31,23 +31,9 @@
 //!
 //! The twin of `token_bucket_ledger_*` in `crates/limiter/lua/token_bucket.lua`.
 
+pub use super::decision::Ledger;
 use super::decision::{Evaluation, Update};
-use super::lease::lease_units;
 use super::token_bucket::{self, Interval};
-
-/// Outstanding leased units, in two epochs: the running one (ending at
-/// `end_us`) and the one before it. A missing ledger (state from before it)
-/// is `Ledger::default()`: nothing outstanding.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Ledger {
-    /// Where the running epoch ends; 0 for none. It is also where a lease
-    /// taken in it is counted (`Decision::counted_at_us`), for its return.
-    pub end_us: u64,
-    /// An epoch's length: at least the life of every lease it counts.
-    pub epoch_us: u64,
-    pub current: u64,
-    pub previous: u64,
-}
 
 impl Ledger {
     pub fn outstanding(&self) -> u64 {
@@ -90,15 +76,11 @@ impl Ledger {
         if epoch_us > self.epoch_us {
             return None;
         }
-        // A settled ledger's running epoch holds now.
-        let mut ledger = self;
-        if now_us >= ledger.end_us {
-            ledger.previous = ledger.current;
-            ledger.current = 0;
-            ledger.end_us += ledger.epoch_us;
-        }
-        ledger.current += units;
-        Some(ledger)
+        // A settled ledger counts something, so its running epoch holds now.
+        Some(Ledger {
+            current: self.current + units,
+            ..self
+        })
     }
 }
 
@@ -126,44 +108,82 @@ pub fn evaluate(
     cost: u64,
 ) -> (Evaluation, Ledger) {
     let (ledger, tat) = ledger.settled(interval, tat, now_us);
-    let tat = held(interval, tat, ledger.outstanding(), now_us);
     (
-        token_bucket::evaluate(capacity, interval, tat, now_us, cost),
+        evaluate_settled(capacity, interval, tat, ledger, now_us, cost),
         ledger,
     )
 }
 
-/// A request of `cost` that, admitted, leases beside it (at most `max`,
-/// at most what it leaves over `divisor`), counted in epochs of
-/// `epoch_us`: the evaluation (of cost plus lease), the ledger after, the
-/// units leased. The lease is counted at the ledger's `end_us`.
-#[allow(clippy::too_many_arguments)]
-pub fn evaluate_leasing(
+/// `evaluate` of a settled ledger and its tat.
+fn evaluate_settled(
     capacity: u64,
     interval: Interval,
     tat: (u64, u64),
     ledger: Ledger,
     now_us: u64,
     cost: u64,
-    (max, divisor, epoch_us): (u64, u64, u64),
+) -> Evaluation {
+    let tat = held(interval, tat, ledger.outstanding(), now_us);
+    with_ledger(
+        interval,
+        token_bucket::evaluate(capacity, interval, tat, now_us, cost),
+        ledger,
+    )
+}
+
+/// `e` writing `ledger` beside its tat, and kept until the bucket is full
+/// again: a state forgotten before would be a full bucket beside leases
+/// still spent. Its last epoch lapses at `end_us + epoch_us`, keeping the
+/// debt of what is outstanding then (at most what is now), refilled after.
+fn with_ledger(interval: Interval, mut e: Evaluation, ledger: Ledger) -> Evaluation {
+    if let Update::Gcra {
+        ledger: written, ..
+    } = &mut e.update
+    {
+        *written = ledger;
+    }
+    if ledger.outstanding() > 0 {
+        let lapsed_us = ledger.end_us + ledger.epoch_us;
+        let refilled_us = interval.us(ledger.outstanding() * interval.units);
+        e.idle_at_us = e.idle_at_us.max(lapsed_us + refilled_us);
+    }
+    e
+}
+
+/// A request of `cost` that, admitted, leases beside it `units_for(what
+/// it leaves)` units (`lease_units`), counted in epochs of `epoch_us`: the
+/// evaluation (of cost plus lease), the ledger after, the units leased.
+/// The lease is counted at the ledger's `end_us`.
+pub fn evaluate_leasing(
+    capacity: u64,
+    interval: Interval,
+    (tat, ledger): ((u64, u64), Ledger),
+    now_us: u64,
+    cost: u64,
+    epoch_us: u64,
+    units_for: impl FnOnce(u64) -> u64,
 ) -> (Evaluation, Ledger, u64) {
-    let (alone, settled) = evaluate(capacity, interval, tat, ledger, now_us, cost);
+    let (settled, tat) = ledger.settled(interval, tat, now_us);
+    let alone = evaluate_settled(capacity, interval, tat, settled, now_us, cost);
     if !alone.decision.allowed() || epoch_us == 0 {
         return (alone, settled, 0);
     }
-    let units = lease_units(alone.decision.remaining(), max, divisor);
+    let units = units_for(alone.decision.remaining());
     let Some(after) = (units > 0)
-        .then(|| settled.leased(now_us, units, epoch_us))
+        // The request's own units go on the ledger too: a refund of it
+        // (counted where the lease is) then takes from the ledger what
+        // was put there, never a lease's units.
+        .then(|| settled.leased(now_us, cost + units, epoch_us))
         .flatten()
     else {
         return (alone, settled, 0);
     };
-    let (leasing, _) = evaluate(capacity, interval, tat, settled, now_us, cost + units);
+    let leasing = evaluate_settled(capacity, interval, tat, settled, now_us, cost + units);
     if !leasing.decision.allowed() {
         // Unreachable by the arithmetic (the units fit what is left).
         return (alone, settled, 0);
     }
-    let mut leasing = leasing;
+    let mut leasing = with_ledger(interval, leasing, after);
     leasing.decision = leasing.decision.counted_at(after.end_us);
     (leasing, after, units)
 }
@@ -207,7 +227,7 @@ pub fn refunded(
 /// The tat an update writes, for the callers that keep it apart.
 pub fn written_tat(update: &Update) -> Option<(u64, u64)> {
     match *update {
-        Update::Gcra { tat_us, tat_ps } => Some((tat_us, tat_ps)),
+        Update::Gcra { tat_us, tat_ps, .. } => Some((tat_us, tat_ps)),
         _ => None,
     }
 }

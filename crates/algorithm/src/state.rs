@@ -1,6 +1,6 @@
 //! Per-key state, and how an admitted change is written to it.
 
-use super::decision::Update;
+use super::decision::{Ledger, Update};
 use super::sliding_log::LogState;
 
 /// Per-key state of one limit.
@@ -9,7 +9,12 @@ pub enum State {
     /// Token and leaky bucket: the theoretical arrival time (GCRA), and
     /// the fraction of a µs past it in picoseconds (below 10^6; 0 but for a
     /// token bucket whose interval is a fraction of a µs).
-    Gcra { tat_us: u64, tat_ps: u64 },
+    Gcra {
+        tat_us: u64,
+        tat_ps: u64,
+        /// A token bucket's leases outstanding (`crate::ledger`).
+        ledger: Ledger,
+    },
     /// Fixed window: the window's start and its count.
     Window { start_us: u64, count: u64 },
     /// Sliding window counter.
@@ -29,7 +34,20 @@ impl State {
     pub fn apply(&mut self, update: &Update) {
         match (self, update) {
             (_, Update::Unchanged) => {}
-            (state, &Update::Gcra { tat_us, tat_ps }) => *state = State::Gcra { tat_us, tat_ps },
+            (
+                state,
+                &Update::Gcra {
+                    tat_us,
+                    tat_ps,
+                    ledger,
+                },
+            ) => {
+                *state = State::Gcra {
+                    tat_us,
+                    tat_ps,
+                    ledger,
+                }
+            }
             (state, Update::Window { start_us, count }) => {
                 *state = State::Window {
                     start_us: *start_us,

@@ -675,7 +675,8 @@ fn a_bucket_faster_than_a_token_a_microsecond_counts_every_token() {
         key.state,
         State::Gcra {
             tat_us: T0 + 13,
-            tat_ps: 500_000
+            tat_ps: 500_000,
+            ledger: Ledger::default(),
         }
     );
     assert_eq!(
@@ -689,7 +690,8 @@ fn a_bucket_faster_than_a_token_a_microsecond_counts_every_token() {
         credited.update,
         Update::Gcra {
             tat_us: T0 + 13,
-            tat_ps: 200_000
+            tat_ps: 200_000,
+            ledger: Ledger::default(),
         }
     );
 }
@@ -707,6 +709,7 @@ fn a_tat_far_ahead_is_waited_for_exactly() {
         state: State::Gcra {
             tat_us: T0 + far,
             tat_ps: 300_000,
+            ledger: Ledger::default(),
         },
     };
     for cost in [0, 1, 7, 8, 10] {
@@ -730,6 +733,7 @@ fn a_tat_far_ahead_is_waited_for_exactly() {
             // 2^52 units down to whole µs, the tat's 0.3 µs, less 0.5 µs.
             tat_us: T0 + (1 << 52) / 1_000_000 - 1,
             tat_ps: 800_000,
+            ledger: Ledger::default(),
         }
     );
 }

@@ -12,7 +12,7 @@
 //! state keeps the instant in whole µs and the rest of it in picoseconds,
 //! so that a bucket whose unit changes on reload reads it all the same.
 
-use super::decision::{Evaluation, Update};
+use super::decision::{Evaluation, Ledger, Update};
 
 /// Picoseconds in a µs: the unit of a tat's fraction, whatever the bucket's.
 pub const PS_PER_US: u64 = 1_000_000;
@@ -72,7 +72,7 @@ impl Interval {
 
     /// `units` in whole µs, rounded up: the first whole µs by which they
     /// have passed.
-    fn us(&self, units: u64) -> u64 {
+    pub(crate) fn us(&self, units: u64) -> u64 {
         if self.per_us == 1 {
             return units;
         }
@@ -132,7 +132,11 @@ pub fn evaluate(
             Update::Unchanged
         } else {
             let (tat_us, tat_ps) = interval.after(now_us, after);
-            Update::Gcra { tat_us, tat_ps }
+            Update::Gcra {
+                tat_us,
+                tat_ps,
+                ledger: Ledger::default(),
+            }
         };
         let remaining = (burst - after) / interval.units;
         let full_us = interval.us(after);

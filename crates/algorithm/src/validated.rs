@@ -3,11 +3,14 @@
 
 use super::calendar::Calendar;
 use super::decision::Evaluation;
+use super::decision::Ledger;
 use super::kind::{Kind, Parameter};
 use super::ranges::*;
 use super::sliding_log::LogState;
 use super::state::State;
-use super::{credit, fixed_window, leaky_bucket, quota, sliding_log, sliding_window, token_bucket};
+use super::{
+    credit, fixed_window, leaky_bucket, ledger, quota, sliding_log, sliding_window, token_bucket,
+};
 
 /// Why numbers do not make an algorithm. Each says what is wrong in the
 /// config's own terms (per window, per second, days): the microseconds
@@ -435,6 +438,7 @@ impl Algorithm {
             Kind::TokenBucket | Kind::LeakyBucket => State::Gcra {
                 tat_us: 0,
                 tat_ps: 0,
+                ledger: Ledger::default(),
             },
             Kind::FixedWindow => State::Window {
                 start_us: 0,
@@ -460,12 +464,27 @@ impl Algorithm {
     pub fn evaluate(&self, state: &State, now_us: u64, cost: u64) -> Evaluation {
         let (quota, period) = (self.quota, self.period);
         match (self.kind, state) {
-            (Kind::TokenBucket, &State::Gcra { tat_us, tat_ps }) => {
-                token_bucket::evaluate(quota, self.interval(), (tat_us, tat_ps), now_us, cost)
+            (
+                Kind::TokenBucket,
+                &State::Gcra {
+                    tat_us,
+                    tat_ps,
+                    ledger,
+                },
+            ) => {
+                ledger::evaluate(
+                    quota,
+                    self.interval(),
+                    (tat_us, tat_ps),
+                    ledger,
+                    now_us,
+                    cost,
+                )
+                .0
             }
             // A bucket's schedule in whole µs: a fraction (left by a token
             // bucket before a reload) is a µs more.
-            (Kind::LeakyBucket, &State::Gcra { tat_us, tat_ps }) => {
+            (Kind::LeakyBucket, &State::Gcra { tat_us, tat_ps, .. }) => {
                 leaky_bucket::evaluate(quota, period, tat_us + u64::from(tat_ps > 0), now_us, cost)
             }
             (Kind::FixedWindow, State::Window { start_us, count }) => {

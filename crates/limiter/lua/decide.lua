@@ -17,7 +17,9 @@
 --          where it was counted, which a 6th value gives, see refund_layer;
 --          6 lease: enforced, and when the request is charged a lease is
 --          taken beside it, at most a 6th value's units and at most what
---          the request leaves divided by a 7th, see lease_units)
+--          the request leaves divided by a 7th, see lease_units; an 8th is
+--          the longest the lease will be used, in µs, which a token
+--          bucket's ledger counts it for, see token_bucket_lease)
 -- Reply    one string: 9 integers per layer, request after request,
 --          separated by spaces: allowed, cost_exceeds_limit, limit,
 --          remaining, reset_after_us, retry_after_us, delay_us, counted_at
@@ -99,8 +101,8 @@ local function decide_request(first_key, arg, n)
       layer.state = algorithm.load(key)
       d = algorithm.evaluate(a, b, layer.state, now, cost)
       if mode == '6' then
-        layer.lease = { a = a, b = b, cost = cost, max = tonumber(ARGV[arg]), divisor = tonumber(ARGV[arg + 1]) }
-        arg = arg + 2
+        layer.lease = { a = a, b = b, cost = cost, max = tonumber(ARGV[arg]), divisor = tonumber(ARGV[arg + 1]), life = tonumber(ARGV[arg + 2]) }
+        arg = arg + 3
       end
     end
     layer.decision = d
@@ -118,10 +120,15 @@ local function decide_request(first_key, arg, n)
       if lease ~= nil and layer.algorithm.leased then
         leased = lease_units(d.remaining, lease.max, lease.divisor)
         if leased > 0 then
-          local with_lease = layer.algorithm.evaluate(lease.a, lease.b, layer.state, now, lease.cost + leased)
-          if with_lease.allowed == 1 then
+          local with_lease
+          if layer.algorithm.lease ~= nil then
+            with_lease = layer.algorithm.lease(lease.a, lease.b, layer.state, now, lease.cost, leased, lease.life)
+          else
+            with_lease = layer.algorithm.evaluate(lease.a, lease.b, layer.state, now, lease.cost + leased)
+            if with_lease.allowed ~= 1 then with_lease = nil end
+          end
+          if with_lease ~= nil then
             d = with_lease
-            if layer.algorithm.place_lease ~= nil then d.counted_at = layer.algorithm.place_lease(d) end
           else
             leased = 0
           end

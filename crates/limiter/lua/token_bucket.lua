@@ -2,7 +2,11 @@
 --
 -- KEYS[i]  string: tat, the instant at which the bucket is full again, in
 --          µs ("1750000000000000"), with six decimals when it falls
---          between two µs ("1750000000000000.100000").
+--          between two µs ("1750000000000000.100000"); while leases are
+--          outstanding, then the ledger: the running epoch's end, the
+--          epoch's length, the units leased in it and in the one before
+--          ("1750000000000000 1750000001000000 1000000 300 100"; none
+--          reads as nothing outstanding). See the ledger below.
 -- ARGV     capacity, interval (one token back every interval: µs, with
 --          as many decimals as the bucket counts in, "100000", "0.1",
 --          "333.333334"), cost.
@@ -28,13 +32,27 @@ local function token_bucket_period(text)
   }
 end
 
--- The state: t = tat in whole µs, f = the picoseconds past it.
+-- The ledger of no lease outstanding.
+local function ledger_none()
+  return { e = 0, p = 0, c = 0, v = 0 }
+end
+
+-- The state: t = tat in whole µs, f = the picoseconds past it, l = the
+-- ledger (e = the running epoch's end, p = an epoch's length, c = units
+-- leased in it, v = in the one before).
 local function tat_load(key)
   local v = redis.call('GET', key)
-  if not v then return { t = 0, f = 0 } end
+  if not v then return { t = 0, f = 0, l = ledger_none() } end
+  local l = ledger_none()
+  local space = string.find(v, ' ', 1, true)
+  if space ~= nil then
+    local e, p, c, prev = string.match(string.sub(v, space + 1), '^(%d+) (%d+) (%d+) (%d+)$')
+    l = { e = tonumber(e), p = tonumber(p), c = tonumber(c), v = tonumber(prev) }
+    v = string.sub(v, 1, space - 1)
+  end
   local dot = string.find(v, '.', 1, true)
-  if dot == nil then return { t = tonumber(v), f = 0 } end
-  return { t = tonumber(string.sub(v, 1, dot - 1)), f = tonumber(string.sub(v, dot + 1)) }
+  if dot == nil then return { t = tonumber(v), f = 0, l = l } end
+  return { t = tonumber(string.sub(v, 1, dot - 1)), f = tonumber(string.sub(v, dot + 1)), l = l }
 end
 
 -- Whether tat has passed at now.
@@ -74,7 +92,7 @@ local function token_bucket_after(iv, now, units)
   return { t = now + div(units, iv.per), f = math.fmod(units, iv.per) * (1000000 / iv.per) }
 end
 
-local function token_bucket_evaluate(capacity, iv, tat, now, cost)
+local function token_bucket_plain(capacity, iv, tat, now, cost)
   local n, per = iv.n, iv.per
   local burst = capacity * n
   local debt = token_bucket_debt(iv, tat, now)
@@ -93,9 +111,92 @@ local function token_bucket_evaluate(capacity, iv, tat, now, cost)
     token_bucket_wait_for_room(iv, tat, now, burst - cost * n), now + wait)
 end
 
+-- The lease ledger, the twin of crates/algorithm/src/ledger.rs (which
+-- says why it keeps the burst bound): the units leased and not yet given
+-- back or lapsed, in two epochs of at least a lease's life; the refill
+-- stops short of them.
+
+local function ledger_outstanding(l)
+  return l.c + l.v
+end
+
+-- tat with at least `outstanding` tokens of debt at `at`.
+local function ledger_held(iv, tat, outstanding, at)
+  local floor = outstanding * iv.n
+  if token_bucket_debt(iv, tat, at) >= floor then return tat end
+  return token_bucket_after(iv, at, floor)
+end
+
+-- The ledger at now and its tat: each epoch whose leases have all ended
+-- lapses at its end, the debt kept as it stood then.
+local function ledger_settled(iv, tat, now)
+  local l = { e = tat.l.e, p = tat.l.p, c = tat.l.c, v = tat.l.v }
+  local t = { t = tat.t, f = tat.f }
+  while l.e ~= 0 and now >= l.e and ledger_outstanding(l) > 0 do
+    local at = l.e
+    t = ledger_held(iv, t, ledger_outstanding(l), at)
+    l.v = l.c
+    l.c = 0
+    l.e = at + l.p
+  end
+  if ledger_outstanding(l) == 0 then l = ledger_none() end
+  t.l = l
+  return t
+end
+
+-- The state kept until the bucket is full again: its last epoch lapses
+-- at e + p, keeping the debt of what is outstanding then.
+local function ledger_idle_at(iv, l, idle_at)
+  if ledger_outstanding(l) == 0 then return idle_at end
+  return math.max(idle_at, l.e + l.p + math.ceil(ledger_outstanding(l) * iv.n / iv.per))
+end
+
+-- A settled state's decision: the refill held short of the ledger, which
+-- the update writes.
+local function ledger_evaluate(capacity, iv, tat, l, now, cost)
+  local d = token_bucket_plain(capacity, iv, ledger_held(iv, tat, ledger_outstanding(l), now), now, cost)
+  if d.update ~= nil then d.update.l = l end
+  d.idle_at = ledger_idle_at(iv, l, d.idle_at)
+  return d
+end
+
+local function token_bucket_evaluate(capacity, iv, tat, now, cost)
+  local settled = ledger_settled(iv, tat, now)
+  return ledger_evaluate(capacity, iv, settled, settled.l, now, cost)
+end
+
+-- A request of `cost` admitted with `units` leased beside it, counted in
+-- epochs of `epoch` µs: the decision, or nil for no lease (an admission
+-- refused by the arithmetic, or a ledger in shorter epochs than the
+-- lease's life). The request's own units go on the ledger too, so that a
+-- refund of it, counted where the lease is, takes only what was put there.
+local function token_bucket_lease(capacity, iv, tat, now, cost, units, epoch)
+  if epoch <= 0 then return nil end
+  local settled = ledger_settled(iv, tat, now)
+  local l = settled.l
+  local after
+  if l.e == 0 then
+    after = { e = (div(now, epoch) + 1) * epoch, p = epoch, c = cost + units, v = 0 }
+  elseif epoch > l.p then
+    return nil
+  else
+    after = { e = l.e, p = l.p, c = l.c + cost + units, v = l.v }
+  end
+  local d = ledger_evaluate(capacity, iv, settled, l, now, cost + units)
+  if d.allowed ~= 1 then return nil end
+  d.update.l = after
+  d.idle_at = ledger_idle_at(iv, after, d.idle_at)
+  d.counted_at = after.e
+  return d
+end
+
 local function token_bucket_store(key, tat, idle_at, now)
   local v = int(tat.t)
   if tat.f > 0 then v = string.format('%d.%06d', tat.t, tat.f) end
+  local l = tat.l
+  if l ~= nil and ledger_outstanding(l) > 0 then
+    v = string.format('%s %d %d %d %d', v, l.e, l.p, l.c, l.v)
+  end
   redis.call('SET', key, v, 'PX', ttl_ms(idle_at, now))
 end
 
@@ -113,23 +214,39 @@ end
 
 -- Units given back: tat moved back by their intervals, no earlier than now
 -- (a bucket holds no more than full). The new tat, or nil for no change.
+-- The ledger is left as it was (the units outstanding stay out).
 local function token_bucket_credit(capacity, iv, tat, now, units)
   local debt = token_bucket_debt(iv, tat, now)
   if debt == 0 then return nil end
-  return token_bucket_after(iv, now, math.max(debt - units * iv.n, 0))
+  local t = token_bucket_after(iv, now, math.max(debt - units * iv.n, 0))
+  t.l = tat.l
+  return t
 end
 
 -- A reservation's tokens go back as a credit does; a lease's (`at` is then
--- where its tokens end in the schedule, see place_lease) only while nothing
--- was charged after it, so that no other lease's tokens are freed.
+-- its epoch's end in the ledger) off the ledger and into the bucket, as
+-- many as its epoch still counts; none once it has lapsed.
 local function token_bucket_refund(capacity, iv, key, tat, now, units, at)
-  if at ~= 0 and tat.t ~= at then return nil end
-  return token_bucket_credit(capacity, iv, tat, now, units)
+  if at == 0 then return token_bucket_credit(capacity, iv, tat, now, units) end
+  local settled = ledger_settled(iv, tat, now)
+  local l = settled.l
+  if l.e == 0 then return nil end
+  local held = ledger_held(iv, settled, ledger_outstanding(l), now)
+  local back
+  if at == l.e then
+    back = math.min(units, l.c)
+    l.c = l.c - back
+  elseif at + l.p == l.e then
+    back = math.min(units, l.v)
+    l.v = l.v - back
+  else
+    return nil
+  end
+  if back == 0 then return nil end
+  local t = token_bucket_credit(capacity, iv, held, now, back)
+  if t == nil then t = { t = held.t, f = held.f } end
+  t.l = l
+  return ledger_settled(iv, t, now)
 end
 
--- Where a lease's tokens end: the schedule's end it left (its whole µs).
-local function token_bucket_place_lease(d)
-  return d.update.t
-end
-
-ALGORITHMS[CODE.token_bucket] = { period = token_bucket_period, load = tat_load, evaluate = token_bucket_evaluate, store = token_bucket_store, credit = token_bucket_credit, refund = token_bucket_refund, leased = true, place_lease = token_bucket_place_lease }
+ALGORITHMS[CODE.token_bucket] = { period = token_bucket_period, load = tat_load, evaluate = token_bucket_evaluate, store = token_bucket_store, credit = token_bucket_credit, refund = token_bucket_refund, leased = true, lease = token_bucket_lease }

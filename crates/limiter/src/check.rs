@@ -105,6 +105,10 @@ pub struct Check {
 pub struct LeaseAsk {
     pub max: u64,
     pub divisor: u64,
+    /// The longest the lease will be used, from when it was asked for: a
+    /// token bucket's ledger counts its units until then (in epochs this
+    /// long, `algorithm::ledger`), and leases none when it is 0.
+    pub life_us: u64,
 }
 
 /// True when no enforcing layer refused.

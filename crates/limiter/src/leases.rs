@@ -11,20 +11,21 @@
 //!
 //! A lease lives at most `ttl_us` (never longer than a tenth of its limit's
 //! window) and never past the window or period its units are counted in.
-//! A token bucket's leased tokens are a stretch of the shared bucket's
-//! schedule (`Room::Tokens`), spent as the bucket would spend them: a token
-//! whose time has passed unused is gone, as the bucket would have refilled
-//! it anyway, or a full bucket plus a lease would admit more than the
-//! bucket holds. What was not used goes back (`refund`) when
-//! the lease ends, on shutdown and on reload. A crashed instance's lease is
+//! A token bucket's lease lives `ttl_us` from when it was asked for, and
+//! the bucket's ledger in Redis (`algorithm::ledger`) counts its units
+//! that long: the bucket refills no further than its capacity less what
+//! is outstanding, so a leased token stays valid for the lease's life
+//! whatever the rate, and a full bucket plus the leases never hold more
+//! than the capacity. What was not used goes back (`refund`) when the
+//! lease ends, on shutdown and on reload. A crashed instance's lease is
 //! simply never used: at most one lease per (limit, identity) per instance
-//! is lost, until its window ends or its tokens would have refilled.
+//! is lost, until its window ends or its bucket's ledger lapses it.
 //!
 //! One fetch per key at a time: requests that find the lease empty while a
 //! fetch is out wait for it (within the Redis deadline) instead of sending
-//! their own. A window's or a quota's lease half spent is topped up in the
-//! background (a lease asked beside a request of cost 0), so that under
-//! steady load no request waits for Redis at all.
+//! their own. A lease half spent is topped up in the background (a lease
+//! asked beside a request of cost 0), so that under steady load no request
+//! waits for Redis at all.
 //!
 //! A lease's times are counted from when it was asked for, by the wall
 //! clock and by a monotonic one, whichever has gone further: a clock
@@ -86,15 +87,20 @@ struct Lease {
     /// The layer it was taken for: its algorithm (a reload that changes
     /// the numbers ends the lease), name and key (for the return).
     check: Check,
-    room: Room,
+    /// Units not yet used, spent in any order while the lease runs: a
+    /// token bucket's too, which the bucket's ledger (`algorithm::ledger`)
+    /// keeps out of its refill until the lease's life is over, whatever
+    /// the rate.
+    unused: u64,
     /// Units leased (with the top-ups since): half spent, it is topped up.
     units: u64,
     /// Where its units are counted (a refund finds them there).
     counted_at_us: u64,
     /// On this instance's clock: it is not used from then on.
     ends_at_us: u64,
-    /// How long it lives past its last use (a window's never past the
-    /// window, a bucket's never past a lifetime from when it was taken).
+    /// How long a window's lives past its last use (never past the
+    /// window); a bucket's lives this long from when it was asked for, and
+    /// no longer, since its ledger counts its units no longer.
     ttl_us: u64,
     /// What the shared state had left beside the lease: for the headers.
     shared_remaining: u64,
@@ -107,91 +113,6 @@ struct Lease {
     /// The table's generation it was installed in (`Table::generation`):
     /// its units go back only while it lasts.
     generation: u64,
-}
-
-/// What is left of a lease.
-enum Room {
-    /// A window's or a period's units: spent in any order while it runs.
-    Count { unused: u64 },
-    /// A token bucket's tokens: the stretch of the shared bucket's schedule
-    /// (`tat`, in this instance's clock) from `tat_us` to `end_us`, spent
-    /// as a bucket of its own spends it. Taking a token moves `tat_us` past
-    /// `max(tat_us, now)`: time passing spends the stretch too, as the
-    /// shared bucket would have refilled those tokens itself.
-    Tokens {
-        tat_us: u64,
-        end_us: u64,
-        interval_us: u64,
-    },
-}
-
-impl Room {
-    fn unused(&self, now_us: u64) -> u64 {
-        match *self {
-            Room::Count { unused } => unused,
-            Room::Tokens {
-                tat_us,
-                end_us,
-                interval_us,
-            } => end_us.saturating_sub(tat_us.max(now_us)) / interval_us,
-        }
-    }
-
-    fn take(&mut self, cost: u64, now_us: u64) -> bool {
-        match self {
-            Room::Count { unused } => {
-                let fits = *unused >= cost;
-                if fits {
-                    *unused -= cost;
-                }
-                fits
-            }
-            Room::Tokens {
-                tat_us,
-                end_us,
-                interval_us,
-            } => {
-                let Some(after) = cost
-                    .checked_mul(*interval_us)
-                    .and_then(|span| (*tat_us).max(now_us).checked_add(span))
-                else {
-                    return false;
-                };
-                let fits = after <= *end_us;
-                if fits {
-                    *tat_us = after;
-                }
-                fits
-            }
-        }
-    }
-
-    /// Where the schedule stands: a bucket's take is undone only while it
-    /// is the last one (`tat_us` still where it left it).
-    fn mark(&self) -> u64 {
-        match *self {
-            Room::Count { .. } => 0,
-            Room::Tokens { tat_us, .. } => tat_us,
-        }
-    }
-
-    /// A take of `cost` that left the schedule at `mark` undone: a count
-    /// gets its units back; a bucket's schedule moves back only if nothing
-    /// was taken after it (otherwise the slots it frees are another's).
-    fn put_back(&mut self, cost: u64, mark: u64) {
-        match self {
-            Room::Count { unused } => *unused += cost,
-            Room::Tokens {
-                tat_us,
-                interval_us,
-                ..
-            } => {
-                if *tat_us == mark {
-                    *tat_us = mark.saturating_sub(cost.saturating_mul(*interval_us));
-                }
-            }
-        }
-    }
 }
 
 impl Lease {
@@ -213,42 +134,38 @@ impl Lease {
         if now_us >= self.ends_at_us {
             return 0;
         }
-        self.room.unused(now_us)
+        self.unused
     }
 
-    /// Takes `cost`; where the schedule then stands (see `put_back`). A
-    /// count in use lives on, up to its window's end: only an idle lease
-    /// goes back.
-    fn take(&mut self, cost: u64, now: Now) -> Option<u64> {
+    /// Takes `cost`, if the lease runs and holds it. A window's lease in
+    /// use lives on, up to its window's end: only an idle lease goes back.
+    /// A bucket's does not: its units are on the ledger for its life only.
+    fn take(&mut self, cost: u64, now: Now) -> bool {
         let now_us = self.local(now);
-        if now_us >= self.ends_at_us || !self.room.take(cost, now_us) {
-            return None;
+        if now_us >= self.ends_at_us || self.unused < cost {
+            return false;
         }
-        if let Room::Count { .. } = self.room {
+        self.unused -= cost;
+        if self.check.algorithm.kind() != Kind::TokenBucket {
             self.ends_at_us = self.reset_at_us.min(now_us.saturating_add(self.ttl_us));
         }
-        Some(self.room.mark())
+        true
     }
 
-    /// Half of a count's units are spent: time to lease more. A bucket's
-    /// lease is not topped up: with several instances charging the same
-    /// bucket, tokens leased early would often be past returning (someone
-    /// charged after them) and lost until the bucket refills them.
-    fn half_spent(&self, now: Now) -> bool {
-        matches!(self.room, Room::Count { .. })
-            && self.room.unused(self.local(now)).saturating_mul(2) < self.units
+    /// Half of its units are spent: time to lease more. A bucket's too: a
+    /// top-up in the same epoch of its ledger is counted where the lease
+    /// is, so the units join it (`install`).
+    fn half_spent(&self) -> bool {
+        self.unused.saturating_mul(2) < self.units
     }
 
-    fn put_back(&mut self, cost: u64, mark: u64) {
-        self.room.put_back(cost, mark);
-    }
-
-    /// Units worth giving back at `now`: a token bucket's whose time has
-    /// not passed, a window's while its window runs (a sliding window's
-    /// also in the next, where they still weigh).
+    /// Units worth giving back at `now`: a token bucket's while its ledger
+    /// may still count them (a return past that finds nothing), a window's
+    /// while its window runs (a sliding window's also in the next, where
+    /// they still weigh).
     fn returnable(&self, now: Now) -> u64 {
         let now_us = self.local(now);
-        let unused = self.room.unused(now_us);
+        let unused = self.unused;
         match self.check.algorithm.kind() {
             Kind::TokenBucket => unused,
             Kind::SlidingWindow => {
@@ -629,6 +546,15 @@ impl<S: Store + 'static> Core<S> {
         }
     }
 
+    /// The lease to ask for beside a layer of `algorithm`.
+    fn ask(&self, algorithm: &Algorithm) -> LeaseAsk {
+        LeaseAsk {
+            max: self.settings.max,
+            divisor: self.divisor(),
+            life_us: self.ttl(algorithm),
+        }
+    }
+
     /// `lease_ttl`, and never more than a tenth of the limit's window.
     fn ttl(&self, algorithm: &Algorithm) -> u64 {
         self.settings
@@ -648,24 +574,21 @@ impl<S: Store + 'static> Core<S> {
         }
         let entry = shard.entry(check.key).or_default();
         if let Some(lease) = &mut entry.lease {
-            if lease.check.algorithm == check.algorithm {
-                if let Some(mark) = lease.take(check.cost, now) {
-                    let took = Took {
-                        decision: lease.decision(now),
-                        mark,
-                        generation: lease.generation,
-                    };
-                    let top_up = (lease.half_spent(now) && entry.fetching.is_none()).then(|| {
-                        let notify = Arc::new(Notify::new());
-                        entry.fetching = Some(notify.clone());
-                        Fetching {
-                            table: self.table.clone(),
-                            key: check.key,
-                            notify,
-                        }
-                    });
-                    return Taken::Local(took, top_up);
-                }
+            if lease.check.algorithm == check.algorithm && lease.take(check.cost, now) {
+                let took = Took {
+                    decision: lease.decision(now),
+                    generation: lease.generation,
+                };
+                let top_up = (lease.half_spent() && entry.fetching.is_none()).then(|| {
+                    let notify = Arc::new(Notify::new());
+                    entry.fetching = Some(notify.clone());
+                    Fetching {
+                        table: self.table.clone(),
+                        key: check.key,
+                        notify,
+                    }
+                });
+                return Taken::Local(took, top_up);
             }
         }
         let over = entry.lease.take();
@@ -692,9 +615,8 @@ impl<S: Store + 'static> Core<S> {
     }
 
     /// Units taken from a lease by a request that was then refused
-    /// elsewhere: back into the lease, or, for a count whose lease is gone,
-    /// to the store. A bucket's take whose lease is gone is not given back:
-    /// the store's schedule may have moved on past it.
+    /// elsewhere: back into the lease, or, its lease gone, to the store
+    /// (a bucket's to its ledger, while it still counts them).
     fn untake(&self, check: &Check, took: &Took) {
         let mut shard = self.table.lock(&check.key);
         if let Some(lease) = shard.get_mut(&check.key).and_then(|e| e.lease.as_mut()) {
@@ -702,19 +624,17 @@ impl<S: Store + 'static> Core<S> {
                 && lease.counted_at_us == took.decision.counted_at_us()
                 && lease.generation == took.generation
             {
-                lease.put_back(check.cost, took.mark);
+                lease.unused += check.cost;
                 return;
             }
         }
         drop(shard);
-        if check.algorithm.kind() != Kind::TokenBucket {
-            let back = Return {
-                check: check.clone(),
-                counted_at_us: took.decision.counted_at_us(),
-                generation: took.generation,
-            };
-            let _ = self.returns().send((back, None));
-        }
+        let back = Return {
+            check: check.clone(),
+            counted_at_us: took.decision.counted_at_us(),
+            generation: took.generation,
+        };
+        let _ = self.returns().send((back, None));
     }
 
     /// Installs what the store leased beside `check` (its decision after
@@ -725,22 +645,9 @@ impl<S: Store + 'static> Core<S> {
         let sent_us = sent_at.wall_us;
         let now = self.now();
         let reset_at_us = sent_us.saturating_add(after.reset_after_us());
-        let room = match check.algorithm.kind() {
-            // The shared bucket is full again at `reset_at_us`; the lease's
-            // tokens are the last `units` of the schedule before it.
-            Kind::TokenBucket => {
-                let interval_us = check.algorithm.period_us().max(1);
-                Room::Tokens {
-                    tat_us: reset_at_us.saturating_sub(units * interval_us),
-                    end_us: reset_at_us,
-                    interval_us,
-                }
-            }
-            _ => Room::Count { unused: units },
-        };
         let lease = Lease {
             check: check.clone(),
-            room,
+            unused: units,
             units,
             counted_at_us: after.counted_at_us(),
             ends_at_us: self.ends_at(&check.algorithm, sent_us, reset_at_us),
@@ -770,14 +677,12 @@ impl<S: Store + 'static> Core<S> {
             .as_mut()
             .filter(|h| h.check.algorithm == check.algorithm)
         {
-            if let (Room::Count { unused }, Room::Count { unused: new }) =
-                (&held.room, &mut lease.room)
-            {
-                if held.counted_at_us == lease.counted_at_us {
-                    *new += *unused;
-                    lease.units = *new;
-                    entry.lease = None;
-                }
+            // Counted in the same place (a bucket's: the same epoch of its
+            // ledger, which counts them for the new lease's life too).
+            if held.counted_at_us == lease.counted_at_us {
+                lease.unused += held.unused;
+                lease.units = lease.unused;
+                entry.lease = None;
             }
         }
         let decision = lease.decision(now);
@@ -801,10 +706,7 @@ impl<S: Store + 'static> Core<S> {
             cost: 0,
             ..check.clone()
         };
-        let ask = LeaseAsk {
-            max: self.settings.max,
-            divisor: self.divisor(),
-        };
+        let ask = self.ask(&check.algorithm);
         match self
             .inner
             .decide_leasing(std::slice::from_ref(&probe), &[Some(ask)])
@@ -891,12 +793,10 @@ async fn send<S: Store>(
     }
 }
 
-/// Units a request took from a lease, and where the lease's schedule then
-/// stood (a token bucket's; 0 for a count).
+/// Units a request took from a lease.
 #[derive(Clone, Copy)]
 struct Took {
     decision: Decision,
-    mark: u64,
     /// The lease's: units taken from a lease of an older generation go
     /// back nowhere.
     generation: u64,
@@ -998,9 +898,9 @@ impl<S: Store + 'static> Store for Leased<S> {
     }
 
     /// This instance's lease of the key goes back first, and lands before
-    /// the credit (a token bucket's return is taken only while the schedule
-    /// ends where the lease left it, which a credit moves). The other
-    /// instances give theirs back when they hear of the credit.
+    /// the credit (which gives back no more than the bucket or the window
+    /// holds then). The other instances give theirs back when they hear of
+    /// the credit.
     async fn credit(&self, check: &Check) -> Result<Decision, LimiterError> {
         let backs = self.0.take_back(std::slice::from_ref(&check.key));
         send(
@@ -1077,11 +977,7 @@ impl<S: Store + 'static> Core<S> {
                         Taken::Fetch(fetch, back) => {
                             fetches.push(fetch);
                             backs.extend(back);
-                            let ask = LeaseAsk {
-                                max: self.settings.max,
-                                divisor: self.divisor(),
-                            };
-                            (None, Some(ask))
+                            (None, Some(self.ask(&check.algorithm)))
                         }
                         Taken::Out(notify) => {
                             out.get_or_insert((check.key, notify));
@@ -1149,14 +1045,11 @@ impl<S: Store + 'static> Core<S> {
         {
             let mut shard = self.table.lock(&check.key);
             if let Some(lease) = shard.get_mut(&check.key).and_then(|e| e.lease.as_mut()) {
-                // Only a count: a bucket's units from elsewhere have no
-                // place in the lease's stretch of the schedule.
                 if lease.check.algorithm == check.algorithm
                     && lease.counted_at_us == counted_at_us
                     && !lease.over(now)
-                    && matches!(lease.room, Room::Count { .. })
                 {
-                    lease.put_back(check.cost, 0);
+                    lease.unused += check.cost;
                     return Ok(());
                 }
             }

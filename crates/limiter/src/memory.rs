@@ -497,9 +497,12 @@ fn evaluate_leasing(
     ask: LeaseAsk,
 ) -> (Evaluation, u64) {
     with_state(check, entry, now_us, |state| {
-        check
-            .algorithm
-            .evaluate_leasing(state, now_us, check.cost, ask.max, ask.divisor)
+        check.algorithm.evaluate_leasing(
+            state,
+            now_us,
+            check.cost,
+            (ask.max, ask.divisor, ask.life_us),
+        )
     })
 }
 

@@ -204,7 +204,11 @@ impl<C: Connect> Scripted<C> {
         // A calendar quota's period ends where the proxy's calendar says:
         // read once, for all the layers.
         let mut now_us = None;
-        let no_lease = LeaseAsk { max: 0, divisor: 1 };
+        let no_lease = LeaseAsk {
+            max: 0,
+            divisor: 1,
+            life_us: 0,
+        };
         checks
             .into_iter()
             .enumerate()
@@ -247,7 +251,11 @@ impl<C: Connect> Scripted<C> {
             cost: 1,
             mode: Mode::Enforce,
             refund_at: 0,
-            lease: LeaseAsk { max: 0, divisor: 1 },
+            lease: LeaseAsk {
+                max: 0,
+                divisor: 1,
+                life_us: 0,
+            },
         }
     }
 
@@ -372,7 +380,10 @@ impl<C: Connect> Scripted<C> {
                         invocation.arg(layer.refund_at);
                     }
                     Mode::Lease => {
-                        invocation.arg(layer.lease.max).arg(layer.lease.divisor);
+                        invocation
+                            .arg(layer.lease.max)
+                            .arg(layer.lease.divisor)
+                            .arg(layer.lease.life_us);
                     }
                     _ => {}
                 }
