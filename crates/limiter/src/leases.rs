@@ -113,6 +113,12 @@ struct Lease {
     /// The table's generation it was installed in (`Table::generation`):
     /// its units go back only while it lasts.
     generation: u64,
+    /// A top-up counted elsewhere (a bucket's in the next epoch of its
+    /// ledger, a window's in the next window): its units cannot join
+    /// these, which lapse sooner, so it waits here and takes over once
+    /// these are spent or over. By then these are mostly spent, and no
+    /// script call is made to give them back.
+    next: Option<Box<Lease>>,
 }
 
 impl Lease {
@@ -156,7 +162,14 @@ impl Lease {
     /// top-up in the same epoch of its ledger is counted where the lease
     /// is, so the units join it (`install`).
     fn half_spent(&self) -> bool {
-        self.unused.saturating_mul(2) < self.units
+        self.next.is_none() && self.unused.saturating_mul(2) < self.units
+    }
+
+    /// The next lease in this one's place, if there is one: this one,
+    /// to give back what it did not use.
+    fn promoted(&mut self) -> Option<Lease> {
+        let next = *self.next.take()?;
+        Some(std::mem::replace(self, next))
     }
 
     /// Units worth giving back at `now`: a token bucket's while its ledger
@@ -512,7 +525,11 @@ impl<S: Store + 'static> Core<S> {
                 continue;
             };
             entry.credited |= entry.fetching.is_some();
-            let back = entry.lease.take().and_then(|l| returned(l, now));
+            let mut lease = entry.lease.take();
+            if let Some(next) = lease.as_mut().and_then(|l| l.next.take()) {
+                backs.extend(returned(*next, now).map(|back| (back, None)));
+            }
+            let back = lease.and_then(|l| returned(l, now));
             if let Some(back) = back {
                 let fetching = entry.fetching.is_none().then(|| {
                     let notify = Arc::new(Notify::new());
@@ -573,22 +590,41 @@ impl<S: Store + 'static> Core<S> {
             return Taken::Alone;
         }
         let entry = shard.entry(check.key).or_default();
+        let mut spent = None;
         if let Some(lease) = &mut entry.lease {
-            if lease.check.algorithm == check.algorithm && lease.take(check.cost, now) {
-                let took = Took {
-                    decision: lease.decision(now),
-                    generation: lease.generation,
-                };
-                let top_up = (lease.half_spent() && entry.fetching.is_none()).then(|| {
-                    let notify = Arc::new(Notify::new());
-                    entry.fetching = Some(notify.clone());
-                    Fetching {
-                        table: self.table.clone(),
-                        key: check.key,
-                        notify,
+            if lease.check.algorithm == check.algorithm {
+                let mut taken = lease.take(check.cost, now);
+                if !taken {
+                    spent = lease.promoted();
+                    taken = spent.is_some() && lease.take(check.cost, now);
+                }
+                if taken {
+                    let took = Took {
+                        decision: lease.decision(now),
+                        generation: lease.generation,
+                    };
+                    let top_up = (lease.half_spent() && entry.fetching.is_none()).then(|| {
+                        let notify = Arc::new(Notify::new());
+                        entry.fetching = Some(notify.clone());
+                        Fetching {
+                            table: self.table.clone(),
+                            key: check.key,
+                            notify,
+                        }
+                    });
+                    drop(shard);
+                    if let Some(spent) = spent {
+                        self.give_back(spent, now);
                     }
-                });
-                return Taken::Local(took, top_up);
+                    return Taken::Local(took, top_up);
+                }
+            }
+        }
+        if let Some(spent) = spent {
+            // What the lease left before the next one took over: most
+            // often nothing, and then no call.
+            if let Some(back) = returned(spent, now) {
+                let _ = self.returns().send((back, None));
             }
         }
         let over = entry.lease.take();
@@ -658,6 +694,7 @@ impl<S: Store + 'static> Core<S> {
             start_us: sent_us,
             started_us: sent_at.monotonic_us,
             generation,
+            next: None,
         };
         let mut lease = lease;
         let mut shard = self.table.lock(&check.key);
@@ -682,7 +719,18 @@ impl<S: Store + 'static> Core<S> {
             if held.counted_at_us == lease.counted_at_us {
                 lease.unused += held.unused;
                 lease.units = lease.unused;
+                lease.next = held.next.take();
                 entry.lease = None;
+            } else if !held.over(now) && held.unused > 0 {
+                // Counted elsewhere: it waits for these to be spent.
+                let decision = lease.decision(now);
+                let waiting = held.next.replace(Box::new(lease));
+                drop(shard);
+                self.returns();
+                if let Some(old) = waiting {
+                    self.give_back(*old, now);
+                }
+                return decision;
             }
         }
         let decision = lease.decision(now);
@@ -734,9 +782,15 @@ impl<S: Store + 'static> Core<S> {
         for shard in self.table.shards.iter() {
             let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
             for entry in shard.values_mut() {
-                if let Some(back) = entry.lease.take().and_then(|l| returned(l, now)) {
-                    backs.push((back, None));
+                let mut lease = entry.lease.take();
+                if let Some(next) = lease.as_mut().and_then(|l| l.next.take()) {
+                    backs.extend(returned(*next, now).map(|back| (back, None)));
                 }
+                backs.extend(
+                    lease
+                        .and_then(|l| returned(l, now))
+                        .map(|back| (back, None)),
+                );
             }
             shard.retain(|_, e| e.fetching.is_some());
         }
@@ -744,10 +798,16 @@ impl<S: Store + 'static> Core<S> {
     }
 }
 
-/// The return of a lease's unused units at `now`, if worth sending.
+/// The return of a lease's unused units at `now`, if worth sending:
+/// not a bucket's that the bucket refills within a lease's life anyway
+/// (100 tokens at 1,000,000 a second: 100 µs): a call for them would cost
+/// more than they are worth, and its ledger lets them go within two lives.
 fn returned(lease: Lease, now: Now) -> Option<Return> {
     let units = lease.returnable(now);
-    if units == 0 {
+    let refilled_us = units.saturating_mul(lease.check.algorithm.period_us());
+    if units == 0
+        || (lease.check.algorithm.kind() == Kind::TokenBucket && refilled_us <= lease.ttl_us)
+    {
         return None;
     }
     Some(Return {
@@ -860,8 +920,12 @@ fn expired(table: &Arc<Table>, now: Now) -> (Vec<(Return, Option<Fetching>)>, us
     for shard in table.shards.iter() {
         let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
         shard.retain(|key, entry| {
-            if entry.lease.as_ref().is_some_and(|l| l.over(now)) {
-                if let Some(back) = entry.lease.take().and_then(|l| returned(l, now)) {
+            // Over: the next lease, if any, takes its place (and may be
+            // over too).
+            while entry.lease.as_ref().is_some_and(|l| l.over(now)) {
+                let mut over = entry.lease.take();
+                entry.lease = over.as_mut().and_then(|l| l.next.take()).map(|next| *next);
+                if let Some(back) = over.and_then(|l| returned(l, now)) {
                     let fetching = entry.fetching.is_none().then(|| {
                         let notify = Arc::new(Notify::new());
                         entry.fetching = Some(notify.clone());
