@@ -543,16 +543,10 @@ fn leases_for(i: usize, s: &LimitSection, limit: &Limit, redis: bool) -> Result<
         Rule::Rate(algorithm) => Some(algorithm.kind()),
         Rule::Concurrency(_) => None,
     };
-    // An instance spends a leased bucket's tokens on a schedule of whole
-    // µs (crates/limiter/src/leases.rs), which a bucket counting in
-    // fractions of one does not keep: such a bucket is decided on Redis.
-    let fractional = |rule: &Rule| matches!(rule, Rule::Rate(a) if a.per_us() > 1);
+    // A bucket counting in fractions of a µs leases as any other: its
+    // leased tokens are a count on its ledger (crates/algorithm/src/ledger.rs),
+    // never a stretch of its schedule.
     let refusal = match kind {
-        Some(Kind::TokenBucket)
-            if fractional(&limit.rule) || limit.tiers.iter().any(|(_, r)| fractional(r)) =>
-        {
-            Some("leases spend a token bucket's tokens a whole microsecond apart, and this refill_rate is not (1,000,000 / refill_rate is no whole number, and refill_rate is above 1,000): it takes no leases. A refill_rate that divides 1,000,000, or one of at most 1,000, does".to_string())
-        }
         Some(kind) if !takes_lease(kind) => Some(format!(
             "{} decides every request on Redis (every admission is its own stamp or departure slot): it takes no leases",
             kind.name()
