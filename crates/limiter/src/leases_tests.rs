@@ -498,6 +498,32 @@ async fn a_half_spent_lease_is_topped_up_before_it_runs_dry() {
     assert_eq!(shared_remaining(&store, &hot, T0), 1_000_000 - 200);
 }
 
+/// A bucket's top-up that lands in its ledger's next epoch cannot join the
+/// lease (whose units lapse an epoch sooner): it waits beside it and takes
+/// over once the lease is spent, so no call gives back the lease's
+/// leftovers at each epoch, and every request after the first is a lease's.
+#[tokio::test]
+async fn a_buckets_top_up_in_its_next_epoch_takes_over_once_the_lease_is_spent() {
+    let (clock, store) = setup();
+    let metrics = lease_metrics();
+    let gate = leased(&store, &clock, 1).with_metrics(metrics.clone());
+    // One token a second: leftovers are worth a return (the bucket would
+    // not refill them within a lease's life, 1 s, as its epochs).
+    let hot = leasing(Algorithm::token_bucket(10_000, SEC).unwrap(), 1, 1);
+    for _ in 0..600 {
+        assert!(gate.decide(std::slice::from_ref(&hot)).await.unwrap()[0].allowed());
+        for _ in 0..4 {
+            tokio::task::yield_now().await;
+        }
+        // 600 requests over 6 s: six epochs crossed, each lease spent
+        // well within its life.
+        clock.advance(10_000);
+    }
+    assert_eq!(metrics.decisions.get(), 599);
+    assert_eq!(metrics.returned_units.get(), 0, "no leftovers sent back");
+    assert_eq!(store.decisions() as u64, metrics.taken.get());
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_idle_lease_goes_back_by_itself_once_idle_for_lease_ttl() {
     let (clock, store) = setup();
