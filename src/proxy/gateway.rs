@@ -195,12 +195,11 @@ impl Gateway {
         let h2 = session.req_header().version == http::Version::HTTP_2;
         // The header naming an HTTP/2 request's stream is the watch's word
         // to this request alone: read, then gone before anything else looks.
-        if h2 {
-            let socket = session.digest().and_then(|d| d.socket_digest.as_ref());
-            ctx.h2_stream = stream_header(&session.req_header().headers)
-                .and_then(|v| H2Stream::named(v, socket));
-        }
-        if stream_header(&session.req_header().headers).is_some() {
+        if let Some(named) = stream_header(&session.req_header().headers) {
+            if h2 {
+                let socket = session.digest().and_then(|d| d.socket_digest.as_ref());
+                ctx.h2_stream = H2Stream::named(named, socket);
+            }
             session.req_header_mut().remove_header(&STREAM_HEADER_NAME);
         }
         if h2 && ctx.h2_stream.is_none() {
