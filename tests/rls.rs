@@ -1051,6 +1051,18 @@ fn open_after(held: &mut [(std::net::TcpStream, bool)], left: usize, limit: Dura
 
 /// `n` TCP connections to `addr` made at once, from 60 threads.
 fn connect_many(addr: std::net::SocketAddr, n: usize) -> Vec<std::net::TcpStream> {
+    connect_many_sending(addr, n, &[])
+}
+
+/// `n` TCP connections to `addr` made at once, from 60 threads, each
+/// sending `first` as soon as it connects: its bytes are in before the
+/// server's deadline from the accept can pass, however loaded the machine.
+fn connect_many_sending(
+    addr: std::net::SocketAddr,
+    n: usize,
+    first: &[u8],
+) -> Vec<std::net::TcpStream> {
+    use std::io::Write;
     std::thread::scope(|s| {
         let threads: Vec<_> = (0..60)
             .map(|t| {
@@ -1059,7 +1071,13 @@ fn connect_many(addr: std::net::SocketAddr, n: usize) -> Vec<std::net::TcpStream
                         .skip(t)
                         .step_by(60)
                         .filter_map(|_| {
-                            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()
+                            let mut stream =
+                                std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+                                    .ok()?;
+                            if !first.is_empty() {
+                                stream.write_all(first).ok()?;
+                            }
+                            Some(stream)
                         })
                         .collect::<Vec<_>>()
                 })
@@ -1078,7 +1096,6 @@ const PREFACE_AND_SETTINGS: &[u8] =
 
 #[test]
 fn connections_without_a_preface_and_idle_ones_are_closed_in_time() {
-    use std::io::Write;
     let upstream = Upstream::start();
     let rls = start(
         ConfigBuilder::new(upstream.addr)
@@ -1086,17 +1103,13 @@ fn connections_without_a_preface_and_idle_ones_are_closed_in_time() {
             .server("header_timeout = \"1s\"\nkeepalive_timeout = \"2s\"")
             .limit(per_address(1000)),
     );
-    // 60 that send nothing, 60 that send half the preface, 60 that send the
-    // preface and their settings and then nothing.
+    // 60 that send the preface and their settings and then nothing, 60
+    // that send half the preface, 60 that send nothing. The idle ones
+    // send at once: a preface late past `header_timeout` would be a
+    // header timeout, not an idle one.
+    let mut idle = connect_many_sending(rls.addr, 60, PREFACE_AND_SETTINGS);
+    let mut half = connect_many_sending(rls.addr, 60, &PREFACE_AND_SETTINGS[..12]);
     let mut silent = connect_many(rls.addr, 60);
-    let mut half = connect_many(rls.addr, 60);
-    let mut idle = connect_many(rls.addr, 60);
-    for s in &mut half {
-        let _ = s.write_all(&PREFACE_AND_SETTINGS[..12]);
-    }
-    for s in &mut idle {
-        let _ = s.write_all(PREFACE_AND_SETTINGS);
-    }
     let mut held: Vec<(std::net::TcpStream, bool)> = silent
         .drain(..)
         .chain(half.drain(..))
