@@ -156,6 +156,54 @@ fn a_fast_global_bucket_costs_redis_as_little_as_a_window() {
     record("leases_fast_bucket", &figures);
 }
 
+/// Issue 49, the fleet: three proxies on one Redis share the fleet-wide
+/// bucket, 8 keep-alive connections to each at once. Each instance leases
+/// a third of what one would, and still asks Redis about once per 50
+/// admitted requests, at every rate.
+#[test]
+fn three_proxies_sharing_a_fast_bucket_cost_redis_as_little_as_one() {
+    let mut figures = String::new();
+    for rate in [1_000_000.0, 100_000.0, 100.0] {
+        let redis = RedisServer::start();
+        let upstream = Upstream::start();
+        let config = on_redis(&upstream, &redis.url())
+            .redis_lines("instances = 3")
+            .limit(Limit::token_bucket("global", "global", 1_000_000, rate));
+        let proxies: Vec<Proxy> = (0..3).map(|_| leasing(config.start())).collect();
+        for proxy in &proxies {
+            assert_eq!(proxy.get("/").status, 200);
+        }
+        let _: String = redis.cmd(&["CONFIG", "RESETSTAT"]);
+        let statuses: Vec<u16> = std::thread::scope(|s| {
+            let loads: Vec<_> = proxies
+                .iter()
+                .map(|proxy| s.spawn(move || keepalive_load(proxy, 8, 2_000)))
+                .collect();
+            loads
+                .into_iter()
+                .flat_map(|l| l.join().expect("a proxy's load"))
+                .collect()
+        });
+        let admitted = count_status(&statuses, 200);
+        assert_eq!(
+            admitted, 6_000,
+            "{rate}/s: far from the limit everyone is admitted"
+        );
+        let calls = redis.calls("evalsha");
+        let per_request = calls as f64 / admitted as f64;
+        let leases: f64 = proxies
+            .iter()
+            .map(|p| p.metric("floodgate_redis_leases_total"))
+            .sum();
+        assert!(
+            per_request <= 0.02,
+            "{rate}/s: {calls} script calls for {admitted} admitted requests ({leases} leases)"
+        );
+        figures += &format!("3 proxies x 8 keep-alive connections x 250 requests on one global token bucket (1,000,000 at {rate}/s, instances = 3): {admitted} admitted, {calls} EVALSHA ({per_request:.4} per admitted request), {leases} leases\n");
+    }
+    record("leases_fast_bucket_three_proxies", &figures);
+}
+
 /// Three proxies leasing from one bucket of 100 that refills next to
 /// nothing (one token a day): 600 requests at once admit at most 100, and
 /// once the leases end what they did not use is the bucket's again, so the
