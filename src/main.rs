@@ -221,7 +221,9 @@ fn check(file: &std::path::Path) -> anyhow::Result<()> {
 fn run(file: &std::path::Path) -> anyhow::Result<()> {
     // Kept by the running process: reloads read the same environment, and
     // the same table of run-time API keys.
-    let inputs = Inputs::from_process().with_run_time_keys(std::sync::Arc::default());
+    let inputs = Inputs::from_process()
+        .with_run_time_keys(std::sync::Arc::default())
+        .with_run_time_overrides(std::sync::Arc::default());
     let config = Config::load(file, &inputs)?;
     let server = floodgate::server::build(&config, inputs).context("cannot start")?;
     log::info!(

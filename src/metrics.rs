@@ -410,12 +410,18 @@ impl Metrics {
             IntCounterVec::new(
                 Opts::new(
                     "floodgate_client_changes_total",
-                    "Changes to run-time clients made through this instance's admin API, by what (api_key_set, api_key_revoked, api_keys_imported)",
+                    "Changes to run-time clients made through this instance's admin API, by what (api_key_set, api_key_revoked, api_keys_imported, override_set, override_removed)",
                 ),
                 &["what"],
             ),
         );
-        for what in ["api_key_set", "api_key_revoked", "api_keys_imported"] {
+        for what in [
+            "api_key_set",
+            "api_key_revoked",
+            "api_keys_imported",
+            "override_set",
+            "override_removed",
+        ] {
             client_changes.with_label_values(&[what]);
         }
         let run_time_keys = registered(

@@ -35,6 +35,8 @@ pub struct Runtime {
     pub admin_token: Option<AdminToken>,
     /// `[rls].token_file`'s tokens (a reload rotates them).
     pub rls_tokens: Option<RlsTokens>,
+    /// How each limit reads a client's numbers set at run time.
+    pub override_rules: crate::config::overrides::OverrideRules,
 }
 
 impl Runtime {
@@ -51,6 +53,7 @@ impl Runtime {
                 .collect(),
             admin_token: config.admin_token.clone(),
             rls_tokens: config.rls_tokens.clone(),
+            override_rules: config.override_rules.clone(),
         })
     }
 
@@ -230,6 +233,9 @@ impl AppState {
                     resolver.replace(tls.certs.clone());
                 }
                 self.runtime.store(Arc::new(runtime));
+                if let Some(clients) = &self.clients {
+                    clients.reconfigured(crate::clients::OverrideChecker::of(&config));
+                }
                 self.metrics.reload(true);
                 self.status.reloaded(true, None);
                 info!("reloaded {}", path.display());

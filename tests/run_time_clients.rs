@@ -267,7 +267,9 @@ fn the_memory_store_keeps_its_keys_in_its_file_across_a_reload_and_a_restart() {
     let proxy = memory.start();
     assert_eq!(tier_served(proxy.addr, KEY), "pro", "{}", proxy.log());
     assert_eq!(tier_served(proxy.addr, "file-key-0001"), "anonymous");
-    assert!(proxy.log().contains("2 API key entries loaded from"));
+    assert!(proxy
+        .log()
+        .contains("2 API key entries and 0 overrides loaded from"));
     assert_never_shown(&proxy);
     drop(proxy);
     common::remove_test_dir(&dir);

@@ -25,7 +25,7 @@ pub struct Changed {
     pub detail: String,
 }
 
-fn field_error(field: &str, reason: impl std::fmt::Display) -> ApiError {
+pub(super) fn field_error(field: &str, reason: impl std::fmt::Display) -> ApiError {
     ApiError {
         status: 400,
         code: "invalid_field",
@@ -106,7 +106,10 @@ fn checked_tier(policy: &Policy, field: &str, value: Option<&Value>) -> Result<A
     }
 }
 
-fn checked_label(field: &str, value: Option<&Value>) -> Result<Option<Box<str>>, ApiError> {
+pub(super) fn checked_label(
+    field: &str,
+    value: Option<&Value>,
+) -> Result<Option<Box<str>>, ApiError> {
     match value {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(label))
@@ -160,11 +163,11 @@ fn entry_of(
     ))
 }
 
-fn body_json(body: &[u8]) -> Result<Value, ApiError> {
+pub(super) fn body_json(body: &[u8]) -> Result<Value, ApiError> {
     serde_json::from_slice(body).map_err(|e| field_error("body", format!("not JSON: {e}")))
 }
 
-fn rfc3339(unix_s: u64) -> Value {
+pub(super) fn rfc3339(unix_s: u64) -> Value {
     chrono::DateTime::from_timestamp(i64::try_from(unix_s).unwrap_or(i64::MAX), 0)
         .map_or(Value::Null, |t| {
             json!(t.format("%Y-%m-%dT%H:%M:%SZ").to_string())

@@ -7,11 +7,15 @@ use std::net::IpAddr;
 use http::HeaderName;
 use serde_json::{json, Value};
 
+use super::api_keys::rfc3339;
 use super::reply::ApiError;
 use crate::algorithm::{Algorithm, Decision};
+use crate::clients::StoredOverride;
 use crate::identity::{ApiKey, KeySource, KnownPart, Tier, SUBJECT};
 use crate::limiter::StateKey;
 use crate::limiter::{Check, LimitId, LimitName, OnFailure, Store};
+use crate::policy::overrides::OverrideKey;
+use crate::policy::Limit;
 use crate::policy::{OnMissing, Policy, Rule};
 
 /// What the operator named the client by.
@@ -311,6 +315,16 @@ impl Lookup {
         Ok((chosen, hidden))
     }
 
+    /// The limit named `name` and the client's identity under it (the
+    /// state an override of its numbers applies to).
+    pub fn identity_under(&self, policy: &Policy, name: &str) -> Result<(LimitId, u128), ApiError> {
+        let (chosen, _) = self.chosen(policy, Some(name))?;
+        let a = chosen.first().ok_or_else(|| {
+            ApiError::bad_request(format!("limit {name:?} is not keyed on {}", self.label))
+        })?;
+        Ok((a.limit, a.identity))
+    }
+
     /// Numbers are read for a tier: one the client's requests may not be
     /// in is no answer (a credit would move a bucket by another tier's
     /// interval).
@@ -370,7 +384,7 @@ fn peek_check(
 fn state_checks(policy: &Policy, lookup: &Lookup, a: &Applying, cost: u64) -> Vec<Check> {
     let limit = &policy.limits[a.limit.index()];
     let mut checks = Vec::new();
-    if let Rule::Rate(algorithm) = limit.rule_for(&lookup.tier) {
+    if let Rule::Rate(algorithm) = policy.rule_in_force(limit, &lookup.tier, a.identity) {
         let key = StateKey {
             limit: limit.id,
             identity: a.identity,
@@ -398,6 +412,23 @@ fn state_checks(policy: &Policy, lookup: &Lookup, a: &Applying, cost: u64) -> Ve
         }
     }
     checks
+}
+
+/// What `/v1/clients` shows of an override in force.
+fn override_in_force(policy: &Policy, limit: &Limit, identity: u128) -> Value {
+    let key = OverrideKey {
+        limit: limit.id,
+        identity,
+    };
+    match policy.overrides.as_ref().and_then(|t| t.get(&key)) {
+        Some(entry) => json!({
+            "numbers": StoredOverride::of(&entry).numbers,
+            "expires": entry.expires_at_s.map(rfc3339),
+            "set_at": rfc3339(entry.set_at_s),
+            "label": entry.label.as_deref(),
+        }),
+        None => Value::Null,
+    }
 }
 
 /// `GET /v1/clients`: per limit keyed on the client, what is left, when it
@@ -433,7 +464,7 @@ pub async fn show(
         let next: &[Decision] = &decisions[at + span..at + 2 * span];
         at += 2 * span;
         let limit = &policy.limits[a.limit.index()];
-        let rule = limit.rule_for(&lookup.tier);
+        let rule = policy.rule_in_force(limit, &lookup.tier, a.identity);
         let mut entry = json!({
             "limit": limit.name.as_str(),
             "key": if a.by_address { "ip (on_missing)".to_string() } else { limit.key.describe() },
@@ -441,6 +472,9 @@ pub async fn show(
             "shadow": limit.shadow,
             "store": deciding,
         });
+        if rule != limit.rule_for(&lookup.tier) {
+            entry["override"] = override_in_force(policy, limit, a.identity);
+        }
         let mut rest = 0;
         match rule {
             Rule::Rate(_) => {
@@ -526,7 +560,7 @@ pub async fn credit(
     lookup.check_tier(policy, &chosen)?;
     let a = &chosen[0];
     let limit = &policy.limits[a.limit.index()];
-    let Rule::Rate(algorithm) = limit.rule_for(&lookup.tier) else {
+    let Rule::Rate(algorithm) = policy.rule_in_force(limit, &lookup.tier, a.identity) else {
         return Err(ApiError::conflict(format!(
             "limit {name:?} counts requests in flight: there is nothing to credit"
         )));

@@ -6,6 +6,7 @@
 mod api_keys;
 pub mod auth;
 mod clients;
+mod overrides;
 mod reply;
 
 use std::sync::Arc;
@@ -210,9 +211,9 @@ impl Admin {
                     clients_call(&method, &params, policy, store, &peer, &mut who).await
                 }
                 Call::Credit => credit_call(session, policy, store, &peer, &mut who).await,
-                Call::ApiKeys | Call::Import => {
+                Call::ApiKeys | Call::Import | Call::Overrides => {
                     let params = query_params(query.as_deref());
-                    self.api_keys_call(session, route.call, &method, &params, policy, &peer)
+                    self.api_keys_call(session, route.call, &method, &params, &runtime, &peer)
                         .await
                 }
             },
@@ -240,17 +241,18 @@ impl Admin {
         }
     }
 
-    /// `/v1/api_keys` and `/v1/api_keys/import`: every change is one log
-    /// line (key labels, never a key) and counted.
+    /// `/v1/api_keys`, `/v1/api_keys/import` and `/v1/overrides`: every
+    /// change is one log line (key labels, never a key) and counted.
     async fn api_keys_call(
         &self,
         session: &mut ServerSession,
         call: Call,
         method: &Method,
         params: &Params,
-        policy: &crate::policy::Policy,
+        runtime: &crate::state::Runtime,
         peer: &str,
     ) -> Result<Value, ApiError> {
+        let policy = &runtime.policy;
         let Some(clients) = &self.state.clients else {
             return Err(ApiError::not_found(
                 "run_time_clients_off",
@@ -265,6 +267,12 @@ impl Admin {
                 api_keys::put(clients, policy, &body, now_s).await?
             }
             (Call::ApiKeys, _) => api_keys::revoke(clients, policy, params, now_s).await?,
+            (Call::Overrides, "GET") => return overrides::list(clients, policy, params, now_s),
+            (Call::Overrides, "PUT") => {
+                let body = read_body(session).await?;
+                overrides::put(clients, policy, &runtime.override_rules, &body, now_s).await?
+            }
+            (Call::Overrides, _) => overrides::remove(clients, policy, params).await?,
             _ => {
                 let body = read_body_up_to(session, MAX_IMPORT_BODY).await?;
                 api_keys::import(clients, policy, &body, now_s).await?
@@ -360,6 +368,7 @@ impl Admin {
 enum Call {
     ApiKeys,
     Import,
+    Overrides,
     Clients,
     Credit,
     Limits,
@@ -375,7 +384,7 @@ struct Route {
 
 /// The API, in one place: the dispatch, a 405's `Allow` and a 404's hint
 /// all read it.
-const ROUTES: [Route; 6] = [
+const ROUTES: [Route; 7] = [
     Route {
         path: "/v1/api_keys",
         allow: "GET, PUT, DELETE",
@@ -385,6 +394,11 @@ const ROUTES: [Route; 6] = [
         path: "/v1/api_keys/import",
         allow: "POST",
         call: Call::Import,
+    },
+    Route {
+        path: "/v1/overrides",
+        allow: "GET, PUT, DELETE",
+        call: Call::Overrides,
     },
     Route {
         path: "/v1/clients",
@@ -536,7 +550,7 @@ mod tests {
     fn the_hint_names_every_route() {
         assert_eq!(
             routes_hint(),
-            "/v1/api_keys, /v1/api_keys/import, /v1/clients, /v1/clients/credit, /v1/limits or /v1/status"
+            "/v1/api_keys, /v1/api_keys/import, /v1/overrides, /v1/clients, /v1/clients/credit, /v1/limits or /v1/status"
         );
     }
 }

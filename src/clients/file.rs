@@ -9,14 +9,26 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::entries::{hash_hex, parse_hash, EntryError, StoredEntry};
+use super::overrides::{field_of, parse_field, StoredOverride};
 use crate::identity::KeyEntry;
+use crate::policy::overrides::{Override, OverrideKey};
 
-/// The file's layout; `format` changes when it does.
+/// The file's layout; `format` changes when a field changes meaning (a
+/// file without `overrides` is one from before them, and has none).
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Document {
     format: u32,
     api_keys: BTreeMap<String, StoredEntry>,
+    #[serde(default)]
+    overrides: BTreeMap<String, StoredOverride>,
+}
+
+/// What the file keeps.
+#[derive(Debug, Default)]
+pub struct Kept {
+    pub api_keys: Vec<(u128, KeyEntry)>,
+    pub overrides: Vec<(OverrideKey, StoredOverride)>,
 }
 
 const FORMAT: u32 = 1;
@@ -35,20 +47,21 @@ pub enum LoadError {
     },
     #[error("{path}: format {found}, this build reads {FORMAT}")]
     Format { path: String, found: u32 },
-    #[error("{path}: api_keys.{hash}: {source}")]
+    #[error("{path}: {table}.{hash}: {source}")]
     Entry {
         path: String,
+        table: &'static str,
         hash: String,
         source: EntryError,
     },
 }
 
 /// The entries in `path`; none when there is no file yet.
-pub fn load(path: &Path) -> Result<Vec<(u128, KeyEntry)>, LoadError> {
+pub fn load(path: &Path) -> Result<Kept, LoadError> {
     let shown = || path.display().to_string();
     let bytes = match std::fs::read(path) {
         Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Kept::default()),
         Err(source) => {
             return Err(LoadError::Read {
                 path: shown(),
@@ -66,29 +79,57 @@ pub fn load(path: &Path) -> Result<Vec<(u128, KeyEntry)>, LoadError> {
             found: document.format,
         });
     }
-    document
+    let api_keys = document
         .api_keys
         .into_iter()
         .map(|(hash, stored)| {
             let entry = parse_hash(&hash).and_then(|h| Ok((h, stored.into_entry()?)));
             entry.map_err(|source| LoadError::Entry {
                 path: shown(),
+                table: "api_keys",
                 hash,
                 source,
             })
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    let overrides = document
+        .overrides
+        .into_iter()
+        .map(|(field, stored)| {
+            parse_field(&field)
+                .map(|key| (key, stored))
+                .map_err(|source| LoadError::Entry {
+                    path: shown(),
+                    table: "overrides",
+                    hash: field,
+                    source,
+                })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Kept {
+        api_keys,
+        overrides,
+    })
 }
 
-/// Writes `entries` (a later one of a hash beats an earlier) to `path`:
-/// to a temporary file beside it, flushed to disk, then renamed over it.
-pub fn save(path: &Path, entries: Vec<(u128, KeyEntry)>) -> std::io::Result<()> {
+/// Writes `entries` and `overrides` (a later one of a hash or a key beats
+/// an earlier) to `path`: to a temporary file beside it, flushed to disk,
+/// then renamed over it.
+pub fn save(
+    path: &Path,
+    entries: Vec<(u128, KeyEntry)>,
+    overrides: Vec<(OverrideKey, Override)>,
+) -> std::io::Result<()> {
     let unique: HashMap<u128, KeyEntry> = entries.into_iter().collect();
     let document = Document {
         format: FORMAT,
         api_keys: unique
             .iter()
             .map(|(hash, entry)| (hash_hex(*hash), StoredEntry::of(entry)))
+            .collect(),
+        overrides: overrides
+            .iter()
+            .map(|(key, entry)| (field_of(key), StoredOverride::of(entry)))
             .collect(),
     };
     let bytes = serde_json::to_vec(&document).map_err(std::io::Error::other)?;

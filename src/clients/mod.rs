@@ -7,7 +7,9 @@
 mod entries;
 mod error;
 mod file;
+mod overrides;
 mod redis;
+mod tables;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,10 +18,13 @@ use std::time::Duration;
 pub use entries::{hash_hex, parse_hash, EntryError, StoredEntry};
 pub use error::ClientsError;
 pub use file::LoadError;
+pub use overrides::{field_of, OverrideChecker, StoredOverride};
 pub use redis::RedisClients;
+pub use tables::Tables;
 
 use crate::identity::{KeyEntry, RunTimeKeys};
 use crate::limiter::RedisSettings;
+use crate::policy::overrides::{Override, OverrideKey, RunTimeOverrides};
 
 /// At most this many keys in one import.
 pub const MAX_IMPORT: usize = 10_000;
@@ -36,6 +41,8 @@ enum Keeping {
 /// The run-time clients of this process and where they are kept.
 pub struct RunTimeClients {
     pub keys: Arc<RunTimeKeys>,
+    pub overrides: Arc<RunTimeOverrides>,
+    checker: Arc<arc_swap::ArcSwap<OverrideChecker>>,
     keeping: Keeping,
     /// One change at a time: the file is written whole, and a change is
     /// in the table before the next starts.
@@ -45,32 +52,38 @@ pub struct RunTimeClients {
 impl RunTimeClients {
     /// Kept in memory, or in `file` (loaded now: a file that cannot be read
     /// stops the start, rather than bring revoked keys back).
-    pub fn local(keys: Arc<RunTimeKeys>, file: Option<PathBuf>) -> Result<Self, LoadError> {
+    pub fn local(tables: Tables, file: Option<PathBuf>) -> Result<Self, LoadError> {
         let keeping = match file {
             Some(path) => {
-                let entries = file::load(&path)?;
+                let kept = file::load(&path)?;
                 log::info!(
-                    "run-time clients: {} API key entries loaded from {}",
-                    entries.len(),
+                    "run-time clients: {} API key entries and {} overrides loaded from {}",
+                    kept.api_keys.len(),
+                    kept.overrides.len(),
                     path.display()
                 );
-                keys.replace_all(entries);
+                tables.keys.replace_all(kept.api_keys);
+                tables.overrides.replace_all(tables.read(kept.overrides));
                 Keeping::File(path)
             }
             None => Keeping::Memory,
         };
         Ok(RunTimeClients {
-            keys,
+            keys: tables.keys,
+            overrides: tables.overrides,
+            checker: tables.checker,
             keeping,
             writing: tokio::sync::Mutex::new(()),
         })
     }
 
     /// Kept in Redis, loaded and followed by `RedisClients::follow`.
-    pub fn shared(keys: Arc<RunTimeKeys>, settings: &RedisSettings) -> (Self, Arc<RedisClients>) {
-        let redis = Arc::new(RedisClients::new(settings.clone(), keys.clone()));
+    pub fn shared(tables: Tables, settings: &RedisSettings) -> (Self, Arc<RedisClients>) {
+        let redis = Arc::new(RedisClients::new(settings.clone(), tables.clone()));
         let clients = RunTimeClients {
-            keys,
+            keys: tables.keys,
+            overrides: tables.overrides,
+            checker: tables.checker,
             keeping: Keeping::Redis(redis.clone()),
             writing: tokio::sync::Mutex::new(()),
         };
@@ -107,14 +120,63 @@ impl RunTimeClients {
             Keeping::File(path) => {
                 let mut all = self.keys.entries();
                 all.extend(changes.iter().cloned());
-                file::save(path, all).map_err(|source| ClientsError::File {
-                    path: path.display().to_string(),
-                    source,
-                })?;
+                self.save(path, all, self.overrides.entries())?;
                 self.keys.set(changes);
                 Ok(())
             }
             Keeping::Redis(redis) => redis.set(&changes).await,
+        }
+    }
+
+    /// Sets (or with `None` removes) every override, or none; returns once
+    /// this instance applies them, as `set`.
+    pub async fn set_overrides(
+        &self,
+        changes: Vec<(OverrideKey, Option<Override>)>,
+    ) -> Result<(), ClientsError> {
+        let _one_at_a_time = self.writing.lock().await;
+        match &self.keeping {
+            Keeping::Memory => {
+                self.overrides.set(changes);
+                Ok(())
+            }
+            Keeping::File(path) => {
+                let mut all: std::collections::HashMap<OverrideKey, Override> =
+                    self.overrides.entries().into_iter().collect();
+                for (key, change) in &changes {
+                    match change {
+                        Some(entry) => all.insert(*key, entry.clone()),
+                        None => all.remove(key),
+                    };
+                }
+                self.save(path, self.keys.entries(), all.into_iter().collect())?;
+                self.overrides.set(changes);
+                Ok(())
+            }
+            Keeping::Redis(redis) => redis.set_overrides(&changes).await,
+        }
+    }
+
+    fn save(
+        &self,
+        path: &std::path::Path,
+        keys: Vec<(u128, KeyEntry)>,
+        overrides: Vec<(OverrideKey, Override)>,
+    ) -> Result<(), ClientsError> {
+        file::save(path, keys, overrides).map_err(|source| ClientsError::File {
+            path: path.display().to_string(),
+            source,
+        })
+    }
+
+    /// A reload: every override read again by the new configuration (one
+    /// whose limit went away or changed algorithm is kept, out of force).
+    pub fn reconfigured(&self, checker: OverrideChecker) {
+        let checker = Arc::new(checker);
+        self.checker.store(checker.clone());
+        if !self.overrides.is_empty() {
+            self.overrides
+                .recheck_all(|entry| checker.recheck(entry).rule);
         }
     }
 }

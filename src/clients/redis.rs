@@ -1,5 +1,6 @@
-//! Run-time clients in Redis: a hash of entries by key hash, and a version
-//! counted up by every change. A change is one script run (entries set,
+//! Run-time clients in Redis: a hash of API key entries by key hash, one of
+//! overrides by `<limit>:<identity>`, and a version counted up by every
+//! change to either. A change is one script run (entries set,
 //! version counted, change announced), so it is all there or not at all.
 //! Every instance loads the hash before it listens, then follows the
 //! announcements on `{key_prefix}:clients`, fetching the entries each one
@@ -18,28 +19,41 @@ use tokio::sync::watch;
 
 use super::entries::{hash_hex, parse_hash, StoredEntry};
 use super::error::ClientsError;
-use crate::identity::{KeyEntry, RunTimeKeys};
+use super::overrides::{field_of, parse_field, StoredOverride};
+use super::tables::Tables;
+use crate::identity::KeyEntry;
 use crate::limiter::redis::changes::writable_node;
 use crate::limiter::RedisSettings;
+use crate::policy::overrides::{Override, OverrideKey};
 
-/// Sets the entries, counts the version up and announces both, at once.
-/// KEYS[1]: the entries' hash; KEYS[2]: the version. ARGV[1]: the channel;
-/// then key hash and entry JSON, in pairs. Returns the new version. A big
+/// Sets the entries of one table, counts the version up and announces
+/// both, at once. KEYS[1]: the table's hash; KEYS[2]: the version.
+/// ARGV[1]: the channel; ARGV[2]: the table's name; then field and entry
+/// JSON, in pairs (an empty entry removes the field). Returns the new
+/// version. The announcement is `<version> <table> <field> ...`; a big
 /// change is announced as `<version> *`: load everything.
 const SET: &str = r"
 local version = redis.call('INCR', KEYS[2])
-local hashes = {}
-for i = 2, #ARGV, 2 do
-  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
-  hashes[#hashes + 1] = ARGV[i]
+local fields = {}
+for i = 3, #ARGV, 2 do
+  if ARGV[i + 1] == '' then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+  else
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+  fields[#fields + 1] = ARGV[i]
 end
-if #hashes > 100 then
+if #fields > 100 then
   redis.call('PUBLISH', ARGV[1], version .. ' *')
 else
-  redis.call('PUBLISH', ARGV[1], version .. ' ' .. table.concat(hashes, ' '))
+  redis.call('PUBLISH', ARGV[1], version .. ' ' .. ARGV[2] .. ' ' .. table.concat(fields, ' '))
 end
 return version
 ";
+
+/// The tables, by the names announcements give them.
+const API_KEYS: &str = "api_keys";
+const OVERRIDES: &str = "overrides";
 
 /// How often the version is compared with Redis's.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
@@ -55,7 +69,7 @@ const HEARD_WITHIN: Duration = Duration::from_secs(1);
 
 pub struct RedisClients {
     settings: RedisSettings,
-    keys: Arc<RunTimeKeys>,
+    tables: Tables,
     /// The version the table holds everything up to; none before the
     /// first load.
     known: watch::Sender<Option<u64>>,
@@ -87,10 +101,10 @@ async fn within<T>(
 }
 
 impl RedisClients {
-    pub fn new(settings: RedisSettings, keys: Arc<RunTimeKeys>) -> Self {
+    pub fn new(settings: RedisSettings, tables: Tables) -> Self {
         RedisClients {
             settings,
-            keys,
+            tables,
             known: watch::Sender::new(None),
             writer: tokio::sync::Mutex::new(None),
             script: redis::Script::new(SET),
@@ -99,6 +113,10 @@ impl RedisClients {
 
     fn entries_key(&self) -> String {
         format!("{}:clients:api_keys", self.settings.key_prefix)
+    }
+
+    fn overrides_key(&self) -> String {
+        format!("{}:clients:overrides", self.settings.key_prefix)
     }
 
     fn version_key(&self) -> String {
@@ -137,9 +155,38 @@ impl RedisClients {
         }
     }
 
-    /// Sets every entry or none, and waits (a second at most) until this
-    /// instance has heard it back, so that its next request sees it.
+    /// Sets every key entry or none, and waits (a second at most) until
+    /// this instance has heard it back, so that its next request sees it.
     pub async fn set(&self, changes: &[(u128, KeyEntry)]) -> Result<(), ClientsError> {
+        let pairs = changes
+            .iter()
+            .map(|(hash, entry)| (hash_hex(*hash), StoredEntry::to_json(entry)));
+        self.write(self.entries_key(), API_KEYS, pairs).await
+    }
+
+    /// Sets (or removes) every override or none, as `set`.
+    pub async fn set_overrides(
+        &self,
+        changes: &[(OverrideKey, Option<Override>)],
+    ) -> Result<(), ClientsError> {
+        let pairs = changes.iter().map(|(key, entry)| {
+            (
+                field_of(key),
+                entry
+                    .as_ref()
+                    .map(StoredOverride::to_json)
+                    .unwrap_or_default(),
+            )
+        });
+        self.write(self.overrides_key(), OVERRIDES, pairs).await
+    }
+
+    async fn write(
+        &self,
+        hash: String,
+        table: &str,
+        pairs: impl Iterator<Item = (String, String)>,
+    ) -> Result<(), ClientsError> {
         let unavailable = |e: FollowError| match e {
             FollowError::Cluster => ClientsError::Cluster,
             e => ClientsError::Unavailable(e.to_string()),
@@ -155,12 +202,13 @@ impl RedisClients {
         let Some(connection) = writer.as_mut() else {
             return Err(ClientsError::Unavailable("no connection".into()));
         };
-        let mut invocation = self.script.key(self.entries_key());
-        invocation.key(self.version_key()).arg(self.channel());
-        for (hash, entry) in changes {
-            invocation
-                .arg(hash_hex(*hash))
-                .arg(StoredEntry::to_json(entry));
+        let mut invocation = self.script.key(hash);
+        invocation
+            .key(self.version_key())
+            .arg(self.channel())
+            .arg(table);
+        for (field, entry) in pairs {
+            invocation.arg(field).arg(entry);
         }
         let version: u64 = match within(self.deadline(), invocation.invoke_async(connection)).await
         {
@@ -194,7 +242,7 @@ impl RedisClients {
             if !lost {
                 warn!(
                     "run-time clients: lost Redis ({error}); the {} entries last known keep serving, changes are refused until it is back",
-                    self.keys.len()
+                    self.tables.keys.len()
                 );
                 lost = true;
             }
@@ -220,7 +268,7 @@ impl RedisClients {
         if std::mem::take(lost) {
             info!(
                 "run-time clients: Redis is back; {} entries at version {version}",
-                self.keys.len()
+                self.tables.keys.len()
             );
         }
         let (mut sink, mut messages) = pubsub.split();
@@ -245,7 +293,7 @@ impl RedisClients {
                         behind += 1;
                         if behind >= 2 {
                             let version = self.load(&mut connection).await?;
-                            info!("run-time clients: a change was missed; all {} entries loaded again at version {version}", self.keys.len());
+                            info!("run-time clients: a change was missed; all {} entries loaded again at version {version}", self.tables.keys.len());
                             behind = 0;
                         }
                     } else {
@@ -263,7 +311,8 @@ impl RedisClients {
 
     /// Everything, and the version it is at, read at one instant.
     async fn load(&self, connection: &mut MultiplexedConnection) -> Result<u64, FollowError> {
-        let (version, all): (Option<u64>, Vec<(String, Vec<u8>)>) = within(
+        type Fields = Vec<(String, Vec<u8>)>;
+        let (version, all, overrides): (Option<u64>, Fields, Fields) = within(
             LOAD_WITHIN,
             redis::pipe()
                 .atomic()
@@ -271,9 +320,18 @@ impl RedisClients {
                 .arg(self.version_key())
                 .cmd("HGETALL")
                 .arg(self.entries_key())
+                .cmd("HGETALL")
+                .arg(self.overrides_key())
                 .query_async(connection),
         )
         .await?;
+        let mut kept = Vec::with_capacity(overrides.len());
+        for (field, json) in overrides {
+            match decode_override(&field, &json) {
+                Ok(entry) => kept.push(entry),
+                Err(e) => warn!("run-time clients: skipped: {e}"),
+            }
+        }
         let mut entries = Vec::with_capacity(all.len());
         for (hash, json) in all {
             // Only the script writes there; whatever else did is skipped.
@@ -284,18 +342,20 @@ impl RedisClients {
         }
         let version = version.unwrap_or(0);
         let first = self.known().is_none();
-        self.keys.replace_all(entries);
+        self.tables.keys.replace_all(entries);
+        self.tables.overrides.replace_all(self.tables.read(kept));
         self.known.send_replace(Some(version));
         if first {
             info!(
-                "run-time clients: {} API key entries loaded from Redis at version {version}",
-                self.keys.len()
+                "run-time clients: {} API key entries and {} overrides loaded from Redis at version {version}",
+                self.tables.keys.len(),
+                self.tables.overrides.len()
             );
         }
         Ok(version)
     }
 
-    /// One announcement: `<version> <hash> ...`, or `<version> *`.
+    /// One announcement: `<version> <table> <field> ...`, or `<version> *`.
     async fn heard(
         &self,
         connection: &mut MultiplexedConnection,
@@ -309,9 +369,15 @@ impl RedisClients {
         if version <= known {
             return Ok(());
         }
+        let table = words.next();
         let hashes: Vec<&str> = words.collect();
-        if version != known + 1 || hashes.contains(&"*") {
+        if version != known + 1 || table == Some("*") {
             self.load(connection).await?;
+            return Ok(());
+        }
+        if table == Some(OVERRIDES) {
+            self.heard_overrides(connection, &hashes).await?;
+            self.known.send_replace(Some(version));
             return Ok(());
         }
         // The entries as they are now (a later change may be in them
@@ -327,12 +393,12 @@ impl RedisClients {
         for (hash, value) in hashes.iter().zip(values) {
             match value {
                 Some(json) => match decode(hash, &json) {
-                    Ok(entry) => self.keys.set([entry]),
+                    Ok(entry) => self.tables.keys.set([entry]),
                     Err(e) => warn!("run-time clients: skipped: {e}"),
                 },
                 None => {
                     if let Ok(hash) = parse_hash(hash) {
-                        self.keys.remove(hash);
+                        self.tables.keys.remove(hash);
                     }
                 }
             }
@@ -340,6 +406,53 @@ impl RedisClients {
         self.known.send_replace(Some(version));
         Ok(())
     }
+}
+
+impl RedisClients {
+    /// The overrides an announcement names, as they are now.
+    async fn heard_overrides(
+        &self,
+        connection: &mut MultiplexedConnection,
+        fields: &[&str],
+    ) -> Result<(), FollowError> {
+        let values: Vec<Option<Vec<u8>>> = within(
+            self.deadline(),
+            redis::cmd("HMGET")
+                .arg(self.overrides_key())
+                .arg(fields)
+                .query_async(connection),
+        )
+        .await?;
+        for (field, value) in fields.iter().zip(values) {
+            let Ok(key) = parse_field(field) else {
+                warn!("run-time clients: skipped: {field:?} names no override");
+                continue;
+            };
+            match value {
+                Some(json) => match decode_override(field, &json) {
+                    Ok(entry) => {
+                        let read = self.tables.read(vec![entry]);
+                        self.tables
+                            .overrides
+                            .set(read.into_iter().map(|(k, o)| (k, Some(o))));
+                    }
+                    Err(e) => warn!("run-time clients: skipped: {e}"),
+                },
+                None => self.tables.overrides.set([(key, None)]),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn decode_override(field: &str, json: &[u8]) -> Result<(OverrideKey, StoredOverride), FollowError> {
+    let entry = |reason: String| FollowError::Entry {
+        hash: field.chars().take(60).collect(),
+        reason,
+    };
+    let key = parse_field(field).map_err(|e| entry(e.to_string()))?;
+    let value = StoredOverride::from_json(json).map_err(|e| entry(e.to_string()))?;
+    Ok((key, value))
 }
 
 fn decode(hash: &str, json: &[u8]) -> Result<(u128, KeyEntry), FollowError> {

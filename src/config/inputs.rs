@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::identity::RunTimeKeys;
+use crate::policy::overrides::RunTimeOverrides;
 
 #[derive(Clone)]
 pub struct Inputs {
@@ -24,6 +25,8 @@ pub struct Inputs {
     /// The process's run-time API keys: every generation's `ClientRules`
     /// reads this one table, so that a reload keeps them.
     pub(super) run_time_keys: Option<Arc<RunTimeKeys>>,
+    /// Its clients' own numbers set at run time, kept across reloads alike.
+    pub(super) run_time_overrides: Option<Arc<RunTimeOverrides>>,
 }
 
 #[derive(Clone)]
@@ -50,6 +53,7 @@ impl Default for Inputs {
             cores: 1,
             files: Files::Disk,
             run_time_keys: None,
+            run_time_overrides: None,
         }
     }
 }
@@ -63,6 +67,7 @@ impl Inputs {
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             files: Files::Disk,
             run_time_keys: None,
+            run_time_overrides: None,
         }
     }
 
@@ -70,6 +75,13 @@ impl Inputs {
     /// API read (the running proxy's; `floodgate check` has none).
     pub fn with_run_time_keys(mut self, table: Arc<RunTimeKeys>) -> Inputs {
         self.run_time_keys = Some(table);
+        self
+    }
+
+    /// The table of clients' own numbers that configurations with the
+    /// admin API read.
+    pub fn with_run_time_overrides(mut self, table: Arc<RunTimeOverrides>) -> Inputs {
+        self.run_time_overrides = Some(table);
         self
     }
 

@@ -320,7 +320,8 @@ fn validate_limit(
     let key = validate_keys(&s.key, i, jwt)?;
     let own = s.numbers();
     let path: [&dyn AsSegment; 2] = [&"limits", &i];
-    let rule = rule_of(s, &own, None, &path)?;
+    let frame = s.frame();
+    let rule = rule_of(&frame, &own, None, &path)?;
     let mut tiers = Vec::new();
     for (tier, overrides) in &s.tiers {
         let path: [&dyn AsSegment; 4] = [&"limits", &i, &"tiers", tier];
@@ -330,7 +331,7 @@ fn validate_limit(
                 format!("unknown tier \"{tier}\" (known: {})", sorted(known_tiers)),
             ));
         };
-        tiers.push((known, rule_of(s, overrides, Some(&own), &path)?));
+        tiers.push((known, rule_of(&frame, overrides, Some(&own), &path)?));
     }
     let matcher = match &s.matcher {
         Some(m) => validate_match(m, &[&"limits", &i, &"match"], compile_pattern)?,
@@ -797,10 +798,35 @@ fn statuses(count: &CountSection, rule: &Rule, i: usize) -> Result<Statuses, Inv
     Ok(Statuses::new(ranges))
 }
 
-/// A limit's (or a tier's) rule: its algorithm's numbers, or a
-/// concurrency limit's.
-fn rule_of(
-    s: &LimitSection,
+/// What a limit's numbers are read with, beside the numbers: its
+/// algorithm and the settings that are the limit's whatever the tier (or
+/// the client's override) says. Kept by `OverrideRules` to check numbers
+/// given at run time as the file's are.
+#[derive(Debug, Clone)]
+pub(super) struct RuleFrame {
+    pub(super) algorithm: AlgorithmName,
+    pub(super) lease: Option<String>,
+    pub(super) upgrades: Option<UpgradesName>,
+    pub(super) timezone: Option<String>,
+    pub(super) week_starts: Option<String>,
+}
+
+impl LimitSection {
+    pub(super) fn frame(&self) -> RuleFrame {
+        RuleFrame {
+            algorithm: self.algorithm,
+            lease: self.lease.clone(),
+            upgrades: self.upgrades,
+            timezone: self.timezone.clone(),
+            week_starts: self.week_starts.clone(),
+        }
+    }
+}
+
+/// A limit's (or a tier's, or a client's) rule: its algorithm's numbers,
+/// or a concurrency limit's.
+pub(super) fn rule_of(
+    s: &RuleFrame,
     own: &Numbers,
     base: Option<&Numbers>,
     path: &[&dyn AsSegment],
@@ -883,7 +909,7 @@ fn rule_of(
 
 /// `algorithm = "quota"`: a limit per calendar period of a zone.
 fn calendar_quota(
-    s: &LimitSection,
+    s: &RuleFrame,
     own: &Numbers,
     base: Option<&Numbers>,
     path: &[&dyn AsSegment],
@@ -1099,6 +1125,19 @@ pub(super) fn validate_limits(
         limits.push(limit);
     }
     Ok(limits)
+}
+
+/// How each limit reads a client's numbers given at run time, in the
+/// limits' order.
+pub(super) fn override_frames(sections: &[LimitSection]) -> Vec<Result<RuleFrame, &'static str>> {
+    sections
+        .iter()
+        .map(|s| match s.cost_from_response {
+            // Its reservation is sized from the file's numbers.
+            Some(_) => Err("a limit charged by `cost_from_response` takes no overrides"),
+            None => Ok(s.frame()),
+        })
+        .collect()
 }
 
 /// Every `[[costs]]` table, in order (for each limit, the first that

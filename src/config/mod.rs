@@ -12,6 +12,7 @@ mod inputs;
 mod jwt;
 mod limits;
 mod log;
+pub mod overrides;
 mod redis;
 mod rls;
 mod server;
@@ -80,6 +81,8 @@ pub struct Config {
     pub access_log: AccessLogTarget,
     /// `[admin].token_file`'s token: without one the admin API is off.
     pub admin_token: Option<AdminToken>,
+    /// How each limit reads a client's numbers set at run time.
+    pub override_rules: overrides::OverrideRules,
     /// `[admin].clients_file`: where the memory store keeps run-time
     /// clients.
     pub clients_file: Option<PathBuf>,
@@ -281,6 +284,7 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
     if admin_token.is_some() {
         clients.run_time = inputs.run_time_keys.clone();
     }
+    let override_rules = overrides::OverrideRules::new(limits::override_frames(&raw.limits));
     let rls = rls::validate_rls(raw.rls.as_ref(), &limits, tls.is_some())?;
     let rls_tokens = rls::validate_rls_tokens(raw.rls.as_ref(), inputs)?;
     Ok(Config {
@@ -290,15 +294,22 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
         upstream,
         max_keys: usize::try_from(max_keys).unwrap_or(usize::MAX),
         redis,
-        policy: Arc::new(Policy::new(
-            clients,
-            paths,
-            (exempt_paths, exempt_tiers),
-            block,
-            limits,
-            costs,
-            default_on_failure,
-        )),
+        policy: Arc::new({
+            let mut policy = Policy::new(
+                clients,
+                paths,
+                (exempt_paths, exempt_tiers),
+                block,
+                limits,
+                costs,
+                default_on_failure,
+            );
+            if admin_token.is_some() {
+                policy.overrides = inputs.run_time_overrides.clone();
+            }
+            policy
+        }),
+        override_rules,
         headers: raw.response.headers.unwrap_or(HeaderStyle::Both),
         tls,
         access_log,

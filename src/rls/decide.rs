@@ -86,14 +86,15 @@ pub fn plan(policy: &Policy, ask: &Ask<'_>) -> Planned {
                 if Some(*specificity) != most_specific {
                     continue;
                 }
-                // Validated with the config: limits on descriptors are rates.
-                let Rule::Rate(algorithm) = limit.rule else {
-                    continue;
-                };
                 let Some(identity) = policy
                     .clients
                     .descriptor_identity(&limit.key, &descriptor.entries)
                 else {
+                    continue;
+                };
+                // Validated with the config: limits on descriptors are rates
+                // (and have no tiers: a descriptor carries no key).
+                let Rule::Rate(algorithm) = policy.overridden(limit, identity, limit.rule) else {
                     continue;
                 };
                 let id = *id;

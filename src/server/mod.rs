@@ -80,6 +80,42 @@ impl BackgroundService for Sweeper {
     }
 }
 
+/// Moves the clock clients' overrides expire by, and drops those that
+/// expired: a request reads no clock for them.
+struct OverrideExpiry {
+    overrides: Arc<crate::policy::overrides::RunTimeOverrides>,
+    clock: Arc<dyn Clock>,
+}
+
+/// How late an override may outlive its `expires` at most.
+const OVERRIDE_TICK: Duration = Duration::from_millis(250);
+
+impl OverrideExpiry {
+    fn tick(&self) {
+        let expired = self.overrides.tick(self.clock.now_us() / 1_000_000);
+        for (_, gone) in expired {
+            log::info!(
+                "run-time clients: override of {} under {} expired",
+                gone.client,
+                gone.limit_name
+            );
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl BackgroundService for OverrideExpiry {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut tick = tokio::time::interval(OVERRIDE_TICK);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.tick(),
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}
+
 /// Samples what the status page charts.
 struct StatusSampler {
     state: Arc<AppState>,
@@ -153,20 +189,28 @@ type RunTimeParts = (
 /// `[redis]` (and the task that follows it), else in process and in
 /// `[admin].clients_file`, loaded now.
 fn run_time_clients(config: &Config) -> Result<RunTimeParts, BuildError> {
-    use crate::clients::RunTimeClients;
-    let Some(keys) = config.policy.clients.run_time.clone() else {
+    use crate::clients::{OverrideChecker, RunTimeClients, Tables};
+    let (Some(keys), Some(overrides)) = (
+        config.policy.clients.run_time.clone(),
+        config.policy.overrides.clone(),
+    ) else {
         return Ok((None, None));
+    };
+    let tables = Tables {
+        keys,
+        overrides,
+        checker: Arc::new(arc_swap::ArcSwap::from_pointee(OverrideChecker::of(config))),
     };
     Ok(match &config.redis {
         Some(settings) => {
-            let (clients, redis) = RunTimeClients::shared(keys, settings);
+            let (clients, redis) = RunTimeClients::shared(tables, settings);
             (Some(Arc::new(clients)), Some(redis))
         }
         None => {
             if config.clients_file.is_none() {
                 log::info!("run-time clients are kept in this process only: set [admin].clients_file to keep them across restarts");
             }
-            let clients = RunTimeClients::local(keys, config.clients_file.clone())?;
+            let clients = RunTimeClients::local(tables, config.clients_file.clone())?;
             (Some(Arc::new(clients)), None)
         }
     })
@@ -428,6 +472,7 @@ pub fn build(config: &Config, inputs: Inputs) -> Result<Floodgate, BuildError> {
     }
     let clock = clock_from_env()?;
     let refusal_clock = clock.clone();
+    let state_clock = clock.clone();
     let metrics = Arc::new(Metrics::new());
     let memory = Arc::new(
         MemoryStore::new(config.max_keys, clock.clone())
@@ -621,6 +666,16 @@ pub fn build(config: &Config, inputs: Inputs) -> Result<Floodgate, BuildError> {
             "run-time clients",
             ClientsFollower { redis },
         ));
+    }
+    if let Some(clients) = &state.clients {
+        let expiry = OverrideExpiry {
+            overrides: clients.overrides.clone(),
+            clock: state_clock,
+        };
+        // Before the first request: one that expired while the proxy was
+        // down is no override from the start.
+        expiry.tick();
+        server.add_service(background_service("override expiry", expiry));
     }
     if let Some(roster) = &roster {
         server.add_service(background_service(

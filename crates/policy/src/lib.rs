@@ -13,6 +13,7 @@ mod descriptors;
 mod glob;
 pub mod identity;
 pub mod jwt;
+pub mod overrides;
 pub mod path;
 pub mod request_id;
 

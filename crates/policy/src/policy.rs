@@ -5,10 +5,12 @@ use http::{HeaderMap, HeaderName, Method};
 
 use crate::blocklist::Blocklist;
 use crate::identity::{normalize_host, Client, ClientRules, IdentityError, KeyInputs, Tier};
+use crate::overrides::RunTimeOverrides;
 use crate::path::PathRules;
 use crate::request_id::lease_id;
 use floodgate_algorithm::Algorithm;
 use floodgate_limiter::{Check, LimitId, LimitName, OnFailure, Slot, StateKey};
+use std::sync::Arc;
 
 pub use crate::descriptors::{
     remote_address, DescriptorPattern, Entries, EntryPattern, MAX_DESCRIPTOR_TEXT, MAX_ENTRIES,
@@ -182,6 +184,16 @@ pub enum Rule {
 }
 
 impl Rule {
+    /// Whether `other` counts the same way (an override's numbers apply
+    /// only to the algorithm they were checked for).
+    pub fn same_kind(&self, other: &Rule) -> bool {
+        match (self, other) {
+            (Rule::Rate(a), Rule::Rate(b)) => a.kind() == b.kind(),
+            (Rule::Concurrency(_), Rule::Concurrency(_)) => true,
+            _ => false,
+        }
+    }
+
     /// The number a client sees as its quota.
     pub fn quota(&self) -> u64 {
         match self {
@@ -481,6 +493,8 @@ pub struct Policy {
     /// Whether a tier can change what happens to a request: some limit has
     /// numbers per tier, or some tier is exempt.
     tiers_matter: bool,
+    /// Clients' own numbers set at run time (with the admin API on).
+    pub overrides: Option<Arc<RunTimeOverrides>>,
 }
 
 impl Policy {
@@ -523,6 +537,27 @@ impl Policy {
             claim_limits,
             descriptor_limits,
             tiers_matter,
+            overrides: None,
+        }
+    }
+
+    /// The numbers `limit` applies to the client `identity` in `tier`: its
+    /// own, set at run time, or else its tier's.
+    pub fn rule_in_force(&self, limit: &Limit, tier: &Tier, identity: u128) -> Rule {
+        self.overridden(limit, identity, limit.rule_for(tier))
+    }
+
+    /// `own`, or the numbers set at run time for the client `identity`
+    /// under `limit`.
+    pub fn overridden(&self, limit: &Limit, identity: u128, own: Rule) -> Rule {
+        let Some(table) = self.overrides.as_deref().filter(|t| !t.is_empty()) else {
+            return own;
+        };
+        match table.rule(limit.id, identity) {
+            // Numbers checked for another algorithm (a reload changed the
+            // limit's) mean nothing to this one.
+            Some(rule) if rule.same_kind(&own) => rule,
+            _ => own,
         }
     }
 
@@ -641,7 +676,7 @@ impl Policy {
                 limit: limit.id,
                 identity,
             };
-            match limit.rule_for(&client.tier) {
+            match self.rule_in_force(limit, &client.tier, identity) {
                 Rule::Rate(algorithm) => {
                     let mut check = Check {
                         limit: id,

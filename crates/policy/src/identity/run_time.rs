@@ -36,7 +36,7 @@ pub enum RunTimeKey {
 /// The identities are already keyed SipHash outputs: uniform, and not
 /// chosen by a client, so hashing them again buys nothing.
 #[derive(Default)]
-struct Identity(u64);
+pub(crate) struct Identity(u64);
 
 impl Hasher for Identity {
     fn finish(&self) -> u64 {

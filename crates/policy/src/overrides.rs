@@ -1,0 +1,302 @@
+//! Per-client numbers set at run time (the admin API's `/v1/overrides`):
+//! one client's own numbers under one limit, in place of its tier's, until
+//! removed or until they expire. Looked up in process on the request path,
+//! by the limit's state id and the client's identity under it; the table
+//! outlives configuration generations, and where it is kept durable is the
+//! binary's business.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+
+use crate::identity::PrehashedIdentity;
+use crate::Rule;
+
+/// Shards of the table, as for the run-time keys: a big load locks one at
+/// a time.
+const SHARDS: usize = 64;
+
+/// Which state an override applies to: a limit's (its id survives reloads
+/// that keep its name) for one client identity under it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OverrideKey {
+    pub limit: u64,
+    pub identity: u128,
+}
+
+impl Hash for OverrideKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // The identity is a keyed hash already; the limit tells apart one
+        // client's overrides under two limits.
+        state.write_u128(self.identity);
+        state.write_u64(self.limit);
+    }
+}
+
+/// One client's numbers under one limit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Override {
+    /// The limit's name, as the operator gave it.
+    pub limit_name: Arc<str>,
+    /// The rule the numbers make under the running configuration, checked
+    /// as the file's own numbers are; or why they make none (a reload
+    /// removed the limit or changed its algorithm): kept, in force again
+    /// if a later configuration takes them.
+    pub rule: Result<Rule, Box<str>>,
+    /// The numbers as the operator gave them (a JSON object), kept to be
+    /// listed and checked again against a reloaded configuration.
+    pub numbers: Box<str>,
+    /// Gone by itself from this second on (seconds since the Unix epoch).
+    pub expires_at_s: Option<u64>,
+    /// When it was set, in seconds since the Unix epoch.
+    pub set_at_s: u64,
+    /// How the operator named the client (`ip=203.0.113.7`, `key#1a2b3c4d`,
+    /// `header x-account`): never a key in full.
+    pub client: Box<str>,
+    /// What the operator called it (a ticket, a customer id), if anything.
+    pub label: Option<Box<str>>,
+}
+
+impl Override {
+    pub fn expired(&self, now_s: u64) -> bool {
+        self.expires_at_s.is_some_and(|at| at <= now_s)
+    }
+}
+
+type Shard = HashMap<OverrideKey, Override, BuildHasherDefault<PrehashedIdentity>>;
+
+/// The overrides of this process.
+pub struct RunTimeOverrides {
+    shards: Box<[RwLock<Shard>]>,
+    /// Entries in all shards: a request skips the probe while it is 0.
+    len: AtomicUsize,
+    /// The time expiries are read against, in seconds since the Unix epoch,
+    /// moved on by the binary's clock (`tick`): a request reads no clock
+    /// for this.
+    now_s: AtomicU64,
+}
+
+impl Default for RunTimeOverrides {
+    fn default() -> Self {
+        RunTimeOverrides {
+            shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
+            len: AtomicUsize::new(0),
+            now_s: AtomicU64::new(0),
+        }
+    }
+}
+
+impl std::fmt::Debug for RunTimeOverrides {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RunTimeOverrides({} entries)", self.len())
+    }
+}
+
+impl RunTimeOverrides {
+    fn shard(&self, key: &OverrideKey) -> &RwLock<Shard> {
+        &self.shards[(key.identity as usize ^ key.limit as usize) % SHARDS]
+    }
+
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Acquire)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The time expiries are read against from now on; the entries that
+    /// expired by then are dropped (and returned: the binary removes them
+    /// from where it keeps them).
+    pub fn tick(&self, now_s: u64) -> Vec<(OverrideKey, Override)> {
+        self.now_s.store(now_s, Ordering::Release);
+        let mut expired = Vec::new();
+        if self.is_empty() {
+            return expired;
+        }
+        for shard in self.shards.iter() {
+            let any = shard
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .values()
+                .any(|o| o.expired(now_s));
+            if !any {
+                continue;
+            }
+            let mut shard = shard.write().unwrap_or_else(|e| e.into_inner());
+            let keys: Vec<OverrideKey> = shard
+                .iter()
+                .filter(|(_, o)| o.expired(now_s))
+                .map(|(k, _)| *k)
+                .collect();
+            for key in keys {
+                if let Some(gone) = shard.remove(&key) {
+                    self.len.fetch_sub(1, Ordering::AcqRel);
+                    expired.push((key, gone));
+                }
+            }
+        }
+        expired
+    }
+
+    /// The time expiries are read against.
+    pub fn now_s(&self) -> u64 {
+        self.now_s.load(Ordering::Acquire)
+    }
+
+    /// The request path's probe: the client's own numbers under the limit,
+    /// if it has some in force.
+    pub fn rule(&self, limit: u64, identity: u128) -> Option<Rule> {
+        let key = OverrideKey { limit, identity };
+        let shard = self.shard(&key).read().unwrap_or_else(|e| e.into_inner());
+        let found = shard.get(&key)?;
+        let rule = found.rule.as_ref().ok()?;
+        (!found.expired(self.now_s())).then_some(*rule)
+    }
+
+    /// The whole entry, expired or not (the admin API's answer).
+    pub fn get(&self, key: &OverrideKey) -> Option<Override> {
+        let shard = self.shard(key).read().unwrap_or_else(|e| e.into_inner());
+        shard.get(key).cloned()
+    }
+
+    /// Sets these entries (a later one of the same key wins); an entry of
+    /// `None` removes the key's.
+    pub fn set(&self, entries: impl IntoIterator<Item = (OverrideKey, Option<Override>)>) {
+        for (key, entry) in entries {
+            let mut shard = self.shard(&key).write().unwrap_or_else(|e| e.into_inner());
+            match entry {
+                Some(entry) => {
+                    if shard.insert(key, entry).is_none() {
+                        self.len.fetch_add(1, Ordering::AcqRel);
+                    }
+                }
+                None => {
+                    if shard.remove(&key).is_some() {
+                        self.len.fetch_sub(1, Ordering::AcqRel);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Replaces everything with `entries` (a load, a repair after a missed
+    /// change, a reload's second check), shard by shard: a request sees a
+    /// shard either before or after.
+    pub fn replace_all(&self, entries: impl IntoIterator<Item = (OverrideKey, Override)>) {
+        let mut fresh: Vec<Shard> = (0..SHARDS).map(|_| Shard::default()).collect();
+        for (key, entry) in entries {
+            fresh[(key.identity as usize ^ key.limit as usize) % SHARDS].insert(key, entry);
+        }
+        for (shard, new) in self.shards.iter().zip(fresh) {
+            let count = new.len();
+            let old = {
+                let mut shard = shard.write().unwrap_or_else(|e| e.into_inner());
+                std::mem::replace(&mut *shard, new)
+            };
+            let before = old.len();
+            // Dropped outside the lock: freeing a big shard takes a while.
+            drop(old);
+            if count >= before {
+                self.len.fetch_add(count - before, Ordering::AcqRel);
+            } else {
+                self.len.fetch_sub(before - count, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Every entry's rule read again (a reload), in place: an entry set or
+    /// removed meanwhile is neither lost nor brought back.
+    pub fn recheck_all(&self, rule_of: impl Fn(&Override) -> Result<Rule, Box<str>>) {
+        for shard in self.shards.iter() {
+            let mut shard = shard.write().unwrap_or_else(|e| e.into_inner());
+            for entry in shard.values_mut() {
+                entry.rule = rule_of(entry);
+            }
+        }
+    }
+
+    /// Every entry, in no order (persisting, listing).
+    pub fn entries(&self) -> Vec<(OverrideKey, Override)> {
+        let mut all = Vec::with_capacity(self.len());
+        for shard in self.shards.iter() {
+            let shard = shard.read().unwrap_or_else(|e| e.into_inner());
+            all.extend(shard.iter().map(|(k, o)| (*k, o.clone())));
+        }
+        all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use floodgate_algorithm::Algorithm;
+
+    use super::*;
+
+    fn entry(capacity: u64, expires_at_s: Option<u64>) -> Override {
+        Override {
+            limit_name: Arc::from("per-account"),
+            rule: Ok(Rule::Rate(
+                Algorithm::token_bucket(capacity, 1_000).unwrap(),
+            )),
+            numbers: format!("{{\"capacity\":{capacity},\"refill_rate\":1000}}").into(),
+            expires_at_s,
+            set_at_s: 1,
+            client: "ip=203.0.113.7".into(),
+            label: None,
+        }
+    }
+
+    fn key(limit: u64, identity: u128) -> OverrideKey {
+        OverrideKey { limit, identity }
+    }
+
+    #[test]
+    fn an_override_is_the_clients_under_its_limit_only() {
+        let table = RunTimeOverrides::default();
+        table.set([(key(1, 7), Some(entry(50, None)))]);
+        assert_eq!(
+            table.rule(1, 7),
+            Some(Rule::Rate(Algorithm::token_bucket(50, 1_000).unwrap()))
+        );
+        assert_eq!(table.rule(2, 7), None, "another limit");
+        assert_eq!(table.rule(1, 8), None, "another client");
+        table.set([(key(1, 7), None), (key(1, 7), None)]);
+        assert!(table.is_empty());
+    }
+
+    #[test]
+    fn an_expired_override_is_no_override_and_the_tick_drops_it() {
+        let table = RunTimeOverrides::default();
+        table.tick(99);
+        table.set([
+            (key(1, 7), Some(entry(50, Some(100)))),
+            (key(1, 8), Some(entry(60, None))),
+        ]);
+        assert!(table.rule(1, 7).is_some(), "in force until its second");
+        table.tick(100);
+        assert_eq!(table.rule(1, 7), None);
+        assert_eq!(table.len(), 1);
+        assert!(table.rule(1, 8).is_some());
+        // Expired while set: looked past at once, dropped by the next tick.
+        table.set([(key(2, 7), Some(entry(50, Some(50))))]);
+        assert_eq!(table.rule(2, 7), None);
+        let dropped = table.tick(100);
+        assert_eq!(dropped.len(), 1);
+        assert_eq!(dropped[0].0, key(2, 7));
+        assert_eq!(table.len(), 1);
+    }
+
+    #[test]
+    fn replace_all_keeps_the_count() {
+        let table = RunTimeOverrides::default();
+        table.set([(key(1, 1), Some(entry(5, None)))]);
+        table.replace_all((0..100u128).map(|i| (key(3, i << 64 | i), entry(5, None))));
+        assert_eq!(table.len(), 100);
+        assert_eq!(table.rule(1, 1), None);
+        assert_eq!(table.entries().len(), 100);
+        table.replace_all([]);
+        assert!(table.is_empty());
+    }
+}
