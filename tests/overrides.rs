@@ -450,3 +450,190 @@ fn an_override_set_on_one_instance_moves_the_429_point_on_the_other_and_outlives
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(seen_within_a_second(b.addr, "/b", "acct-z", "5").is_some());
 }
+
+#[test]
+fn sixty_concurrent_override_changes_under_load_fail_no_request_and_the_last_write_wins() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::thread;
+
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let token = TokenFile::new();
+    let shared = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .env("FLOODGATE_IDENTITY_SECRET", SECRET)
+        .limit(Limit::fixed_window(
+            "per-account",
+            "header:x-account",
+            1_000_000,
+            "1h",
+        ))
+        .raw(&token.section())
+        .redis(&redis.url());
+    let a = shared.start();
+    let b = shared.start();
+    let accounts: Vec<String> = (0..60).map(|i| format!("account-{i:02}")).collect();
+
+    // 64 connections' worth of requests from those accounts.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (sent, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let load: Vec<_> = (0..64)
+        .map(|i| {
+            let (stop, sent, failed) = (stop.clone(), sent.clone(), failed.clone());
+            let addr = if i % 2 == 0 { a.addr } else { b.addr };
+            let account = accounts[i % accounts.len()].clone();
+            thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
+                    let r = request(addr, "GET", "/", &[("X-Account", &account)], b"");
+                    sent.fetch_add(1, Ordering::SeqCst);
+                    if r.status != 200 {
+                        failed.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            })
+        })
+        .collect();
+    assert!(wait_until(Duration::from_secs(10), || sent
+        .load(Ordering::SeqCst)
+        > 200));
+
+    // Sixty changers at once, each owning an account, writing three times
+    // through alternating instances: 2,000,000, 3,000,000, then either of
+    // them or a removal (the file's 1,000,000 again).
+    let last = |i: usize| match i % 3 {
+        0 => Some(2_000_000),
+        1 => Some(3_000_000),
+        _ => None,
+    };
+    let admins = [admin(&a), admin(&b)];
+    let barrier = Arc::new(std::sync::Barrier::new(accounts.len()));
+    let changers: Vec<_> = accounts
+        .iter()
+        .enumerate()
+        .map(|(i, account)| {
+            let (account, barrier) = (account.clone(), barrier.clone());
+            let writes = [Some(2_000_000), Some(3_000_000), last(i)];
+            thread::spawn(move || {
+                barrier.wait();
+                let mut statuses = Vec::new();
+                for (n, write) in writes.iter().enumerate() {
+                    let at = admins[(i + n) % 2];
+                    let send = || match write {
+                        Some(limit) => call(
+                            at,
+                            "PUT",
+                            "/v1/overrides",
+                            &format!(
+                                r#"{{"limit": "per-account", "header": "X-Account:{account}", "numbers": {{"limit": {limit}, "window": "1h"}}}}"#
+                            ),
+                        ),
+                        None => call(
+                            at,
+                            "DELETE",
+                            &format!("/v1/overrides?limit=per-account&header=X-Account:{account}"),
+                            "",
+                        ),
+                    };
+                    // The admin listener takes 8 connections per address:
+                    // the others are closed unread, and sent again.
+                    let mut r = send();
+                    for _ in 0..500 {
+                        if r.status != 0 {
+                            break;
+                        }
+                        thread::sleep(Duration::from_millis(5));
+                        r = send();
+                    }
+                    statuses.push(r.status);
+                }
+                statuses
+            })
+        })
+        .collect();
+    for changer in changers {
+        assert_eq!(changer.join().expect("changer"), vec![200, 200, 200]);
+    }
+    for proxy in [&a, &b] {
+        for (i, account) in accounts.iter().enumerate() {
+            let expected = last(i).unwrap_or(1_000_000).to_string();
+            assert!(
+                seen_within_a_second(proxy.addr, "/", account, &expected).is_some(),
+                "{account} on {}: {:?} not {expected}",
+                proxy.addr,
+                quota_seen(proxy.addr, "/", account)
+            );
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    for thread in load {
+        thread.join().expect("load");
+    }
+    assert!(sent.load(Ordering::SeqCst) > 500);
+    assert_eq!(
+        failed.load(Ordering::SeqCst),
+        0,
+        "of {}",
+        sent.load(Ordering::SeqCst)
+    );
+    assert_eq!(listed(&a, "")["total"], 40);
+    assert_eq!(listed(&b, "")["total"], 40);
+}
+
+#[test]
+fn an_override_expires_on_every_instance_and_leaves_redis() {
+    let redis = RedisServer::start();
+    let upstream = Upstream::start();
+    let token = TokenFile::new();
+    let clock = TestClock::new();
+    let shared = builder(&upstream, &token).redis(&redis.url()).clock(&clock);
+    let a = shared.start();
+    let b = shared.start();
+    let soon = |s: u64| {
+        chrono::DateTime::from_timestamp(
+            (std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("after 1970")
+                .as_secs()
+                + s) as i64,
+            0,
+        )
+        .expect("a time")
+        .to_rfc3339()
+    };
+    for (account, expires) in [("acct-a", soon(60)), ("acct-b", soon(3_600))] {
+        let r = put_override(
+            &a,
+            &format!(
+                r#"{{"limit": "account-bucket", "header": "X-Account:{account}", "capacity": 9, "refill_rate": 1, "expires": "{expires}"}}"#
+            ),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    assert!(seen_within_a_second(b.addr, "/b", "acct-a", "9").is_some());
+    let fields = || -> u64 { redis.cmd(&["HLEN", "floodgate:clients:overrides"]) };
+    assert_eq!(fields(), 2);
+    clock.advance(Duration::from_secs(61));
+    for proxy in [&a, &b] {
+        assert!(
+            wait_until(Duration::from_secs(2), || quota_seen(
+                proxy.addr, "/b", "acct-a"
+            )
+            .as_deref()
+                == Some("5")),
+            "{:?}",
+            quota_seen(proxy.addr, "/b", "acct-a")
+        );
+        assert_eq!(quota_seen(proxy.addr, "/b", "acct-b").as_deref(), Some("9"));
+    }
+    assert!(
+        wait_until(Duration::from_secs(2), || fields() == 1),
+        "{} fields",
+        fields()
+    );
+    // A new instance does not bring it back.
+    let c = shared.start();
+    assert_eq!(quota_seen(c.addr, "/b", "acct-a").as_deref(), Some("5"));
+    assert_eq!(quota_seen(c.addr, "/b", "acct-b").as_deref(), Some("9"));
+}

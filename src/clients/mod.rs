@@ -157,6 +157,15 @@ impl RunTimeClients {
         }
     }
 
+    /// The overrides this process saw expire by `now_s`, gone from where
+    /// they are shared too. A file keeps them until its next write (a
+    /// load looks past them).
+    pub async fn expired(&self, keys: &[OverrideKey], now_s: u64) {
+        if let Keeping::Redis(redis) = &self.keeping {
+            redis.drop_expired(keys, now_s).await;
+        }
+    }
+
     fn save(
         &self,
         path: &std::path::Path,

@@ -51,6 +51,27 @@ end
 return version
 ";
 
+/// Removes the overrides named that expired by ARGV[1] (seconds since the
+/// Unix epoch), as Redis holds them: one set again meanwhile stays. Not
+/// announced: every instance drops an expired override by itself.
+/// KEYS[1]: the overrides' hash; ARGV[2..]: fields. Returns how many went.
+const DROP_EXPIRED: &str = r"
+local now = tonumber(ARGV[1])
+local removed = 0
+for i = 2, #ARGV do
+  local value = redis.call('HGET', KEYS[1], ARGV[i])
+  if value then
+    local ok, entry = pcall(cjson.decode, value)
+    if ok and type(entry) == 'table' and type(entry.expires_at) == 'number'
+        and entry.expires_at <= now then
+      redis.call('HDEL', KEYS[1], ARGV[i])
+      removed = removed + 1
+    end
+  end
+end
+return removed
+";
+
 /// The tables, by the names announcements give them.
 const API_KEYS: &str = "api_keys";
 const OVERRIDES: &str = "overrides";
@@ -75,6 +96,7 @@ pub struct RedisClients {
     known: watch::Sender<Option<u64>>,
     writer: tokio::sync::Mutex<Option<MultiplexedConnection>>,
     script: redis::Script,
+    drop_expired: redis::Script,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +130,7 @@ impl RedisClients {
             known: watch::Sender::new(None),
             writer: tokio::sync::Mutex::new(None),
             script: redis::Script::new(SET),
+            drop_expired: redis::Script::new(DROP_EXPIRED),
         }
     }
 
@@ -179,6 +202,34 @@ impl RedisClients {
             )
         });
         self.write(self.overrides_key(), OVERRIDES, pairs).await
+    }
+
+    /// Removes from Redis the overrides this instance saw expire by
+    /// `now_s` (best effort: one left behind is looked past, and removed
+    /// at the next expiry or change of its client).
+    pub async fn drop_expired(&self, keys: &[OverrideKey], now_s: u64) {
+        if keys.is_empty() {
+            return;
+        }
+        let Ok(mut connection) = self.writer().await else {
+            return;
+        };
+        let mut invocation = self.drop_expired.key(self.overrides_key());
+        invocation.arg(now_s);
+        for key in keys {
+            invocation.arg(field_of(key));
+        }
+        let removed: Result<u64, _> =
+            within(self.deadline(), invocation.invoke_async(&mut connection)).await;
+        if let Err(e) = removed {
+            log::debug!("run-time clients: expired overrides not removed from Redis: {e}");
+        }
+    }
+
+    /// A connection of its own for a write (the writer's may be busy).
+    async fn writer(&self) -> Result<MultiplexedConnection, FollowError> {
+        let client = self.connect().await?;
+        within(self.deadline(), client.get_multiplexed_async_connection()).await
     }
 
     async fn write(

@@ -83,7 +83,7 @@ impl BackgroundService for Sweeper {
 /// Moves the clock clients' overrides expire by, and drops those that
 /// expired: a request reads no clock for them.
 struct OverrideExpiry {
-    overrides: Arc<crate::policy::overrides::RunTimeOverrides>,
+    clients: Arc<crate::clients::RunTimeClients>,
     clock: Arc<dyn Clock>,
 }
 
@@ -91,15 +91,20 @@ struct OverrideExpiry {
 const OVERRIDE_TICK: Duration = Duration::from_millis(250);
 
 impl OverrideExpiry {
-    fn tick(&self) {
-        let expired = self.overrides.tick(self.clock.now_us() / 1_000_000);
-        for (_, gone) in expired {
+    /// The overrides that expired now, dropped from the table.
+    fn tick(&self) -> (Vec<crate::policy::overrides::OverrideKey>, u64) {
+        let now_s = self.clock.now_us() / 1_000_000;
+        let expired = self.clients.overrides.tick(now_s);
+        let mut keys = Vec::with_capacity(expired.len());
+        for (key, gone) in expired {
             log::info!(
                 "run-time clients: override of {} under {} expired",
                 gone.client,
                 gone.limit_name
             );
+            keys.push(key);
         }
+        (keys, now_s)
     }
 }
 
@@ -109,7 +114,10 @@ impl BackgroundService for OverrideExpiry {
         let mut tick = tokio::time::interval(OVERRIDE_TICK);
         loop {
             tokio::select! {
-                _ = tick.tick() => self.tick(),
+                _ = tick.tick() => {
+                    let (expired, now_s) = self.tick();
+                    self.clients.expired(&expired, now_s).await;
+                }
                 _ = shutdown.changed() => return,
             }
         }
@@ -669,12 +677,13 @@ pub fn build(config: &Config, inputs: Inputs) -> Result<Floodgate, BuildError> {
     }
     if let Some(clients) = &state.clients {
         let expiry = OverrideExpiry {
-            overrides: clients.overrides.clone(),
+            clients: clients.clone(),
             clock: state_clock,
         };
         // Before the first request: one that expired while the proxy was
-        // down is no override from the start.
-        expiry.tick();
+        // down is no override from the start. (Redis's entries load after
+        // this; the ticks that run then remove theirs.)
+        let _ = expiry.tick();
         server.add_service(background_service("override expiry", expiry));
     }
     if let Some(roster) = &roster {
