@@ -492,7 +492,9 @@ fn sixty_concurrent_changes_under_load_fail_no_request_and_the_last_write_wins()
 fn the_example_script_onboards_upgrades_and_revokes_a_customer() {
     let upstream = Upstream::start();
     let token = TokenFile::new();
-    let proxy = builder(&upstream, &token).start();
+    let proxy = builder(&upstream, &token)
+        .limit(Limit::token_bucket("per-account", "api_key", 100, 10.0))
+        .start();
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/clients.sh");
     let out = std::process::Command::new("sh")
         .arg(&script)
@@ -510,6 +512,9 @@ fn the_example_script_onboards_upgrades_and_revokes_a_customer() {
     for step in [
         "\"tier\": \"free\"",
         "\"tier\": \"pro\"",
+        "\"label\": \"launch week\"",
+        "\"quota\": 5000",
+        "\"removed\"",
         "\"revoked\": true",
     ] {
         assert!(stdout.contains(step), "{step}: {stdout}");
@@ -519,6 +524,10 @@ fn the_example_script_onboards_upgrades_and_revokes_a_customer() {
     assert_eq!(
         proxy.metric("floodgate_client_changes_total{what=\"api_key_set\"}"),
         2.0
+    );
+    assert_eq!(
+        proxy.metric("floodgate_client_changes_total{what=\"override_set\"}"),
+        1.0
     );
     assert_never_shown(&proxy);
 }
