@@ -4,7 +4,7 @@
 #
 #   scripts/loadtest.sh [seconds per case, default 10] [connections, default 64]
 #
-#   SECTIONS="main threads nokeepalive flood curves" (the default: all of them)
+#   SECTIONS="main redis clients threads nokeepalive flood curves" (the default: all)
 #   FLOODGATE_BEFORE=path/to/an/older/floodgate   adds that build's rows beside
 #                                                 this one's (a before/after run)
 #
@@ -18,13 +18,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION="${1:-10}"
 CONNECTIONS="${2:-64}"
-SECTIONS="${SECTIONS:-main threads nokeepalive flood curves}"
+SECTIONS="${SECTIONS:-main redis clients threads nokeepalive flood curves}"
 BEFORE="${FLOODGATE_BEFORE:-}"
 
 FLOODGATE_NEEDS_REDIS=1 source scripts/setup.sh
 source scripts/bench_tools.sh
 command -v python3 >/dev/null 2>&1 || { echo "python3 is needed to read oha's JSON" >&2; exit 1; }
-cargo build --release --quiet --bin floodgate --example bare_proxy
+cargo build --release --quiet --bin floodgate --example bare_proxy --example clients_file
 FLOODGATE="$PWD/target/release/floodgate"
 BARE="$PWD/target/release/examples/bare_proxy"
 
@@ -104,10 +104,8 @@ CONF
 per_ip_bucket() { # capacity refill_rate [name]
   printf '[[limits]]\nname = "%s"\nkey = "ip"\nalgorithm = "token_bucket"\ncapacity = %s\nrefill_rate = %s\n' "${3:-per-ip}" "$1" "$2"
 }
-# Never reached. (A refill of 1,000/s, not faster: a leased token is usable
-# only until its place in the bucket's schedule has passed, so a lease of 100
-# tokens lives 100 ms here, 100 µs at 1,000,000/s.)
-NEVER="$(per_ip_bucket 1000000000 1000)"
+# Never reached: a bucket per address refilling at 1,000,000/s.
+NEVER="$(per_ip_bucket 1000000000 1000000)"
 ABUSE="$(per_ip_bucket 1 0.001)"             # one client refused almost always
 REDIS_TABLE="[redis]
 url = \"redis://127.0.0.1:$REDIS/0\"
@@ -119,6 +117,19 @@ key = "global"
 algorithm = "fixed_window"
 limit = 10000000
 window = "1m"'
+# The whole API's bucket, shared by every instance: the hot key leases
+# serve, at the rate a fleet sells.
+GLOBAL_BUCKET='[[limits]]
+name = "global"
+key = "global"
+algorithm = "token_bucket"
+capacity = 1000000
+refill_rate = 1000000'
+# What an API sells each client: 100,000 a day, here for 1,000 clients (a
+# build from before issue 49 refuses it; its largest daily limit is 26,062).
+per_k_daily() { # limit
+  printf '[[limits]]\nname = "per-client-daily"\nkey = "query:k"\nalgorithm = "sliding_window"\nlimit = %s\nwindow = "1d"\n' "$1"
+}
 # A key per query parameter k, far from its limit.
 PER_K='[[limits]]
 name = "per-client"
@@ -247,6 +258,53 @@ has() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 REPEATS="${REPEATS:-1}"
 for round in $(seq 1 "$REPEATS"); do
 
+if has redis; then
+  # The references this section's ratios are taken against.
+  nginx_case redis "nginx limit_req, admitting" 1 "$ADMIT" "$ADMIT_ZONE"
+  bare_case redis "bare Pingora proxy" 1
+  both_builds redis " redis, global window 10,000,000/min" 1 "$REDIS_TABLE
+$GLOBAL" "" "" redis
+  both_builds redis " redis, global bucket at 1,000,000/s" 1 "$REDIS_TABLE
+$GLOBAL_BUCKET" "" "" redis
+  K_URL="http://127[.]0[.]0[.]1:$PROXY_PORT/[?]k=[0-9]{3}"
+  both_builds redis " redis, 100,000/day, 1,000 clients" 1 "$REDIS_TABLE
+$(per_k_daily 100000)" "--rand-regex-url" "$K_URL" redis
+  if [ -n "$BEFORE" ]; then
+    fg_case redis "previous build redis, 26,062/day, 1,000 clients" 1 "$REDIS_TABLE
+$(per_k_daily 26062)" "--rand-regex-url" "$K_URL" "$BEFORE" redis
+  fi
+fi
+
+if has clients; then
+  # Clients as data at scale: 1,000,000 run-time keys and 100,000 overrides
+  # loaded from the clients file, beside the same config with an empty one;
+  # every request carries a run-time key and a client (k) of its own, a
+  # tenth of them overridden.
+  printf 'token-for-the-loadtest-0123456789' > "$WORK/admin.token"
+  export FLOODGATE_IDENTITY_SECRET="the loadtest's identity secret"
+  CLIENTS_LIMIT='[[limits]]
+name = "per-k"
+key = "query:k"
+algorithm = "fixed_window"
+limit = 10000000
+window = "1m"'
+  clients_table() { # file
+    printf '[clients]\ntiers = ["pro"]\n[admin]\ntoken_file = "%s"\nclients_file = "%s"\n' "$WORK/admin.token" "$1"
+  }
+  SERVER_EXTRA="admin_listen = \"127.0.0.1:18009\""
+  if [ ! -s "$WORK/clients-full.json" ]; then
+    floodgate_conf 1 "$(clients_table "$WORK/clients-full.json")
+$CLIENTS_LIMIT"
+    "$PWD/target/release/examples/clients_file" "$WORK/fg.toml" "$WORK/clients-full.json" 1000000 pro 100000 per-k >&2
+  fi
+  K_KEY_URL="http://127[.]0[.]0[.]1:$PROXY_PORT/[?]k=[0-9]{6}"
+  fg_case clients "floodgate memory, admin on, no run-time entries" 1 "$(clients_table "$WORK/clients-none.json")
+$CLIENTS_LIMIT" "--rand-regex-url -H X-API-Key:run-time-key-0765432" "$K_KEY_URL"
+  fg_case clients "floodgate memory, 1,000,000 keys + 100,000 overrides" 1 "$(clients_table "$WORK/clients-full.json")
+$CLIENTS_LIMIT" "--rand-regex-url -H X-API-Key:run-time-key-0765432" "$K_KEY_URL"
+  unset SERVER_EXTRA FLOODGATE_IDENTITY_SECRET
+fi
+
 if has main; then
   measure main "upstream alone (nginx, fixed 200)" "http://127.0.0.1:$UP/" "" "${PID_OF[upstream]}"
   nginx_case main "nginx reverse proxy" 1 "$PROXY" ""
@@ -262,8 +320,6 @@ $NEVER" "" "" redis
   both_builds main " redis, leases off" 1 "$REDIS_TABLE
 leases = \"off\"
 $NEVER" "" "" redis
-  fg_case main "floodgate redis, global key" 1 "$REDIS_TABLE
-$GLOBAL" "" "" "" redis
   fg_case main "floodgate redis, 1,000 clients" 1 "$REDIS_TABLE
 $PER_K" "--rand-regex-url" "http://127[.]0[.]0[.]1:$PROXY_PORT/[?]k=[0-9]{3}" "" redis
   nginx_case main "nginx limit_req, refusing" 1 "$REFUSE" "$REFUSE_ZONE"
@@ -405,10 +461,10 @@ def references(section, label):
         nginx = None
     return bare, nginx
 
-titles = {"flood": "A flood of connections from one address over its cap (1): attempts/s and CPU per attempt", "main": "One worker per proxy, keep-alive", "threads": "Threads: floodgate and the bare proxy with 1, 2, 4 threads, nginx with 1, 2, 4 workers",
+titles = {"clients": "Clients as data (memory store, one worker, keep-alive): 1,000,000 run-time keys and 100,000 overrides loaded, beside none", "redis": "Redis at the numbers users sell (one worker, keep-alive): a fleet-wide window and bucket, a daily limit per client", "flood": "A flood of connections from one address over its cap (1): attempts/s and CPU per attempt", "main": "One worker per proxy, keep-alive", "threads": "Threads: floodgate and the bare proxy with 1, 2, 4 threads, nginx with 1, 2, 4 workers",
           "nokeepalive": "Without keep-alive (oha --disable-keepalive): a new connection per request",
           "curves": "Cost curves: floodgate memory store, one worker; each step against the one before"}
-for section in ("main", "threads", "nokeepalive", "flood", "curves"):
+for section in ("main", "redis", "clients", "threads", "nokeepalive", "flood", "curves"):
     part = [r for r in rows if r[0] == section]
     if not part:
         continue
@@ -447,6 +503,8 @@ if ("main", "floodgate, no limits") in by:
         gateway = rps('main', f'bare Pingora gateway TLS, {proto}')
         beside = f", the bare gateway's {gateway / rps('main', f'nginx TLS, {proto}'):.2f} (floodgate × it {rps('main', f'floodgate TLS memory, {proto}') / gateway:.2f})" if gateway else ""
         print(f"  TLS {proto:<8}, × nginx TLS                   {rps('main', f'floodgate TLS memory, {proto}') / rps('main', f'nginx TLS, {proto}'):.2f} (>= 0.75); the bare proxy's {rps('main', f'bare Pingora proxy TLS, {proto}') / rps('main', f'nginx TLS, {proto}'):.2f}{beside}")
+if ("clients", "floodgate memory, 1,000,000 keys + 100,000 overrides") in by:
+    print(f"  1,000,000 keys + 100,000 overrides, CPU/req over none {cpu('clients', 'floodgate memory, 1,000,000 keys + 100,000 overrides') / cpu('clients', 'floodgate memory, admin on, no run-time entries'):.2f} (<= 1.05)")
 if ("threads", "floodgate memory, admitting, 2") in by:
     print(f"  memory admitting, × nginx limit_req (2)       {rps('threads', 'floodgate memory, admitting, 2') / rps('threads', 'nginx limit_req, admitting, 2'):.2f} (>= 0.75)")
 if ("nokeepalive", "floodgate memory, refusing") in by:
