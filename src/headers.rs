@@ -17,6 +17,8 @@ pub static RATELIMIT_POLICY: SpelledName =
     SpelledName::from_static("ratelimit-policy", "RateLimit-Policy");
 pub static RATELIMIT: SpelledName = SpelledName::from_static("ratelimit", "RateLimit");
 pub static RETRY_AFTER: SpelledName = SpelledName::from_static("retry-after", "Retry-After");
+pub static RETRY_AFTER_MS: SpelledName =
+    SpelledName::from_static("retry-after-ms", "retry-after-ms");
 pub static CONTENT_TYPE: SpelledName = SpelledName::from_static("content-type", "Content-Type");
 pub static CACHE_CONTROL: SpelledName = SpelledName::from_static("cache-control", "Cache-Control");
 
@@ -142,6 +144,13 @@ pub fn retry_after(us: u64) -> Header {
     (&RETRY_AFTER, HeaderValue::from(ceil_secs(us).max(1)))
 }
 
+/// `retry-after-ms`: the wait in milliseconds, rounded up, as the OpenAI
+/// and Anthropic client libraries read it before `Retry-After` (whose whole
+/// seconds make them wait up to a second longer than needed).
+pub fn retry_after_ms(us: u64) -> Header {
+    (&RETRY_AFTER_MS, HeaderValue::from(ceil_ms(us).max(1)))
+}
+
 /// The headers of every JSON answer floodgate writes itself (429, 502, 503,
 /// 504): never cached.
 pub fn json_headers() -> Vec<Header> {
@@ -171,6 +180,7 @@ pub fn rejection(
     if refused.banned {
         // A ban has no rate to advertise: only when it ends.
         headers.push(retry_after(d.retry_after_us()));
+        headers.push(retry_after_ms(d.retry_after_us()));
         let body = refusal_body(
             "banned",
             refused.name,
@@ -193,6 +203,7 @@ pub fn rejection(
         )
     } else {
         headers.push(retry_after(d.retry_after_us()));
+        headers.push(retry_after_ms(d.retry_after_us()));
         refusal_body(
             "rate_limited",
             refused.name,
@@ -267,6 +278,7 @@ mod tests {
             &RATELIMIT_POLICY,
             &RATELIMIT,
             &RETRY_AFTER,
+            &RETRY_AFTER_MS,
             &CONTENT_TYPE,
             &CACHE_CONTROL,
         ]);
@@ -313,9 +325,11 @@ mod tests {
             "{\"error\":\"rate_limited\",\"limit\":\"login\",\"retry_after_ms\":1001,\"request_id\":\"r-1\"}"
         );
         assert!(texts(&r.headers).contains(&(&RETRY_AFTER, "2")));
+        assert!(texts(&r.headers).contains(&(&RETRY_AFTER_MS, "1001")));
         refused.decision = Decision::refused(5, 0, 3_000_000, 10);
         let r = rejection(HeaderStyle::None, &[refused], &refused, "r-2");
         assert!(texts(&r.headers).contains(&(&RETRY_AFTER, "1")));
+        assert!(texts(&r.headers).contains(&(&RETRY_AFTER_MS, "1")));
         assert!(r
             .body
             .ends_with("\"retry_after_ms\":1,\"request_id\":\"r-2\"}"));
@@ -333,6 +347,7 @@ mod tests {
             "{\"error\":\"banned\",\"limit\":\"login\",\"retry_after_ms\":3599001,\"request_id\":\"r-3\"}"
         );
         assert!(texts(&r.headers).contains(&(&RETRY_AFTER, "3600")));
+        assert!(texts(&r.headers).contains(&(&RETRY_AFTER_MS, "3599001")));
         assert!(!r
             .headers
             .iter()

@@ -258,6 +258,7 @@ pub fn answer(style: headers::HeaderStyle, planned: &Planned, decisions: &[Decis
                 &RETRY_AFTER,
                 http::HeaderValue::from(headers::ceil_secs(reported.decision.retry_after_us())),
             ));
+            offered.push(headers::retry_after_ms(reported.decision.retry_after_us()));
         }
     }
     Answer {
