@@ -114,7 +114,11 @@ fn plan(c: &mut Criterion) {
     let method = Method::GET;
     let mut group = c.benchmark_group("plan");
     let mut case = |name: &str, config: &Config, headers: &HeaderMap, overridden: Option<bool>| {
-        let client = config.policy.clients.identify(peer, headers).expect("client");
+        let client = config
+            .policy
+            .clients
+            .identify(peer, headers)
+            .expect("client");
         let view = RequestView {
             method: &method,
             path: "/",
@@ -128,7 +132,11 @@ fn plan(c: &mut Criterion) {
             panic!("{name}: no layers");
         };
         if let Some(overridden) = overridden {
-            assert_eq!(layers.checks[0].algorithm.quota() == 5_000, overridden, "{name}");
+            assert_eq!(
+                layers.checks[0].algorithm.quota() == 5_000,
+                overridden,
+                "{name}"
+            );
         }
         group.bench_function(name, |b| {
             b.iter(|| black_box(config.policy.plan(black_box(&view)).expect("plan")))
