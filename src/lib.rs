@@ -28,3 +28,4 @@ pub mod status;
 pub mod summary;
 pub mod tls;
 pub mod upstream;
+pub mod usage;

@@ -158,7 +158,7 @@ impl Metrics {
             IntCounterVec::new(
                 Opts::new(
                     "floodgate_response_cost_fallbacks_total",
-                    "Responses whose cost header could not be charged as written, by reason (missing_or_malformed: charged `default`; above_max: charged `max`)",
+                    "Responses whose cost (a header, or an LLM usage in the body) could not be charged as written, by reason (missing_or_malformed: charged `default`; above_max: charged `max`)",
                 ),
                 &["limit", "reason"],
             ),

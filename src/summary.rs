@@ -134,7 +134,7 @@ pub fn describe(config: &Config) -> String {
             Some(AfterResponse::Status(statuses)) => flags.push(format!("counted on {statuses}")),
             Some(AfterResponse::Cost(priced)) => flags.push(format!(
                 "cost from {} (at most {}, default {})",
-                priced.header, priced.max, priced.default
+                priced.source, priced.max, priced.default
             )),
             None => {}
         }

@@ -122,3 +122,105 @@ fn an_sdk_left_to_retry_waits_out_the_refusal_and_gets_through() {
     );
     assert_eq!(upstream.answered(), Some(4), "each call reached it once");
 }
+
+/// Units each limit charged the client at 127.0.0.1, by the admin API.
+fn charged(proxy: &common::Proxy) -> std::collections::BTreeMap<String, u64> {
+    let bearer = format!("Bearer {}", common::admin_token::TOKEN);
+    let r = request(
+        proxy.admin.expect("admin"),
+        "GET",
+        "/v1/clients?ip=127.0.0.1",
+        &[("Authorization", &bearer)],
+        b"",
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let shown: Value = serde_json::from_str(&r.body).expect("JSON");
+    shown["limits"]
+        .as_array()
+        .expect("limits")
+        .iter()
+        .map(|l| {
+            let quota = l["quota"].as_u64().expect("quota");
+            let remaining = l["remaining"].as_u64().expect("remaining");
+            (
+                l["limit"].as_str().expect("name").to_string(),
+                quota - remaining,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn each_answer_is_charged_the_usage_its_provider_reported_to_the_token() {
+    let upstream = ProviderUpstream::start();
+    let token = common::admin_token::TokenFile::new();
+    let tokens = |name: &str, path: &str, cost: &str| {
+        Limit::fixed_window(name, "ip", 1_000_000, "1h")
+            .matching(&format!("paths = [\"{path}\"]"))
+            .line(&format!("cost_from_response = {{ {cost} }}"))
+    };
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .raw(&token.section())
+        .limit(tokens(
+            "openai-tokens",
+            "/v1/chat/completions",
+            "usage = \"openai\", max = 5000, default = 1000",
+        ))
+        .limit(tokens(
+            "openai-price",
+            "/v1/chat/completions",
+            "usage = \"openai\", prompt_weight = 1, completion_weight = 4, max = 50000, default = 1000",
+        ))
+        .limit(tokens(
+            "anthropic-tokens",
+            "/v1/messages",
+            "usage = \"anthropic\", max = 5000, default = 1000",
+        ))
+        .start();
+    let seen = sdk("billed", proxy.addr);
+    // What the clients got is what the upstream sent.
+    assert_eq!(seen["openai json"], 17, "{seen}");
+    assert_eq!(seen["openai stream"], "Hello there", "{seen}");
+    assert_eq!(seen["openai stream without usage"], "Hello there", "{seen}");
+    assert!(
+        seen["openai cut"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("raised")),
+        "{seen}"
+    );
+    assert_eq!(seen["anthropic json"], 5, "{seen}");
+    assert_eq!(
+        seen["anthropic stream"],
+        serde_json::json!(["Hello", 12]),
+        "{seen}"
+    );
+    // Each charged the usage reported, priced; the default where an answer
+    // read whole had none (a stream that did not ask for it, one without,
+    // one spoiled); the most where a stream was cut before its usage.
+    let expected = [
+        ("openai-tokens", 17 + 40 + 1_000 + 5_000 + 1_000 + 1_000),
+        (
+            "openai-price",
+            (12 + 4 * 5) + (31 + 4 * 9) + 1_000 + 50_000 + 1_000 + 1_000,
+        ),
+        ("anthropic-tokens", (12 + 5) + (44 + 12)),
+    ];
+    let settled = wait_until(Duration::from_secs(5), || {
+        let now = charged(&proxy);
+        expected
+            .iter()
+            .all(|(name, units)| now.get(*name) == Some(units))
+    });
+    assert!(
+        settled,
+        "charged {:?}, expected {expected:?}",
+        charged(&proxy)
+    );
+    assert_eq!(
+        proxy.metric(
+            "floodgate_response_cost_fallbacks_total{limit=\"openai-tokens\",reason=\"missing_or_malformed\"}"
+        ),
+        3.0
+    );
+}

@@ -428,11 +428,16 @@ pub(super) struct CountSection {
     pub(super) statuses: Vec<StatusName>,
 }
 
-/// `cost_from_response = { header = "X-Tokens-Used", max = 100000 }`.
+/// `cost_from_response = { header = "X-Tokens-Used", max = 100000 }`, or
+/// `{ usage = "openai", max = 100000 }` with `prompt_weight` and
+/// `completion_weight`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ResponseCostSection {
-    pub(super) header: String,
+    pub(super) header: Option<String>,
+    pub(super) usage: Option<String>,
+    pub(super) prompt_weight: Option<i64>,
+    pub(super) completion_weight: Option<i64>,
     pub(super) max: i64,
     pub(super) default: Option<i64>,
     pub(super) reserve: Option<i64>,

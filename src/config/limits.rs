@@ -25,9 +25,9 @@ use crate::limiter::LimitName;
 use crate::limiter::MAX_LEASE_US;
 use crate::path::{EscapedSlashes, PathRules};
 use crate::policy::{
-    AfterResponse, Ban, Concurrency, CostRule, DescriptorPattern, EntryPattern, HostPattern,
-    KeySource, Limit, Matcher, OnMissing, PathPattern, ResponseCost, Rule, Statuses, Upgrades,
-    MAX_DESCRIPTOR_TEXT, MAX_ENTRIES,
+    AfterResponse, Ban, Concurrency, CostRule, CostSource, DescriptorPattern, EntryPattern,
+    HostPattern, KeySource, Limit, LlmProvider, Matcher, OnMissing, PathPattern, ResponseCost,
+    Rule, Statuses, Upgrades, MAX_DESCRIPTOR_TEXT, MAX_ENTRIES,
 };
 
 fn sorted(tiers: &Tiers) -> String {
@@ -606,32 +606,7 @@ fn response_cost(
             }
         }
     }
-    let header = HeaderName::from_bytes(section.header.as_bytes()).map_err(|_| {
-        (
-            here("header"),
-            format!("\"{}\" is not a valid header name", section.header),
-        )
-    })?;
-    // Removing one of these from a response would break its framing.
-    const FRAMING: [&str; 8] = [
-        "connection",
-        "content-length",
-        "keep-alive",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    ];
-    if FRAMING.contains(&header.as_str()) {
-        return Err((
-            here("header"),
-            format!(
-                "\"{}\" frames the response; name a header of its own",
-                section.header
-            ),
-        ));
-    }
+    let source = cost_source(section, &here)?;
     let whole = |key: &'static str, value: i64| -> Result<u64, Invalid> {
         u64::try_from(value)
             .ok()
@@ -684,12 +659,101 @@ fn response_cost(
         ));
     }
     Ok(ResponseCost {
-        header,
+        source,
         max,
         default,
         reserve,
         expose: section.expose,
     })
+}
+
+/// Where the response says its cost: a header of its own, or an LLM
+/// provider's usage in the body, priced by the weights.
+fn cost_source(
+    section: &ResponseCostSection,
+    here: &dyn Fn(&str) -> Vec<Segment>,
+) -> Result<CostSource, Invalid> {
+    let weights = [
+        ("prompt_weight", section.prompt_weight),
+        ("completion_weight", section.completion_weight),
+    ];
+    match (&section.header, &section.usage) {
+        (Some(_), Some(_)) | (None, None) => Err((
+            here("usage"),
+            "give the cost's source: `header` (a response header's number) or `usage` (\"openai\" or \"anthropic\": the tokens the answer's body reports), one of them".into(),
+        )),
+        (Some(name), None) => {
+            if let Some((key, _)) = weights.iter().find(|(_, w)| w.is_some()) {
+                return Err((
+                    here(key),
+                    "weights price a `usage`; a header's number is the cost itself".into(),
+                ));
+            }
+            let header = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                (
+                    here("header"),
+                    format!("\"{name}\" is not a valid header name"),
+                )
+            })?;
+            // Removing one of these from a response would break its framing.
+            const FRAMING: [&str; 8] = [
+                "connection",
+                "content-length",
+                "keep-alive",
+                "proxy-connection",
+                "te",
+                "trailer",
+                "transfer-encoding",
+                "upgrade",
+            ];
+            if FRAMING.contains(&header.as_str()) {
+                return Err((
+                    here("header"),
+                    format!("\"{name}\" frames the response; name a header of its own"),
+                ));
+            }
+            Ok(CostSource::Header(header))
+        }
+        (None, Some(provider)) => {
+            let provider = match provider.as_str() {
+                "openai" => LlmProvider::OpenAi,
+                "anthropic" => LlmProvider::Anthropic,
+                other => {
+                    return Err((
+                        here("usage"),
+                        format!("\"{other}\" is no provider whose usage floodgate reads: \"openai\" (and every OpenAI-compatible server) or \"anthropic\""),
+                    ))
+                }
+            };
+            // A price per token: up to a million micro-units keeps any
+            // count floodgate reads within the exact range once summed.
+            let weight = |key: &'static str, value: Option<i64>| -> Result<u64, Invalid> {
+                u64::try_from(value.unwrap_or(1))
+                    .ok()
+                    .filter(|&w| w <= 1_000_000)
+                    .ok_or_else(|| (here(key), "must be a whole number from 0 to 1000000".into()))
+            };
+            let prompt_weight = weight("prompt_weight", section.prompt_weight)?;
+            let completion_weight = weight("completion_weight", section.completion_weight)?;
+            if prompt_weight == 0 && completion_weight == 0 {
+                return Err((
+                    here("completion_weight"),
+                    "with both weights 0 every answer costs nothing".into(),
+                ));
+            }
+            if section.expose {
+                return Err((
+                    here("expose"),
+                    "a usage is read from the body: there is no header to expose".into(),
+                ));
+            }
+            Ok(CostSource::Usage {
+                provider,
+                prompt_weight,
+                completion_weight,
+            })
+        }
+    }
 }
 
 /// `ban`: its strikes and its penalty as limits of their own, named

@@ -149,6 +149,34 @@ fn errors_name_line_and_key() {
             "t.toml:11: limits[0].cost_from_response.max: must be at least 1",
         ),
         (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"quota\"\nlimit = 5\nperiod = \"day\"\ncost_from_response = {{ usage = \"openai\", header = \"X-Cost\", max = 9 }}\n"),
+            "t.toml:11: limits[0].cost_from_response.usage: give the cost's source: `header` (a response header's number) or `usage` (\"openai\" or \"anthropic\": the tokens the answer's body reports), one of them",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"quota\"\nlimit = 5\nperiod = \"day\"\ncost_from_response = {{ max = 9 }}\n"),
+            "t.toml:11: limits[0].cost_from_response.usage: give the cost's source: `header` (a response header's number) or `usage` (\"openai\" or \"anthropic\": the tokens the answer's body reports), one of them",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"quota\"\nlimit = 5\nperiod = \"day\"\ncost_from_response = {{ usage = \"gemini\", max = 9 }}\n"),
+            "t.toml:11: limits[0].cost_from_response.usage: \"gemini\" is no provider whose usage floodgate reads: \"openai\" (and every OpenAI-compatible server) or \"anthropic\"",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"quota\"\nlimit = 5\nperiod = \"day\"\ncost_from_response = {{ header = \"X-Cost\", prompt_weight = 2, max = 9 }}\n"),
+            "t.toml:11: limits[0].cost_from_response.prompt_weight: weights price a `usage`; a header's number is the cost itself",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"quota\"\nlimit = 5\nperiod = \"day\"\ncost_from_response = {{ usage = \"openai\", completion_weight = -1, max = 9 }}\n"),
+            "t.toml:11: limits[0].cost_from_response.completion_weight: must be a whole number from 0 to 1000000",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"quota\"\nlimit = 5\nperiod = \"day\"\ncost_from_response = {{ usage = \"anthropic\", prompt_weight = 0, completion_weight = 0, max = 9 }}\n"),
+            "t.toml:11: limits[0].cost_from_response.completion_weight: with both weights 0 every answer costs nothing",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"quota\"\nlimit = 5\nperiod = \"day\"\ncost_from_response = {{ usage = \"openai\", expose = true, max = 9 }}\n"),
+            "t.toml:11: limits[0].cost_from_response.expose: a usage is read from the body: there is no header to expose",
+        ),
+        (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"quota\"\nlimit = 5\nperiod = \"day\"\ncount = {{ statuses = [401] }}\ncost_from_response = {{ header = \"X-Cost\", max = 9 }}\n"),
             "t.toml:12: limits[0].cost_from_response: a limit is charged by `count` or by `cost_from_response`, not both",
         ),
@@ -519,12 +547,12 @@ fn quotas_response_costs_bans_and_per_layer_costs_resolve() {
     };
     assert_eq!(
         (
-            priced.header.as_str(),
+            priced.source.to_string(),
             priced.max,
             priced.default,
             priced.expose
         ),
-        ("x-tokens-used", 100_000, 500, false)
+        ("x-tokens-used".to_string(), 100_000, 500, false)
     );
     let ban = limits[1].ban.as_ref().expect("a ban");
     assert_eq!(ban.strikes.quota(), 3);

@@ -8,9 +8,10 @@
 use log::warn;
 use pingora::http::ResponseHeader;
 
-use super::ctx::{RequestCtx, Reservation};
+use super::ctx::{BodyCharge, RequestCtx, Reservation};
 use crate::limiter::{Check, Store};
-use crate::policy::{AfterResponse, ResponseCost};
+use crate::policy::{AfterResponse, CostSource, LlmProvider, ResponseCost};
+use crate::usage::{Provider, Read, UsageReader};
 
 /// What a reservation comes to: the units owed in all, against the units
 /// reserved.
@@ -42,9 +43,35 @@ pub(super) async fn charge_by_response(
         let outcome = match &reservation.after {
             AfterResponse::Status(statuses) if statuses.contains(status) => Settled::owe(reserved),
             AfterResponse::Status(_) => Settled::owe(0),
-            AfterResponse::Cost(priced) => {
+            AfterResponse::Cost(ResponseCost {
+                source: CostSource::Usage { provider, .. },
+                ..
+            }) => {
+                // Settled once the body has passed: its usage is in it.
+                let header = |name: http::header::HeaderName| {
+                    response.headers.get(name).map(|v| v.as_bytes().to_vec())
+                };
+                let reader = response.status.is_success().then(|| {
+                    UsageReader::for_response(
+                        provider_of(*provider),
+                        header(http::header::CONTENT_TYPE).as_deref(),
+                        header(http::header::CONTENT_ENCODING).as_deref(),
+                    )
+                });
+                ctx.by_body.push(BodyCharge {
+                    reservation,
+                    reader: reader.flatten(),
+                });
+                continue;
+            }
+            AfterResponse::Cost(
+                priced @ ResponseCost {
+                    source: CostSource::Header(header),
+                    ..
+                },
+            ) => {
                 let counters = ctx.runtime.counters(reservation.check.limit);
-                let cost = match reported_cost(response.headers.get_all(&priced.header)) {
+                let cost = match reported_cost(response.headers.get_all(header)) {
                     Reported::Cost(cost) if cost > priced.max => {
                         counters.cost_above_max.inc();
                         priced.max
@@ -56,7 +83,7 @@ pub(super) async fn charge_by_response(
                     }
                 };
                 if !priced.expose {
-                    hidden.push(priced.header.clone());
+                    hidden.push(header.clone());
                 }
                 Settled::owe(cost)
             }
@@ -73,10 +100,13 @@ pub(super) async fn charge_by_response(
 /// charges nothing itself (an interim 1xx).
 pub(super) fn hide_costs(ctx: &RequestCtx, response: &mut ResponseHeader) {
     for reservation in &ctx.counted {
-        if let AfterResponse::Cost(priced) = &reservation.after {
-            if !priced.expose {
-                response.remove_header(&priced.header);
-            }
+        if let AfterResponse::Cost(ResponseCost {
+            source: CostSource::Header(header),
+            expose: false,
+            ..
+        }) = &reservation.after
+        {
+            response.remove_header(header);
         }
     }
 }
@@ -116,6 +146,94 @@ pub(super) async fn charge_unanswered(
         })
         .collect();
     settle(store, ctx, settled, 0).await;
+}
+
+fn provider_of(provider: LlmProvider) -> Provider {
+    match provider {
+        LlmProvider::OpenAi => Provider::OpenAi,
+        LlmProvider::Anthropic => Provider::Anthropic,
+    }
+}
+
+/// The next bytes of the upstream's body, read by the layers charged by
+/// its usage (the body itself passes untouched).
+pub(super) fn read_body(ctx: &mut RequestCtx, body: Option<&[u8]>, end_of_stream: bool) {
+    if let Some(bytes) = body.filter(|b| !b.is_empty()) {
+        for charge in &mut ctx.by_body {
+            if let Some(reader) = &mut charge.reader {
+                reader.feed(bytes);
+            }
+        }
+    }
+    if end_of_stream {
+        ctx.body_ended = true;
+    }
+}
+
+/// The usage an answer's body reported, priced; none where a count the
+/// price needs was not read, or read spoiled.
+fn priced_usage(read: Read, prompt_weight: u64, completion_weight: u64) -> Option<u64> {
+    if read.spoiled {
+        return None;
+    }
+    let part = |count: Option<u64>, weight: u64| match weight {
+        0 => Some(0),
+        w => count.map(|c| c.saturating_mul(w)),
+    };
+    Some(
+        part(read.usage.prompt, prompt_weight)?
+            .saturating_add(part(read.usage.completion, completion_weight)?),
+    )
+}
+
+/// Settles the layers charged by their answers' usage, once the exchange
+/// is over: what the body reported, priced, at most `max`. An answer read
+/// to its end without a usage (or with one unreadable, or none to read)
+/// owes `default`; one cut before its end (the client left, the upstream
+/// failed) owes its usage if that was read, else `max`: a stream abandoned
+/// half-way is no way to go free.
+pub(super) async fn charge_by_body(store: &dyn Store, ctx: &mut RequestCtx) {
+    let whole = ctx.body_ended;
+    let mut settled = Vec::new();
+    for BodyCharge {
+        reservation,
+        reader,
+    } in std::mem::take(&mut ctx.by_body)
+    {
+        let AfterResponse::Cost(ResponseCost {
+            source:
+                CostSource::Usage {
+                    prompt_weight,
+                    completion_weight,
+                    ..
+                },
+            max,
+            default,
+            ..
+        }) = reservation.after
+        else {
+            continue;
+        };
+        let counters = ctx.runtime.counters(reservation.check.limit);
+        let cost = reader
+            .map(|r| r.finish(whole))
+            .and_then(|read| priced_usage(read, prompt_weight, completion_weight));
+        let owed = match cost {
+            Some(cost) if cost > max => {
+                counters.cost_above_max.inc();
+                max
+            }
+            Some(cost) => cost,
+            None if whole => {
+                counters.cost_unread.inc();
+                default
+            }
+            None => max,
+        };
+        settled.push((reservation, Settled::owe(owed)));
+    }
+    let status = ctx.upstream_status.unwrap_or(0);
+    settle(store, ctx, settled, status).await;
 }
 
 /// Gives back what is not owed and charges what is owed beyond the

@@ -42,6 +42,11 @@ pub struct RequestCtx {
     /// Layers charged by the response, reserved: to settle once it is
     /// known.
     pub(super) counted: Vec<Reservation>,
+    /// Layers charged by what the response's body reports, read as it
+    /// passes: settled once the exchange is over.
+    pub(super) by_body: Vec<BodyCharge>,
+    /// The upstream's body came to its end.
+    pub(super) body_ended: bool,
     /// The upstream's status, once it answered.
     pub(super) upstream_status: Option<u16>,
     /// What the limits said, once decided.
@@ -49,6 +54,14 @@ pub struct RequestCtx {
     /// Rate-limit headers to add to the upstream's response.
     pub(super) rate_headers: Vec<crate::headers::Header>,
     pub(super) _in_flight: InFlight,
+}
+
+/// A layer charged by the usage its response's body reports, and the
+/// reader of that body (none for an answer that reports none: not JSON nor
+/// an event stream, or no success).
+pub(super) struct BodyCharge {
+    pub(super) reservation: Reservation,
+    pub(super) reader: Option<crate::usage::UsageReader>,
 }
 
 /// A layer charged by the response, as it was reserved before the request

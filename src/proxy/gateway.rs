@@ -393,6 +393,9 @@ impl Gateway {
         let client_left_mid_request = ctx.upstream_sent.is_some()
             && ctx.upstream_status.is_none()
             && e.is_some_and(|e| matches!(e.esource(), ErrorSource::Downstream));
+        if !ctx.by_body.is_empty() {
+            charges::charge_by_body(self.state.store.as_ref(), ctx).await;
+        }
         if !ctx.counted.is_empty() {
             let upstream_timed_out = e.is_some_and(|e| {
                 matches!(e.esource(), ErrorSource::Upstream)
@@ -535,6 +538,8 @@ impl ProxyHttp for Gateway {
             upstream_took: None,
             slots: None,
             counted: Vec::new(),
+            by_body: Vec::new(),
+            body_ended: false,
             upstream_status: None,
             verdict: None,
             rate_headers: Vec::new(),
@@ -714,6 +719,21 @@ impl ProxyHttp for Gateway {
             write_headers(h, headers)?;
             add_request_id(h, ctx)
         })
+    }
+
+    /// The upstream's body as it passes: read by the layers charged by its
+    /// usage, never held back or changed. A branch per chunk without them.
+    fn upstream_response_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<bytes::Bytes>,
+        end_of_stream: bool,
+        ctx: &mut Self::CTX,
+    ) -> Result<Option<Duration>> {
+        if !ctx.by_body.is_empty() {
+            charges::read_body(ctx, body.as_deref(), end_of_stream);
+        }
+        Ok(None)
     }
 
     /// A failure after the request was sent is retried only where Pingora

@@ -6,6 +6,14 @@
                                  rate-limit error, with the retry time
     sdks.py retried URL          calls whose 429 the SDK waits out and
                                  retries by itself
+    sdks.py billed URL           each provider's JSON answer and stream,
+                                 one without usage, one with a spoiled
+                                 usage, one stream cut half-way
+
+The upstream answers by the request's model: "no-usage" leaves the usage
+out, "spoiled" reports a negative count, "cut" ends a stream's connection
+half-way. Its usages: OpenAI 12 + 5 (JSON), 31 + 9 (stream, when asked
+for); Anthropic 12 + 5 (JSON), 44 + 12 (stream).
 
 The client modes print one JSON line of what they saw.
 """
@@ -42,29 +50,116 @@ ANTHROPIC_ANSWER = {
 }
 
 
+def openai_events(request):
+    words = ["Hel", "lo", " there"]
+    for word in words:
+        yield {
+            "id": "chatcmpl-1",
+            "object": "chat.completion.chunk",
+            "created": 1700000000,
+            "model": "gpt-4o",
+            "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}],
+            "usage": None,
+        }
+    if (request.get("stream_options") or {}).get("include_usage"):
+        yield {
+            "id": "chatcmpl-1",
+            "object": "chat.completion.chunk",
+            "created": 1700000000,
+            "model": "gpt-4o",
+            "choices": [],
+            "usage": {"prompt_tokens": 31, "completion_tokens": 9, "total_tokens": 40},
+        }
+
+
+def anthropic_events(request):
+    yield "message_start", {
+        "type": "message_start",
+        "message": {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-sonnet-4-5",
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 44, "output_tokens": 1},
+        },
+    }
+    yield "content_block_start", {
+        "type": "content_block_start",
+        "index": 0,
+        "content_block": {"type": "text", "text": ""},
+    }
+    for word in ["Hel", "lo"]:
+        yield "content_block_delta", {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "text_delta", "text": word},
+        }
+    yield "content_block_stop", {"type": "content_block_stop", "index": 0}
+    yield "message_delta", {
+        "type": "message_delta",
+        "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+        "usage": {"output_tokens": 12},
+    }
+    yield "message_stop", {"type": "message_stop"}
+
+
 class Upstream(BaseHTTPRequestHandler):
     answered = 0
     lock = threading.Lock()
+    protocol_version = "HTTP/1.1"
 
     def do_POST(self):
         length = int(self.headers.get("content-length", "0"))
-        self.rfile.read(length)
+        request = json.loads(self.rfile.read(length) or b"{}")
         with Upstream.lock:
             Upstream.answered += 1
+        model = request.get("model", "")
         if self.path.endswith("/chat/completions"):
-            body = OPENAI_ANSWER
+            body, events = dict(OPENAI_ANSWER), [("", e) for e in openai_events(request)]
         elif self.path.endswith("/messages"):
-            body = ANTHROPIC_ANSWER
+            body, events = dict(ANTHROPIC_ANSWER), list(anthropic_events(request))
         else:
             self.send_response(404)
+            self.send_header("content-length", "0")
             self.end_headers()
             return
-        data = json.dumps(body).encode()
+        if model == "no-usage":
+            body.pop("usage")
+            for _, event in events:
+                event.pop("usage", None)
+                event.get("message", {}).pop("usage", None)
+        if model == "spoiled":
+            body["usage"] = {k: -5 for k in body["usage"]}
+        if not request.get("stream"):
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("transfer-encoding", "chunked")
         self.end_headers()
-        self.wfile.write(data)
+        if model == "cut":
+            events = events[: len(events) // 2]
+        for name, event in events:
+            text = (f"event: {name}\n" if name else "") + f"data: {json.dumps(event)}\n\n"
+            data = text.encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+        if model == "cut":
+            # The connection ends with the stream half sent.
+            self.close_connection = True
+            return
+        if "/chat/completions" in self.path:
+            data = b"data: [DONE]\n\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.write(b"0\r\n\r\n")
 
     def do_GET(self):
         # How many calls were answered, for the test.
@@ -134,6 +229,60 @@ def retried(url):
     print(json.dumps({"answers": answers}))
 
 
+def billed(url):
+    oa, an = clients(url, 0)
+    seen = {}
+
+    def attempt(name, call):
+        try:
+            seen[name] = call()
+        except Exception as e:  # the cut stream: the SDK's own error
+            seen[name] = "raised " + type(e).__name__
+
+    attempt("openai json", lambda: ask_openai(oa).usage.total_tokens)
+
+    def openai_stream(model, include_usage):
+        options = {"include_usage": True} if include_usage else None
+        stream = oa.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+            stream_options=options,
+        )
+        return "".join(
+            c.choices[0].delta.content or "" for c in stream if c.choices
+        )
+
+    attempt("openai stream", lambda: openai_stream("gpt-4o", True))
+    attempt("openai stream without usage", lambda: openai_stream("gpt-4o", False))
+    attempt("openai cut", lambda: openai_stream("cut", True))
+    attempt(
+        "openai no usage",
+        lambda: oa.chat.completions.create(
+            model="no-usage", messages=[{"role": "user", "content": "hi"}]
+        ).choices[0].message.content,
+    )
+    attempt(
+        "openai spoiled",
+        lambda: oa.chat.completions.create(
+            model="spoiled", messages=[{"role": "user", "content": "hi"}]
+        ).choices[0].message.content,
+    )
+    attempt("anthropic json", lambda: ask_anthropic(an).usage.output_tokens)
+
+    def anthropic_stream():
+        with an.messages.stream(
+            model="claude-sonnet-4-5",
+            max_tokens=64,
+            messages=[{"role": "user", "content": "hi"}],
+        ) as stream:
+            text = "".join(stream.text_stream)
+            return [text, stream.get_final_message().usage.output_tokens]
+
+    attempt("anthropic stream", anthropic_stream)
+    print(json.dumps(seen))
+
+
 if __name__ == "__main__":
     mode, arg = sys.argv[1], sys.argv[2]
     if mode == "upstream":
@@ -142,5 +291,7 @@ if __name__ == "__main__":
         refused(arg)
     elif mode == "retried":
         retried(arg)
+    elif mode == "billed":
+        billed(arg)
     else:
         sys.exit(f"unknown mode {mode}")

@@ -253,18 +253,69 @@ impl std::fmt::Display for Statuses {
     }
 }
 
+/// Whose usage an LLM answer reports, in its body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LlmProvider {
+    /// `usage.prompt_tokens` and `completion_tokens` (and every
+    /// OpenAI-compatible server's); a stream's last chunk.
+    OpenAi,
+    /// `usage.input_tokens` and `output_tokens`; a stream's
+    /// `message_start` and `message_delta`s.
+    Anthropic,
+}
+
+impl LlmProvider {
+    pub fn name(self) -> &'static str {
+        match self {
+            LlmProvider::OpenAi => "openai",
+            LlmProvider::Anthropic => "anthropic",
+        }
+    }
+}
+
+/// Where a response says what it cost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CostSource {
+    /// The largest whole number of a header.
+    Header(HeaderName),
+    /// An LLM provider's usage in the body, priced: prompt tokens times
+    /// `prompt_weight` plus completion tokens times `completion_weight`.
+    Usage {
+        provider: LlmProvider,
+        prompt_weight: u64,
+        completion_weight: u64,
+    },
+}
+
+impl std::fmt::Display for CostSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CostSource::Header(name) => name.fmt(f),
+            CostSource::Usage {
+                provider,
+                prompt_weight,
+                completion_weight,
+            } => write!(
+                f,
+                "{} usage ({prompt_weight} per prompt token, {completion_weight} per completion token)",
+                provider.name()
+            ),
+        }
+    }
+}
+
 /// `cost_from_response`: the request reserves `reserve` units before it
 /// goes upstream (refused when they are not there), and the response
-/// settles it: charged what its `header` says, at most `max`; `default`
-/// when the header is missing or unreadable.
+/// settles it: charged what its `source` says, at most `max`; `default`
+/// when that is missing or unreadable.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResponseCost {
-    pub header: HeaderName,
+    pub source: CostSource,
     pub max: u64,
     pub default: u64,
     /// Taken before the request goes upstream; the response settles it.
     pub reserve: u64,
-    /// Whether the client sees the header.
+    /// Whether the client sees the header (a usage source has none).
     pub expose: bool,
 }
 
