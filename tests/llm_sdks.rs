@@ -224,3 +224,40 @@ fn each_answer_is_charged_the_usage_its_provider_reported_to_the_token() {
         3.0
     );
 }
+
+/// The attack: answers that hide their usage, spoil it (negative counts)
+/// or are cut before it, 60 at once. None goes free: each is charged its
+/// default or, cut, its most; the proxy serves on.
+#[test]
+fn sixty_answers_at_once_that_hide_spoil_or_cut_their_usage_are_each_charged() {
+    let upstream = ProviderUpstream::start();
+    let token = common::admin_token::TokenFile::new();
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .raw(&token.section())
+        .limit(
+            Limit::fixed_window("openai-tokens", "ip", 1_000_000, "1h")
+                .matching("paths = [\"/v1/chat/completions\"]")
+                .line("cost_from_response = { usage = \"openai\", max = 5000, default = 700 }"),
+        )
+        .start();
+    let seen = sdk("flood", proxy.addr);
+    assert_eq!(seen["spoiled answered"], 20, "{seen}");
+    assert_eq!(seen["no-usage answered"], 20, "{seen}");
+    assert_eq!(seen["cut raised APIConnectionError"], 20, "{seen}");
+    let expected = 40 * 700 + 20 * 5_000;
+    assert!(
+        wait_until(Duration::from_secs(5), || charged(&proxy)
+            .get("openai-tokens")
+            == Some(&expected)),
+        "charged {:?}, expected {expected}",
+        charged(&proxy)
+    );
+    assert_eq!(upstream.answered(), Some(60));
+    assert_eq!(
+        proxy.metric(
+            "floodgate_response_cost_fallbacks_total{limit=\"openai-tokens\",reason=\"missing_or_malformed\"}"
+        ),
+        40.0
+    );
+}

@@ -9,6 +9,8 @@
     sdks.py billed URL           each provider's JSON answer and stream,
                                  one without usage, one with a spoiled
                                  usage, one stream cut half-way
+    sdks.py flood URL            60 calls at once, each hiding, spoiling
+                                 or cutting its usage in turn
 
 The upstream answers by the request's model: "no-usage" leaves the usage
 out, "spoiled" reports a negative count, "cut" ends a stream's connection
@@ -283,9 +285,45 @@ def billed(url):
     print(json.dumps(seen))
 
 
+def flood(url):
+    from concurrent.futures import ThreadPoolExecutor
+
+    oa, _ = clients(url, 0)
+    models = ["spoiled", "no-usage", "cut"]
+
+    def one(i):
+        model = models[i % 3]
+        try:
+            if model == "cut":
+                stream = oa.chat.completions.create(
+                    model=model,
+                    messages=[{"role": "user", "content": "hi"}],
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+                for _ in stream:
+                    pass
+            else:
+                oa.chat.completions.create(
+                    model=model, messages=[{"role": "user", "content": "hi"}]
+                )
+            return model + " answered"
+        except Exception as e:
+            return model + " raised " + type(e).__name__
+
+    with ThreadPoolExecutor(max_workers=60) as pool:
+        outcomes = list(pool.map(one, range(60)))
+    counts = {}
+    for outcome in outcomes:
+        counts[outcome] = counts.get(outcome, 0) + 1
+    print(json.dumps(counts))
+
+
 if __name__ == "__main__":
     mode, arg = sys.argv[1], sys.argv[2]
     if mode == "upstream":
+        # 60 calls at once: more than the default backlog of 5.
+        ThreadingHTTPServer.request_queue_size = 256
         ThreadingHTTPServer(("127.0.0.1", int(arg)), Upstream).serve_forever()
     elif mode == "refused":
         refused(arg)
@@ -293,5 +331,7 @@ if __name__ == "__main__":
         retried(arg)
     elif mode == "billed":
         billed(arg)
+    elif mode == "flood":
+        flood(arg)
     else:
         sys.exit(f"unknown mode {mode}")
