@@ -56,7 +56,10 @@ fn usage(c: &mut Criterion) {
     };
     assert_eq!(read_all(Framing::EventStream, None, &stream), 9000);
     assert_eq!(read_all(Framing::Json, None, &json), 5);
-    assert_eq!(read_all(Framing::EventStream, Some(b"gzip"), &gzipped), 9000);
+    assert_eq!(
+        read_all(Framing::EventStream, Some(b"gzip"), &gzipped),
+        9000
+    );
     let mut group = c.benchmark_group("usage per MiB");
     group.throughput(Throughput::Bytes(stream.len() as u64));
     group.bench_function("openai stream", |b| {

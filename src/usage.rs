@@ -137,6 +137,8 @@ struct Scan {
     provider: Provider,
     at: At,
     open: Vec<Open>,
+    /// Arrays among `open`: no count lies in one.
+    arrays_open: usize,
     /// The keys of the open objects (one per `Open::Object` on `open`,
     /// the current key of each, `Key::default()` before its first).
     path: Vec<Key>,
@@ -157,6 +159,7 @@ impl Scan {
             provider,
             at: At::Value,
             open: Vec::new(),
+            arrays_open: 0,
             path: Vec::new(),
             key: Key::default(),
             number: [0; MAX_NUMBER],
@@ -166,17 +169,13 @@ impl Scan {
         }
     }
 
-    /// The path of the value about to be read: the keys of the objects it
-    /// is in, or none where an array lies on the way (no count is in one).
-    fn value_path(&self) -> Option<&[Key]> {
-        if self.open.contains(&Open::Array) {
+    /// Which count the value about to be read is: none where an array lies
+    /// on the way, or at a depth no count is at (most values: cheaply).
+    fn count_here(&self) -> Option<Count> {
+        if self.arrays_open > 0 || !(2..=3).contains(&self.path.len()) {
             return None;
         }
-        Some(&self.path)
-    }
-
-    fn count_here(&self) -> Option<Count> {
-        self.value_path().and_then(|p| count_at(self.provider, p))
+        count_at(self.provider, &self.path)
     }
 
     /// A value that is not a number where a count is: spoiled.
@@ -205,7 +204,10 @@ impl Scan {
                 self.path.push(Key::default());
                 self.at = At::KeyOrEnd;
             }
-            Open::Array => self.at = At::Value,
+            Open::Array => {
+                self.arrays_open += 1;
+                self.at = At::Value;
+            }
         }
     }
 
@@ -214,8 +216,11 @@ impl Scan {
             self.at = At::Broken;
             return;
         }
-        if container == Open::Object {
-            self.path.pop();
+        match container {
+            Open::Object => {
+                self.path.pop();
+            }
+            Open::Array => self.arrays_open -= 1,
         }
         self.value_ended();
     }
@@ -238,8 +243,26 @@ impl Scan {
     }
 
     fn feed(&mut self, bytes: &[u8]) {
-        for &b in bytes {
+        let mut rest = bytes;
+        while let Some((&b, after)) = rest.split_first() {
+            // Most of an answer is its text: a value string, skipped to its
+            // next quote or backslash at once.
+            if let At::Str {
+                key: false,
+                escaped: false,
+            } = self.at
+            {
+                match memchr::memchr2(b'"', b'\\', rest) {
+                    Some(at) => {
+                        self.byte(rest[at]);
+                        rest = &rest[at + 1..];
+                    }
+                    None => rest = &[],
+                }
+                continue;
+            }
             self.byte(b);
+            rest = after;
         }
     }
 
@@ -357,12 +380,23 @@ impl Scan {
 
     /// What the document says, if it is whole (a number at its very end,
     /// a document of one number, ends with it).
-    fn finish(mut self) -> Option<(Usage, bool)> {
+    fn finish(&mut self) -> Option<(Usage, bool)> {
         if self.at == At::Number {
             self.number_ended();
             self.value_ended();
         }
         (self.at == At::Done).then_some((self.found, self.spoiled))
+    }
+
+    /// Ready for the next document (an event stream's next event), keeping
+    /// what was allocated.
+    fn reset(&mut self) {
+        self.at = At::Value;
+        self.open.clear();
+        self.arrays_open = 0;
+        self.path.clear();
+        self.found = Usage::default();
+        self.spoiled = false;
     }
 }
 
@@ -546,8 +580,21 @@ impl UsageReader {
                 }
             }
             Framing::EventStream => {
-                for &b in bytes {
+                let mut rest = bytes;
+                while let Some((&b, after)) = rest.split_first() {
+                    // A data line's value goes to the scan whole, up to its
+                    // end.
+                    if let (Line::Data { started: true }, Some(scan)) = (self.line, &mut self.scan)
+                    {
+                        let end = memchr::memchr2(b'\n', b'\r', rest).unwrap_or(rest.len());
+                        if end > 0 {
+                            scan.feed(&rest[..end]);
+                            rest = &rest[end..];
+                            continue;
+                        }
+                    }
                     self.event_byte(b);
+                    rest = after;
                 }
             }
         }
@@ -603,7 +650,11 @@ impl UsageReader {
     fn data_line(&mut self) {
         match &mut self.scan {
             Some(scan) if self.in_event => scan.byte(b'\n'),
-            _ => {
+            Some(scan) => {
+                scan.reset();
+                self.in_event = true;
+            }
+            None => {
                 self.scan = Some(Scan::new(self.provider));
                 self.in_event = true;
             }
@@ -611,14 +662,13 @@ impl UsageReader {
     }
 
     fn end_event(&mut self) {
-        self.in_event = false;
-        if let Some(scan) = self.scan.take() {
-            self.commit(scan);
+        if std::mem::take(&mut self.in_event) {
+            self.commit();
         }
     }
 
-    fn commit(&mut self, scan: Scan) {
-        let Some((found, spoiled)) = scan.finish() else {
+    fn commit(&mut self) {
+        let Some((found, spoiled)) = self.scan.as_mut().and_then(Scan::finish) else {
             return;
         };
         self.read.spoiled |= spoiled;
@@ -657,11 +707,7 @@ impl UsageReader {
             };
         }
         match self.framing {
-            Framing::Json if whole => {
-                if let Some(scan) = self.scan.take() {
-                    self.commit(scan);
-                }
-            }
+            Framing::Json if whole => self.commit(),
             // A stream's last event may lack its blank line at the end.
             Framing::EventStream if whole => self.end_event(),
             _ => {}
