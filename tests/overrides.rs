@@ -78,6 +78,17 @@ fn quota_seen(addr: SocketAddr, path: &str, account: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+/// The time `s` seconds from now, as `expires` takes it.
+fn rfc3339_in(s: u64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs();
+    chrono::DateTime::from_timestamp((now + s) as i64, 0)
+        .expect("a time")
+        .to_rfc3339()
+}
+
 fn listed(proxy: &Proxy, query: &str) -> Value {
     let r = call(admin(proxy), "GET", &format!("/v1/overrides{query}"), "");
     assert_eq!(r.status, 200, "{}", r.body);
@@ -292,16 +303,7 @@ fn an_override_lapses_at_its_expiry_on_the_proxys_clock() {
     let token = TokenFile::new();
     let clock = TestClock::new();
     let proxy = builder(&upstream, &token).clock(&clock).start();
-    let in_a_minute = chrono::DateTime::from_timestamp(
-        (std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("after 1970")
-            .as_secs()
-            + 60) as i64,
-        0,
-    )
-    .expect("a time")
-    .to_rfc3339();
+    let in_a_minute = rfc3339_in(60);
     let r = put_override(
         &proxy,
         &format!(
@@ -590,19 +592,7 @@ fn an_override_expires_on_every_instance_and_leaves_redis() {
     let shared = builder(&upstream, &token).redis(&redis.url()).clock(&clock);
     let a = shared.start();
     let b = shared.start();
-    let soon = |s: u64| {
-        chrono::DateTime::from_timestamp(
-            (std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .expect("after 1970")
-                .as_secs()
-                + s) as i64,
-            0,
-        )
-        .expect("a time")
-        .to_rfc3339()
-    };
-    for (account, expires) in [("acct-a", soon(60)), ("acct-b", soon(3_600))] {
+    for (account, expires) in [("acct-a", rfc3339_in(60)), ("acct-b", rfc3339_in(3_600))] {
         let r = put_override(
             &a,
             &format!(

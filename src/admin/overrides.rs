@@ -52,6 +52,20 @@ fn described(key: &OverrideKey, entry: &Override, kept_in: &str, now_s: u64) -> 
     })
 }
 
+/// A query's `limit=`, and the rest: the client's selector.
+fn limit_and_client(params: &[(String, String)]) -> (Option<&str>, Vec<(String, String)>) {
+    let limit = params
+        .iter()
+        .find(|(k, _)| k == "limit")
+        .map(|(_, v)| v.as_str());
+    let client = params
+        .iter()
+        .filter(|(k, _)| k != "limit")
+        .cloned()
+        .collect();
+    (limit, client)
+}
+
 /// The client and the limit a call names, and the state key they make.
 fn named(
     policy: &Policy,
@@ -243,15 +257,7 @@ pub fn list(
             ),
         ));
     }
-    let limit = params
-        .iter()
-        .find(|(k, _)| k == "limit")
-        .map(|(_, v)| v.as_str());
-    let selector: Vec<(String, String)> = params
-        .iter()
-        .filter(|(k, _)| k != "limit")
-        .cloned()
-        .collect();
+    let (limit, selector) = limit_and_client(params);
     let mut entries: Vec<(OverrideKey, Override)> = if selector.is_empty() {
         if let Some(name) = limit {
             if !policy.limits.iter().any(|l| l.name.as_str() == name) {
@@ -300,15 +306,7 @@ pub async fn remove(
     policy: &Policy,
     params: &[(String, String)],
 ) -> Result<(Value, Changed), ApiError> {
-    let limit = params
-        .iter()
-        .find(|(k, _)| k == "limit")
-        .map(|(_, v)| v.as_str());
-    let selector: Vec<(String, String)> = params
-        .iter()
-        .filter(|(k, _)| k != "limit")
-        .cloned()
-        .collect();
+    let (limit, selector) = limit_and_client(params);
     let (key, lookup, index) = named(policy, limit, selector)?;
     let Some(before) = clients.overrides.get(&key) else {
         return Err(ApiError::not_found(
