@@ -16,6 +16,7 @@ pub mod jwt;
 pub mod overrides;
 pub mod path;
 pub mod request_id;
+mod sharded;
 
 mod policy;
 

@@ -5,17 +5,12 @@
 //! outlives configuration generations, and where it is kept durable is the
 //! binary's business.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hash, Hasher};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
-use crate::identity::PrehashedIdentity;
+use crate::sharded::{ShardKey, Sharded};
 use crate::Rule;
-
-/// Shards of the table, as for the run-time keys: a big load locks one at
-/// a time.
-const SHARDS: usize = 64;
 
 /// Which state an override applies to: a limit's (its id survives reloads
 /// that keep its name) for one client identity under it.
@@ -31,6 +26,12 @@ impl Hash for OverrideKey {
         // client's overrides under two limits.
         state.write_u128(self.identity);
         state.write_u64(self.limit);
+    }
+}
+
+impl ShardKey for OverrideKey {
+    fn shard(&self) -> usize {
+        self.identity as usize ^ self.limit as usize
     }
 }
 
@@ -64,27 +65,14 @@ impl Override {
     }
 }
 
-type Shard = HashMap<OverrideKey, Override, BuildHasherDefault<PrehashedIdentity>>;
-
 /// The overrides of this process.
+#[derive(Default)]
 pub struct RunTimeOverrides {
-    shards: Box<[RwLock<Shard>]>,
-    /// Entries in all shards: a request skips the probe while it is 0.
-    len: AtomicUsize,
+    table: Sharded<OverrideKey, Override>,
     /// The time expiries are read against, in seconds since the Unix epoch,
     /// moved on by the binary's clock (`tick`): a request reads no clock
     /// for this.
     now_s: AtomicU64,
-}
-
-impl Default for RunTimeOverrides {
-    fn default() -> Self {
-        RunTimeOverrides {
-            shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
-            len: AtomicUsize::new(0),
-            now_s: AtomicU64::new(0),
-        }
-    }
 }
 
 impl std::fmt::Debug for RunTimeOverrides {
@@ -94,12 +82,8 @@ impl std::fmt::Debug for RunTimeOverrides {
 }
 
 impl RunTimeOverrides {
-    fn shard(&self, key: &OverrideKey) -> &RwLock<Shard> {
-        &self.shards[(key.identity as usize ^ key.limit as usize) % SHARDS]
-    }
-
     pub fn len(&self) -> usize {
-        self.len.load(Ordering::Acquire)
+        self.table.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -112,19 +96,17 @@ impl RunTimeOverrides {
     pub fn tick(&self, now_s: u64) -> Vec<(OverrideKey, Override)> {
         self.now_s.store(now_s, Ordering::Release);
         let mut expired = Vec::new();
-        if self.is_empty() {
+        let mut any = false;
+        // Read first: the shards are locked for writing only when some
+        // entry expired.
+        self.table.each_entry(|_, o| any |= o.expired(now_s));
+        if !any {
             return expired;
         }
-        for shard in self.shards.iter() {
-            let any = shard
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .values()
-                .any(|o| o.expired(now_s));
-            if !any {
-                continue;
+        self.table.each_shard(|shard| {
+            if !shard.values().any(|o| o.expired(now_s)) {
+                return;
             }
-            let mut shard = shard.write().unwrap_or_else(|e| e.into_inner());
             let keys: Vec<OverrideKey> = shard
                 .iter()
                 .filter(|(_, o)| o.expired(now_s))
@@ -132,11 +114,10 @@ impl RunTimeOverrides {
                 .collect();
             for key in keys {
                 if let Some(gone) = shard.remove(&key) {
-                    self.len.fetch_sub(1, Ordering::AcqRel);
                     expired.push((key, gone));
                 }
             }
-        }
+        });
         expired
     }
 
@@ -149,7 +130,7 @@ impl RunTimeOverrides {
     /// if it has some in force.
     pub fn rule(&self, limit: u64, identity: u128) -> Option<Rule> {
         let key = OverrideKey { limit, identity };
-        let shard = self.shard(&key).read().unwrap_or_else(|e| e.into_inner());
+        let shard = self.table.read(&key);
         let found = shard.get(&key)?;
         let rule = found.rule.as_ref().ok()?;
         (!found.expired(self.now_s())).then_some(*rule)
@@ -157,74 +138,41 @@ impl RunTimeOverrides {
 
     /// The whole entry, expired or not (the admin API's answer).
     pub fn get(&self, key: &OverrideKey) -> Option<Override> {
-        let shard = self.shard(key).read().unwrap_or_else(|e| e.into_inner());
-        shard.get(key).cloned()
+        self.table.get(key)
     }
 
     /// Sets these entries (a later one of the same key wins); an entry of
     /// `None` removes the key's.
     pub fn set(&self, entries: impl IntoIterator<Item = (OverrideKey, Option<Override>)>) {
         for (key, entry) in entries {
-            let mut shard = self.shard(&key).write().unwrap_or_else(|e| e.into_inner());
             match entry {
-                Some(entry) => {
-                    if shard.insert(key, entry).is_none() {
-                        self.len.fetch_add(1, Ordering::AcqRel);
-                    }
-                }
+                Some(entry) => self.table.insert(key, entry),
                 None => {
-                    if shard.remove(&key).is_some() {
-                        self.len.fetch_sub(1, Ordering::AcqRel);
-                    }
+                    self.table.remove(&key);
                 }
             }
         }
     }
 
     /// Replaces everything with `entries` (a load, a repair after a missed
-    /// change, a reload's second check), shard by shard: a request sees a
-    /// shard either before or after.
+    /// change): a request sees each shard either before or after.
     pub fn replace_all(&self, entries: impl IntoIterator<Item = (OverrideKey, Override)>) {
-        let mut fresh: Vec<Shard> = (0..SHARDS).map(|_| Shard::default()).collect();
-        for (key, entry) in entries {
-            fresh[(key.identity as usize ^ key.limit as usize) % SHARDS].insert(key, entry);
-        }
-        for (shard, new) in self.shards.iter().zip(fresh) {
-            let count = new.len();
-            let old = {
-                let mut shard = shard.write().unwrap_or_else(|e| e.into_inner());
-                std::mem::replace(&mut *shard, new)
-            };
-            let before = old.len();
-            // Dropped outside the lock: freeing a big shard takes a while.
-            drop(old);
-            if count >= before {
-                self.len.fetch_add(count - before, Ordering::AcqRel);
-            } else {
-                self.len.fetch_sub(before - count, Ordering::AcqRel);
-            }
-        }
+        self.table.replace_all(entries);
     }
 
     /// Every entry's rule read again (a reload), in place: an entry set or
     /// removed meanwhile is neither lost nor brought back.
     pub fn recheck_all(&self, rule_of: impl Fn(&Override) -> Result<Rule, Box<str>>) {
-        for shard in self.shards.iter() {
-            let mut shard = shard.write().unwrap_or_else(|e| e.into_inner());
+        self.table.each_shard(|shard| {
             for entry in shard.values_mut() {
                 entry.rule = rule_of(entry);
             }
-        }
+        });
     }
 
     /// Every entry, in no order (persisting, listing).
     pub fn entries(&self) -> Vec<(OverrideKey, Override)> {
-        let mut all = Vec::with_capacity(self.len());
-        for shard in self.shards.iter() {
-            let shard = shard.read().unwrap_or_else(|e| e.into_inner());
-            all.extend(shard.iter().map(|(k, o)| (*k, o.clone())));
-        }
-        all
+        self.table.entries()
     }
 }
 

@@ -26,7 +26,6 @@ use hashing::Kind;
 pub use hashing::{random_key, IdentityHasher, IdentityKeySource};
 pub use keys::{form_decode, normalize_host, KeyInputs, KeySource, KnownPart};
 use reading::{DescriptorParts, KeyParts, Known, OnePart, RequestParts};
-pub(crate) use run_time::Identity as PrehashedIdentity;
 pub use run_time::{KeyEntry, RunTimeKey, RunTimeKeys};
 pub use tiers::{Tier, Tiers, ANONYMOUS, INTERNAL};
 

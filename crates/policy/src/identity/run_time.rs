@@ -3,14 +3,9 @@
 //! path. The table outlives configuration generations (a reload keeps it);
 //! where it is kept durable (a file, Redis) is the binary's business.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
-/// Shards of the table: a batch import or a full reload locks one at a
-/// time, so a request waits behind at most one shard's worth of writing.
-const SHARDS: usize = 64;
+use crate::sharded::Sharded;
 
 /// One run-time entry: a key's tier, or its revocation. A revocation is kept
 /// (rather than the entry dropped) so that it also beats the same key in
@@ -33,46 +28,10 @@ pub enum RunTimeKey {
     Revoked,
 }
 
-/// The identities are already keyed SipHash outputs: uniform, and not
-/// chosen by a client, so hashing them again buys nothing.
-#[derive(Default)]
-pub(crate) struct Identity(u64);
-
-impl Hasher for Identity {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u128` is used; anything else is folded in.
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.0 ^= u64::from_le_bytes(word);
-        }
-    }
-
-    fn write_u128(&mut self, value: u128) {
-        self.0 = (value >> 64) as u64;
-    }
-}
-
-type Shard = HashMap<u128, KeyEntry, BuildHasherDefault<Identity>>;
-
 /// The run-time API keys of this process, by keyed hash.
+#[derive(Default)]
 pub struct RunTimeKeys {
-    shards: Box<[RwLock<Shard>]>,
-    /// Entries in all shards: a request skips the probe while it is 0.
-    len: AtomicUsize,
-}
-
-impl Default for RunTimeKeys {
-    fn default() -> Self {
-        RunTimeKeys {
-            shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
-            len: AtomicUsize::new(0),
-        }
-    }
+    table: Sharded<u128, KeyEntry>,
 }
 
 impl std::fmt::Debug for RunTimeKeys {
@@ -82,13 +41,8 @@ impl std::fmt::Debug for RunTimeKeys {
 }
 
 impl RunTimeKeys {
-    fn shard(&self, hash: u128) -> &RwLock<Shard> {
-        // The low bits pick the shard, the high ones the bucket within it.
-        &self.shards[(hash as usize) % SHARDS]
-    }
-
     pub fn len(&self) -> usize {
-        self.len.load(Ordering::Acquire)
+        self.table.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -98,87 +52,52 @@ impl RunTimeKeys {
     /// The request path's probe: what the key with this hash is, if the
     /// table names it.
     pub fn lookup(&self, hash: u128) -> Option<RunTimeKey> {
-        let shard = self.shard(hash).read().unwrap_or_else(|e| e.into_inner());
-        shard.get(&hash).map(|entry| match &entry.tier {
-            Some(tier) => RunTimeKey::Tier(tier.clone()),
-            None => RunTimeKey::Revoked,
-        })
+        self.table
+            .read(&hash)
+            .get(&hash)
+            .map(|entry| match &entry.tier {
+                Some(tier) => RunTimeKey::Tier(tier.clone()),
+                None => RunTimeKey::Revoked,
+            })
     }
 
     /// The whole entry (the admin API's answer).
     pub fn get(&self, hash: u128) -> Option<KeyEntry> {
-        let shard = self.shard(hash).read().unwrap_or_else(|e| e.into_inner());
-        shard.get(&hash).cloned()
+        self.table.get(&hash)
     }
 
     /// Sets these entries (a later one of the same hash wins).
     pub fn set(&self, entries: impl IntoIterator<Item = (u128, KeyEntry)>) {
         for (hash, entry) in entries {
-            let mut shard = self.shard(hash).write().unwrap_or_else(|e| e.into_inner());
-            if shard.insert(hash, entry).is_none() {
-                self.len.fetch_add(1, Ordering::AcqRel);
-            }
+            self.table.insert(hash, entry);
         }
     }
 
     /// Drops the entry of `hash`, if any (the file's entry for the key, if
     /// any, applies again).
     pub fn remove(&self, hash: u128) {
-        let mut shard = self.shard(hash).write().unwrap_or_else(|e| e.into_inner());
-        if shard.remove(&hash).is_some() {
-            self.len.fetch_sub(1, Ordering::AcqRel);
-        }
+        self.table.remove(&hash);
     }
 
     /// Replaces everything with `entries` (a load, or a repair after a
-    /// missed change), shard by shard: each shard is built aside and
-    /// swapped in, so a request sees a shard either before or after.
+    /// missed change): a request sees each shard either before or after.
     pub fn replace_all(&self, entries: impl IntoIterator<Item = (u128, KeyEntry)>) {
-        let mut fresh: Vec<Shard> = (0..SHARDS).map(|_| Shard::default()).collect();
-        for (hash, entry) in entries {
-            fresh[(hash as usize) % SHARDS].insert(hash, entry);
-        }
-        for (shard, new) in self.shards.iter().zip(fresh) {
-            let count = new.len();
-            let old = {
-                let mut shard = shard.write().unwrap_or_else(|e| e.into_inner());
-                std::mem::replace(&mut *shard, new)
-            };
-            // Dropped outside the lock: freeing a big shard takes a while.
-            let before = old.len();
-            drop(old);
-            if count >= before {
-                self.len.fetch_add(count - before, Ordering::AcqRel);
-            } else {
-                self.len.fetch_sub(before - count, Ordering::AcqRel);
-            }
-        }
+        self.table.replace_all(entries);
     }
 
     /// Every entry, in no order (persisting, listing).
     pub fn entries(&self) -> Vec<(u128, KeyEntry)> {
-        let mut all = Vec::with_capacity(self.len());
-        for shard in self.shards.iter() {
-            let shard = shard.read().unwrap_or_else(|e| e.into_inner());
-            all.extend(shard.iter().map(|(h, e)| (*h, e.clone())));
-        }
-        all
+        self.table.entries()
     }
 
     /// The hashes whose lowercase hex starts with `prefix` (at most `most`).
     pub fn find_prefix(&self, prefix: &str, most: usize) -> Vec<u128> {
         let mut found = Vec::new();
-        for shard in self.shards.iter() {
-            let shard = shard.read().unwrap_or_else(|e| e.into_inner());
-            for hash in shard.keys() {
-                if format!("{hash:032x}").starts_with(prefix) {
-                    found.push(*hash);
-                    if found.len() >= most {
-                        return found;
-                    }
-                }
+        self.table.each_entry(|hash, _| {
+            if found.len() < most && format!("{hash:032x}").starts_with(prefix) {
+                found.push(*hash);
             }
-        }
+        });
         found
     }
 }
