@@ -961,3 +961,128 @@ proptest! {
         }
     }
 }
+
+/// Requests of the same µs share one stamp, their units added up; the log
+/// holds one entry per µs, which is what a key's memory grows with.
+#[test]
+fn a_sliding_log_keeps_one_entry_per_microsecond() {
+    let w = 10 * SEC;
+    let mut key = Key::new(Algorithm::sliding_log(10, w).expect("valid numbers"));
+    let entries = |key: &Key| match &key.state {
+        State::Log(log) => (log.len(), log.is_empty()),
+        other => panic!("not a log: {other:?}"),
+    };
+    assert_eq!(entries(&key), (0, true));
+    assert_eq!(key.request(T0, 1).remaining(), 9);
+    assert_eq!(key.request(T0, 2).remaining(), 7);
+    assert_eq!(entries(&key), (1, false));
+    // Both requests' units, 3, are in the one entry.
+    assert_eq!(key.peek(T0, 0).remaining(), 7);
+    assert_eq!(key.request(T0 + 1, 3).remaining(), 4);
+    assert_eq!(entries(&key), (2, false));
+    // The first µs's 3 units leave together, a window after it.
+    assert_eq!(key.peek(T0 + w, 0).remaining(), 7);
+}
+
+/// A refund finds its units by their stamp: none once the stamp is gone
+/// (or never was), and the log is left as it is.
+#[test]
+fn a_sliding_log_refunds_only_a_stamp_it_holds() {
+    let w = 10 * SEC;
+    let alg = Algorithm::sliding_log(10, w).expect("valid numbers");
+    let mut key = Key::new(alg);
+    let d = key.request(T0, 4);
+    assert_eq!(d.counted_at_us(), T0);
+    let unknown = alg.refund(&key.state, T0 + 1, 4, T0 + 1);
+    assert_eq!(unknown.update, Update::Unchanged);
+    assert_eq!(unknown.decision.remaining(), 6);
+    let known = alg.refund(&key.state, T0 + 1, 3, T0);
+    assert_eq!(
+        known.update,
+        Update::LogRemove {
+            stamp_us: T0,
+            units: 3
+        }
+    );
+    assert_eq!(known.decision.remaining(), 9);
+}
+
+/// A sliding window's reset is the end of the running window, whatever
+/// the estimate says.
+#[test]
+fn a_sliding_window_resets_when_its_window_ends() {
+    let w = 60 * SEC;
+    let mut key = Key::new(Algorithm::sliding_window(10, w).expect("valid numbers"));
+    let d = key.request(T0 + 5 * SEC, 10);
+    assert_eq!((d.allowed(), d.reset_after_us()), (true, 55 * SEC));
+    let d = key.request(T0 + 20 * SEC, 1);
+    assert_eq!(
+        (d.allowed(), d.reset_after_us(), d.retry_after_us()),
+        (false, 40 * SEC, 40 * SEC + 6 * SEC)
+    );
+}
+
+/// A window cut into coarse steps that do not divide it (4 µs steps over
+/// 3 * 2^20 + 1 µs): the last step is cut short at the window's end, and
+/// a request that waits out the whole previous window is admitted there,
+/// not where the last step would have ended.
+#[test]
+fn a_sliding_window_retry_stops_at_its_end_not_its_last_steps() {
+    let limit = 1 << 31;
+    let w = 3 * (1 << 20) + 1;
+    assert_eq!(sliding_window::steps(limit, w), (4, 786_433));
+    let mut key = Key::new(Algorithm::sliding_window(limit, w).expect("valid numbers"));
+    let start = T0 - T0 % w + w;
+    assert!(key.request(start, limit).allowed());
+    let d = key.request(start + w, limit);
+    assert_eq!((d.allowed(), d.retry_after_us()), (false, w));
+    assert!(!key.peek(start + 2 * w - 1, limit).allowed());
+    assert!(key.peek(start + 2 * w, limit).allowed());
+}
+
+/// A refused token bucket resets when its tat is reached, not a µs later.
+#[test]
+fn a_refused_token_bucket_resets_at_its_tat() {
+    let mut key = Key::new(token_bucket(2, 1));
+    assert!(key.request(T0, 2).allowed());
+    let d = key.request(T0 + SEC / 2, 1);
+    assert_eq!(
+        (d.allowed(), d.reset_after_us(), d.retry_after_us()),
+        (false, 3 * SEC / 2, SEC / 2)
+    );
+    let e = key.algorithm.evaluate(&key.state, T0 + SEC / 2, 3);
+    assert!(e.decision.cost_exceeds_limit());
+    assert_eq!(
+        (e.decision.reset_after_us(), e.idle_at_us),
+        (3 * SEC / 2, T0 + 2 * SEC)
+    );
+}
+
+/// A tat a fraction of a µs past now (a finer bucket's, before a reload
+/// to whole µs) is a unit of debt: the full bucket's last token is not
+/// there yet, and is a µs later.
+#[test]
+fn a_tat_a_fraction_ahead_is_a_unit_of_debt() {
+    let ahead = State::Gcra {
+        tat_us: T0,
+        tat_ps: 1,
+        ledger: Ledger::default(),
+    };
+    for alg in [
+        Algorithm::token_bucket(1, 10).expect("valid numbers"),
+        Algorithm::token_bucket_per_second(3, 3_000.0).expect("valid numbers"),
+    ] {
+        let key = Key {
+            algorithm: alg,
+            state: ahead.clone(),
+        };
+        let all = alg.quota();
+        let d = key.peek(T0, all);
+        assert_eq!(
+            (d.allowed(), d.remaining(), d.retry_after_us()),
+            (false, all - 1, 1),
+            "{alg}"
+        );
+        assert!(key.peek(T0 + 1, all).allowed(), "{alg}");
+    }
+}
