@@ -1086,3 +1086,182 @@ fn a_tat_a_fraction_ahead_is_a_unit_of_debt() {
         assert!(key.peek(T0 + 1, all).allowed(), "{alg}");
     }
 }
+
+fn month() -> Calendar {
+    Calendar {
+        period: Period::Month,
+        timezone: chrono_tz::UTC,
+        week_starts: chrono::Weekday::Mon,
+    }
+}
+
+/// Every refusal in the config's own words, and the number of the limit's
+/// config it is about (the one config names in its error).
+#[test]
+fn each_refusal_says_what_is_wrong_and_with_which_number() {
+    let tb = Kind::TokenBucket;
+    let lb = Kind::LeakyBucket;
+    let cases = [
+        (
+            tb,
+            Algorithm::token_bucket(0, SEC),
+            "must be a whole number of at least 1",
+            Parameter::Capacity,
+        ),
+        (
+            tb,
+            Algorithm::token_bucket(1, 0),
+            "must be at least 1ms",
+            Parameter::RefillRate,
+        ),
+        (
+            tb,
+            Algorithm::token_bucket_per_second(1, 0.0),
+            "must be more than 0 and at most 10,000,000 per second",
+            Parameter::RefillRate,
+        ),
+        (
+            tb,
+            Algorithm::token_bucket_per_second(1, f64::MIN_POSITIVE),
+            "too slow: one unit would take more than 71 years",
+            Parameter::RefillRate,
+        ),
+        (
+            tb,
+            Algorithm::token_bucket_per_second(2_251_799_814, 1.0),
+            "at most 2,251,799,813 at this refill_rate (got 2,251,799,814): \
+             an empty bucket must refill within 71 years",
+            Parameter::Capacity,
+        ),
+        (
+            lb,
+            Algorithm::leaky_bucket(0, SEC),
+            "must be a whole number of at least 1",
+            Parameter::Capacity,
+        ),
+        (
+            lb,
+            Algorithm::leaky_bucket_per_second(1, 0.0),
+            "must be more than 0 and at most 1,000,000 per second",
+            Parameter::Rate,
+        ),
+        (
+            lb,
+            Algorithm::leaky_bucket_per_second(1, f64::MIN_POSITIVE),
+            "too slow: one unit would take more than 71 years",
+            Parameter::Rate,
+        ),
+        (
+            lb,
+            Algorithm::leaky_bucket_per_second(2_251_799_814, 1.0),
+            "at most 2,251,799,813 at this rate (got 2,251,799,814): \
+             a full waiting room must drain within 71 years",
+            Parameter::Capacity,
+        ),
+        (
+            Kind::FixedWindow,
+            Algorithm::fixed_window(MAX_COUNT + 1, SEC),
+            "at most 2,251,799,813,685,248 per window (got 2,251,799,813,685,249)",
+            Parameter::Limit,
+        ),
+        (
+            Kind::FixedWindow,
+            Algorithm::fixed_window(1, 0),
+            "must be at least 1ms",
+            Parameter::Window,
+        ),
+        (
+            Kind::SlidingWindow,
+            Algorithm::sliding_window(1, MAX_WINDOW_US + 1),
+            "must be at most 26062d (71 years)",
+            Parameter::Window,
+        ),
+        (
+            Kind::SlidingLog,
+            Algorithm::sliding_log(MAX_SLIDING_LOG + 1, SEC),
+            "sliding_log keeps one stamp per request: at most 100,000 per window \
+             (got 100,001); use sliding_window for more",
+            Parameter::Limit,
+        ),
+        (
+            Kind::Quota,
+            Algorithm::calendar_quota(0, month()),
+            "must be a whole number of at least 1",
+            Parameter::Limit,
+        ),
+        (
+            Kind::Quota,
+            Algorithm::calendar_quota(MAX_COUNT + 1, month()),
+            "at most 2,251,799,813,685,248 per period (got 2,251,799,813,685,249)",
+            Parameter::Limit,
+        ),
+        (
+            Kind::Quota,
+            Algorithm::new(Kind::Quota, 1, DAY),
+            "a calendar quota is made with its calendar (Algorithm::calendar_quota)",
+            Parameter::Limit,
+        ),
+    ];
+    for (kind, result, message, parameter) in cases {
+        let error = result.expect_err(message);
+        assert_eq!(
+            (error.to_string().as_str(), error.parameter(kind)),
+            (message, parameter)
+        );
+    }
+}
+
+/// A rate that is no positive number is out of range, not too slow.
+#[test]
+fn a_rate_that_is_no_positive_number_is_out_of_range() {
+    for nonsense in [0.0, -0.0, -1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+        assert_eq!(
+            Algorithm::token_bucket_per_second(1, nonsense),
+            Err(AlgorithmError::RateOutOfRange {
+                most: MAX_REFILL_PER_SECOND
+            }),
+            "{nonsense}"
+        );
+        assert_eq!(
+            Algorithm::leaky_bucket_per_second(1, nonsense),
+            Err(AlgorithmError::RateOutOfRange {
+                most: MAX_LEAK_PER_SECOND
+            }),
+            "{nonsense}"
+        );
+    }
+}
+
+/// The slowest rate either bucket takes: one unit every 2^51 µs (71
+/// years); one every 2^51 + 1 µs is too slow.
+#[test]
+fn the_slowest_rate_is_one_unit_in_2_51_microseconds() {
+    let slowest = 1e6 / MAX_SCALED as f64;
+    let too_slow = 1e6 / (MAX_SCALED + 1) as f64;
+    let token = Algorithm::token_bucket_per_second(1, slowest).expect("the slowest bucket");
+    assert_eq!((token.period(), token.per_us()), (MAX_SCALED, 1));
+    let leaky = Algorithm::leaky_bucket_per_second(1, slowest).expect("the slowest bucket");
+    assert_eq!((leaky.period(), leaky.per_us()), (MAX_SCALED, 1));
+    assert_eq!(
+        Algorithm::token_bucket_per_second(1, too_slow),
+        Err(AlgorithmError::RateTooSlow)
+    );
+    assert_eq!(
+        Algorithm::leaky_bucket_per_second(1, too_slow),
+        Err(AlgorithmError::RateTooSlow)
+    );
+}
+
+/// A leaky bucket's departures are whole µs apart, the interval rounded
+/// up: never faster than its rate.
+#[test]
+fn a_leaky_bucket_spaces_departures_in_whole_microseconds_rounded_up() {
+    for (per_second, interval_us) in [(1.0, SEC), (3.0, 333_334), (7.0, 142_858), (1e6, 1)] {
+        let alg = Algorithm::leaky_bucket_per_second(10, per_second).expect("valid");
+        assert_eq!(
+            (alg.period(), alg.per_us(), alg.period_us()),
+            (interval_us, 1, interval_us),
+            "{per_second}/s"
+        );
+    }
+}
