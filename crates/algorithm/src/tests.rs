@@ -1265,3 +1265,176 @@ fn a_leaky_bucket_spaces_departures_in_whole_microseconds_rounded_up() {
         );
     }
 }
+
+/// One of each algorithm, in the table's order.
+fn one_of_each() -> [Algorithm; 6] {
+    [
+        Algorithm::token_bucket(10, 1_000).expect("valid"),
+        Algorithm::sliding_window(10, 60 * SEC).expect("valid"),
+        Algorithm::fixed_window(10, 60 * SEC).expect("valid"),
+        Algorithm::sliding_log(10, 60 * SEC).expect("valid"),
+        Algorithm::leaky_bucket(10, 1_000).expect("valid"),
+        Algorithm::calendar_quota(10, month()).expect("valid"),
+    ]
+}
+
+/// What each algorithm is and offers: its name, its calendar, and whether
+/// a cost can be owed to it, units credited or a reservation refunded.
+#[test]
+fn each_algorithm_says_what_it_offers() {
+    let offers: Vec<_> = one_of_each()
+        .iter()
+        .map(|a| {
+            (
+                a.name(),
+                a.calendar().copied(),
+                a.owes_costs(),
+                a.takes_credit(),
+                a.takes_refund(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        offers,
+        [
+            ("token_bucket", None, true, true, true),
+            ("sliding_window", None, false, false, true),
+            ("fixed_window", None, true, true, true),
+            ("sliding_log", None, false, false, true),
+            ("leaky_bucket", None, false, false, false),
+            ("quota", Some(month()), true, true, true),
+        ]
+    );
+}
+
+/// Without its ceiling a window or a quota counts up to 2^51, a bucket's
+/// debt spans up to 2^51 of its units (at least one token's worth); the
+/// rest of the limit is as it was.
+#[test]
+fn a_limit_without_its_ceiling_counts_up_to_2_51() {
+    let quotas: Vec<_> = one_of_each()
+        .iter()
+        .filter(|a| a.owes_costs())
+        .map(|a| {
+            let owed = a.without_ceiling();
+            assert_eq!(
+                (owed.kind(), owed.period(), owed.per_us(), owed.calendar()),
+                (a.kind(), a.period(), a.per_us(), a.calendar()),
+            );
+            owed.quota()
+        })
+        .collect();
+    assert_eq!(quotas, [MAX_SCALED / 1_000, MAX_COUNT, MAX_COUNT]);
+    let slowest = Algorithm::token_bucket(1, MAX_SCALED).expect("valid");
+    assert_eq!(slowest.without_ceiling().quota(), 1);
+}
+
+/// A limit shared by `n` instances: each takes its share of the quota (at
+/// least 1) and, a bucket, of the rate; a window keeps its length.
+#[test]
+fn a_limit_divided_among_instances() {
+    let bucket = Algorithm::token_bucket(10, 1_000).expect("valid");
+    let window = Algorithm::fixed_window(10, 60 * SEC).expect("valid");
+    let shares = |alg: Algorithm, n: u64| {
+        let share = alg.divided(n);
+        assert_eq!(
+            (share.kind(), share.per_us(), share.calendar()),
+            (alg.kind(), alg.per_us(), alg.calendar())
+        );
+        (share.quota(), share.period())
+    };
+    assert_eq!(shares(bucket, 3), (3, 3_000));
+    assert_eq!(shares(bucket, 0), (10, 1_000));
+    assert_eq!(shares(window, 3), (3, 60 * SEC));
+    assert_eq!(shares(window, 20), (1, 60 * SEC));
+    // Fewer tokens than instances: one token each, at the rate divided as
+    // the others' is.
+    let small = Algorithm::token_bucket(2, 1_000).expect("valid");
+    assert_eq!(shares(small, 4), (1, 4_000));
+    // ... unless that rate would be slower than a token in 2^51 µs.
+    let slow = Algorithm::token_bucket(2, MAX_SCALED / 2).expect("valid");
+    assert_eq!(shares(slow, 4), (1, MAX_SCALED));
+}
+
+/// The quota's window (`w=`): a window's length, a quota's usual period,
+/// a bucket's time to refill from empty (or to drain when full), rounded
+/// up to the µs.
+#[test]
+fn the_window_a_client_is_told() {
+    let windows: Vec<_> = one_of_each().iter().map(Algorithm::window_us).collect();
+    assert_eq!(
+        windows,
+        [10_000, 60 * SEC, 60 * SEC, 60 * SEC, 10_000, 30 * DAY]
+    );
+    // 3 tokens at 3,000 a second: 1 ms, and the rounding up of a
+    // 333.333334 µs interval.
+    let fine = Algorithm::token_bucket_per_second(3, 3_000.0).expect("valid");
+    assert_eq!(fine.window_us(), 1_001);
+}
+
+/// A leaky bucket reading a token bucket's tat (a reload that changed the
+/// algorithm): a fraction of a µs is a µs more of its schedule.
+#[test]
+fn a_leaky_bucket_rounds_a_fraction_of_its_schedule_up() {
+    let alg = Algorithm::leaky_bucket(2, 10).expect("valid");
+    for (tat_ps, next_us) in [(0, T0 + 5), (300_000, T0 + 6)] {
+        let state = State::Gcra {
+            tat_us: T0 + 5,
+            tat_ps,
+            ledger: Ledger::default(),
+        };
+        let e = alg.evaluate(&state, T0, 1);
+        assert_eq!(e.decision.delay_us(), next_us - T0, "{tat_ps} ps");
+        assert_eq!(
+            e.update,
+            Update::Gcra {
+                tat_us: next_us + 10,
+                tat_ps: 0,
+                ledger: Ledger::default(),
+            }
+        );
+    }
+}
+
+/// How `floodgate check` and the logs show a limit: a bucket's rate per
+/// second, a window in its largest whole unit, a quota's calendar.
+#[test]
+fn each_algorithm_displays_its_numbers_as_config_writes_them() {
+    let shown = [
+        (
+            Algorithm::token_bucket(10, 100_000),
+            "token_bucket capacity=10 refill_rate=10.000/s",
+        ),
+        (
+            Algorithm::token_bucket_per_second(3, 3_000.0),
+            "token_bucket capacity=3 refill_rate=3000.000/s",
+        ),
+        (
+            Algorithm::leaky_bucket_per_second(5, 3.0),
+            "leaky_bucket capacity=5 rate=3.000/s",
+        ),
+        (
+            Algorithm::fixed_window(100, 3_600 * SEC),
+            "fixed_window limit=100 window=1h",
+        ),
+        (
+            Algorithm::sliding_window(100, 90 * 60 * SEC),
+            "sliding_window limit=100 window=90m",
+        ),
+        (
+            Algorithm::sliding_log(100, 61 * SEC),
+            "sliding_log limit=100 window=61s",
+        ),
+        (
+            Algorithm::fixed_window(100, 1_500_000),
+            "fixed_window limit=100 window=1500ms",
+        ),
+        (
+            Algorithm::calendar_quota(1_000, month()),
+            "quota limit=1000 period=month timezone=UTC",
+        ),
+    ];
+    for (alg, text) in shown {
+        assert_eq!(alg.expect(text).to_string(), text);
+    }
+}
