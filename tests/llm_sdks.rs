@@ -261,3 +261,43 @@ fn sixty_answers_at_once_that_hide_spoil_or_cut_their_usage_are_each_charged() {
         40.0
     );
 }
+
+/// Two instances on one Redis: the answers each serves are charged to the
+/// one shared budget, each once.
+#[test]
+fn two_instances_on_redis_charge_every_answers_usage_to_one_budget() {
+    let redis = common::redis_server::RedisServer::start();
+    let upstream = ProviderUpstream::start();
+    let token = common::admin_token::TokenFile::new();
+    let shared = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .raw(&token.section())
+        .redis(&redis.url())
+        .redis_lines("timeout = \"2s\"\non_failure = \"deny\"\ninstances = 2")
+        .limit(
+            Limit::fixed_window("openai-tokens", "ip", 1_000_000, "1h")
+                .matching("paths = [\"/v1/chat/completions\"]")
+                .line("cost_from_response = { usage = \"openai\", max = 5000, default = 700 }"),
+        );
+    let a = shared.start();
+    let b = shared.start();
+    let (billed, flood) = std::thread::scope(|s| {
+        let billed = s.spawn(|| sdk("billed", a.addr));
+        let flood = s.spawn(|| sdk("flood", b.addr));
+        (billed.join().expect("billed"), flood.join().expect("flood"))
+    });
+    assert_eq!(billed["openai json"], 17, "{billed}");
+    assert_eq!(flood["cut raised APIConnectionError"], 20, "{flood}");
+    // A: 17 + 40 + 3 defaults + a cut stream's max; B: 40 defaults and 20
+    // cut streams' max.
+    let expected = (17 + 40 + 3 * 700 + 5_000) + (40 * 700 + 20 * 5_000);
+    for proxy in [&a, &b] {
+        assert!(
+            wait_until(Duration::from_secs(5), || charged(proxy)
+                .get("openai-tokens")
+                == Some(&expected)),
+            "charged {:?}, expected {expected}",
+            charged(proxy)
+        );
+    }
+}
