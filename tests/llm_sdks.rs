@@ -179,6 +179,10 @@ fn each_answer_is_charged_the_usage_its_provider_reported_to_the_token() {
         ))
         .start();
     let seen = sdk("billed", proxy.addr);
+    // An answer with no body to read (a HEAD's): finished, so its default,
+    // not the most a cut one owes.
+    let head = request(proxy.addr, "HEAD", "/v1/chat/completions", &[], b"");
+    assert_ne!(head.status, 0);
     // What the clients got is what the upstream sent.
     assert_eq!(seen["openai json"], 17, "{seen}");
     assert_eq!(seen["openai stream"], "Hello there", "{seen}");
@@ -197,12 +201,16 @@ fn each_answer_is_charged_the_usage_its_provider_reported_to_the_token() {
     );
     // Each charged the usage reported, priced; the default where an answer
     // read whole had none (a stream that did not ask for it, one without,
-    // one spoiled); the most where a stream was cut before its usage.
+    // one spoiled, the HEAD); the most where a stream was cut before its
+    // usage.
     let expected = [
-        ("openai-tokens", 17 + 40 + 1_000 + 5_000 + 1_000 + 1_000),
+        (
+            "openai-tokens",
+            17 + 40 + 1_000 + 5_000 + 1_000 + 1_000 + 1_000,
+        ),
         (
             "openai-price",
-            (12 + 4 * 5) + (31 + 4 * 9) + 1_000 + 50_000 + 1_000 + 1_000,
+            (12 + 4 * 5) + (31 + 4 * 9) + 1_000 + 50_000 + 1_000 + 1_000 + 1_000,
         ),
         ("anthropic-tokens", (12 + 5) + (44 + 12)),
     ];
@@ -221,7 +229,7 @@ fn each_answer_is_charged_the_usage_its_provider_reported_to_the_token() {
         proxy.metric(
             "floodgate_response_cost_fallbacks_total{limit=\"openai-tokens\",reason=\"missing_or_malformed\"}"
         ),
-        3.0
+        4.0
     );
 }
 

@@ -192,8 +192,10 @@ fn priced_usage(read: Read, prompt_weight: u64, completion_weight: u64) -> Optio
 /// owes `default`; one cut before its end (the client left, the upstream
 /// failed) owes its usage if that was read, else `max`: a stream abandoned
 /// half-way is no way to go free.
-pub(super) async fn charge_by_body(store: &dyn Store, ctx: &mut RequestCtx) {
-    let whole = ctx.body_ended;
+pub(super) async fn charge_by_body(store: &dyn Store, ctx: &mut RequestCtx, finished: bool) {
+    // An exchange that finished without an error had all its body, even
+    // one that never came to the filter (a HEAD, a 204).
+    let whole = ctx.body_ended || finished;
     let mut settled = Vec::new();
     for BodyCharge {
         reservation,

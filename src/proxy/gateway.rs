@@ -394,7 +394,7 @@ impl Gateway {
             && ctx.upstream_status.is_none()
             && e.is_some_and(|e| matches!(e.esource(), ErrorSource::Downstream));
         if !ctx.by_body.is_empty() {
-            charges::charge_by_body(self.state.store.as_ref(), ctx).await;
+            charges::charge_by_body(self.state.store.as_ref(), ctx, e.is_none()).await;
         }
         if !ctx.counted.is_empty() {
             let upstream_timed_out = e.is_some_and(|e| {
