@@ -627,3 +627,66 @@ fn an_override_expires_on_every_instance_and_leaves_redis() {
     assert_eq!(quota_seen(c.addr, "/b", "acct-a").as_deref(), Some("5"));
     assert_eq!(quota_seen(c.addr, "/b", "acct-b").as_deref(), Some("9"));
 }
+
+/// A concurrency limit's own number for one client: its slots, and no one
+/// else's.
+#[test]
+fn an_override_of_a_concurrency_limit_sets_the_clients_slots() {
+    let upstream = Upstream::start();
+    let token = TokenFile::new();
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .env("FLOODGATE_IDENTITY_SECRET", SECRET)
+        .limit(Limit::concurrency(
+            "in-flight",
+            "header:x-account",
+            2,
+            "60s",
+        ))
+        .raw(&token.section())
+        .start();
+    let r = put_override(
+        &proxy,
+        r#"{"limit": "in-flight", "header": "X-Account:acct-a", "max": 5}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    // Both at once (the upstream's gate opens once): 12 of each.
+    let handles: Vec<_> = ["acct-a", "acct-b"]
+        .iter()
+        .flat_map(|account| std::iter::repeat_n(*account, 12))
+        .map(|account| {
+            let addr = proxy.addr;
+            let account = account.to_string();
+            std::thread::spawn(move || {
+                let r = request(addr, "GET", "/hold/report", &[("X-Account", &account)], b"");
+                (account, r)
+            })
+        })
+        .collect();
+    assert!(
+        wait_until(Duration::from_secs(10), || upstream.holding() == 5 + 2
+            && handles.iter().filter(|h| h.is_finished()).count() == 24 - 7),
+        "{} held",
+        upstream.holding()
+    );
+    upstream.release();
+    let answers: Vec<(String, Response)> = handles
+        .into_iter()
+        .map(|h| h.join().expect("client"))
+        .collect();
+    for (account, slots) in [("acct-a", 5), ("acct-b", 2)] {
+        let own: Vec<&Response> = answers
+            .iter()
+            .filter(|(a, _)| a == account)
+            .map(|(_, r)| r)
+            .collect();
+        assert_eq!(count_status(own.iter().copied(), 200), slots, "{account}");
+        let refused = own.iter().find(|r| r.status == 429).expect("a 429");
+        assert_eq!(
+            refused.header("RateLimit-Limit"),
+            Some(slots.to_string().as_str()),
+            "{account}"
+        );
+    }
+    assert_eq!(upstream.most_held(), 7);
+}
