@@ -48,14 +48,12 @@ pub(super) async fn charge_by_response(
                 ..
             }) => {
                 // Settled once the body has passed: its usage is in it.
-                let header = |name: http::header::HeaderName| {
-                    response.headers.get(name).map(|v| v.as_bytes().to_vec())
-                };
+                let header = |name| response.headers.get(name).map(|v| v.as_bytes());
                 let reader = response.status.is_success().then(|| {
                     UsageReader::for_response(
                         provider_of(*provider),
-                        header(http::header::CONTENT_TYPE).as_deref(),
-                        header(http::header::CONTENT_ENCODING).as_deref(),
+                        header(http::header::CONTENT_TYPE),
+                        header(http::header::CONTENT_ENCODING),
                     )
                 });
                 ctx.by_body.push(BodyCharge {
