@@ -5,7 +5,7 @@ need=()
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 if [ "${FLOODGATE_NEEDS_REDIS:-0}" = 1 ]; then
   # The test suite's real servers and clients: Redis, openssl for test CAs,
-  # curl and nghttp for HTTP/2, prlimit for the fd-limit test, pip for the
+  # curl and nghttp for HTTP/2, prlimit for the fd-limit test, ip for IPv6 peers, pip for the
   # Python gRPC, WebSocket and HTTP/2 (h2, for how headers are encoded) clients.
   command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
   # The Sentinel tests' three sentinels.
@@ -14,6 +14,8 @@ if [ "${FLOODGATE_NEEDS_REDIS:-0}" = 1 ]; then
   command -v curl >/dev/null 2>&1 || need+=(curl)
   command -v nghttp >/dev/null 2>&1 || need+=(nghttp2-client)
   command -v prlimit >/dev/null 2>&1 || need+=(util-linux)
+  # ip puts IPv6 test peers on the loopback interface.
+  command -v ip >/dev/null 2>&1 || need+=(iproute2)
   command -v python3 >/dev/null 2>&1 || need+=(python3 python3-pip)
   # The alert rules' check reads YAML.
   python3 -c 'import yaml' >/dev/null 2>&1 || need+=(python3-yaml)

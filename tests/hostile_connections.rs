@@ -57,8 +57,8 @@ fn closed_unanswered(proxy: &Proxy, n: usize) {
 /// A TCP connection to `to` from the local address `from` (any 127.x.y.z).
 fn connect_from(from: &str, to: SocketAddr) -> std::io::Result<TcpStream> {
     use socket2::{Domain, Socket, Type};
-    let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
-    let local: SocketAddr = format!("{from}:0").parse().map_err(std::io::Error::other)?;
+    let local = SocketAddr::new(from.parse().map_err(std::io::Error::other)?, 0);
+    let socket = Socket::new(Domain::for_address(local), Type::STREAM, None)?;
     socket.bind(&local.into())?;
     socket.connect(&to.into())?;
     Ok(socket.into())
@@ -765,4 +765,76 @@ fn the_admin_listener_has_its_own_cap_and_lifetime() {
         == 200));
     assert!(started.elapsed() < Duration::from_secs(5));
     drop(held);
+}
+
+/// Puts `addresses` on the loopback interface (IPv6 offers only `::1`
+/// there, and the tests need peers in distinct networks), as root or
+/// through sudo as `scripts/setup.sh` installs packages.
+fn on_loopback(addresses: &[&str]) {
+    for address in addresses {
+        let root = std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .map(|o| o.stdout.starts_with(b"0\n"))
+            .unwrap_or(false);
+        let mut command = std::process::Command::new(if root { "ip" } else { "sudo" });
+        if !root {
+            command.arg("ip");
+        }
+        let added = command
+            .args(["-6", "addr", "add", &format!("{address}/128"), "dev", "lo"])
+            .output()
+            .expect("ip (iproute2) runs");
+        let said = String::from_utf8_lossy(&added.stderr);
+        let already = said.contains("File exists") || said.contains("already assigned");
+        assert!(
+            added.status.success() || already,
+            "adding {address} to lo: {said}"
+        );
+    }
+}
+
+#[test]
+fn the_admin_listener_groups_ipv6_peers_by_the_clients_prefix() {
+    // Two /64s of one /48, and another /48.
+    let (first, second, elsewhere) = ("fd00:48:0:1::1", "fd00:48:0:2::1", "fd00:49::1");
+    on_loopback(&[first, second, elsewhere]);
+    let port = TcpListener::bind("[::]:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let upstream = Upstream::start();
+    let _proxy = ConfigBuilder::new(upstream.addr)
+        .admin_at(SocketAddr::new("::".parse().expect("address"), port))
+        .server("header_timeout = \"5s\"")
+        .raw("[clients]\nipv6_prefix = 48")
+        .start();
+    let admin = SocketAddr::new(first.parse().expect("address"), port);
+    let mut held: Vec<TcpStream> = [first, second]
+        .iter()
+        .flat_map(|from| (0..8).map(move |_| connect_from(from, admin)))
+        .filter_map(Result::ok)
+        .collect();
+    assert_eq!(held.len(), 16);
+    let open = |held: &mut Vec<TcpStream>| {
+        held.iter_mut()
+            .map(|s| {
+                let _ = s.set_nonblocking(true);
+                matches!(s.read(&mut [0u8; 16]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            })
+            .filter(|open| *open)
+            .count()
+    };
+    // One group's cap of 8 over both /64s (a fixed /64 kept all 16).
+    assert!(
+        wait_until(Duration::from_secs(2), || open(&mut held) == 8),
+        "{} open",
+        open(&mut held)
+    );
+    // Another /48 is another group.
+    assert_eq!(
+        get_from(elsewhere, admin, "/healthz").map(|r| r.0),
+        Some(200)
+    );
+    assert_eq!(open(&mut held), 8);
 }
