@@ -13,7 +13,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::admin_token::{TokenFile, TOKEN};
-use common::redis_server::RedisServer;
+use common::redis_server::{RedisCluster, RedisServer};
 use common::{request, temp_dir, wait_until, ConfigBuilder, Limit, Proxy, Response, Upstream};
 use serde_json::Value;
 
@@ -208,6 +208,108 @@ fn a_key_set_on_one_instance_is_served_by_the_other_within_a_second_and_revoked_
         a.log()
     );
     assert!(served_within_a_second(b.addr, "another-key-0002", "pro").is_some());
+}
+
+#[test]
+fn on_a_cluster_keys_and_overrides_are_shared_and_outlive_their_masters_failover() {
+    let mut cluster = RedisCluster::start_with_replicas(1);
+    let upstream = Upstream::start();
+    let token = TokenFile::new();
+    let shared = builder(&upstream, &token).redis_cluster(&cluster.urls());
+    let a = shared.start();
+    let b = shared.start();
+
+    let r = put(&a, KEY, "pro");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(json(&r)["kept_in"], "redis");
+    assert_eq!(tier_served(a.addr, KEY), "pro");
+    assert!(
+        served_within_a_second(b.addr, KEY, "pro").is_some(),
+        "B: {}",
+        b.log()
+    );
+    // One hash tag: the table, its version (and its overrides) on one master.
+    let tagged = [
+        "{floodgate:clients}:api_keys",
+        "{floodgate:clients}:version",
+    ];
+    let holders: Vec<usize> = (0..3)
+        .filter(|&i| {
+            let keys = cluster.nodes[i].keys();
+            tagged.iter().all(|k| keys.iter().any(|held| held == k))
+        })
+        .collect();
+    assert_eq!(holders.len(), 1, "{:?}", cluster.keys_per_node());
+    let victim = holders[0];
+
+    // That master dies; its replica takes over.
+    let heir = (3..cluster.nodes.len())
+        .find(|&i| {
+            let replication: String = cluster.nodes[i].cmd(&["INFO", "replication"]);
+            replication.contains(&format!("master_port:{}", cluster.nodes[victim].port))
+        })
+        .expect("the master's replica");
+    let survivors: Vec<usize> = (0..cluster.nodes.len()).filter(|&i| i != victim).collect();
+    cluster.nodes[victim].kill();
+    assert!(
+        wait_until(Duration::from_secs(30), || cluster.nodes[heir].role()
+            == "master"
+            && survivors.iter().all(|&i| cluster.serves_all_slots(i))),
+        "no replica was promoted"
+    );
+    // What was known kept serving, and changes go on once the slot's new
+    // master answers.
+    assert_eq!(tier_served(b.addr, KEY), "pro");
+    assert!(
+        wait_until(Duration::from_secs(20), || put(
+            &b,
+            "another-key-0002",
+            "free"
+        )
+        .status
+            == 200),
+        "{}",
+        b.log()
+    );
+    assert!(
+        served_within_a_second(a.addr, "another-key-0002", "free").is_some(),
+        "A: {}",
+        a.log()
+    );
+
+    // Revoked on A: no key on B within a second.
+    let r = call(admin(&a), "DELETE", &format!("/v1/api_keys?key={KEY}"), "");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(served_within_a_second(b.addr, KEY, "anonymous").is_some());
+
+    // An override raised on B moves A's limit within a second.
+    let r = call(
+        admin(&b),
+        "PUT",
+        "/v1/overrides",
+        r#"{"limit": "per-ip", "ip": "127.0.0.1", "numbers": {"limit": 4000000, "window": "1m"}}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let limit_on_a = || {
+        request(a.addr, "GET", "/", &[], b"")
+            .header("ratelimit-limit")
+            .map(str::to_string)
+    };
+    assert!(
+        wait_until(Duration::from_secs(1), || limit_on_a().as_deref()
+            == Some("4000000")),
+        "{:?}",
+        limit_on_a()
+    );
+
+    let kept: Vec<String> = cluster.nodes[heir].cmd(&["HKEYS", "{floodgate:clients}:api_keys"]);
+    assert_eq!(kept.len(), 2);
+    let overrides: Vec<String> =
+        cluster.nodes[heir].cmd(&["HKEYS", "{floodgate:clients}:overrides"]);
+    assert_eq!(overrides.len(), 1);
+    for proxy in [&a, &b] {
+        assert_never_shown(proxy);
+    }
 }
 
 #[test]

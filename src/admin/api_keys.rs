@@ -41,11 +41,6 @@ pub fn unavailable(e: ClientsError) -> ApiError {
             code: "not_kept",
             reason: e.to_string(),
         },
-        ClientsError::Cluster => ApiError {
-            status: 501,
-            code: "not_on_a_cluster",
-            reason: e.to_string(),
-        },
     }
 }
 

@@ -10,6 +10,4 @@ pub enum ClientsError {
         path: String,
         source: std::io::Error,
     },
-    #[error("run-time clients are not kept on a Redis Cluster yet")]
-    Cluster,
 }

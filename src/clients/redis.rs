@@ -1,7 +1,9 @@
 //! Run-time clients in Redis: a hash of API key entries by key hash, one of
 //! overrides by `<limit>:<identity>`, and a version counted up by every
 //! change to either. A change is one script run (entries set,
-//! version counted, change announced), so it is all there or not at all.
+//! version counted, change announced), so it is all there or not at all;
+//! on a cluster the three keys share a hash tag, hence a slot, so that one
+//! script may touch them all.
 //! Every instance loads the hash before it listens, then follows the
 //! announcements on `{key_prefix}:clients`, fetching the entries each one
 //! names; an announcement out of turn (one was missed: a reconnect, a
@@ -14,7 +16,6 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use log::{info, warn};
-use redis::aio::MultiplexedConnection;
 use tokio::sync::watch;
 
 use super::entries::{hash_hex, parse_hash, StoredEntry};
@@ -22,7 +23,9 @@ use super::error::ClientsError;
 use super::overrides::{field_of, parse_field, StoredOverride};
 use super::tables::Tables;
 use crate::identity::KeyEntry;
-use crate::limiter::redis::changes::writable_node;
+use crate::limiter::redis::beside_limits::{
+    grouped_key, subscription_node, topology_connection, TopologyConnection,
+};
 use crate::limiter::RedisSettings;
 use crate::policy::overrides::{Override, OverrideKey};
 
@@ -94,7 +97,7 @@ pub struct RedisClients {
     /// The version the table holds everything up to; none before the
     /// first load.
     known: watch::Sender<Option<u64>>,
-    writer: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+    writer: tokio::sync::Mutex<Option<TopologyConnection>>,
     script: redis::Script,
     drop_expired: redis::Script,
 }
@@ -107,8 +110,6 @@ enum FollowError {
     Timeout(Duration),
     #[error("the subscription ended")]
     Ended,
-    #[error("a Redis Cluster keeps no run-time clients yet")]
-    Cluster,
     #[error("entry {hash}: {reason}")]
     Entry { hash: String, reason: String },
 }
@@ -135,15 +136,15 @@ impl RedisClients {
     }
 
     fn entries_key(&self) -> String {
-        format!("{}:clients:api_keys", self.settings.key_prefix)
+        grouped_key(&self.settings, "clients", API_KEYS)
     }
 
     fn overrides_key(&self) -> String {
-        format!("{}:clients:overrides", self.settings.key_prefix)
+        grouped_key(&self.settings, "clients", OVERRIDES)
     }
 
     fn version_key(&self) -> String {
-        format!("{}:clients:version", self.settings.key_prefix)
+        grouped_key(&self.settings, "clients", "version")
     }
 
     fn channel(&self) -> String {
@@ -171,11 +172,8 @@ impl RedisClients {
         }
     }
 
-    async fn connect(&self) -> Result<redis::Client, FollowError> {
-        match writable_node(&self.settings).await {
-            None => Err(FollowError::Cluster),
-            Some(client) => Ok(client?),
-        }
+    async fn connect(&self) -> Result<TopologyConnection, FollowError> {
+        within(self.deadline(), topology_connection(&self.settings)).await
     }
 
     /// Sets every key entry or none, and waits (a second at most) until
@@ -227,9 +225,8 @@ impl RedisClients {
     }
 
     /// A connection of its own for a write (the writer's may be busy).
-    async fn writer(&self) -> Result<MultiplexedConnection, FollowError> {
-        let client = self.connect().await?;
-        within(self.deadline(), client.get_multiplexed_async_connection()).await
+    async fn writer(&self) -> Result<TopologyConnection, FollowError> {
+        self.connect().await
     }
 
     async fn write(
@@ -238,17 +235,10 @@ impl RedisClients {
         table: &str,
         pairs: impl Iterator<Item = (String, String)>,
     ) -> Result<(), ClientsError> {
-        let unavailable = |e: FollowError| match e {
-            FollowError::Cluster => ClientsError::Cluster,
-            e => ClientsError::Unavailable(e.to_string()),
-        };
+        let unavailable = |e: FollowError| ClientsError::Unavailable(e.to_string());
         let mut writer = self.writer.lock().await;
         if writer.is_none() {
-            let client = self.connect().await.map_err(unavailable)?;
-            let connection = within(self.deadline(), client.get_multiplexed_async_connection())
-                .await
-                .map_err(unavailable)?;
-            *writer = Some(connection);
+            *writer = Some(self.connect().await.map_err(unavailable)?);
         }
         let Some(connection) = writer.as_mut() else {
             return Err(ClientsError::Unavailable("no connection".into()));
@@ -284,12 +274,8 @@ impl RedisClients {
     /// everything, then applies what is announced.
     pub async fn follow(self: Arc<Self>) {
         let mut lost = false;
-        loop {
-            let error = self.follow_once(&mut lost).await;
-            if matches!(error, FollowError::Cluster) {
-                warn!("run-time clients: {error}; the admin API refuses their changes");
-                return;
-            }
+        for attempt in 0usize.. {
+            let error = self.follow_once(attempt, &mut lost).await;
             if !lost {
                 warn!(
                     "run-time clients: lost Redis ({error}); the {} entries last known keep serving, changes are refused until it is back",
@@ -301,19 +287,19 @@ impl RedisClients {
         }
     }
 
-    async fn follow_once(&self, lost: &mut bool) -> FollowError {
-        match self.subscribed(lost).await {
+    async fn follow_once(&self, attempt: usize, lost: &mut bool) -> FollowError {
+        match self.subscribed(attempt, lost).await {
             Ok(()) => FollowError::Ended,
             Err(e) => e,
         }
     }
 
-    async fn subscribed(&self, lost: &mut bool) -> Result<(), FollowError> {
+    async fn subscribed(&self, attempt: usize, lost: &mut bool) -> Result<(), FollowError> {
         let deadline = self.deadline();
-        let client = self.connect().await?;
-        let mut pubsub = within(deadline, client.get_async_pubsub()).await?;
+        let node = within(deadline, subscription_node(&self.settings, attempt)).await?;
+        let mut pubsub = within(deadline, node.get_async_pubsub()).await?;
         within(deadline, pubsub.subscribe(self.channel())).await?;
-        let mut connection = within(deadline, client.get_multiplexed_async_connection()).await?;
+        let mut connection = self.connect().await?;
         // Subscribed first: nothing announced after the load is missed.
         let version = self.load(&mut connection).await?;
         if std::mem::take(lost) {
@@ -361,10 +347,11 @@ impl RedisClients {
     }
 
     /// Everything, and the version it is at, read at one instant.
-    async fn load(&self, connection: &mut MultiplexedConnection) -> Result<u64, FollowError> {
+    async fn load(&self, connection: &mut TopologyConnection) -> Result<u64, FollowError> {
         type Fields = Vec<(String, Vec<u8>)>;
         let (version, all, overrides): (Option<u64>, Fields, Fields) = within(
             LOAD_WITHIN,
+            // One MULTI: on a cluster it goes to the keys' one slot.
             redis::pipe()
                 .atomic()
                 .cmd("GET")
@@ -409,7 +396,7 @@ impl RedisClients {
     /// One announcement: `<version> <table> <field> ...`, or `<version> *`.
     async fn heard(
         &self,
-        connection: &mut MultiplexedConnection,
+        connection: &mut TopologyConnection,
         text: &str,
     ) -> Result<(), FollowError> {
         let mut words = text.split_ascii_whitespace();
@@ -463,7 +450,7 @@ impl RedisClients {
     /// The overrides an announcement names, as they are now.
     async fn heard_overrides(
         &self,
-        connection: &mut MultiplexedConnection,
+        connection: &mut TopologyConnection,
         fields: &[&str],
     ) -> Result<(), FollowError> {
         let values: Vec<Option<Vec<u8>>> = within(

@@ -10,7 +10,8 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use log::{info, warn};
 
-use super::scripted::{changes_channel, decode_change, install_tls_provider, Change};
+use super::beside_limits::subscription_node;
+use super::scripted::{changes_channel, decode_change, Change};
 use super::sentinel::{find_master, master_client};
 use super::settings::{RedisSettings, Topology};
 use crate::deny_cache::Forgetter;
@@ -24,7 +25,10 @@ const PING_EVERY: Duration = Duration::from_secs(10);
 
 /// The node to subscribe on: the one at `url`, or the master the
 /// sentinels name now (a failover ends the old subscription).
-async fn subscriber(settings: &RedisSettings, url: &str) -> redis::RedisResult<redis::Client> {
+pub(super) async fn subscriber(
+    settings: &RedisSettings,
+    url: &str,
+) -> redis::RedisResult<redis::Client> {
     match &settings.topology {
         Topology::Sentinel(sentinel) => {
             let (host, port) = find_master(settings, sentinel).await?;
@@ -34,39 +38,16 @@ async fn subscriber(settings: &RedisSettings, url: &str) -> redis::RedisResult<r
     }
 }
 
-/// A client of the one node that takes writes: the standalone node, or the
-/// master the sentinels name now. What the run-time clients (the admin
-/// API's keys) are kept on; none for a cluster, which they do not use yet.
-pub async fn writable_node(settings: &RedisSettings) -> Option<redis::RedisResult<redis::Client>> {
-    install_tls_provider();
-    match &settings.topology {
-        Topology::Standalone(url) => Some(subscriber(settings, url).await),
-        Topology::Sentinel(_) => Some(subscriber(settings, "").await),
-        Topology::Cluster(_) => None,
-    }
-}
-
 /// Listens until the process ends. Whenever the subscription is (re)made,
 /// every remembered refusal is forgotten: what was announced while nobody
-/// listened is unknown. While it is lost, nothing is leased. A cluster's classic pub/sub reaches every node, so
-/// one node is enough to listen on: the seeds are tried in turn.
+/// listened is unknown. While it is lost, nothing is leased.
 pub async fn listen(settings: RedisSettings, forgetter: Forgetter, local: Arc<MemoryStore>) {
-    install_tls_provider();
-    let urls = match &settings.topology {
-        Topology::Standalone(url) => vec![url.clone()],
-        Topology::Cluster(nodes) => nodes.clone(),
-        // The master, found again at each attempt (`subscriber`).
-        Topology::Sentinel(_) => vec![String::new()],
-    };
     let channel = changes_channel(&settings.key_prefix);
     let mut lost_logged = false;
     let mut heard_before = false;
     for attempt in 0usize.. {
-        let Some(url) = urls.get(attempt % urls.len().max(1)) else {
-            return;
-        };
         let subscribed = async {
-            let client = subscriber(&settings, url).await?;
+            let client = subscription_node(&settings, attempt).await?;
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(&channel).await?;
             Ok::<_, redis::RedisError>(pubsub)

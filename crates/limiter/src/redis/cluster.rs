@@ -57,43 +57,50 @@ impl Connect for ClusterConnection {
     const MOST_CALLS_IN_FLIGHT: Option<usize> = Some(16);
 
     async fn connect(settings: &RedisSettings) -> Result<Self, LimiterError> {
-        install_tls_provider();
-        let nodes = match &settings.topology {
-            Topology::Cluster(nodes) => nodes.clone(),
-            Topology::Standalone(url) => vec![url.clone()],
-            Topology::Sentinel(_) => Vec::new(),
-        };
-        // redis-rs's defaults suit a client that may wait: a first retry
-        // after 1.28 s or more, and a dead node reconnected to for as long
-        // as its slot map lists it. Here a decision has `timeout` in all,
-        // and a killed master's slots would stay mapped to it after its
-        // replica took over, every call for them failing until the breaker
-        // decided beside Redis. So retries wait milliseconds, and a node
-        // that refuses a few reconnects is dropped, which makes the next
-        // call for its slots read the slot map again. Each retry of such a
-        // call rereads it, so retries are few (`RETRIES`), and the breaker
-        // keeps calls away until the cluster is whole again (`probe`).
-        let timeout_ms = u64::try_from(settings.timeout.as_millis()).unwrap_or(u64::MAX);
-        // A node is connected to within `node_connect_within`, not the
-        // decision deadline: a cluster farther than that would never be.
-        // A frozen node then takes up to that long per reconnect before it
-        // is dropped; one that is down refuses at once.
-        let mut builder = redis::cluster::ClusterClient::builder(nodes)
-            .connection_timeout(settings.node_connect_within())
-            .min_retry_wait(RETRY_WAIT_MIN_MS)
-            .max_retry_wait((timeout_ms / 4).max(RETRY_WAIT_MIN_MS + 1))
-            .retry_wait_formula(RETRY_WAIT_FACTOR_MS, 2)
-            .max_connection_attempts(RECONNECTS_BEFORE_DROPPING_A_NODE)
-            .retries(RETRIES);
-        if let Some(certificates) = settings.tls_certificates() {
-            builder = builder.certs(certificates);
-        }
-        let client = builder.build().map_err(connection_error)?;
-        client
+        cluster_client(settings)
+            .map_err(connection_error)?
             .get_async_connection()
             .await
             .map_err(connection_error)
     }
+}
+
+/// A client of the cluster `settings` name, as decisions reach it.
+pub(super) fn cluster_client(
+    settings: &RedisSettings,
+) -> redis::RedisResult<redis::cluster::ClusterClient> {
+    install_tls_provider();
+    let nodes = match &settings.topology {
+        Topology::Cluster(nodes) => nodes.clone(),
+        Topology::Standalone(url) => vec![url.clone()],
+        Topology::Sentinel(_) => Vec::new(),
+    };
+    // redis-rs's defaults suit a client that may wait: a first retry
+    // after 1.28 s or more, and a dead node reconnected to for as long
+    // as its slot map lists it. Here a decision has `timeout` in all,
+    // and a killed master's slots would stay mapped to it after its
+    // replica took over, every call for them failing until the breaker
+    // decided beside Redis. So retries wait milliseconds, and a node
+    // that refuses a few reconnects is dropped, which makes the next
+    // call for its slots read the slot map again. Each retry of such a
+    // call rereads it, so retries are few (`RETRIES`), and the breaker
+    // keeps calls away until the cluster is whole again (`probe`).
+    let timeout_ms = u64::try_from(settings.timeout.as_millis()).unwrap_or(u64::MAX);
+    // A node is connected to within `node_connect_within`, not the
+    // decision deadline: a cluster farther than that would never be.
+    // A frozen node then takes up to that long per reconnect before it
+    // is dropped; one that is down refuses at once.
+    let mut builder = redis::cluster::ClusterClient::builder(nodes)
+        .connection_timeout(settings.node_connect_within())
+        .min_retry_wait(RETRY_WAIT_MIN_MS)
+        .max_retry_wait((timeout_ms / 4).max(RETRY_WAIT_MIN_MS + 1))
+        .retry_wait_formula(RETRY_WAIT_FACTOR_MS, 2)
+        .max_connection_attempts(RECONNECTS_BEFORE_DROPPING_A_NODE)
+        .retries(RETRIES);
+    if let Some(certificates) = settings.tls_certificates() {
+        builder = builder.certs(certificates);
+    }
+    builder.build()
 }
 
 /// Retries of one call: a MOVED, an ASK and a reconnect. redis-rs's 16

@@ -7,6 +7,7 @@
 //! `RedisCluster` (layers grouped by identity, one run per group).
 
 mod batch;
+pub mod beside_limits;
 pub mod changes;
 mod cluster;
 mod scripted;
