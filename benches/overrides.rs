@@ -126,6 +126,7 @@ fn plan(c: &mut Criterion) {
             query: None,
             host: None,
             client: &client,
+            body: None,
         };
         // The case is what it says: its per-key layer has the numbers.
         let Ok(Plan::Check(layers)) = config.policy.plan(&view) else {

@@ -57,8 +57,13 @@ impl Drop for ProviderUpstream {
 
 /// `mode` of the script against the proxy at `addr`: what it printed.
 fn sdk(mode: &str, addr: SocketAddr) -> Value {
+    sdk_with(mode, addr, &[])
+}
+
+fn sdk_with(mode: &str, addr: SocketAddr, args: &[&str]) -> Value {
     let out = Command::new("timeout")
         .args(["120", "python3", SCRIPT, mode, &format!("http://{addr}")])
+        .args(args)
         .output()
         .expect("timeout python3");
     assert!(
@@ -305,6 +310,88 @@ fn two_instances_on_redis_charge_every_answers_usage_to_one_budget() {
                 .get("openai-tokens")
                 == Some(&expected)),
             "charged {:?}, expected {expected}",
+            charged(proxy)
+        );
+    }
+}
+
+/// 10,000 tokens an hour, each stream reserving its own worst case: its
+/// prompt's estimate and the 1,000 tokens it allows its answer.
+fn reserved_from_the_request(
+    upstream: SocketAddr,
+    token: &common::admin_token::TokenFile,
+) -> ConfigBuilder {
+    ConfigBuilder::new(upstream)
+        .admin()
+        .raw(&token.section())
+        .limit(
+            Limit::fixed_window("stream-tokens", "ip", 10_000, "1h")
+                .matching("paths = [\"/v1/chat/completions\"]")
+                .line("cost_from_response = { usage = \"openai\", max = 4000, default = 100, reserve = \"request\" }"),
+        )
+}
+
+/// What a burst of streams through the SDK came to: answered, refused,
+/// tokens reported; each refusal carried its wait.
+fn streams_at_once(addr: SocketAddr, n: usize) -> (u64, u64) {
+    let seen = sdk_with("streams", addr, &[&n.to_string()]);
+    let answered = seen["answered"].as_u64().expect("answered");
+    let refused = seen["refused"].as_u64().expect("refused");
+    assert_eq!(answered + refused, n as u64, "{seen}");
+    assert_eq!(seen["refusals_with_a_wait"], refused, "{seen}");
+    let tokens = seen["tokens"].as_u64().expect("tokens");
+    // Each answered stream reported its worst case: 20 + 1,000.
+    assert_eq!(tokens, answered * 1_020, "{seen}");
+    (answered, tokens)
+}
+
+/// The bound: 40 streams at once against one budget never charge
+/// past it (a fixed reservation let all 40 through: 40,800 of 10,000), and
+/// the budget is charged exactly the usage reported.
+#[test]
+fn forty_streams_at_once_reserved_from_their_requests_never_pass_the_budget() {
+    let upstream = ProviderUpstream::start();
+    let token = common::admin_token::TokenFile::new();
+    let proxy = reserved_from_the_request(upstream.addr, &token).start();
+    let (answered, tokens) = streams_at_once(proxy.addr, 40);
+    assert!(answered >= 5, "{answered} answered");
+    assert!(tokens <= 10_000, "{tokens} tokens charged of 10,000");
+    assert!(
+        wait_until(Duration::from_secs(5), || charged(&proxy)
+            .get("stream-tokens")
+            == Some(&tokens)),
+        "charged {:?}, reported {tokens}",
+        charged(&proxy)
+    );
+}
+
+#[test]
+fn forty_streams_over_two_instances_on_redis_never_pass_the_budget() {
+    let redis = common::redis_server::RedisServer::start();
+    let upstream = ProviderUpstream::start();
+    let token = common::admin_token::TokenFile::new();
+    let shared = reserved_from_the_request(upstream.addr, &token)
+        .redis(&redis.url())
+        .redis_lines("timeout = \"2s\"\non_failure = \"deny\"\ninstances = 2");
+    let a = shared.start();
+    let b = shared.start();
+    let ((answered_a, tokens_a), (answered_b, tokens_b)) = std::thread::scope(|s| {
+        let on_a = s.spawn(|| streams_at_once(a.addr, 20));
+        let on_b = s.spawn(|| streams_at_once(b.addr, 20));
+        (on_a.join().expect("a"), on_b.join().expect("b"))
+    });
+    let tokens = tokens_a + tokens_b;
+    assert!(
+        answered_a + answered_b >= 5,
+        "{answered_a} + {answered_b} answered"
+    );
+    assert!(tokens <= 10_000, "{tokens} tokens charged of 10,000");
+    for proxy in [&a, &b] {
+        assert!(
+            wait_until(Duration::from_secs(5), || charged(proxy)
+                .get("stream-tokens")
+                == Some(&tokens)),
+            "charged {:?}, reported {tokens}",
             charged(proxy)
         );
     }

@@ -108,6 +108,8 @@ pub(super) struct ServerSection {
     #[serde(default)]
     pub(super) h2c: bool,
     pub(super) slot_body_timeout: Option<String>,
+    /// The most of a request's body read before its decision, in bytes.
+    pub(super) max_body: Option<i64>,
     pub(super) tls: Option<TlsSection>,
 }
 
@@ -440,9 +442,17 @@ pub(super) struct ResponseCostSection {
     pub(super) completion_weight: Option<i64>,
     pub(super) max: i64,
     pub(super) default: Option<i64>,
-    pub(super) reserve: Option<i64>,
+    pub(super) reserve: Option<ReserveSpec>,
     #[serde(default)]
     pub(super) expose: bool,
+}
+
+/// `reserve = 500`, or `reserve = "request"`: the request's own worst case.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum ReserveSpec {
+    Units(i64),
+    Named(String),
 }
 
 /// `ban = { after = 3, within = "10m", duration = "1h" }`.
@@ -478,6 +488,9 @@ pub(super) struct MatchSection {
     /// And the descriptor's entries: `[key]` or `[key, value]` each.
     #[serde(default)]
     pub(super) descriptors: Vec<Vec<String>>,
+    /// Top-level fields of a JSON body: a pattern or a list of them each.
+    #[serde(default)]
+    pub(super) body: BTreeMap<String, OneOrMany>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -10,8 +10,8 @@ use http::{HeaderName, Method};
 use super::duration;
 use super::file::{
     AlgorithmName, BanSection, CostSection, CountSection, ExemptSection, LeasesMode, LimitSection,
-    MatchSection, Numbers, OnMissingName, OneOrMany, ResponseCostSection, StatusName, UpgradesName,
-    CONCURRENCY,
+    MatchSection, Numbers, OnMissingName, OneOrMany, ReserveSpec, ResponseCostSection, StatusName,
+    UpgradesName, CONCURRENCY,
 };
 use super::source::Segment;
 use super::{at, key_path, AsSegment, Invalid};
@@ -63,6 +63,7 @@ fn descriptor_match(
         ("paths", !m.paths.is_empty()),
         ("hosts", !m.hosts.is_empty()),
         ("headers", !m.headers.is_empty()),
+        ("body", !m.body.is_empty()),
     ];
     if let Some((key, _)) = http.iter().find(|(_, given)| *given) {
         return Err((
@@ -203,12 +204,36 @@ fn validate_match(
             Ok((name, PathPattern::glob(glob)))
         })
         .collect::<Result<_, Invalid>>()?;
+    let body = m
+        .body
+        .iter()
+        .map(|(field, patterns)| {
+            let mut at: Vec<Segment> = path.iter().map(|s| s.segment()).collect();
+            at.push(Segment::Key("body".into()));
+            at.push(Segment::Key(field.clone()));
+            if field.is_empty() {
+                return Err((
+                    at,
+                    "name a top-level field of the JSON body, like `model`".into(),
+                ));
+            }
+            let globs: Vec<PathPattern> = match patterns {
+                OneOrMany::One(glob) => vec![PathPattern::glob(glob)],
+                OneOrMany::Many(globs) => globs.iter().map(|g| PathPattern::glob(g)).collect(),
+            };
+            if globs.is_empty() {
+                return Err((at, "give at least one pattern".into()));
+            }
+            Ok((field.as_str().into(), globs))
+        })
+        .collect::<Result<_, Invalid>>()?;
     Ok(Matcher {
         methods,
         paths,
         hosts,
         headers,
         descriptors: None,
+        body,
     })
 }
 
@@ -227,6 +252,11 @@ fn validate_key(key: &str) -> Result<KeySource, String> {
         other if other.starts_with("descriptor:") => named("descriptor:")
             .map(|key| KeySource::Entry(key.into()))
             .ok_or_else(|| format!("\"{other}\" needs an entry's key after \"descriptor:\", like \"descriptor:remote_address\"")),
+        other if other.starts_with("body:") => other
+            .strip_prefix("body:")
+            .filter(|field| !field.is_empty())
+            .map(|field| KeySource::Body(field.into()))
+            .ok_or_else(|| format!("\"{other}\" needs a top-level field of the JSON body after \"body:\", like \"body:model\"")),
         other if other.starts_with("jwt:") => ClaimPath::parse(&other["jwt:".len()..])
             .map(KeySource::Jwt)
             .ok_or_else(|| format!("\"{other}\" needs a claim after \"jwt:\", like \"jwt:sub\" or \"jwt:org.id\"")),
@@ -246,7 +276,7 @@ fn validate_key(key: &str) -> Result<KeySource, String> {
             })
             .ok_or_else(|| format!("\"{other}\" needs a parameter name after \"query:\"")),
         other => Err(format!(
-            "unknown key \"{other}\" (expected \"ip\", \"api_key\", \"header:<Name>\", \"cookie:<name>\", \"query:<name>\", \"jwt:<claim>\", \"host\", \"route\", \"global\", \"descriptor:<key>\", \"descriptor\", or a list of them)"
+            "unknown key \"{other}\" (expected \"ip\", \"api_key\", \"header:<Name>\", \"cookie:<name>\", \"query:<name>\", \"jwt:<claim>\", \"host\", \"route\", \"global\", \"descriptor:<key>\", \"descriptor\", \"body:<field>\", or a list of them)"
         )),
     }
 }
@@ -629,8 +659,28 @@ fn response_cost(
     // What a request takes before it goes upstream: it must fit in the
     // limit (and in an instance's share of it, which decides while the
     // shared store is away), or no request could ever pass.
+    let from_request = match &section.reserve {
+        Some(ReserveSpec::Named(name)) if name == "request" => {
+            if !matches!(source, CostSource::Usage { .. }) {
+                return Err((
+                    here("reserve"),
+                    "a request's own worst case is read for a `usage` (its max_tokens); with a `header`, reserve a number".into(),
+                ));
+            }
+            true
+        }
+        Some(ReserveSpec::Named(other)) => {
+            return Err((
+                here("reserve"),
+                format!("\"{other}\" is no reservation: a whole number, or \"request\" (the request's own max_tokens and prompt)"),
+            ))
+        }
+        _ => false,
+    };
+    // A request that tells nothing reserves `max`: what it can be charged.
     let reserve = match section.reserve {
-        Some(r) => whole("reserve", r)?,
+        Some(ReserveSpec::Units(r)) => whole("reserve", r)?,
+        Some(ReserveSpec::Named(_)) => max,
         None => default.max(1),
     };
     let fits = rules
@@ -641,7 +691,9 @@ fn response_cost(
         })
         .min()
         .unwrap_or(u64::MAX);
-    let key = if section.reserve.is_some() {
+    let key = if from_request {
+        "max"
+    } else if section.reserve.is_some() {
         "reserve"
     } else {
         "default"
@@ -653,7 +705,8 @@ fn response_cost(
         return Err((
             here(key),
             format!(
-                "a request reserves {reserve} before it goes upstream, more than the limit holds ({fits}{}): none could pass; set a smaller `reserve`",
+                "a request reserves {reserve} before it goes upstream{}, more than the limit holds ({fits}{}): none could pass; set a smaller `{key}`",
+                if from_request { " when it does not say its max_tokens" } else { "" },
                 if instances > 1 { ", an instance's share" } else { "" }
             ),
         ));
@@ -663,6 +716,7 @@ fn response_cost(
         max,
         default,
         reserve,
+        from_request,
         expose: section.expose,
     })
 }
@@ -1250,6 +1304,12 @@ pub(super) fn validate_costs(
             priced.push(layer);
         }
         let matcher = validate_match(&c.matcher, &[&"costs", &i, &"match"], compile_pattern)?;
+        if let Some((field, _)) = matcher.body.first() {
+            return Err(at(
+                &[&"costs", &i, &"match", &"body", &field.as_ref()],
+                "[[costs]] price by the request's head; a limit of its own (`match = { body = ... }`) prices by its body",
+            ));
+        }
         if matcher.descriptors.is_some() {
             return Err(at(
                 &[&"costs", &i, &"match", &"domain"],

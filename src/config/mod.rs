@@ -284,6 +284,7 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
     if admin_token.is_some() {
         clients.run_time = inputs.run_time_keys.clone();
     }
+    let max_body = server::max_body(raw.server.max_body)?;
     let override_rules = overrides::OverrideRules::new(limits::override_frames(&raw.limits));
     let rls = rls::validate_rls(raw.rls.as_ref(), &limits, tls.is_some())?;
     let rls_tokens = rls::validate_rls_tokens(raw.rls.as_ref(), inputs)?;
@@ -307,6 +308,7 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
             if admin_token.is_some() {
                 policy.overrides = inputs.run_time_overrides.clone();
             }
+            policy.max_body = max_body;
             policy
         }),
         override_rules,

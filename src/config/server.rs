@@ -106,6 +106,25 @@ pub(super) fn validate_server(s: &ServerSection, cores: usize) -> Result<ServerS
     })
 }
 
+/// `max_body`: the most of a request's body read before its decision (by
+/// limits that read it). 1 MiB holds a long prompt; at most 64 MiB.
+pub(super) fn max_body(value: Option<i64>) -> Result<usize, Invalid> {
+    const DEFAULT: usize = 1 << 20;
+    const MOST: i64 = 64 << 20;
+    match value {
+        None => Ok(DEFAULT),
+        Some(n) => usize::try_from(n)
+            .ok()
+            .filter(|&n| n >= 1 && n as i64 <= MOST)
+            .ok_or_else(|| {
+                at(
+                    &[&"server", &"max_body"],
+                    format!("must be a whole number of bytes from 1 to {MOST}"),
+                )
+            }),
+    }
+}
+
 pub(super) fn validate_tls(t: &TlsSection, inputs: &Inputs) -> Result<TlsListeners, Invalid> {
     let listen = match &t.listen {
         OneOrMany::One(a) => vec![socket_addr(a, &[&"server", &"tls", &"listen"])?],

@@ -66,7 +66,7 @@ fn errors_name_line_and_key() {
     let cases: &[(&str, &str)] = &[
         (
             "[server]\nlisten = \"127.0.0.1:8080\"\nthreds = 2\n[upstream]\nservers = [\"a:1\"]\n",
-            "t.toml:3: server.threds: unknown field `threds`, expected one of `listen`, `admin_listen`, `threads`, `grace_period`, `escaped_slashes`, `case_insensitive_paths`, `header_timeout`, `keepalive_timeout`, `max_connections`, `max_connections_per_ip`, `h2c`, `slot_body_timeout`, `tls`",
+            "t.toml:3: server.threds: unknown field `threds`, expected one of `listen`, `admin_listen`, `threads`, `grace_period`, `escaped_slashes`, `case_insensitive_paths`, `header_timeout`, `keepalive_timeout`, `max_connections`, `max_connections_per_ip`, `h2c`, `slot_body_timeout`, `max_body`, `tls`",
         ),
         (
             "[server]\nlisten = \"127.0.0.1:8080\"\n[upstream]\nservers = []\n",
@@ -271,6 +271,30 @@ fn errors_name_line_and_key() {
         (
             &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1h\"\ncost_from_response = {{ header = \"X-Cost\", max = 500, reserve = 200 }}\n"),
             "t.toml:11: limits[0].cost_from_response.reserve: a request reserves 200 before it goes upstream, more than the limit holds (100): none could pass; set a smaller `reserve`",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1h\"\ncost_from_response = {{ usage = \"openai\", max = 500, reserve = \"request\" }}\n"),
+            "t.toml:11: limits[0].cost_from_response.max: a request reserves 500 before it goes upstream when it does not say its max_tokens, more than the limit holds (100): none could pass; set a smaller `max`",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1h\"\ncost_from_response = {{ usage = \"openai\", max = 50, reserve = \"requests\" }}\n"),
+            "t.toml:11: limits[0].cost_from_response.reserve: \"requests\" is no reservation: a whole number, or \"request\" (the request's own max_tokens and prompt)",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1h\"\ncost_from_response = {{ header = \"X-Cost\", max = 50, reserve = \"request\" }}\n"),
+            "t.toml:11: limits[0].cost_from_response.reserve: a request's own worst case is read for a `usage` (its max_tokens); with a `header`, reserve a number",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = [\"ip\", \"body:\"]\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1h\"\n"),
+            "t.toml:7: limits[0].key[1]: \"body:\" needs a top-level field of the JSON body after \"body:\", like \"body:model\"",
+        ),
+        (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1h\"\nmatch = {{ body = {{ model = [] }} }}\n"),
+            "t.toml:11: limits[0].match.body.model: give at least one pattern",
+        ),
+        (
+            "[server]\nlisten = \"127.0.0.1:8080\"\nmax_body = 0\n[upstream]\nservers = [\"a:1\"]\n",
+            "t.toml:3: server.max_body: must be a whole number of bytes from 1 to 67108864",
         ),
     ];
     for (text, expected) in cases {
@@ -581,6 +605,7 @@ fn quotas_response_costs_bans_and_per_layer_costs_resolve() {
         query: None,
         host: None,
         client: &client,
+        body: None,
     };
     assert_eq!(
         c.policy

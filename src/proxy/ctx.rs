@@ -53,6 +53,9 @@ pub struct RequestCtx {
     pub(super) verdict: Option<Verdict>,
     /// Rate-limit headers to add to the upstream's response.
     pub(super) rate_headers: Vec<crate::headers::Header>,
+    /// The body read before the decision, sent upstream in place of what
+    /// Pingora replays (`request_body`).
+    pub(super) held_body: Option<bytes::Bytes>,
     pub(super) _in_flight: InFlight,
 }
 

@@ -181,6 +181,7 @@ mod tests {
                 query: None,
                 host: None,
                 client: &client,
+                body: None,
             };
             match self.policy.plan(&view).expect("plan") {
                 Plan::Check(layers) => layers,

@@ -31,6 +31,7 @@ use super::request_id::RequestId;
 use super::strikes;
 use super::verdict::{Outcome, Verdict};
 
+use super::request_body::{read_before_decision, BodyReadError};
 use crate::blocklist::BlockReason;
 use crate::clock::{Clock, SystemClock};
 use crate::connection::clock::HeadClock;
@@ -60,6 +61,7 @@ fn view_of<'a>(
         query: request.uri.query(),
         host,
         client,
+        body: None,
     }
 }
 
@@ -170,6 +172,8 @@ enum Answer {
     LimiterFailed(LimiterError),
     /// A limit refused: the 429, or a gRPC status with this message.
     Refused(headers::Rejection, Option<String>),
+    /// Reading the request failed: nobody to answer, or nothing to send on.
+    Failed(Box<Error>),
 }
 
 impl Answer {
@@ -248,7 +252,7 @@ impl Gateway {
     /// looked up before a token's signature is checked).
     async fn plan(
         &self,
-        session: &Session,
+        session: &mut Session,
         ctx: &mut RequestCtx,
     ) -> Result<Option<(Layers, Vec<Outcome>)>, Answer> {
         let runtime = ctx.runtime.clone();
@@ -312,7 +316,35 @@ impl Gateway {
             // Banned by its address: nothing more to work out.
             return Ok(Some((Layers::default(), earlier)));
         }
-        match policy.plan(&view_of(request, &path, host.as_deref(), client)) {
+        let view = view_of(request, &path, host.as_deref(), client);
+        if !policy.reads_body(&view) {
+            return self.planned(policy.plan(&view), earlier);
+        }
+        // The body is read before the decision: the head's borrows let go.
+        let path = path.into_owned();
+        let read = read_before_decision(session, policy.max_body, &policy.body_fields)
+            .await
+            .map_err(|e| match e {
+                BodyReadError::Ambiguous(e) => Answer::bad_request("ambiguous_body", e.to_string()),
+                BodyReadError::Read(e) => Answer::Failed(e),
+                e @ BodyReadError::NotReplayable => {
+                    Answer::Failed(Error::explain(ErrorType::InternalError, e.to_string()))
+                }
+            })?;
+        let mut view = view_of(session.req_header(), &path, host.as_deref(), client);
+        view.body = read.as_ref().and_then(|r| r.fields.as_ref());
+        let planned = policy.plan(&view);
+        ctx.held_body = read.map(|r| r.held);
+        self.planned(planned, earlier)
+    }
+
+    /// What `Policy::plan` said, as the request goes on or is answered.
+    fn planned(
+        &self,
+        planned: Result<Plan, IdentityError>,
+        earlier: Vec<Outcome>,
+    ) -> Result<Option<(Layers, Vec<Outcome>)>, Answer> {
+        match planned {
             Ok(Plan::Exempt) => {
                 self.state.metrics.exempt.inc();
                 Ok(None)
@@ -502,6 +534,7 @@ impl Gateway {
                 .await?;
                 Ok(true)
             }
+            Answer::Failed(e) => Err(e),
             Answer::Refused(rejection, None) => {
                 respond(
                     session,
@@ -543,6 +576,7 @@ impl ProxyHttp for Gateway {
             upstream_status: None,
             verdict: None,
             rate_headers: Vec::new(),
+            held_body: None,
             _in_flight: self.state.request_started(),
         }
     }
@@ -595,10 +629,15 @@ impl ProxyHttp for Gateway {
     async fn request_body_filter(
         &self,
         _session: &mut Session,
-        _body: &mut Option<Bytes>,
+        body: &mut Option<Bytes>,
         end_of_stream: bool,
         ctx: &mut Self::CTX,
     ) -> Result<()> {
+        // Pingora replays the tail of a body read before the decision; the
+        // whole of it goes in its place (each try upstream).
+        if let (Some(held), Some(_)) = (&ctx.held_body, body.as_ref()) {
+            *body = Some(held.clone());
+        }
         if end_of_stream {
             if let Some(clock) = &ctx.head_clock {
                 clock.body_arrived();

@@ -35,6 +35,7 @@ mod forwarding;
 mod framing;
 mod gateway;
 mod header_edit;
+mod request_body;
 mod request_id;
 mod slots;
 mod strikes;

@@ -31,6 +31,8 @@ pub struct Seen {
     pub headers: Vec<(String, String)>,
     /// The header names as they were spelled on the wire, in order.
     pub names_as_sent: Vec<String>,
+    /// The body, de-chunked.
+    pub body: Vec<u8>,
 }
 
 /// An HTTP/1.1 server on 127.0.0.1 answering 200 "ok", recording every
@@ -164,6 +166,7 @@ fn serve_upstream(stream: TcpStream, seen: Arc<Mutex<Vec<Seen>>>, gate: Arc<Gate
         let mut headers = Vec::new();
         let mut names_as_sent = Vec::new();
         let mut content_length = 0usize;
+        let mut chunked = false;
         let mut answer_status: Option<u16> = None;
         let mut answer_headers = String::new();
         let mut interim: Option<u16> = None;
@@ -180,6 +183,9 @@ fn serve_upstream(stream: TcpStream, seen: Arc<Mutex<Vec<Seen>>>, gate: Arc<Gate
                 let (k, v) = (k.trim().to_ascii_lowercase(), v.trim().to_string());
                 if k == "content-length" {
                     content_length = v.parse().unwrap_or(0);
+                }
+                if k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked") {
+                    chunked = true;
                 }
                 if k == "x-answer-status" {
                     answer_status = v.parse::<u16>().ok();
@@ -203,10 +209,18 @@ fn serve_upstream(stream: TcpStream, seen: Arc<Mutex<Vec<Seen>>>, gate: Arc<Gate
                 return;
             }
         }
-        let mut body = vec![0u8; content_length];
-        if reader.read_exact(&mut body).is_err() {
-            return;
-        }
+        let body = if chunked {
+            match read_chunked(&mut reader) {
+                Some(body) => body,
+                None => return,
+            }
+        } else {
+            let mut body = vec![0u8; content_length];
+            if reader.read_exact(&mut body).is_err() {
+                return;
+            }
+            body
+        };
         if let Ok(mut s) = seen.lock() {
             s.push(Seen {
                 at: Instant::now(),
@@ -214,6 +228,7 @@ fn serve_upstream(stream: TcpStream, seen: Arc<Mutex<Vec<Seen>>>, gate: Arc<Gate
                 path: path.clone(),
                 headers,
                 names_as_sent,
+                body,
             });
         }
         if path.starts_with("/hold") {
@@ -228,6 +243,25 @@ fn serve_upstream(stream: TcpStream, seen: Arc<Mutex<Vec<Seen>>>, gate: Arc<Gate
         if writer.write_all(reply.as_bytes()).is_err() {
             return;
         }
+    }
+}
+
+/// A chunked body, its chunks joined (extensions and trailers skipped).
+fn read_chunked(reader: &mut impl BufRead) -> Option<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        let line = read_line_lossy(reader)?;
+        let size = line.split(';').next()?.trim();
+        let size = usize::from_str_radix(size, 16).ok()?;
+        if size == 0 {
+            // Trailers, up to the blank line.
+            while !read_line_lossy(reader)?.trim_end().is_empty() {}
+            return Some(body);
+        }
+        let start = body.len();
+        body.resize(start + size, 0);
+        reader.read_exact(&mut body[start..]).ok()?;
+        read_line_lossy(reader)?;
     }
 }
 

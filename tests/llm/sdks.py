@@ -11,10 +11,13 @@
                                  usage, one stream cut half-way
     sdks.py flood URL            60 calls at once, each hiding, spoiling
                                  or cutting its usage in turn
+    sdks.py streams URL N        N streams at once of model "worst-case",
+                                 each asking for 1,000 tokens at most
 
 The upstream answers by the request's model: "no-usage" leaves the usage
 out, "spoiled" reports a negative count, "cut" ends a stream's connection
-half-way. Its usages: OpenAI 12 + 5 (JSON), 31 + 9 (stream, when asked
+half-way, "worst-case" streams slowly (0.3 s a chunk) and reports 20 prompt
+tokens and all the completion tokens the request allowed. Its usages: OpenAI 12 + 5 (JSON), 31 + 9 (stream, when asked
 for); Anthropic 12 + 5 (JSON), 44 + 12 (stream).
 
 The client modes print one JSON line of what they saw.
@@ -23,6 +26,7 @@ The client modes print one JSON line of what they saw.
 import json
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 OPENAI_ANSWER = {
@@ -64,13 +68,17 @@ def openai_events(request):
             "usage": None,
         }
     if (request.get("stream_options") or {}).get("include_usage"):
+        usage = {"prompt_tokens": 31, "completion_tokens": 9, "total_tokens": 40}
+        if request.get("model") == "worst-case":
+            most = request.get("max_completion_tokens") or request["max_tokens"]
+            usage = {"prompt_tokens": 20, "completion_tokens": most, "total_tokens": 20 + most}
         yield {
             "id": "chatcmpl-1",
             "object": "chat.completion.chunk",
             "created": 1700000000,
             "model": "gpt-4o",
             "choices": [],
-            "usage": {"prompt_tokens": 31, "completion_tokens": 9, "total_tokens": 40},
+            "usage": usage,
         }
 
 
@@ -154,6 +162,9 @@ class Upstream(BaseHTTPRequestHandler):
             data = text.encode()
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
             self.wfile.flush()
+            if model == "worst-case":
+                # Long enough that every stream of a burst is in flight.
+                time.sleep(0.3)
         if model == "cut":
             # The connection ends with the stream half sent.
             self.close_connection = True
@@ -319,6 +330,46 @@ def flood(url):
     print(json.dumps(counts))
 
 
+def streams(url, n):
+    """n streams at once, each allowing 1,000 completion tokens."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+
+    oa, _ = clients(url, 0)
+
+    def one(_):
+        try:
+            stream = oa.chat.completions.create(
+                model="worst-case",
+                messages=[{"role": "user", "content": "write at length"}],
+                max_tokens=1000,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            usage = None
+            for chunk in stream:
+                usage = chunk.usage or usage
+            return "answered", usage.total_tokens if usage else None
+        except openai.RateLimitError as e:
+            return "refused", e.response.headers.get("retry-after-ms")
+
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        outcomes = list(pool.map(one, range(n)))
+    print(
+        json.dumps(
+            {
+                "answered": sum(1 for o, _ in outcomes if o == "answered"),
+                "refused": sum(1 for o, _ in outcomes if o == "refused"),
+                "tokens": sum(t for o, t in outcomes if o == "answered"),
+                "refusals_with_a_wait": sum(
+                    1 for o, w in outcomes if o == "refused" and w is not None and int(w) > 0
+                ),
+            }
+        )
+    )
+
+
 if __name__ == "__main__":
     mode, arg = sys.argv[1], sys.argv[2]
     if mode == "upstream":
@@ -333,5 +384,7 @@ if __name__ == "__main__":
         billed(arg)
     elif mode == "flood":
         flood(arg)
+    elif mode == "streams":
+        streams(arg, int(sys.argv[3]))
     else:
         sys.exit(f"unknown mode {mode}")

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod blocklist;
+pub mod body;
 mod descriptors;
 mod glob;
 pub mod identity;

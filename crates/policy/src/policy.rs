@@ -4,6 +4,7 @@
 use http::{HeaderMap, HeaderName, Method};
 
 use crate::blocklist::Blocklist;
+use crate::body::BodyFields;
 use crate::identity::{normalize_host, Client, ClientRules, IdentityError, KeyInputs, Tier};
 use crate::overrides::RunTimeOverrides;
 use crate::path::PathRules;
@@ -57,11 +58,26 @@ pub struct Matcher {
     pub hosts: Vec<HostPattern>,
     pub headers: Vec<(HeaderName, PathPattern)>,
     pub descriptors: Option<DescriptorPattern>,
+    /// Top-level fields of the JSON body, each matching one of its
+    /// patterns (`body = { model = ["gpt-4o*"] }`).
+    pub body: Vec<(Box<str>, Vec<PathPattern>)>,
 }
 
 impl Matcher {
     /// Whether the request is one this matcher applies to.
     pub fn applies(&self, request: &RequestView<'_>) -> bool {
+        self.applies_but_for_body(request)
+            && self.body.iter().all(|(field, globs)| {
+                request
+                    .body
+                    .and_then(|body| body.text(field))
+                    .is_some_and(|value| globs.iter().any(|g| g.matches_exactly(value)))
+            })
+    }
+
+    /// Whether the request is one this matcher applies to, as far as its
+    /// head tells: whether its body is worth reading.
+    pub fn applies_but_for_body(&self, request: &RequestView<'_>) -> bool {
         self.matches(request.method, request.path)
             // A request that names no host may be for any: host limits
             // apply to it (an HTTP/1.0 request without Host is no way
@@ -314,9 +330,66 @@ pub struct ResponseCost {
     pub max: u64,
     pub default: u64,
     /// Taken before the request goes upstream; the response settles it.
+    /// With `from_request`, what a request whose body tells nothing takes.
     pub reserve: u64,
+    /// `reserve = "request"`: an LLM request's own worst case, read from
+    /// its body (`reservation`).
+    pub from_request: bool,
     /// Whether the client sees the header (a usage source has none).
     pub expose: bool,
+}
+
+/// A prompt's tokens are estimated as one per this many bytes of the
+/// request's body: about four characters a token for English text (OpenAI's
+/// rule of thumb), and a JSON body's quoting and field names only add bytes.
+pub const PROMPT_BYTES_PER_TOKEN: u64 = 4;
+
+impl ResponseCost {
+    /// What a request reserves before it goes upstream. With
+    /// `reserve = "request"`: its prompt's estimate and the most it asks to
+    /// be answered (`max_completion_tokens` or `max_tokens`), priced by the
+    /// weights, at most `max` (what the response can be charged at most);
+    /// `max` for a request that does not say (no readable body, no
+    /// `max_tokens`).
+    pub fn reservation(&self, body: Option<&BodyFields>) -> u64 {
+        if !self.from_request {
+            return self.reserve;
+        }
+        let CostSource::Usage {
+            provider,
+            prompt_weight,
+            completion_weight,
+        } = self.source
+        else {
+            return self.reserve;
+        };
+        let Some(body) = body else {
+            return self.max;
+        };
+        let most_answered = provider
+            .answer_limits()
+            .iter()
+            .find_map(|field| body.count(field));
+        let Some(most_answered) = most_answered else {
+            return self.max;
+        };
+        let prompt = (body.len as u64).div_ceil(PROMPT_BYTES_PER_TOKEN);
+        prompt
+            .saturating_mul(prompt_weight)
+            .saturating_add(most_answered.saturating_mul(completion_weight))
+            .clamp(1, self.max)
+    }
+}
+
+impl LlmProvider {
+    /// The request's fields that bound its answer's tokens, the first
+    /// given applying (OpenAI's newer name before its older one).
+    pub fn answer_limits(self) -> &'static [&'static str] {
+        match self {
+            LlmProvider::OpenAi => &["max_completion_tokens", "max_tokens"],
+            LlmProvider::Anthropic => &["max_tokens"],
+        }
+    }
 }
 
 /// What charges a limit once the response is known.
@@ -448,6 +521,45 @@ pub struct Limit {
 }
 
 impl Limit {
+    /// Whether the limit reads the request's body: a key or a match on a
+    /// field, or a reservation from the request.
+    pub fn reads_body(&self) -> bool {
+        !self.matcher.body.is_empty()
+            || self.key.any_part(|p| matches!(p, KeySource::Body(_)))
+            || matches!(&self.after_response, Some(AfterResponse::Cost(c)) if c.from_request)
+    }
+
+    /// Adds the body's fields this limit reads to `fields`, once each.
+    fn body_fields_read(&self, fields: &mut Vec<Box<str>>) {
+        let mut add = |field: &str| {
+            if !fields.iter().any(|f| &**f == field) {
+                fields.push(field.into());
+            }
+        };
+        for (field, _) in &self.matcher.body {
+            add(field);
+        }
+        if let KeySource::Composite(parts) = &self.key {
+            for part in parts {
+                if let KeySource::Body(field) = part {
+                    add(field);
+                }
+            }
+        } else if let KeySource::Body(field) = &self.key {
+            add(field);
+        }
+        if let Some(AfterResponse::Cost(ResponseCost {
+            from_request: true,
+            source: CostSource::Usage { provider, .. },
+            ..
+        })) = &self.after_response
+        {
+            for field in provider.answer_limits() {
+                add(field);
+            }
+        }
+    }
+
     pub fn rule_for(&self, tier: &Tier) -> Rule {
         self.tiers
             .iter()
@@ -477,6 +589,8 @@ pub struct RequestView<'a> {
     /// The host asked for, normalised (`identity::normalize_host`).
     pub host: Option<&'a str>,
     pub client: &'a Client,
+    /// The body's fields some limit reads, when it was read.
+    pub body: Option<&'a BodyFields>,
 }
 
 #[derive(Debug)]
@@ -541,11 +655,17 @@ pub struct Policy {
     claim_limits: Vec<usize>,
     /// The limits of the rate limit service (matched by descriptors).
     descriptor_limits: Vec<usize>,
+    /// The limits that read the request's body, and the top-level fields
+    /// they read among them.
+    body_limits: Vec<usize>,
+    pub body_fields: Vec<Box<str>>,
     /// Whether a tier can change what happens to a request: some limit has
     /// numbers per tier, or some tier is exempt.
     tiers_matter: bool,
     /// Clients' own numbers set at run time (with the admin API on).
     pub overrides: Option<Arc<RunTimeOverrides>>,
+    /// `[server].max_body`: the most of a body read before its decision.
+    pub max_body: usize,
 }
 
 impl Policy {
@@ -575,6 +695,16 @@ impl Policy {
             .filter(|(_, l)| l.matcher.descriptors.is_some())
             .map(|(i, _)| i)
             .collect();
+        let mut body_fields: Vec<Box<str>> = Vec::new();
+        let body_limits = limits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| {
+                l.body_fields_read(&mut body_fields);
+                l.reads_body()
+            })
+            .map(|(i, _)| i)
+            .collect();
         Policy {
             clients,
             block,
@@ -587,9 +717,21 @@ impl Policy {
             reads_host,
             claim_limits,
             descriptor_limits,
+            body_limits,
+            body_fields,
             tiers_matter,
             overrides: None,
+            max_body: 1 << 20,
         }
+    }
+
+    /// Whether the request's body is to be read before its decision: some
+    /// limit its head matches reads it.
+    pub fn reads_body(&self, request: &RequestView<'_>) -> bool {
+        self.body_limits
+            .iter()
+            .filter_map(|&i| self.limits.get(i))
+            .any(|l| l.matcher.applies_but_for_body(request))
     }
 
     /// The numbers `limit` applies to the client `identity` in `tier`: its
@@ -698,6 +840,7 @@ impl Policy {
                     ""
                 },
                 fold_case: limit.case_insensitive_values,
+                body: request.body,
             };
             let identity = match self.clients.identity_of(&limit.key, client, &inputs) {
                 Ok(Some(identity)) => identity,
@@ -747,7 +890,7 @@ impl Policy {
                             // passes what is spent, however many run at
                             // once.
                             if let AfterResponse::Cost(priced) = charge {
-                                check.cost = priced.reserve;
+                                check.cost = priced.reservation(request.body);
                             }
                             layers.counted.push((check, charge.clone()));
                         }
@@ -776,5 +919,93 @@ impl Policy {
             }
         }
         Ok(Plan::Check(layers))
+    }
+}
+
+#[cfg(test)]
+mod reservation_tests {
+    use super::*;
+
+    fn priced(provider: LlmProvider, from_request: bool) -> ResponseCost {
+        ResponseCost {
+            source: CostSource::Usage {
+                provider,
+                prompt_weight: 1,
+                completion_weight: 4,
+            },
+            max: 10_000,
+            default: 10,
+            reserve: if from_request { 10_000 } else { 50 },
+            from_request,
+            expose: false,
+        }
+    }
+
+    fn fields(body: &str, provider: LlmProvider) -> BodyFields {
+        let wanted: Vec<Box<str>> = provider
+            .answer_limits()
+            .iter()
+            .map(|f| (*f).into())
+            .collect();
+        BodyFields::read(body.as_bytes(), &wanted).expect("JSON")
+    }
+
+    #[test]
+    fn a_request_reserves_its_prompts_estimate_and_its_answers_most() {
+        let openai = priced(LlmProvider::OpenAi, true);
+        // 80 bytes: a prompt of 20, and 100 tokens answered at 4 each.
+        let body = format!(
+            r#"{{"model":"gpt-4o","max_tokens":100,"x":"{}"}}"#,
+            "a".repeat(38)
+        );
+        assert_eq!(body.len(), 80);
+        assert_eq!(
+            openai.reservation(Some(&fields(&body, LlmProvider::OpenAi))),
+            20 + 400
+        );
+        // The newer field first.
+        let both = r#"{"max_completion_tokens":10,"max_tokens":100}"#;
+        let prompt = (both.len() as u64).div_ceil(4);
+        assert_eq!(
+            openai.reservation(Some(&fields(both, LlmProvider::OpenAi))),
+            prompt + 40
+        );
+        // Anthropic reads max_tokens only.
+        let anthropic = priced(LlmProvider::Anthropic, true);
+        let body = r#"{"max_completion_tokens":10,"max_tokens":100}"#;
+        assert_eq!(
+            anthropic.reservation(Some(&fields(body, LlmProvider::Anthropic))),
+            prompt + 400
+        );
+    }
+
+    #[test]
+    fn a_request_that_does_not_say_reserves_the_most_it_can_be_charged() {
+        let openai = priced(LlmProvider::OpenAi, true);
+        assert_eq!(openai.reservation(None), 10_000);
+        for body in [
+            r#"{"model":"a"}"#,
+            r#"{"max_tokens":-1}"#,
+            r#"{"max_tokens":"lots"}"#,
+            r#"{"max_tokens":1.5}"#,
+        ] {
+            assert_eq!(
+                openai.reservation(Some(&fields(body, LlmProvider::OpenAi))),
+                10_000,
+                "{body}"
+            );
+        }
+        // Never above max, whatever it asks.
+        let huge = r#"{"max_tokens":18446744073709551615}"#;
+        assert_eq!(
+            openai.reservation(Some(&fields(huge, LlmProvider::OpenAi))),
+            10_000
+        );
+        // A fixed reservation ignores the body.
+        let fixed = priced(LlmProvider::OpenAi, false);
+        assert_eq!(
+            fixed.reservation(Some(&fields(huge, LlmProvider::OpenAi))),
+            50
+        );
     }
 }

@@ -48,6 +48,7 @@ pub(super) enum Kind {
     Claim = 10,
     Entry = 11,
     Descriptor = 12,
+    Body = 13,
 }
 
 impl IdentityHasher {

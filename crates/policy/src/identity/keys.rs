@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use http::{HeaderMap, HeaderName};
 
 use super::error::IdentityError;
+use crate::body::BodyFields;
 use crate::jwt::ClaimPath;
 
 /// What identifies the client for one limit.
@@ -31,6 +32,8 @@ pub enum KeySource {
     /// The value of one entry of a rate limit service descriptor
     /// (`descriptor:<key>`).
     Entry(Box<str>),
+    /// A top-level field of the request's JSON body (`body:<field>`).
+    Body(Box<str>),
     /// Every entry of the descriptor, keys and values (`descriptor`): each
     /// combination its own budget, as envoyproxy/ratelimit keys them.
     Descriptor,
@@ -51,6 +54,7 @@ impl KeySource {
             KeySource::Route => "route".into(),
             KeySource::Jwt(path) => format!("jwt:{}", path.describe()),
             KeySource::Entry(key) => format!("descriptor:{key}"),
+            KeySource::Body(field) => format!("body:{field}"),
             KeySource::Descriptor => "descriptor".into(),
             KeySource::Composite(parts) => {
                 let parts: Vec<String> = parts.iter().map(KeySource::describe).collect();
@@ -69,6 +73,7 @@ impl KeySource {
                     | KeySource::Query(_)
                     | KeySource::ApiKey
                     | KeySource::Jwt(_)
+                    | KeySource::Body(_)
             )
         })
     }
@@ -120,6 +125,8 @@ pub struct KeyInputs<'a> {
     /// Header, cookie and query values read ignoring case
     /// (`case_insensitive_values`).
     pub fold_case: bool,
+    /// The body's fields, when some limit reads them and the body was read.
+    pub body: Option<&'a BodyFields>,
 }
 
 /// One thing a client is known by, as an operator names it.

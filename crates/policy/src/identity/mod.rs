@@ -327,6 +327,11 @@ impl ClientRules {
                 }
                 self.hasher.hash(Kind::Descriptor, &joined)
             }),
+            KeySource::Body(field) => parts
+                .whole()
+                .and_then(|inputs| inputs.body)
+                .and_then(|body| body.text(field))
+                .map(|v| self.hash_value(Kind::Body, v.as_bytes(), fold)),
             KeySource::Host => parts
                 .whole()
                 .and_then(|inputs| inputs.host)

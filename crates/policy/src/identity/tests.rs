@@ -220,6 +220,7 @@ fn inputs<'a>(headers: &'a HeaderMap, query: Option<&'a str>) -> KeyInputs<'a> {
         host: None,
         route: "/users/*",
         fold_case: false,
+        body: None,
     }
 }
 
