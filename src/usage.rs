@@ -716,5 +716,7 @@ impl UsageReader {
     }
 }
 
+pub mod include_usage;
+
 #[cfg(test)]
 mod tests;
