@@ -133,8 +133,20 @@ pub fn describe(config: &Config) -> String {
         match &limit.after_response {
             Some(AfterResponse::Status(statuses)) => flags.push(format!("counted on {statuses}")),
             Some(AfterResponse::Cost(priced)) => flags.push(format!(
-                "cost from {} (at most {}, default {})",
-                priced.source, priced.max, priced.default
+                "cost from {} (at most {}, default {}; reserving {}{})",
+                priced.source,
+                priced.max,
+                priced.default,
+                if priced.from_request {
+                    "the request's own worst case".to_string()
+                } else {
+                    priced.reserve.to_string()
+                },
+                if priced.include_usage {
+                    "; streams asked for their usage"
+                } else {
+                    ""
+                }
             )),
             None => {}
         }

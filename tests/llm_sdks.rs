@@ -396,3 +396,129 @@ fn forty_streams_over_two_instances_on_redis_never_pass_the_budget() {
         );
     }
 }
+
+/// `include_usage`: a stream that did not ask for its usage is made to
+/// (and is charged it, 40, not the default), and its client gets exactly
+/// the stream it would have got without floodgate: the same chunks through
+/// the SDK, the same bytes through urllib.
+#[test]
+fn a_stream_made_to_report_its_usage_reaches_its_client_as_it_asked() {
+    let upstream = ProviderUpstream::start();
+    let token = common::admin_token::TokenFile::new();
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .raw(&token.section())
+        .limit(
+            Limit::fixed_window("openai-tokens", "ip", 1_000_000, "1h")
+                .matching("paths = [\"/v1/chat/completions\"]")
+                .line("cost_from_response = { usage = \"openai\", max = 5000, default = 700, include_usage = true }"),
+        )
+        .start();
+    let seen = sdk_with(
+        "unasked",
+        proxy.addr,
+        &[&format!("http://{}", upstream.addr)],
+    );
+    let direct = &seen["direct"];
+    assert_eq!(direct.as_array().map(Vec::len), Some(3), "{seen}");
+    for through in seen["through"].as_array().expect("through") {
+        assert_eq!(through, direct, "{seen}");
+    }
+    assert_eq!(seen["raw_through"], seen["raw_direct"], "{seen}");
+    // Three streams, each charged the usage it was made to report.
+    assert!(
+        wait_until(Duration::from_secs(5), || charged(&proxy)
+            .get("openai-tokens")
+            == Some(&(3 * 40))),
+        "charged {:?}",
+        charged(&proxy)
+    );
+}
+
+/// `examples/llm-gateway.toml` as shipped (its addresses swapped for the
+/// test's, an admin token added to read the budgets) in front of an
+/// OpenAI-compatible upstream that knows nothing of it: the stream that did
+/// not ask for usage is charged its usage, and only the gpt-4o call counts
+/// against gpt-4o's spend, at gpt-4o's prices.
+#[test]
+fn the_llm_gateway_example_bills_each_model_at_its_price() {
+    let redis = common::redis_server::RedisServer::start();
+    let upstream = ProviderUpstream::start();
+    let token = common::admin_token::TokenFile::new();
+    let (listen, admin) = (local_addr(), local_addr());
+    let example = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/llm-gateway.toml"
+    ))
+    .expect("example");
+    let swapped = [
+        (
+            "listen = \"0.0.0.0:8080\"",
+            format!("listen = \"{listen}\""),
+        ),
+        (
+            "admin_listen = \"127.0.0.1:9091\"",
+            format!("admin_listen = \"{admin}\""),
+        ),
+        (
+            "servers = [\"127.0.0.1:8000\"]",
+            format!("servers = [\"{}\"]", upstream.addr),
+        ),
+        (
+            "url = \"redis://127.0.0.1:6379/0\"",
+            format!("url = \"{}\"", redis.url()),
+        ),
+    ];
+    let mut text = example.clone();
+    for (shipped, test) in &swapped {
+        assert!(
+            text.contains(shipped),
+            "the example no longer has {shipped}"
+        );
+        text = text.replace(shipped, test);
+    }
+    text.push_str(&token.section());
+    let proxy = common::Proxy::start_text(&text, listen, Some(admin));
+    let seen = sdk("example", proxy.addr);
+    assert_eq!(seen["stream"], "Hello there", "{seen}");
+    assert_eq!(seen["json"], 17, "{seen}");
+    let bearer = format!("Bearer {}", common::admin_token::TOKEN);
+    let spent = || -> std::collections::BTreeMap<String, u64> {
+        let r = request(
+            admin,
+            "GET",
+            "/v1/clients?api_key=demo-free-key",
+            &[("Authorization", &bearer)],
+            b"",
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        let shown: Value = serde_json::from_str(&r.body).expect("JSON");
+        shown["limits"]
+            .as_array()
+            .expect("limits")
+            .iter()
+            .filter_map(|l| {
+                let spent = l["quota"].as_u64()? - l["remaining"].as_u64()?;
+                Some((l["limit"].as_str()?.to_string(), spent))
+            })
+            .collect()
+    };
+    // The month's tokens: the stream's 31 + 9 (asked for on its behalf)
+    // and the JSON call's 12 + 5. gpt-4o's spend: the stream only, at 250
+    // and 1,000 a token.
+    let expected = [
+        ("tokens-per-month", 57),
+        ("gpt-4o-spend", 31 * 250 + 9 * 1_000),
+    ];
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            let spent = spent();
+            expected
+                .iter()
+                .all(|(limit, n)| spent.get(*limit) == Some(n))
+                && spent.get("o1-spend").is_none_or(|n| *n == 0)
+        }),
+        "spent {:?}",
+        spent()
+    );
+}

@@ -444,6 +444,8 @@ pub(super) struct ResponseCostSection {
     pub(super) default: Option<i64>,
     pub(super) reserve: Option<ReserveSpec>,
     #[serde(default)]
+    pub(super) include_usage: bool,
+    #[serde(default)]
     pub(super) expose: bool,
 }
 

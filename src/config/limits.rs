@@ -711,12 +711,26 @@ fn response_cost(
             ),
         ));
     }
+    let openai = matches!(
+        source,
+        CostSource::Usage {
+            provider: LlmProvider::OpenAi,
+            ..
+        }
+    );
+    if section.include_usage && !openai {
+        return Err((
+            here("include_usage"),
+            "only an OpenAI stream leaves its usage out unless asked: set it with `usage = \"openai\"`".into(),
+        ));
+    }
     Ok(ResponseCost {
         source,
         max,
         default,
         reserve,
         from_request,
+        include_usage: section.include_usage,
         expose: section.expose,
     })
 }

@@ -293,6 +293,10 @@ fn errors_name_line_and_key() {
             "t.toml:11: limits[0].match.body.model: give at least one pattern",
         ),
         (
+            &format!("{MINIMAL}[[limits]]\nname = \"a\"\nkey = \"ip\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1h\"\ncost_from_response = {{ usage = \"anthropic\", max = 50, include_usage = true }}\n"),
+            "t.toml:11: limits[0].cost_from_response.include_usage: only an OpenAI stream leaves its usage out unless asked: set it with `usage = \"openai\"`",
+        ),
+        (
             "[server]\nlisten = \"127.0.0.1:8080\"\nmax_body = 0\n[upstream]\nservers = [\"a:1\"]\n",
             "t.toml:3: server.max_body: must be a whole number of bytes from 1 to 67108864",
         ),

@@ -56,6 +56,10 @@ pub struct RequestCtx {
     /// The body read before the decision, sent upstream in place of what
     /// Pingora replays (`request_body`).
     pub(super) held_body: Option<bytes::Bytes>,
+    /// The held body was made to ask for its stream's usage (`include_usage`).
+    pub(super) usage_asked: bool,
+    /// Takes the usage chunk the client did not ask for out of its stream.
+    pub(super) usage_stripper: Option<crate::usage::include_usage::UsageChunkStripper>,
     pub(super) _in_flight: InFlight,
 }
 

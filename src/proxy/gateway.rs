@@ -31,7 +31,9 @@ use super::request_id::RequestId;
 use super::strikes;
 use super::verdict::{Outcome, Verdict};
 
-use super::request_body::{read_before_decision, BodyReadError};
+use super::request_body::{
+    ask_for_usage_where_wanted, is_plain_event_stream, read_before_decision, BodyReadError,
+};
 use crate::blocklist::BlockReason;
 use crate::clock::{Clock, SystemClock};
 use crate::connection::clock::HeadClock;
@@ -335,6 +337,12 @@ impl Gateway {
         view.body = read.as_ref().and_then(|r| r.fields.as_ref());
         let planned = policy.plan(&view);
         ctx.held_body = read.map(|r| r.held);
+        if let (Ok(Plan::Check(layers)), Some(held)) = (&planned, &ctx.held_body) {
+            if let Some(asking) = ask_for_usage_where_wanted(layers, held) {
+                ctx.held_body = Some(asking);
+                ctx.usage_asked = true;
+            }
+        }
         self.planned(planned, earlier)
     }
 
@@ -577,6 +585,8 @@ impl ProxyHttp for Gateway {
             verdict: None,
             rate_headers: Vec::new(),
             held_body: None,
+            usage_asked: false,
+            usage_stripper: None,
             _in_flight: self.state.request_started(),
         }
     }
@@ -719,6 +729,14 @@ impl ProxyHttp for Gateway {
             }
             add_request_id(h, ctx)
         })?;
+        if ctx.usage_asked {
+            if let Some(held) = &ctx.held_body {
+                // The body grew; and the stream must come uncompressed for
+                // its usage chunk to be taken out.
+                upstream_request.insert_header(http::header::CONTENT_LENGTH, held.len())?;
+                upstream_request.remove_header(&http::header::ACCEPT_ENCODING);
+            }
+        }
         ctx.upstream_sent = Some(Instant::now());
         Ok(())
     }
@@ -751,6 +769,11 @@ impl ProxyHttp for Gateway {
                 slots.upgraded();
             }
         }
+        if ctx.usage_asked && status.is_success() && is_plain_event_stream(upstream_response) {
+            ctx.usage_stripper = Some(Default::default());
+            // What the client gets is shorter than what the upstream sent.
+            upstream_response.remove_header(&http::header::CONTENT_LENGTH);
+        }
         let headers = std::mem::take(&mut ctx.rate_headers);
         let preserve_case = ctx.runtime.upstream.settings().preserve_header_case;
         // And the request id; then Pingora's Date and Connection on the way out.
@@ -771,6 +794,27 @@ impl ProxyHttp for Gateway {
     ) -> Result<Option<Duration>> {
         if !ctx.by_body.is_empty() {
             charges::read_body(ctx, body.as_deref(), end_of_stream);
+        }
+        Ok(None)
+    }
+
+    /// The usage chunk the client did not ask for, taken out of its stream.
+    fn response_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<bytes::Bytes>,
+        end_of_stream: bool,
+        ctx: &mut Self::CTX,
+    ) -> Result<Option<Duration>> {
+        if let Some(stripper) = &mut ctx.usage_stripper {
+            let mut out = Vec::with_capacity(body.as_ref().map_or(0, |b| b.len()));
+            if let Some(chunk) = body.as_deref() {
+                stripper.feed(chunk, &mut out);
+            }
+            if end_of_stream {
+                stripper.finish(&mut out);
+            }
+            *body = Some(out.into());
         }
         Ok(None)
     }

@@ -15,6 +15,8 @@ use bytes::{Bytes, BytesMut};
 use pingora::proxy::Session;
 
 use crate::policy::body::{BodyError, BodyFields};
+use crate::policy::{AfterResponse, Layers};
+use crate::usage::include_usage::ask_for_usage;
 
 /// Pingora's retry buffer (`BODY_BUF_LIMIT` in pingora-core).
 const REPLAYED_AT_MOST: usize = 64 * 1024;
@@ -85,4 +87,32 @@ pub(super) async fn read_before_decision(
         Err(BodyError::NotJson) => None,
     };
     Ok(Some(ReadBody { fields, held }))
+}
+
+/// The held body made to ask for its stream's usage, when a layer being
+/// decided wants it (`include_usage`) and the client did not ask.
+pub(super) fn ask_for_usage_where_wanted(layers: &Layers, held: &Bytes) -> Option<Bytes> {
+    let wanted = layers
+        .counted
+        .iter()
+        .any(|(_, after)| matches!(after, AfterResponse::Cost(c) if c.include_usage));
+    if !wanted {
+        return None;
+    }
+    ask_for_usage(held).map(Bytes::from)
+}
+
+/// An answer the stripper can read: an event stream, not compressed.
+pub(super) fn is_plain_event_stream(response: &pingora::http::ResponseHeader) -> bool {
+    let header = |name| {
+        response
+            .headers
+            .get(name)
+            .and_then(|v: &http::HeaderValue| v.to_str().ok())
+    };
+    header(http::header::CONTENT_TYPE).is_some_and(|t| {
+        t.split(';')
+            .next()
+            .is_some_and(|m| m.trim().eq_ignore_ascii_case("text/event-stream"))
+    }) && header(http::header::CONTENT_ENCODING).is_none_or(|e| e.eq_ignore_ascii_case("identity"))
 }

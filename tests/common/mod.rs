@@ -461,6 +461,15 @@ impl Proxy {
         ConfigBuilder::new(upstream.addr).start()
     }
 
+    /// The binary serving a config file as written (an example's, its
+    /// addresses swapped for the test's), which listens on `addr` and on
+    /// `admin`.
+    pub fn start_text(text: &str, addr: SocketAddr, admin: Option<SocketAddr>) -> Proxy {
+        let path = temp_dir().join("proxy.toml");
+        std::fs::write(&path, text).expect("write config");
+        Proxy::launch(addr, admin, path, &[], &[])
+    }
+
     /// The binary serving `config_path` (which listens on `addr`, and on
     /// `admin` if given), run by `wrapper` when one is given (e.g. `prlimit
     /// --nofile=...`); returns once it listens.

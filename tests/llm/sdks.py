@@ -13,6 +13,14 @@
                                  or cutting its usage in turn
     sdks.py streams URL N        N streams at once of model "worst-case",
                                  each asking for 1,000 tokens at most
+    sdks.py example URL          as a customer of examples/llm-gateway.toml
+                                 (key demo-free-key): a gpt-4o stream that
+                                 does not ask for usage, a gpt-4o-mini JSON
+                                 call
+    sdks.py unasked URL DIRECT   OpenAI streams that do not ask for usage,
+                                 through floodgate and straight to the
+                                 upstream: the chunks the SDK yields and
+                                 the raw bytes, each way
 
 The upstream answers by the request's model: "no-usage" leaves the usage
 out, "spoiled" reports a negative count, "cut" ends a stream's connection
@@ -370,6 +378,62 @@ def streams(url, n):
     )
 
 
+def example(url):
+    import openai
+
+    oa = openai.OpenAI(
+        base_url=url + "/v1",
+        api_key="sk-unused",
+        default_headers={"X-API-Key": "demo-free-key"},
+        max_retries=0,
+    )
+    stream = oa.chat.completions.create(
+        model="gpt-4o",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=200,
+        stream=True,
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    answer = oa.chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}], max_tokens=100
+    )
+    print(json.dumps({"stream": text, "json": answer.usage.total_tokens}))
+
+
+def unasked(url, direct):
+    import urllib.request
+
+    def chunks(base):
+        oa, _ = clients(base, 0)
+        stream = oa.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        return [c.model_dump() for c in stream]
+
+    def raw(base):
+        body = json.dumps(
+            {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        ).encode()
+        request = urllib.request.Request(
+            base + "/v1/chat/completions",
+            data=body,
+            headers={"content-type": "application/json", "authorization": "Bearer sk-test"},
+        )
+        with urllib.request.urlopen(request) as answer:
+            return answer.read().decode()
+
+    print(
+        json.dumps(
+            {
+                "through": [chunks(url), chunks(url)],
+                "direct": chunks(direct),
+                "raw_through": raw(url),
+                "raw_direct": raw(direct),
+            }
+        )
+    )
+
+
 if __name__ == "__main__":
     mode, arg = sys.argv[1], sys.argv[2]
     if mode == "upstream":
@@ -386,5 +450,9 @@ if __name__ == "__main__":
         flood(arg)
     elif mode == "streams":
         streams(arg, int(sys.argv[3]))
+    elif mode == "example":
+        example(arg)
+    elif mode == "unasked":
+        unasked(arg, sys.argv[3])
     else:
         sys.exit(f"unknown mode {mode}")

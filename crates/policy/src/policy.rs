@@ -164,6 +164,10 @@ impl Matcher {
         for (name, glob) in &self.headers {
             parts.push(format!("with {name}: {}", glob.as_str()));
         }
+        for (field, globs) in &self.body {
+            let g: Vec<&str> = globs.iter().map(|g| g.as_str()).collect();
+            parts.push(format!("with body {field}: {}", g.join("|")));
+        }
         if parts.is_empty() {
             "all requests".into()
         } else {
@@ -335,6 +339,9 @@ pub struct ResponseCost {
     /// `reserve = "request"`: an LLM request's own worst case, read from
     /// its body (`reservation`).
     pub from_request: bool,
+    /// `include_usage`: an OpenAI stream that did not ask for its usage is
+    /// made to, and the extra chunk taken back out of what its client gets.
+    pub include_usage: bool,
     /// Whether the client sees the header (a usage source has none).
     pub expose: bool,
 }
@@ -526,7 +533,7 @@ impl Limit {
     pub fn reads_body(&self) -> bool {
         !self.matcher.body.is_empty()
             || self.key.any_part(|p| matches!(p, KeySource::Body(_)))
-            || matches!(&self.after_response, Some(AfterResponse::Cost(c)) if c.from_request)
+            || matches!(&self.after_response, Some(AfterResponse::Cost(c)) if c.from_request || c.include_usage)
     }
 
     /// Adds the body's fields this limit reads to `fields`, once each.
@@ -937,6 +944,7 @@ mod reservation_tests {
             default: 10,
             reserve: if from_request { 10_000 } else { 50 },
             from_request,
+            include_usage: false,
             expose: false,
         }
     }
