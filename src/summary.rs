@@ -214,6 +214,12 @@ pub fn describe(config: &Config) -> String {
                 limit.matcher.describe()
             );
         }
+        if !limit.shadow && !limit.matcher.body.is_empty() && limit.on_missing == OnMissing::Skip {
+            let _ = writeln!(
+                out,
+                "  warning: a body that cannot be read (past max_body, chunked, not JSON) skips this limit: set on_missing = \"deny\" or \"ip\""
+            );
+        }
     }
     // What each algorithm in use guarantees, from the algorithm table.
     for spec in ALGORITHMS.iter().filter(|spec| {

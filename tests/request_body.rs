@@ -170,6 +170,13 @@ fn bodies_made_to_mislead_the_reading_buy_nothing() {
         .filter(|b| post(&proxy, b).status == 200)
         .count();
     assert_eq!(admitted, 2, "gpt-4o's class allows 2");
+    // 10 MB naming gpt-4o: past max_body, not read (nor held); it goes
+    // upstream whole and no class matches it.
+    let huge = chat("gpt-4o", 10_000_000);
+    for _ in 0..3 {
+        assert_eq!(post(&proxy, &huge).status, 200);
+    }
+    assert!(upstream.seen().iter().rev().take(3).all(|s| s.body == huge));
     // A model inside a message, or a body that is no JSON, names none:
     // the per-model limit skips it and no class matches.
     let nested = br#"{"messages":[{"model":"gpt-4o"}]}"#;
@@ -223,4 +230,57 @@ fn over_http2_a_body_read_before_the_decision_is_sent_whole() {
             body.len()
         );
     }
+}
+
+#[test]
+fn a_body_made_unreadable_is_no_way_around_a_match_that_denies() {
+    let upstream = Upstream::start();
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .server("max_body = 65536")
+        .raw(
+            r#"
+[[limits]]
+name = "gpt-4o-class"
+key = "ip"
+algorithm = "fixed_window"
+limit = 2
+window = "1h"
+on_missing = "deny"
+match = { paths = ["/v1/*"], body = { model = ["gpt-4o*"] } }
+"#,
+        )
+        .start();
+    // Padded past max_body, or chunked, or not JSON: refused, never sent.
+    let padded = chat("gpt-4o", 70_000);
+    let mut chunked = b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n".to_vec();
+    let small = chat("gpt-4o", 10);
+    chunked.extend(format!("{:x}\r\n", small.len()).as_bytes());
+    chunked.extend(&small);
+    chunked.extend(b"\r\n0\r\n\r\n");
+    let refused: Vec<Response> = thread::scope(|s| {
+        let mut handles = Vec::new();
+        for i in 0..60 {
+            let (padded, chunked, proxy) = (&padded, &chunked, &proxy);
+            handles.push(s.spawn(move || match i % 3 {
+                0 => post(proxy, padded),
+                1 => raw_request(proxy.addr, chunked),
+                _ => post(proxy, b"model=gpt-4o"),
+            }));
+        }
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("thread"))
+            .collect()
+    });
+    for r in &refused {
+        assert_eq!(r.status, 400, "{}", r.body);
+        assert!(r.body.contains("missing_key"), "{}", r.body);
+    }
+    assert_eq!(upstream.count(), 0);
+    // A readable body of another model is no match; gpt-4o's counts.
+    assert_eq!(post(&proxy, &chat("claude-3-5-haiku", 10)).status, 200);
+    let admitted = (0..4)
+        .filter(|_| post(&proxy, &small).status == 200)
+        .count();
+    assert_eq!(admitted, 2);
 }

@@ -833,7 +833,24 @@ impl Policy {
         let mut layers = Layers::default();
         for (index, limit) in self.limits.iter().enumerate() {
             let id = LimitId(index);
-            let matches = limit.matcher.applies(request);
+            // A body that could not be read (past max_body, of unknown
+            // length, no JSON object) leaves a body match undecided: the
+            // limit's on_missing says, as for a missing key, so that
+            // padding or chunking a body is no way around it.
+            let unread = !limit.matcher.body.is_empty()
+                && request.body.is_none()
+                && limit.matcher.applies_but_for_body(request);
+            if unread && !limit.shadow {
+                match limit.on_missing {
+                    OnMissing::Skip => {}
+                    OnMissing::Deny => {
+                        return Err(IdentityError::MissingKey(limit.name.as_str().into()))
+                    }
+                    OnMissing::Ip => {}
+                }
+            }
+            let matches =
+                limit.matcher.applies(request) || (unread && limit.on_missing == OnMissing::Ip);
             if !matches && limit.ban.is_none() {
                 continue;
             }
@@ -850,6 +867,7 @@ impl Policy {
                 body: request.body,
             };
             let identity = match self.clients.identity_of(&limit.key, client, &inputs) {
+                Ok(_) if unread => client.ip_hash,
                 Ok(Some(identity)) => identity,
                 // Banned by its address: looked up by it on every route.
                 Ok(None) if !matches && limit.on_missing == OnMissing::Ip => client.ip_hash,
