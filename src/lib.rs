@@ -17,6 +17,7 @@ pub mod constant_time;
 pub mod header_name;
 pub mod headers;
 pub mod metrics;
+pub mod protection;
 pub mod proxy;
 pub mod refusal_log;
 pub mod rls;

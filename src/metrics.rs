@@ -128,6 +128,18 @@ pub struct Metrics {
     pub client_changes: IntCounterVec,
     /// API keys set (or revoked) at run time, held in this process.
     pub run_time_keys: IntGauge,
+    pub protection: ProtectionMetrics,
+}
+
+/// `[upstream.protection]`: the adaptive limit and what it shed.
+#[derive(Clone)]
+pub struct ProtectionMetrics {
+    pub limit: IntGauge,
+    pub in_flight: IntGauge,
+    pub min_latency_seconds: prometheus::Gauge,
+    pub latency_seconds: prometheus::Gauge,
+    /// By priority (the tier's name, or "other").
+    pub shed: IntCounterVec,
 }
 
 impl Metrics {
@@ -431,7 +443,39 @@ impl Metrics {
                 "API keys set or revoked at run time, held in this process",
             ),
         );
+        let gauge = |name: &str, help: &str| registered(&registry, IntGauge::new(name, help));
+        let seconds =
+            |name: &str, help: &str| registered(&registry, prometheus::Gauge::new(name, help));
+        let protection = ProtectionMetrics {
+            limit: gauge(
+                "floodgate_protection_limit",
+                "Requests in flight the upstream's adaptive limit allows now ([upstream.protection]; this instance's own)",
+            ),
+            in_flight: gauge(
+                "floodgate_protection_in_flight",
+                "Requests in flight to the upstream under its adaptive limit",
+            ),
+            min_latency_seconds: seconds(
+                "floodgate_protection_min_latency_seconds",
+                "The upstream's minimum latency as the adaptive limit measured it (to its response head)",
+            ),
+            latency_seconds: seconds(
+                "floodgate_protection_latency_seconds",
+                "The upstream's median latency over the adaptive limit's last window",
+            ),
+            shed: registered(
+                &registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "floodgate_protection_shed_total",
+                        "Requests answered 503 to protect the upstream, by priority (their tier)",
+                    ),
+                    &["priority"],
+                ),
+            ),
+        };
         Metrics {
+            protection,
             client_changes,
             run_time_keys,
             registry,

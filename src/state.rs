@@ -98,6 +98,8 @@ pub struct AppState {
     pub config_path: PathBuf,
     /// The recent past the status page shows.
     pub status: Status,
+    /// `[upstream.protection]`, kept across reloads.
+    pub protection: Arc<crate::protection::Protection>,
     /// The API keys set at run time and where they are kept; none while
     /// the admin API is off.
     pub clients: Option<Arc<crate::clients::RunTimeClients>>,
@@ -149,7 +151,12 @@ impl AppState {
         access_log: Option<AccessLog>,
         instances: Option<Instances>,
     ) -> AppState {
+        let protection = Arc::new(crate::protection::Protection::new(
+            metrics.protection.clone(),
+        ));
+        protection.configure(config.protection.clone());
         AppState {
+            protection,
             status: Status::new(store.deciding()),
             runtime: ArcSwap::from_pointee(runtime),
             store,
@@ -233,6 +240,7 @@ impl AppState {
                     resolver.replace(tls.certs.clone());
                 }
                 self.runtime.store(Arc::new(runtime));
+                self.protection.configure(config.protection.clone());
                 if let Some(clients) = &self.clients {
                     clients.reconfigured(crate::clients::OverrideChecker::of(&config));
                 }

@@ -46,6 +46,24 @@ pub fn describe(config: &Config) -> String {
         }
     }
     let _ = writeln!(out, "upstream  {}", config.upstream.servers.join(", "));
+    if let Some(p) = &config.protection {
+        let c = &p.controller;
+        let mut order: Vec<String> = p.priority.iter().map(|t| t.name().to_string()).collect();
+        order.push("others".into());
+        let _ = writeln!(
+            out,
+            "protect   requests in flight to the upstream within {}..{} (from {}), following its latency (up to {} x its minimum, every {} ms, measured again every {} s); shed from the lowest of {} ({}% held from it), 503 Retry-After {} s",
+            c.min,
+            c.max,
+            c.initial,
+            c.tolerance,
+            c.window_us / 1_000,
+            c.probe_interval_us / 1_000_000,
+            order.join(" > "),
+            (p.reserve * 100.0).round(),
+            p.retry_after.as_secs().max(1)
+        );
+    }
     if let Some(rls) = &config.rls {
         let _ = writeln!(
             out,

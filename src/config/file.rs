@@ -162,6 +162,23 @@ pub(super) struct UpstreamSection {
     pub(super) keep_headers: Vec<String>,
     #[serde(default)]
     pub(super) grpc_paths: Vec<String>,
+    pub(super) protection: Option<ProtectionSection>,
+}
+
+/// `[upstream.protection]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ProtectionSection {
+    pub(super) min: Option<i64>,
+    pub(super) max: Option<i64>,
+    pub(super) initial: Option<i64>,
+    pub(super) latency_tolerance: Option<f64>,
+    pub(super) window: Option<String>,
+    pub(super) probe_interval: Option<String>,
+    #[serde(default)]
+    pub(super) priority: Vec<String>,
+    pub(super) reserve: Option<f64>,
+    pub(super) retry_after: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

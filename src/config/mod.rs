@@ -13,6 +13,7 @@ mod jwt;
 mod limits;
 mod log;
 pub mod overrides;
+mod protection;
 mod redis;
 mod rls;
 mod server;
@@ -90,6 +91,8 @@ pub struct Config {
     pub rls: Option<RlsSettings>,
     /// `[rls].token_file`'s tokens: without them any caller is answered.
     pub rls_tokens: Option<RlsTokens>,
+    /// `[upstream.protection]`: the adaptive limit on the upstream.
+    pub protection: Option<crate::protection::ProtectionSettings>,
 }
 
 impl Config {
@@ -285,6 +288,12 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
         clients.run_time = inputs.run_time_keys.clone();
     }
     let max_body = server::max_body(raw.server.max_body)?;
+    let protection = raw
+        .upstream
+        .protection
+        .as_ref()
+        .map(|p| protection::validate_protection(p, &clients.tiers))
+        .transpose()?;
     let override_rules = overrides::OverrideRules::new(limits::override_frames(&raw.limits));
     let rls = rls::validate_rls(raw.rls.as_ref(), &limits, tls.is_some())?;
     let rls_tokens = rls::validate_rls_tokens(raw.rls.as_ref(), inputs)?;
@@ -319,6 +328,7 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
         clients_file,
         rls,
         rls_tokens,
+        protection,
     })
 }
 

@@ -9,8 +9,8 @@ use serde::Deserialize;
 use super::file::{
     AdminSection, BanSection, BlockSection, CertSection, ClientsSection, CostSection, CountSection,
     ExemptSection, FileConfig, JwtSection, LimitSection, LogSection, MatchSection, MemorySection,
-    Numbers, RedisSection, ResponseCostSection, ResponseSection, RlsSection, SentinelSection,
-    ServerSection, TlsSection, UpstreamSection,
+    Numbers, ProtectionSection, RedisSection, ResponseCostSection, ResponseSection, RlsSection,
+    SentinelSection, ServerSection, TlsSection, UpstreamSection,
 };
 
 const REFERENCE: &str = include_str!("../../docs/book/configuration.md");
@@ -287,6 +287,11 @@ fn every_key_the_parser_takes_is_in_the_reference_and_no_other() {
         "[clients]",
         "jwt",
         &keys_of::<JwtSection>(),
+    ));
+    problems.extend(inline_keys_named(
+        "[upstream]",
+        "protection",
+        &keys_of::<ProtectionSection>(),
     ));
     for (key, keys) in [
         ("match", keys_of::<MatchSection>()),

@@ -297,6 +297,22 @@ fn errors_name_line_and_key() {
             "t.toml:11: limits[0].cost_from_response.include_usage: only an OpenAI stream leaves its usage out unless asked: set it with `usage = \"openai\"`",
         ),
         (
+            "[server]\nlisten = \"127.0.0.1:8080\"\n[upstream]\nservers = [\"a:1\"]\n[upstream.protection]\nmin = 5\nmax = 2\n",
+            "t.toml:6: upstream.protection.min: must be at most `max` (2)",
+        ),
+        (
+            "[server]\nlisten = \"127.0.0.1:8080\"\n[upstream]\nservers = [\"a:1\"]\n[upstream.protection]\npriority = [\"pro\"]\n",
+            "t.toml:6: upstream.protection.priority[0]: \"pro\" is no tier (known: anonymous, internal)",
+        ),
+        (
+            "[server]\nlisten = \"127.0.0.1:8080\"\n[upstream]\nservers = [\"a:1\"]\n[upstream.protection]\nreserve = 1.0\n",
+            "t.toml:6: upstream.protection.reserve: must be from 0.0 (every class shares the whole limit) to below 1.0",
+        ),
+        (
+            "[server]\nlisten = \"127.0.0.1:8080\"\n[upstream]\nservers = [\"a:1\"]\n[upstream.protection]\nlatency_tolerance = 0.5\n",
+            "t.toml:6: upstream.protection.latency_tolerance: must be from 1.0 (no latency above the minimum) to 10.0",
+        ),
+        (
             "[server]\nlisten = \"127.0.0.1:8080\"\nmax_body = 0\n[upstream]\nservers = [\"a:1\"]\n",
             "t.toml:3: server.max_body: must be a whole number of bytes from 1 to 67108864",
         ),

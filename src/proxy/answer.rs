@@ -214,6 +214,46 @@ pub(super) async fn too_many_in_flight(session: &mut Session, ctx: &RequestCtx) 
     Ok(true)
 }
 
+/// Refused to protect the upstream (`[upstream.protection]`): the server's
+/// own state, not the client's quota, so a 503 (gRPC: UNAVAILABLE).
+pub(super) async fn shed(
+    session: &mut Session,
+    ctx: &RequestCtx,
+    shed: crate::protection::Shed,
+) -> Result<bool> {
+    debug!(
+        "503 upstream protected (limit {}) request_id={}",
+        shed.limit, ctx.request_id
+    );
+    let retry_after = shed.retry_after.as_secs().max(1);
+    let headers = vec![(&headers::RETRY_AFTER, HeaderValue::from(retry_after))];
+    if is_grpc(session) {
+        respond_grpc(
+            session,
+            ctx,
+            GrpcStatus::Unavailable,
+            "the upstream is at its limit of requests in flight",
+            headers,
+        )
+        .await?;
+        return Ok(true);
+    }
+    let mut headers = headers;
+    headers.extend(headers::json_headers());
+    respond(
+        session,
+        ctx,
+        503,
+        headers,
+        format!(
+            "{{\"error\":\"upstream_protected\",\"reason\":\"the upstream is at its limit of {} requests in flight\",\"retry_after\":{retry_after}}}",
+            shed.limit
+        ),
+    )
+    .await?;
+    Ok(true)
+}
+
 /// A limiter that cannot decide and has no fallback (the Redis store is
 /// always wrapped in one) refuses with 503 rather than guessing.
 pub(super) async fn limiter_failed(

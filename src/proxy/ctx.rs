@@ -58,6 +58,8 @@ pub struct RequestCtx {
     pub(super) held_body: Option<bytes::Bytes>,
     /// The held body was made to ask for its stream's usage (`include_usage`).
     pub(super) usage_asked: bool,
+    /// A place among the requests in flight to a protected upstream.
+    pub(super) protection: Option<crate::protection::Permit>,
     /// Takes the usage chunk the client did not ask for out of its stream.
     pub(super) usage_stripper: Option<crate::usage::include_usage::UsageChunkStripper>,
     pub(super) _in_flight: InFlight,

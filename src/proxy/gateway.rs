@@ -17,7 +17,7 @@ use pingora::{Error, ErrorSource, ErrorType, Result};
 use super::access::access_line;
 use super::answer::{
     add_request_id, bad_request, blocked, grpc_refusal, is_grpc, limiter_failed, missing_key,
-    respond, respond_grpc, too_many_in_flight, write_headers, GrpcStatus,
+    respond, respond_grpc, shed, too_many_in_flight, write_headers, GrpcStatus,
 };
 use super::charges;
 use super::ctx::{peer_ip, RequestCtx};
@@ -176,6 +176,8 @@ enum Answer {
     Refused(headers::Rejection, Option<String>),
     /// Reading the request failed: nobody to answer, or nothing to send on.
     Failed(Box<Error>),
+    /// Refused to protect the upstream.
+    Shed(crate::protection::Shed),
 }
 
 impl Answer {
@@ -543,6 +545,7 @@ impl Gateway {
                 Ok(true)
             }
             Answer::Failed(e) => Err(e),
+            Answer::Shed(refusal) => shed(session, ctx, refusal).await,
             Answer::Refused(rejection, None) => {
                 respond(
                     session,
@@ -586,6 +589,7 @@ impl ProxyHttp for Gateway {
             rate_headers: Vec::new(),
             held_body: None,
             usage_asked: false,
+            protection: None,
             usage_stripper: None,
             _in_flight: self.state.request_started(),
         }
@@ -618,10 +622,19 @@ impl ProxyHttp for Gateway {
     async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
         let decided = async {
             self.receive(session, ctx)?;
-            let Some((layers, earlier)) = self.plan(session, ctx).await? else {
-                return Ok(0);
+            let delay_us = match self.plan(session, ctx).await? {
+                Some((layers, earlier)) => self.decide(session, ctx, layers, earlier).await?,
+                None => 0,
             };
-            self.decide(session, ctx, layers, earlier).await
+            // Admitted by every limit: a place at the upstream, if it is
+            // protected.
+            let tier = ctx.client.as_ref().map(|c| &c.tier);
+            match self.state.protection.admit(tier) {
+                None => {}
+                Some(Ok(permit)) => ctx.protection = Some(permit),
+                Some(Err(refusal)) => return Err(Answer::Shed(refusal)),
+            }
+            Ok(delay_us)
         }
         .await;
         match decided {
@@ -761,6 +774,9 @@ impl ProxyHttp for Gateway {
         }
         ctx.upstream_took = ctx.upstream_sent.map(|sent| sent.elapsed());
         ctx.upstream_status = Some(status.as_u16());
+        if let (Some(_), Some(took)) = (&ctx.protection, ctx.upstream_took) {
+            self.state.protection.sample(took);
+        }
         // Charged before the client sees the status: a client that learns
         // the outcome and then holds the stream open is counted all the same.
         charges::charge_by_response(self.state.store.as_ref(), ctx, upstream_response).await;

@@ -6,9 +6,9 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-use super::changes::subscriber;
 use super::cluster::cluster_client;
 use super::scripted::install_tls_provider;
+use super::sentinel::{find_master, master_client};
 use super::settings::{RedisSettings, Topology};
 
 /// A connection to the node that takes writes, or to a whole cluster
@@ -100,5 +100,17 @@ pub fn grouped_key(settings: &RedisSettings, group: &str, name: &str) -> String 
     match settings.topology {
         Topology::Cluster(_) => format!("{{{prefix}:{group}}}:{name}"),
         _ => format!("{prefix}:{group}:{name}"),
+    }
+}
+
+/// The node to subscribe on: the one at `url`, or the master the
+/// sentinels name now (a failover ends the old subscription).
+async fn subscriber(settings: &RedisSettings, url: &str) -> redis::RedisResult<redis::Client> {
+    match &settings.topology {
+        Topology::Sentinel(sentinel) => {
+            let (host, port) = find_master(settings, sentinel).await?;
+            master_client(settings, sentinel, &host, port)
+        }
+        _ => settings.client(url),
     }
 }

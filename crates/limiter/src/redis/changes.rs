@@ -12,8 +12,7 @@ use log::{info, warn};
 
 use super::beside_limits::subscription_node;
 use super::scripted::{changes_channel, decode_change, Change};
-use super::sentinel::{find_master, master_client};
-use super::settings::{RedisSettings, Topology};
+use super::settings::RedisSettings;
 use crate::deny_cache::Forgetter;
 use crate::memory::MemoryStore;
 
@@ -22,21 +21,6 @@ const RETRY: Duration = Duration::from_secs(1);
 
 /// How often a subscription is asked whether it still answers.
 const PING_EVERY: Duration = Duration::from_secs(10);
-
-/// The node to subscribe on: the one at `url`, or the master the
-/// sentinels name now (a failover ends the old subscription).
-pub(super) async fn subscriber(
-    settings: &RedisSettings,
-    url: &str,
-) -> redis::RedisResult<redis::Client> {
-    match &settings.topology {
-        Topology::Sentinel(sentinel) => {
-            let (host, port) = find_master(settings, sentinel).await?;
-            master_client(settings, sentinel, &host, port)
-        }
-        _ => settings.client(url),
-    }
-}
 
 /// Listens until the process ends. Whenever the subscription is (re)made,
 /// every remembered refusal is forgotten: what was announced while nobody

@@ -1,0 +1,104 @@
+//! `[upstream.protection]`: the adaptive limit on requests in flight to the
+//! upstream, and the order in which tiers are shed.
+
+use std::time::Duration;
+
+use super::file::ProtectionSection;
+use super::source::Segment;
+use super::{at, duration, key_path, Invalid};
+use crate::identity::Tiers;
+use crate::protection::controller::ControllerSettings;
+use crate::protection::ProtectionSettings;
+
+pub(super) fn validate_protection(
+    p: &ProtectionSection,
+    tiers: &Tiers,
+) -> Result<ProtectionSettings, Invalid> {
+    let here = |key: &str| -> Vec<Segment> { key_path(&[&"upstream", &"protection"], key) };
+    let fail = |key: &str, message: &str| -> Invalid { (here(key), message.to_string()) };
+    let count = |value: Option<i64>, default: u32, key: &'static str| -> Result<u32, Invalid> {
+        value.map_or(Ok(default), |n| {
+            u32::try_from(n)
+                .ok()
+                .filter(|n| (1..=1_000_000).contains(n))
+                .ok_or_else(|| fail(key, "must be a whole number from 1 to 1000000"))
+        })
+    };
+    let min = count(p.min, 1, "min")?;
+    let max = count(p.max, 1_000, "max")?;
+    if min > max {
+        return Err(fail("min", &format!("must be at most `max` ({max})")));
+    }
+    let initial = count(p.initial, 20.clamp(min, max), "initial")?;
+    if !(min..=max).contains(&initial) {
+        return Err(fail(
+            "initial",
+            &format!("must be from `min` ({min}) to `max` ({max})"),
+        ));
+    }
+    let tolerance = p.latency_tolerance.unwrap_or(1.2);
+    if !(1.0..=10.0).contains(&tolerance) {
+        return Err(fail(
+            "latency_tolerance",
+            "must be from 1.0 (no latency above the minimum) to 10.0",
+        ));
+    }
+    let window = duration(
+        &p.window,
+        Duration::from_millis(250),
+        &[&"upstream", &"protection", &"window"],
+    )?;
+    let probe_interval = duration(
+        &p.probe_interval,
+        Duration::from_secs(30),
+        &[&"upstream", &"protection", &"probe_interval"],
+    )?;
+    if window.is_zero() || probe_interval <= window {
+        return Err(fail(
+            "probe_interval",
+            "the window must be longer than 0, and probes further apart than a window",
+        ));
+    }
+    let reserve = p.reserve.unwrap_or(0.2);
+    if !(0.0..1.0).contains(&reserve) {
+        return Err(fail(
+            "reserve",
+            "must be from 0.0 (every class shares the whole limit) to below 1.0",
+        ));
+    }
+    let mut priority = Vec::with_capacity(p.priority.len());
+    for (i, name) in p.priority.iter().enumerate() {
+        let Some(tier) = tiers.get(name) else {
+            let known: Vec<&str> = tiers.names().collect();
+            return Err(at(
+                &[&"upstream", &"protection", &"priority", &i],
+                format!("\"{name}\" is no tier (known: {})", known.join(", ")),
+            ));
+        };
+        if priority.contains(&tier) {
+            return Err(at(
+                &[&"upstream", &"protection", &"priority", &i],
+                format!("\"{name}\" is listed twice"),
+            ));
+        }
+        priority.push(tier);
+    }
+    let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    Ok(ProtectionSettings {
+        controller: ControllerSettings {
+            min,
+            max,
+            initial,
+            tolerance,
+            window_us: micros(window),
+            probe_interval_us: micros(probe_interval),
+        },
+        priority,
+        reserve,
+        retry_after: duration(
+            &p.retry_after,
+            Duration::from_secs(1),
+            &[&"upstream", &"protection", &"retry_after"],
+        )?,
+    })
+}
