@@ -522,3 +522,18 @@ fn the_llm_gateway_example_bills_each_model_at_its_price() {
         spent()
     );
 }
+
+/// A key on the request's model (`body:model`): each model its own budget,
+/// through the SDK.
+#[test]
+fn each_model_named_in_the_request_has_a_budget_of_its_own() {
+    let upstream = ProviderUpstream::start();
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .raw("[[limits]]\nname = \"per-model\"\nkey = [\"ip\", \"body:model\"]\nalgorithm = \"fixed_window\"\nlimit = 2\nwindow = \"1h\"\nmatch = { paths = [\"/v1/chat/completions\"] }\n")
+        .start();
+    let seen = sdk("per_model", proxy.addr);
+    let expected = serde_json::json!(["answered", "answered", "refused"]);
+    assert_eq!(seen["gpt-4o"], expected, "{seen}");
+    assert_eq!(seen["gpt-4o-mini"], expected, "{seen}");
+    assert_eq!(upstream.answered(), Some(4));
+}

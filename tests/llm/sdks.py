@@ -17,6 +17,8 @@
                                  (key demo-free-key): a gpt-4o stream that
                                  does not ask for usage, a gpt-4o-mini JSON
                                  call
+    sdks.py per_model URL        three calls each to gpt-4o and gpt-4o-mini:
+                                 which were answered, which refused
     sdks.py unasked URL DIRECT   OpenAI streams that do not ask for usage,
                                  through floodgate and straight to the
                                  upstream: the chunks the SDK yields and
@@ -400,6 +402,23 @@ def example(url):
     print(json.dumps({"stream": text, "json": answer.usage.total_tokens}))
 
 
+def per_model(url):
+    import openai
+
+    oa, _ = clients(url, 0)
+    seen = {}
+    for model in ["gpt-4o", "gpt-4o-mini"] * 3:
+        try:
+            oa.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=10
+            )
+            outcome = "answered"
+        except openai.RateLimitError:
+            outcome = "refused"
+        seen.setdefault(model, []).append(outcome)
+    print(json.dumps(seen))
+
+
 def unasked(url, direct):
     import urllib.request
 
@@ -452,6 +471,8 @@ if __name__ == "__main__":
         streams(arg, int(sys.argv[3]))
     elif mode == "example":
         example(arg)
+    elif mode == "per_model":
+        per_model(arg)
     elif mode == "unasked":
         unasked(arg, sys.argv[3])
     else:
