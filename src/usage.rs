@@ -419,6 +419,27 @@ enum Line {
     Skip,
 }
 
+/// The length of the event `bytes` start with, when it is one `data` line
+/// followed by a blank line (LF or CRLF line ends), all within `bytes`, and
+/// names no `"usage"`: nothing in it could be counted.
+fn event_without_usage(bytes: &[u8]) -> Option<usize> {
+    if !bytes.starts_with(b"data:") {
+        return None;
+    }
+    let end = memchr::memchr2(b'\n', b'\r', bytes)?;
+    let after = &bytes[end..];
+    let blank = if after.starts_with(b"\n\n") {
+        2
+    } else if after.starts_with(b"\r\n\r\n") {
+        4
+    } else {
+        return None;
+    };
+    memchr::memmem::find(&bytes[..end], b"\"usage\"")
+        .is_none()
+        .then_some(end + blank)
+}
+
 /// The body as it passes, read for the provider's usage.
 pub struct UsageReader {
     provider: Provider,
@@ -582,6 +603,16 @@ impl UsageReader {
             Framing::EventStream => {
                 let mut rest = bytes;
                 while let Some((&b, after)) = rest.split_first() {
+                    // A whole event of one data line that names no usage
+                    // (every count is under a "usage" key, unescaped) is
+                    // passed over at once: all of an OpenAI stream's chunks
+                    // but its last.
+                    if self.line == (Line::Field { len: 0 }) && !self.in_event && !self.after_cr {
+                        if let Some(length) = event_without_usage(rest) {
+                            rest = &rest[length..];
+                            continue;
+                        }
+                    }
                     // A data line's value goes to the scan whole, up to its
                     // end.
                     if let (Line::Data { started: true }, Some(scan)) = (self.line, &mut self.scan)
