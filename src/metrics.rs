@@ -474,6 +474,8 @@ impl Metrics {
                 ),
             ),
         };
+        // Present from the start, so that a rate on it reads 0, not nothing.
+        protection.shed.with_label_values(&["other"]);
         Metrics {
             protection,
             client_changes,

@@ -109,6 +109,9 @@ impl Protection {
                 None => *controller = Some(Controller::new(s.controller, self.now_us())),
             },
         }
+        for tier in settings.iter().flat_map(|s| &s.priority) {
+            self.metrics.shed.with_label_values(&[tier.name()]);
+        }
         let limit = controller.as_ref().map_or(0, Controller::limit);
         self.limit.store(limit, Ordering::Release);
         self.metrics.limit.set(i64::from(limit));
