@@ -6,6 +6,7 @@
 //! instance runs its own limit on what it sends.
 
 pub mod controller;
+pub mod simulation;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

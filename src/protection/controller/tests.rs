@@ -1,11 +1,8 @@
-//! The controller against a simulated fragile upstream, on a simulated
-//! clock: it serves `capacity` requests at a time, `latency_ms` each, and
-//! queues the rest, so latency grows with load; `clients` send one request
-//! after another, retrying a millisecond after a refusal.
-
-use std::collections::VecDeque;
+//! The controller against a simulated fragile upstream
+//! (`protection::simulation`).
 
 use super::*;
+use crate::protection::simulation::{run, Tick};
 
 const MS: u64 = 1_000;
 
@@ -18,78 +15,6 @@ fn settings() -> ControllerSettings {
         window_us: 250 * MS,
         probe_interval_us: 30_000 * MS,
     }
-}
-
-/// One millisecond's figures.
-#[derive(Debug, Clone, Copy, Default)]
-struct Tick {
-    limit: u32,
-    in_flight: usize,
-    served: usize,
-}
-
-struct Upstream {
-    capacity: usize,
-    latency_ms: u64,
-    /// Admitted at (ms), waiting for a place.
-    queue: VecDeque<u64>,
-    /// (admitted at, done at), being served.
-    serving: Vec<(u64, u64)>,
-}
-
-/// Runs `ms` milliseconds; `change(t)` may reshape the upstream each ms.
-fn run(
-    controller: &mut Controller,
-    clients: usize,
-    ms: u64,
-    mut change: impl FnMut(u64, &mut Upstream),
-) -> Vec<Tick> {
-    let mut upstream = Upstream {
-        capacity: 8,
-        latency_ms: 20,
-        queue: VecDeque::new(),
-        serving: Vec::new(),
-    };
-    let mut idle = clients;
-    let mut ticks = Vec::with_capacity(ms as usize);
-    for t in 0..ms {
-        change(t, &mut upstream);
-        let now = t * MS;
-        // Done: each one's latency to the controller, its client idle.
-        let mut served = 0;
-        upstream.serving.retain(|&(admitted, done)| {
-            if done <= t {
-                controller.sample(now, (t - admitted) * MS);
-                served += 1;
-                false
-            } else {
-                true
-            }
-        });
-        idle += served;
-        controller.tick(now);
-        // Idle clients send, as far as the limit lets them.
-        while idle > 0 {
-            let in_flight = upstream.queue.len() + upstream.serving.len();
-            if in_flight >= controller.limit() as usize {
-                break;
-            }
-            upstream.queue.push_back(t);
-            idle -= 1;
-        }
-        while upstream.serving.len() < upstream.capacity {
-            let Some(admitted) = upstream.queue.pop_front() else {
-                break;
-            };
-            upstream.serving.push((admitted, t + upstream.latency_ms));
-        }
-        ticks.push(Tick {
-            limit: controller.limit(),
-            in_flight: upstream.queue.len() + upstream.serving.len(),
-            served,
-        });
-    }
-    ticks
 }
 
 /// Average in flight, and requests served a second, over `ticks`.
