@@ -149,6 +149,26 @@ impl Protection {
         }))
     }
 
+    /// What the status page shows; none while off.
+    pub fn snapshot(&self) -> Option<serde_json::Value> {
+        if !self.on.load(Ordering::Acquire) {
+            return None;
+        }
+        use prometheus::core::Collector;
+        let shed: u64 = Collector::collect(&self.metrics.shed)
+            .iter()
+            .flat_map(|family| family.get_metric())
+            .map(|m| m.get_counter().get_value() as u64)
+            .sum();
+        Some(serde_json::json!({
+            "limit": self.limit.load(Ordering::Acquire),
+            "in_flight": self.in_flight.load(Ordering::Acquire),
+            "min_latency_ms": self.metrics.min_latency_seconds.get() * 1e3,
+            "latency_ms": self.metrics.latency_seconds.get() * 1e3,
+            "shed": shed,
+        }))
+    }
+
     /// An upstream exchange's latency, to its response head.
     pub fn sample(&self, latency: Duration) {
         let now = self.now_us();

@@ -58,6 +58,8 @@ pub struct Scene<'a> {
     pub connections_open: i64,
     pub in_flight: usize,
     pub admin_connections_open: i64,
+    /// `[upstream.protection]`'s state, when on.
+    pub protection: Option<Value>,
 }
 
 /// The process's recent past, sampled by `Status::tick`.
@@ -288,6 +290,7 @@ impl Status {
                 "in_flight": scene.in_flight,
                 "admin_open": scene.admin_connections_open,
             },
+            "protection": scene.protection,
             "step_seconds": step,
             "limits": limits,
             "top_refused": board,

@@ -381,8 +381,10 @@ fn free_absorbs_the_shedding_and_pro_and_internal_are_served() {
 fn a_refusal_says_the_upstream_is_protected_and_when_to_come_back() {
     let _alone = alone();
     let fragile = Fragile::start(1);
+    let token = common::admin_token::TokenFile::new();
     let protected = tiers(ConfigBuilder::new(fragile.addr))
         .raw("[upstream.protection]\nmin = 1\nmax = 1\ninitial = 1\nretry_after = \"2s\"\n")
+        .raw(&token.section())
         .start();
     let answers = burst(
         &[protected.addr],
@@ -402,6 +404,19 @@ fn a_refusal_says_the_upstream_is_protected_and_when_to_come_back() {
         );
     }
     assert_eq!(count_status(&answers, 200) + shed.len(), 20);
+    // The status page's line.
+    let bearer = format!("Bearer {}", common::admin_token::TOKEN);
+    let status = request(
+        protected.admin.expect("admin"),
+        "GET",
+        "/v1/status",
+        &[("Authorization", &bearer)],
+        b"",
+    );
+    assert_eq!(status.status, 200, "{}", status.body);
+    let status: serde_json::Value = serde_json::from_str(&status.body).expect("JSON");
+    assert_eq!(status["protection"]["limit"], 1, "{status}");
+    assert_eq!(status["protection"]["shed"], shed.len(), "{status}");
     // Not a refusal by a limit: no 429 was counted.
     assert_eq!(
         protected.metric("floodgate_requests_total{class=\"4xx\"}"),

@@ -304,6 +304,7 @@ impl Admin {
             connections_open: state.metrics.connections.open.get(),
             in_flight: state.in_flight(),
             admin_connections_open: state.metrics.admin_connections.open.get(),
+            protection: state.protection.snapshot(),
         })
     }
 

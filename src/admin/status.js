@@ -159,6 +159,19 @@
     setText($("conn-admin"), count(c.admin_open));
   }
 
+  function renderProtection(p) {
+    var box = $("protection");
+    box.hidden = !p;
+    if (!p) return;
+    setText($("protection-limit"), count(p.limit));
+    setText($("protection-in-flight"), count(p.in_flight));
+    setText(
+      $("protection-latency"),
+      num(p.latency_ms).toFixed(1) + " ms (" + num(p.min_latency_ms).toFixed(1) + ")"
+    );
+    setText($("protection-shed"), count(p.shed));
+  }
+
   /* ---------- limits ---------- */
 
   function niceMax(v) {
@@ -454,6 +467,7 @@
     renderHeader(data, now);
     renderStore(data.store, now);
     renderConnections(data.connections);
+    renderProtection(data.protection);
     renderLimits(Array.isArray(data.limits) ? data.limits : [], data, now);
     renderTopRefused(Array.isArray(data.top_refused) ? data.top_refused : [], now);
     renderReloads(Array.isArray(data.reloads) ? data.reloads : [], now);
