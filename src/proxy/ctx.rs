@@ -53,16 +53,24 @@ pub struct RequestCtx {
     pub(super) verdict: Option<Verdict>,
     /// Rate-limit headers to add to the upstream's response.
     pub(super) rate_headers: Vec<crate::headers::Header>,
-    /// The body read before the decision, sent upstream in place of what
-    /// Pingora replays (`request_body`).
-    pub(super) held_body: Option<bytes::Bytes>,
-    /// The held body was made to ask for its stream's usage (`include_usage`).
-    pub(super) usage_asked: bool,
+    /// The body read before the decision (`request_body`), boxed: most
+    /// requests have none, and every byte of the context is copied as
+    /// Pingora moves a request's future.
+    pub(super) held: Option<Box<HeldBody>>,
     /// A place among the requests in flight to a protected upstream.
     pub(super) protection: Option<crate::protection::Permit>,
-    /// Takes the usage chunk the client did not ask for out of its stream.
-    pub(super) usage_stripper: Option<crate::usage::include_usage::UsageChunkStripper>,
+
     pub(super) _in_flight: InFlight,
+}
+
+/// A body read before the decision, sent upstream in place of what Pingora
+/// replays.
+pub(super) struct HeldBody {
+    pub(super) bytes: bytes::Bytes,
+    /// Made to ask for its stream's usage (`include_usage`).
+    pub(super) usage_asked: bool,
+    /// Takes the usage chunk the client did not ask for out of its stream.
+    pub(super) stripper: Option<crate::usage::include_usage::UsageChunkStripper>,
 }
 
 /// A layer charged by the usage its response's body reports, and the

@@ -20,7 +20,7 @@ use super::answer::{
     respond, respond_grpc, shed, too_many_in_flight, write_headers, GrpcStatus,
 };
 use super::charges;
-use super::ctx::{peer_ip, RequestCtx};
+use super::ctx::{peer_ip, HeldBody, RequestCtx};
 use super::decide::{ban_refusals, decide, refused};
 use super::forwarding::{
     request_id_of, strip_what_the_client_may_not_say, tell_the_upstream_who_asked, HOST,
@@ -338,13 +338,20 @@ impl Gateway {
         let mut view = view_of(session.req_header(), &path, host.as_deref(), client);
         view.body = read.as_ref().and_then(|r| r.fields.as_ref());
         let planned = policy.plan(&view);
-        ctx.held_body = read.map(|r| r.held);
-        if let (Ok(Plan::Check(layers)), Some(held)) = (&planned, &ctx.held_body) {
-            if let Some(asking) = ask_for_usage_where_wanted(layers, held) {
-                ctx.held_body = Some(asking);
-                ctx.usage_asked = true;
+        ctx.held = read.map(|r| {
+            let mut held = HeldBody {
+                bytes: r.held,
+                usage_asked: false,
+                stripper: None,
+            };
+            if let Ok(Plan::Check(layers)) = &planned {
+                if let Some(asking) = ask_for_usage_where_wanted(layers, &held.bytes) {
+                    held.bytes = asking;
+                    held.usage_asked = true;
+                }
             }
-        }
+            Box::new(held)
+        });
         self.planned(planned, earlier)
     }
 
@@ -587,10 +594,8 @@ impl ProxyHttp for Gateway {
             upstream_status: None,
             verdict: None,
             rate_headers: Vec::new(),
-            held_body: None,
-            usage_asked: false,
+            held: None,
             protection: None,
-            usage_stripper: None,
             _in_flight: self.state.request_started(),
         }
     }
@@ -658,8 +663,8 @@ impl ProxyHttp for Gateway {
     ) -> Result<()> {
         // Pingora replays the tail of a body read before the decision; the
         // whole of it goes in its place (each try upstream).
-        if let (Some(held), Some(_)) = (&ctx.held_body, body.as_ref()) {
-            *body = Some(held.clone());
+        if let (Some(held), Some(_)) = (&ctx.held, body.as_ref()) {
+            *body = Some(held.bytes.clone());
         }
         if end_of_stream {
             if let Some(clock) = &ctx.head_clock {
@@ -742,13 +747,11 @@ impl ProxyHttp for Gateway {
             }
             add_request_id(h, ctx)
         })?;
-        if ctx.usage_asked {
-            if let Some(held) = &ctx.held_body {
-                // The body grew; and the stream must come uncompressed for
-                // its usage chunk to be taken out.
-                upstream_request.insert_header(http::header::CONTENT_LENGTH, held.len())?;
-                upstream_request.remove_header(&http::header::ACCEPT_ENCODING);
-            }
+        if let Some(held) = ctx.held.as_ref().filter(|h| h.usage_asked) {
+            // The body grew; and the stream must come uncompressed for its
+            // usage chunk to be taken out.
+            upstream_request.insert_header(http::header::CONTENT_LENGTH, held.bytes.len())?;
+            upstream_request.remove_header(&http::header::ACCEPT_ENCODING);
         }
         ctx.upstream_sent = Some(Instant::now());
         Ok(())
@@ -785,10 +788,12 @@ impl ProxyHttp for Gateway {
                 slots.upgraded();
             }
         }
-        if ctx.usage_asked && status.is_success() && is_plain_event_stream(upstream_response) {
-            ctx.usage_stripper = Some(Default::default());
-            // What the client gets is shorter than what the upstream sent.
-            upstream_response.remove_header(&http::header::CONTENT_LENGTH);
+        if let Some(held) = ctx.held.as_mut().filter(|h| h.usage_asked) {
+            if status.is_success() && is_plain_event_stream(upstream_response) {
+                held.stripper = Some(Default::default());
+                // What the client gets is shorter than what the upstream sent.
+                upstream_response.remove_header(&http::header::CONTENT_LENGTH);
+            }
         }
         let headers = std::mem::take(&mut ctx.rate_headers);
         let preserve_case = ctx.runtime.upstream.settings().preserve_header_case;
@@ -822,7 +827,7 @@ impl ProxyHttp for Gateway {
         end_of_stream: bool,
         ctx: &mut Self::CTX,
     ) -> Result<Option<Duration>> {
-        if let Some(stripper) = &mut ctx.usage_stripper {
+        if let Some(stripper) = ctx.held.as_mut().and_then(|h| h.stripper.as_mut()) {
             let mut out = Vec::with_capacity(body.as_ref().map_or(0, |b| b.len()));
             if let Some(chunk) = body.as_deref() {
                 stripper.feed(chunk, &mut out);
