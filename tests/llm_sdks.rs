@@ -128,6 +128,24 @@ fn an_sdk_left_to_retry_waits_out_the_refusal_and_gets_through() {
     assert_eq!(upstream.answered(), Some(4), "each call reached it once");
 }
 
+/// In front of `upstream` with the admin API on: `openai-tokens`, a
+/// million an hour per address on chat completions, charged by their
+/// OpenAI usage (`cost`, what `cost_from_response` holds).
+fn openai_tokens(
+    upstream: SocketAddr,
+    token: &common::admin_token::TokenFile,
+    cost: &str,
+) -> ConfigBuilder {
+    ConfigBuilder::new(upstream)
+        .admin()
+        .raw(&token.section())
+        .limit(
+            Limit::fixed_window("openai-tokens", "ip", 1_000_000, "1h")
+                .matching("paths = [\"/v1/chat/completions\"]")
+                .line(&format!("cost_from_response = {{ {cost} }}")),
+        )
+}
+
 /// Units each limit charged the client at 127.0.0.1, by the admin API.
 fn charged(proxy: &common::Proxy) -> std::collections::BTreeMap<String, u64> {
     let bearer = format!("Bearer {}", common::admin_token::TOKEN);
@@ -245,15 +263,12 @@ fn each_answer_is_charged_the_usage_its_provider_reported_to_the_token() {
 fn sixty_answers_at_once_that_hide_spoil_or_cut_their_usage_are_each_charged() {
     let upstream = ProviderUpstream::start();
     let token = common::admin_token::TokenFile::new();
-    let proxy = ConfigBuilder::new(upstream.addr)
-        .admin()
-        .raw(&token.section())
-        .limit(
-            Limit::fixed_window("openai-tokens", "ip", 1_000_000, "1h")
-                .matching("paths = [\"/v1/chat/completions\"]")
-                .line("cost_from_response = { usage = \"openai\", max = 5000, default = 700 }"),
-        )
-        .start();
+    let proxy = openai_tokens(
+        upstream.addr,
+        &token,
+        "usage = \"openai\", max = 5000, default = 700",
+    )
+    .start();
     let seen = sdk("flood", proxy.addr);
     assert_eq!(seen["spoiled answered"], 20, "{seen}");
     assert_eq!(seen["no-usage answered"], 20, "{seen}");
@@ -405,15 +420,12 @@ fn forty_streams_over_two_instances_on_redis_never_pass_the_budget() {
 fn a_stream_made_to_report_its_usage_reaches_its_client_as_it_asked() {
     let upstream = ProviderUpstream::start();
     let token = common::admin_token::TokenFile::new();
-    let proxy = ConfigBuilder::new(upstream.addr)
-        .admin()
-        .raw(&token.section())
-        .limit(
-            Limit::fixed_window("openai-tokens", "ip", 1_000_000, "1h")
-                .matching("paths = [\"/v1/chat/completions\"]")
-                .line("cost_from_response = { usage = \"openai\", max = 5000, default = 700, include_usage = true }"),
-        )
-        .start();
+    let proxy = openai_tokens(
+        upstream.addr,
+        &token,
+        "usage = \"openai\", max = 5000, default = 700, include_usage = true",
+    )
+    .start();
     let seen = sdk_with(
         "unasked",
         proxy.addr,
