@@ -136,6 +136,7 @@ pub struct Metrics {
 pub struct ProtectionMetrics {
     pub limit: IntGauge,
     pub in_flight: IntGauge,
+    pub queued: IntGauge,
     pub min_latency_seconds: prometheus::Gauge,
     pub latency_seconds: prometheus::Gauge,
     /// By priority (the tier's name, or "other").
@@ -454,6 +455,10 @@ impl Metrics {
             in_flight: gauge(
                 "floodgate_protection_in_flight",
                 "Requests in flight to the upstream under its adaptive limit",
+            ),
+            queued: gauge(
+                "floodgate_protection_queued",
+                "Requests waiting for a place under the upstream's adaptive limit",
             ),
             min_latency_seconds: seconds(
                 "floodgate_protection_min_latency_seconds",

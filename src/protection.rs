@@ -1,13 +1,16 @@
 //! Protecting a fragile upstream (`[upstream.protection]`): requests in
 //! flight to it held under a limit that follows its latency
 //! (`controller`), each priority class allowed a share of that limit so
-//! that the lowest is refused first. Past its share a request is answered
-//! 503: the server protecting itself, not the client's quota. Each
-//! instance runs its own limit on what it sends.
+//! that the lowest is refused first. Past its share a request waits in a
+//! short queue when one is configured (highest priority first, bounded in
+//! length and in wait), and is otherwise answered 503: the server
+//! protecting itself, not the client's quota. Each instance runs its own
+//! limit on what it sends.
 
 pub mod controller;
 pub mod simulation;
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -29,17 +32,30 @@ pub struct ProtectionSettings {
     /// classes above it (in steps between them).
     pub reserve: f64,
     pub retry_after: Duration,
+    /// A request past its share waits for a place, at most this long,
+    /// among at most this many; none: it is refused at once.
+    pub queue: Option<QueueSettings>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueSettings {
+    pub max: usize,
+    pub timeout: Duration,
 }
 
 impl ProtectionSettings {
-    /// Requests in flight a request of `tier` may join, out of `limit`:
-    /// the whole limit for the highest class, less `reserve` of it for the
-    /// lowest, the classes between in even steps.
-    pub fn share(&self, tier: Option<&Tier>, limit: u32) -> usize {
+    /// A request's class: 0 the highest, `priority.len()` a tier not
+    /// listed.
+    pub fn rank(&self, tier: Option<&Tier>) -> usize {
+        tier.and_then(|tier| self.priority.iter().position(|t| t.name() == tier.name()))
+            .unwrap_or(self.priority.len())
+    }
+
+    /// Requests in flight a request of class `rank` may join, out of
+    /// `limit`: the whole limit for the highest class, less `reserve` of
+    /// it for the lowest, the classes between in even steps.
+    pub fn share(&self, rank: usize, limit: u32) -> usize {
         let classes = self.priority.len() + 1;
-        let rank = tier
-            .and_then(|tier| self.priority.iter().position(|t| t.name() == tier.name()))
-            .unwrap_or(classes - 1);
         let held = if classes > 1 {
             self.reserve * rank as f64 / (classes - 1) as f64
         } else {
@@ -58,6 +74,11 @@ pub struct Protection {
     /// The controller's limit, read without its lock.
     limit: AtomicU32,
     in_flight: AtomicUsize,
+    /// Requests waiting for a place, by class; what a released place is
+    /// handed to (`queue`).
+    waiting: Mutex<Vec<VecDeque<tokio::sync::oneshot::Sender<()>>>>,
+    /// How many wait (some may have given up), read without the lock.
+    waiting_count: AtomicUsize,
     started: Instant,
     metrics: ProtectionMetrics,
 }
@@ -70,8 +91,13 @@ pub struct Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        let left = self.protection.in_flight.fetch_sub(1, Ordering::AcqRel) - 1;
-        self.protection.metrics.in_flight.set(left as i64);
+        let protection = &self.protection;
+        // The place goes to the first request waiting that may take it.
+        if protection.waiting_count.load(Ordering::Acquire) > 0 && protection.hand_over() {
+            return;
+        }
+        let left = protection.in_flight.fetch_sub(1, Ordering::AcqRel) - 1;
+        protection.metrics.in_flight.set(left as i64);
     }
 }
 
@@ -90,6 +116,8 @@ impl Protection {
             controller: Mutex::new(None),
             limit: AtomicU32::new(0),
             in_flight: AtomicUsize::new(0),
+            waiting: Mutex::new(Vec::new()),
+            waiting_count: AtomicUsize::new(0),
             started: Instant::now(),
             metrics,
         }
@@ -121,32 +149,154 @@ impl Protection {
     }
 
     /// A place for a request of `tier`, or the refusal; `None` while off.
-    pub fn admit(self: &Arc<Self>, tier: Option<&Tier>) -> Option<Result<Permit, Shed>> {
+    /// Past its share, the request waits in the queue (when there is one)
+    /// for a place to be handed to it.
+    pub async fn admit(self: &Arc<Self>, tier: Option<&Tier>) -> Option<Result<Permit, Shed>> {
         if !self.on.load(Ordering::Acquire) {
             return None;
         }
         let settings = self.settings.load_full()?;
-        let limit = self.limit.load(Ordering::Acquire);
-        let share = settings.share(tier, limit);
+        let rank = settings.rank(tier);
+        if self.try_take(&settings, rank) {
+            return Some(Ok(self.permit()));
+        }
+        let waited = match settings.queue {
+            Some(queue) => self.wait(&settings, rank, queue).await,
+            None => false,
+        };
+        if waited {
+            return Some(Ok(self.permit()));
+        }
+        let priority = match tier {
+            Some(tier) if rank < settings.priority.len() => tier.name(),
+            _ => "other",
+        };
+        self.metrics.shed.with_label_values(&[priority]).inc();
+        Some(Err(Shed {
+            limit: self.limit.load(Ordering::Acquire),
+            retry_after: settings.retry_after,
+        }))
+    }
+
+    fn permit(self: &Arc<Self>) -> Permit {
+        Permit {
+            protection: self.clone(),
+        }
+    }
+
+    /// A place for class `rank`, if its share has one.
+    fn try_take(&self, settings: &ProtectionSettings, rank: usize) -> bool {
+        let share = settings.share(rank, self.limit.load(Ordering::Acquire));
         let before = self.in_flight.fetch_add(1, Ordering::AcqRel);
         if before >= share {
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
-            let priority = match tier {
-                Some(tier) if settings.priority.iter().any(|t| t.name() == tier.name()) => {
-                    tier.name()
-                }
-                _ => "other",
-            };
-            self.metrics.shed.with_label_values(&[priority]).inc();
-            return Some(Err(Shed {
-                limit,
-                retry_after: settings.retry_after,
-            }));
+            return false;
         }
         self.metrics.in_flight.set(before as i64 + 1);
-        Some(Ok(Permit {
-            protection: self.clone(),
-        }))
+        true
+    }
+
+    /// Waits for a place to be handed over, at most the queue's timeout;
+    /// whether one was.
+    async fn wait(&self, settings: &ProtectionSettings, rank: usize, queue: QueueSettings) -> bool {
+        let handed = {
+            let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+            // A place may have come free since the first try.
+            if self.try_take(settings, rank) {
+                return true;
+            }
+            waiting
+                .iter_mut()
+                .for_each(|q| q.retain(|tx| !tx.is_closed()));
+            let count: usize = waiting.iter().map(VecDeque::len).sum();
+            if count >= queue.max {
+                return false;
+            }
+            if waiting.len() <= rank {
+                waiting.resize_with(rank + 1, VecDeque::new);
+            }
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            waiting[rank].push_back(tx);
+            self.waiting_count.store(count + 1, Ordering::Release);
+            self.metrics.queued.set(count as i64 + 1);
+            rx
+        };
+        let got = matches!(
+            tokio::time::timeout(queue.timeout, handed).await,
+            Ok(Ok(()))
+        );
+        if !got {
+            // Gone from the queue's count; its sender is dropped when next
+            // met (a place offered to it goes on to the next).
+            let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+            waiting
+                .iter_mut()
+                .for_each(|q| q.retain(|tx| !tx.is_closed()));
+            let count: usize = waiting.iter().map(VecDeque::len).sum();
+            self.waiting_count.store(count, Ordering::Release);
+            self.metrics.queued.set(count as i64);
+        }
+        got
+    }
+
+    /// Hands the place a request gives back to the first waiting request,
+    /// highest class first, whose share allows it; whether one took it (the
+    /// count in flight then stays as it is).
+    fn hand_over(&self) -> bool {
+        let Some(settings) = self.settings.load_full() else {
+            return false;
+        };
+        let limit = self.limit.load(Ordering::Acquire);
+        let after_release = self.in_flight.load(Ordering::Acquire).saturating_sub(1);
+        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        let mut handed = false;
+        for (rank, queue) in waiting.iter_mut().enumerate() {
+            if after_release >= settings.share(rank, limit) {
+                continue;
+            }
+            while let Some(tx) = queue.pop_front() {
+                if tx.send(()).is_ok() {
+                    handed = true;
+                    break;
+                }
+            }
+            if handed {
+                break;
+            }
+        }
+        let count: usize = waiting.iter().map(VecDeque::len).sum();
+        self.waiting_count.store(count, Ordering::Release);
+        self.metrics.queued.set(count as i64);
+        handed
+    }
+
+    /// Places the limit grew by, handed to the requests waiting.
+    fn admit_waiting(&self) {
+        if self.waiting_count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let Some(settings) = self.settings.load_full() else {
+            return;
+        };
+        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        for (rank, queue) in waiting.iter_mut().enumerate() {
+            while !queue.is_empty() && self.try_take(&settings, rank) {
+                let mut taken = false;
+                while let Some(tx) = queue.pop_front() {
+                    if tx.send(()).is_ok() {
+                        taken = true;
+                        break;
+                    }
+                }
+                if !taken {
+                    // Nobody left to take it.
+                    self.in_flight.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+        }
+        let count: usize = waiting.iter().map(VecDeque::len).sum();
+        self.waiting_count.store(count, Ordering::Release);
+        self.metrics.queued.set(count as i64);
     }
 
     /// What the status page shows; none while off.
@@ -163,6 +313,7 @@ impl Protection {
         Some(serde_json::json!({
             "limit": self.limit.load(Ordering::Acquire),
             "in_flight": self.in_flight.load(Ordering::Acquire),
+            "queued": self.waiting_count.load(Ordering::Acquire),
             "min_latency_ms": self.metrics.min_latency_seconds.get() * 1e3,
             "latency_ms": self.metrics.latency_seconds.get() * 1e3,
             "shed": shed,
@@ -186,6 +337,8 @@ impl Protection {
             self.metrics
                 .latency_seconds
                 .set(concluded.median_us as f64 / 1e6);
+            drop(controller);
+            self.admit_waiting();
         }
     }
 }

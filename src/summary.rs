@@ -52,7 +52,7 @@ pub fn describe(config: &Config) -> String {
         order.push("others".into());
         let _ = writeln!(
             out,
-            "protect   requests in flight to the upstream within {}..{} (from {}), following its latency (up to {} x its minimum, every {} ms, measured again every {} s); shed from the lowest of {} ({}% held from it), 503 Retry-After {} s",
+            "protect   requests in flight to the upstream within {}..{} (from {}), following its latency (up to {} x its minimum, every {} ms, measured again every {} s); shed from the lowest of {} ({}% held from it), {}503 Retry-After {} s",
             c.min,
             c.max,
             c.initial,
@@ -61,6 +61,11 @@ pub fn describe(config: &Config) -> String {
             c.probe_interval_us / 1_000_000,
             order.join(" > "),
             (p.reserve * 100.0).round(),
+            p.queue.map_or(String::new(), |q| format!(
+                "after a wait of at most {} ms among at most {} waiting, ",
+                q.timeout.as_millis(),
+                q.max
+            )),
             p.retry_after.as_secs().max(1)
         );
     }

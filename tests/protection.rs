@@ -461,3 +461,80 @@ fn the_limit_follows_a_capacity_that_doubles_then_halves_within_a_second() {
         );
     }
 }
+
+/// One request at a time at the upstream, a queue of `max` waiting up to
+/// `timeout`.
+fn queued(fragile: &Fragile, max: usize, timeout: &str) -> Proxy {
+    tiers(ConfigBuilder::new(fragile.addr))
+        .raw(&format!(
+            "[upstream.protection]\nmin = 1\nmax = 1\ninitial = 1\npriority = [\"pro\", \"free\"]\nreserve = 0.0\nqueue = {{ max = {max}, timeout = \"{timeout}\" }}\n"
+        ))
+        .start()
+}
+
+#[test]
+fn a_short_queue_holds_a_burst_and_serves_its_highest_priority_first() {
+    let _alone = alone();
+    let fragile = Fragile::start(1);
+    // 8 at once, one place: all wait their turn (8 x 40 ms, within 2 s).
+    let proxy = queued(&fragile, 10, "2s");
+    let answers = burst(&[proxy.addr], 8, "GET", "/", &[("X-API-Key", "free-key")]);
+    assert_eq!(count_status(&answers, 200), 8);
+    // Past the queue's length, refused at once.
+    let answers = burst(&[proxy.addr], 30, "GET", "/", &[("X-API-Key", "free-key")]);
+    let served = count_status(&answers, 200);
+    assert_eq!(served + count_status(&answers, 503), 30);
+    assert!((8..=16).contains(&served), "{served} served of 30");
+    // A pro request that comes after ten free ones waiting goes first.
+    let free: Vec<_> = (0..10)
+        .map(|_| {
+            let addr = proxy.addr;
+            thread::spawn(move || {
+                let asked = Instant::now();
+                let r = request(addr, "GET", "/", &[("X-API-Key", "free-key")], b"");
+                (r.status, asked.elapsed())
+            })
+        })
+        .collect();
+    assert!(
+        wait_until(Duration::from_secs(5), || proxy
+            .metric("floodgate_protection_queued")
+            >= 9.0),
+        "{} queued",
+        proxy.metric("floodgate_protection_queued")
+    );
+    let asked = Instant::now();
+    let pro = request(proxy.addr, "GET", "/", &[("X-API-Key", "pro-key")], b"");
+    let pro_took = asked.elapsed();
+    assert_eq!(pro.status, 200);
+    let free: Vec<(u16, Duration)> = free.into_iter().map(|h| h.join().expect("free")).collect();
+    assert!(free.iter().all(|(status, _)| *status == 200));
+    let slowest_free = free.iter().map(|(_, took)| *took).max().unwrap_or_default();
+    // The pro request waited for the one being served, not for the nine.
+    assert!(pro_took < 4 * LATENCY, "pro took {pro_took:?}");
+    assert!(
+        slowest_free > 8 * LATENCY,
+        "the last free took {slowest_free:?}"
+    );
+}
+
+#[test]
+fn a_wait_that_runs_out_is_refused_in_its_time() {
+    let _alone = alone();
+    let fragile = Fragile::start(1);
+    let proxy = queued(&fragile, 100, "50ms");
+    let asked = Instant::now();
+    let answers = burst(&[proxy.addr], 20, "GET", "/", &[("X-API-Key", "free-key")]);
+    let took = asked.elapsed();
+    let shed: Vec<&Response> = answers.iter().filter(|r| r.status == 503).collect();
+    // 40 ms each: one at once, one more within the 50 ms wait.
+    assert!(
+        count_status(&answers, 200) <= 3,
+        "{}",
+        count_status(&answers, 200)
+    );
+    assert_eq!(count_status(&answers, 200) + shed.len(), 20);
+    assert!(shed.iter().all(|r| r.body.contains("upstream_protected")));
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert_eq!(proxy.metric("floodgate_protection_queued"), 0.0);
+}

@@ -179,6 +179,15 @@ pub(super) struct ProtectionSection {
     pub(super) priority: Vec<String>,
     pub(super) reserve: Option<f64>,
     pub(super) retry_after: Option<String>,
+    pub(super) queue: Option<QueueSection>,
+}
+
+/// `queue = { max = 64, timeout = "250ms" }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct QueueSection {
+    pub(super) max: i64,
+    pub(super) timeout: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

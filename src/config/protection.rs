@@ -8,7 +8,7 @@ use super::source::Segment;
 use super::{at, duration, key_path, Invalid};
 use crate::identity::Tiers;
 use crate::protection::controller::ControllerSettings;
-use crate::protection::ProtectionSettings;
+use crate::protection::{ProtectionSettings, QueueSettings};
 
 pub(super) fn validate_protection(
     p: &ProtectionSection,
@@ -83,6 +83,35 @@ pub(super) fn validate_protection(
         }
         priority.push(tier);
     }
+    let queue = match &p.queue {
+        None => None,
+        Some(q) => {
+            let at_queue = |key: &str| key_path(&[&"upstream", &"protection", &"queue"], key);
+            let max = usize::try_from(q.max)
+                .ok()
+                .filter(|m| (1..=100_000).contains(m))
+                .ok_or_else(|| {
+                    (
+                        at_queue("max"),
+                        "must be a whole number from 1 to 100000".to_string(),
+                    )
+                })?;
+            let timeout = duration(
+                &q.timeout,
+                Duration::from_millis(250),
+                &[&"upstream", &"protection", &"queue", &"timeout"],
+            )?;
+            // A wait counts against the client's own deadline, which is
+            // seconds for most clients: a queue holds a burst, not a backlog.
+            if timeout.is_zero() || timeout > Duration::from_secs(10) {
+                return Err((
+                    at_queue("timeout"),
+                    "must be longer than 0 and at most 10s: a wait counts against the client's own deadline".into(),
+                ));
+            }
+            Some(QueueSettings { max, timeout })
+        }
+    };
     let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
     Ok(ProtectionSettings {
         controller: ControllerSettings {
@@ -95,6 +124,7 @@ pub(super) fn validate_protection(
         },
         priority,
         reserve,
+        queue,
         retry_after: duration(
             &p.retry_after,
             Duration::from_secs(1),

@@ -627,29 +627,32 @@ impl ProxyHttp for Gateway {
     async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
         let decided = async {
             self.receive(session, ctx)?;
-            let delay_us = match self.plan(session, ctx).await? {
-                Some((layers, earlier)) => self.decide(session, ctx, layers, earlier).await?,
-                None => 0,
+            let Some((layers, earlier)) = self.plan(session, ctx).await? else {
+                return Ok(0);
             };
-            // Admitted by every limit: a place at the upstream, if it is
-            // protected.
-            let tier = ctx.client.as_ref().map(|c| &c.tier);
-            match self.state.protection.admit(tier) {
-                None => {}
-                Some(Ok(permit)) => ctx.protection = Some(permit),
-                Some(Err(refusal)) => return Err(Answer::Shed(refusal)),
-            }
-            Ok(delay_us)
+            self.decide(session, ctx, layers, earlier).await
         }
         .await;
-        match decided {
-            Ok(0) => Ok(false),
+        let answer = match decided {
             Ok(delay_us) => {
-                tokio::time::sleep(Duration::from_micros(delay_us)).await;
-                Ok(false)
+                if delay_us > 0 {
+                    tokio::time::sleep(Duration::from_micros(delay_us)).await;
+                }
+                // Admitted by every limit (a leaky bucket's wait over): a
+                // place at the upstream, if it is protected.
+                let tier = ctx.client.as_ref().map(|c| &c.tier);
+                match self.state.protection.admit(tier).await {
+                    None => return Ok(false),
+                    Some(Ok(permit)) => {
+                        ctx.protection = Some(permit);
+                        return Ok(false);
+                    }
+                    Some(Err(refusal)) => Answer::Shed(refusal),
+                }
             }
-            Err(answer) => self.answer(session, ctx, answer).await,
-        }
+            Err(answer) => answer,
+        };
+        self.answer(session, ctx, answer).await
     }
 
     /// HTTP/1 bodies are paced by the connection's clock, HTTP/2 ones by
