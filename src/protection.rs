@@ -148,6 +148,10 @@ impl Protection {
         self.settings.store(settings.map(Arc::new));
     }
 
+    pub fn is_on(&self) -> bool {
+        self.on.load(Ordering::Acquire)
+    }
+
     /// A place for a request of `tier`, or the refusal; `None` while off.
     /// Past its share, the request waits in the queue (when there is one)
     /// for a place to be handed to it.

@@ -326,15 +326,21 @@ impl Gateway {
         }
         // The body is read before the decision: the head's borrows let go.
         let path = path.into_owned();
-        let read = read_before_decision(session, policy.max_body, &policy.body_fields)
-            .await
-            .map_err(|e| match e {
-                BodyReadError::Ambiguous(e) => Answer::bad_request("ambiguous_body", e.to_string()),
-                BodyReadError::Read(e) => Answer::Failed(e),
-                e @ BodyReadError::NotReplayable => {
-                    Answer::Failed(Error::explain(ErrorType::InternalError, e.to_string()))
-                }
-            })?;
+        // Boxed: its state would otherwise make every request's future
+        // larger, and Pingora moves that future byte by byte.
+        let read = Box::pin(read_before_decision(
+            session,
+            policy.max_body,
+            &policy.body_fields,
+        ))
+        .await
+        .map_err(|e| match e {
+            BodyReadError::Ambiguous(e) => Answer::bad_request("ambiguous_body", e.to_string()),
+            BodyReadError::Read(e) => Answer::Failed(e),
+            e @ BodyReadError::NotReplayable => {
+                Answer::Failed(Error::explain(ErrorType::InternalError, e.to_string()))
+            }
+        })?;
         let mut view = view_of(session.req_header(), &path, host.as_deref(), client);
         view.body = read.as_ref().and_then(|r| r.fields.as_ref());
         let planned = policy.plan(&view);
@@ -640,8 +646,12 @@ impl ProxyHttp for Gateway {
                 }
                 // Admitted by every limit (a leaky bucket's wait over): a
                 // place at the upstream, if it is protected.
+                if !self.state.protection.is_on() {
+                    return Ok(false);
+                }
                 let tier = ctx.client.as_ref().map(|c| &c.tier);
-                match self.state.protection.admit(tier).await {
+                // Boxed, as the body's read, for its queue's wait.
+                match Box::pin(self.state.protection.admit(tier)).await {
                     None => return Ok(false),
                     Some(Ok(permit)) => {
                         ctx.protection = Some(permit);
