@@ -17,8 +17,9 @@ cd "$(dirname "$0")/.."
 REQUESTS="${REQUESTS:-2000}"
 # PROFILE=release counts release builds (no second LTO build for profiling);
 # H2=1 adds the same cases over h2c (prior knowledge), through the HTTP/2
-# frame watch; FLOODGATE_LOG sets RUST_LOG (warn by default; info is the
-# shipped default, where refusals are logged).
+# frame watch; PROTECT=1 adds the last build under a concurrency limit and
+# under [upstream.protection]; FLOODGATE_LOG sets RUST_LOG (warn by default;
+# info is the shipped default, where refusals are logged).
 PROFILE="${PROFILE:-profiling}"
 source scripts/bench_tools.sh
 
@@ -87,6 +88,25 @@ for binary in "${BINARIES[@]}"; do
   conf "$NEVER"; count "$name memory, admitting" "$binary" --config "$WORK/fg.toml"
   conf "$ABUSE"; count "$name memory, refusing" "$binary" --config "$WORK/fg.toml"
 done
+# PROTECT=1: the last build admitting under a fixed concurrency limit, and
+# under [upstream.protection] instead (neither reached), beside each other.
+if [ "${PROTECT:-0}" = 1 ]; then
+  binary="${BINARIES[${#BINARIES[@]}-1]}"
+  name="$(basename "$binary")"
+  conf "$NEVER
+[[limits]]
+name = \"in-flight\"
+key = \"global\"
+algorithm = \"concurrency\"
+max = 1000000"
+  count "$name memory, admitting, concurrency limit" "$binary" --config "$WORK/fg.toml"
+  conf "[upstream.protection]
+min = 1
+max = 1000000
+initial = 1000000
+$NEVER"
+  count "$name memory, admitting, upstream protected" "$binary" --config "$WORK/fg.toml"
+fi
 if [ "${H2:-0}" = 1 ]; then
   OHA_FLAGS="--http2"
   for binary in "${BINARIES[@]}"; do
