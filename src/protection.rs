@@ -19,15 +19,16 @@ use arc_swap::ArcSwapOption;
 
 use crate::identity::Tier;
 use crate::metrics::ProtectionMetrics;
+use crate::policy::{Matcher, RequestView};
 use controller::{Controller, ControllerSettings};
 
 /// `[upstream.protection]`, validated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProtectionSettings {
     pub controller: ControllerSettings,
-    /// Tiers from the highest priority down, compared by name (ids are a
-    /// configuration's own); a tier not listed is below them all.
-    pub priority: Vec<Tier>,
+    /// Classes from the highest priority down; a request in none is below
+    /// them all.
+    pub priority: Vec<PriorityClass>,
     /// The share of the limit the lowest class may not take, held for the
     /// classes above it (in steps between them).
     pub reserve: f64,
@@ -37,6 +38,39 @@ pub struct ProtectionSettings {
     pub queue: Option<QueueSettings>,
 }
 
+/// A class of requests, by its tier or by a match on its head.
+#[derive(Debug, Clone)]
+pub enum PriorityClass {
+    /// Compared by name: ids are a configuration's own.
+    Tier(Tier),
+    Match {
+        name: Box<str>,
+        matcher: Matcher,
+    },
+}
+
+impl PartialEq for PriorityClass {
+    fn eq(&self, other: &PriorityClass) -> bool {
+        self.name() == other.name()
+    }
+}
+
+impl PriorityClass {
+    pub fn name(&self) -> &str {
+        match self {
+            PriorityClass::Tier(tier) => tier.name(),
+            PriorityClass::Match { name, .. } => name,
+        }
+    }
+
+    fn takes(&self, request: &RequestView<'_>) -> bool {
+        match self {
+            PriorityClass::Tier(tier) => request.client.tier.name() == tier.name(),
+            PriorityClass::Match { matcher, .. } => matcher.applies(request),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueueSettings {
     pub max: usize,
@@ -44,11 +78,19 @@ pub struct QueueSettings {
 }
 
 impl ProtectionSettings {
-    /// A request's class: 0 the highest, `priority.len()` a tier not
-    /// listed.
-    pub fn rank(&self, tier: Option<&Tier>) -> usize {
-        tier.and_then(|tier| self.priority.iter().position(|t| t.name() == tier.name()))
+    /// A request's class: the first that takes it, 0 the highest;
+    /// `priority.len()` for none (or a request not identified).
+    pub fn rank(&self, request: Option<&RequestView<'_>>) -> usize {
+        request
+            .and_then(|r| self.priority.iter().position(|c| c.takes(r)))
             .unwrap_or(self.priority.len())
+    }
+
+    /// Whether a class reads more of the request than its tier.
+    pub fn matches_requests(&self) -> bool {
+        self.priority
+            .iter()
+            .any(|c| matches!(c, PriorityClass::Match { .. }))
     }
 
     /// Requests in flight a request of class `rank` may join, out of
@@ -138,8 +180,8 @@ impl Protection {
                 None => *controller = Some(Controller::new(s.controller, self.now_us())),
             },
         }
-        for tier in settings.iter().flat_map(|s| &s.priority) {
-            self.metrics.shed.with_label_values(&[tier.name()]);
+        for class in settings.iter().flat_map(|s| &s.priority) {
+            self.metrics.shed.with_label_values(&[class.name()]);
         }
         let limit = controller.as_ref().map_or(0, Controller::limit);
         self.limit.store(limit, Ordering::Release);
@@ -148,33 +190,39 @@ impl Protection {
         self.settings.store(settings.map(Arc::new));
     }
 
-    pub fn is_on(&self) -> bool {
-        self.on.load(Ordering::Acquire)
+    /// The settings while on.
+    pub fn settings(&self) -> Option<Arc<ProtectionSettings>> {
+        if !self.on.load(Ordering::Acquire) {
+            return None;
+        }
+        self.settings.load_full()
     }
 
     /// A place for a request of `tier`, or the refusal; `None` while off.
     /// Past its share, the request waits in the queue (when there is one)
     /// for a place to be handed to it.
-    pub async fn admit(self: &Arc<Self>, tier: Option<&Tier>) -> Option<Result<Permit, Shed>> {
+    pub async fn admit(
+        self: &Arc<Self>,
+        settings: &ProtectionSettings,
+        rank: usize,
+    ) -> Option<Result<Permit, Shed>> {
         if !self.on.load(Ordering::Acquire) {
             return None;
         }
-        let settings = self.settings.load_full()?;
-        let rank = settings.rank(tier);
-        if self.try_take(&settings, rank) {
+        if self.try_take(settings, rank) {
             return Some(Ok(self.permit()));
         }
         let waited = match settings.queue {
-            Some(queue) => self.wait(&settings, rank, queue).await,
+            Some(queue) => self.wait(settings, rank, queue).await,
             None => false,
         };
         if waited {
             return Some(Ok(self.permit()));
         }
-        let priority = match tier {
-            Some(tier) if rank < settings.priority.len() => tier.name(),
-            _ => "other",
-        };
+        let priority = settings
+            .priority
+            .get(rank)
+            .map_or("other", PriorityClass::name);
         self.metrics.shed.with_label_values(&[priority]).inc();
         Some(Err(Shed {
             limit: self.limit.load(Ordering::Acquire),

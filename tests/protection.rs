@@ -538,3 +538,41 @@ fn a_wait_that_runs_out_is_refused_in_its_time() {
     assert!(took < Duration::from_secs(2), "{took:?}");
     assert_eq!(proxy.metric("floodgate_protection_queued"), 0.0);
 }
+
+#[test]
+fn a_class_by_match_ranks_its_requests_whatever_their_tier() {
+    let _alone = alone();
+    let fragile = Fragile::start(1);
+    let proxy = tiers(ConfigBuilder::new(fragile.addr))
+        .raw(
+            "[upstream.protection]\nmin = 1\nmax = 1\ninitial = 1\nreserve = 0.0\npriority = [{ name = \"checkout\", match = { paths = [\"/checkout/*\"] } }, \"pro\"]\nqueue = { max = 20, timeout = \"5s\" }\n",
+        )
+        .start();
+    let waiting: Vec<_> = (0..10)
+        .map(|_| {
+            let addr = proxy.addr;
+            thread::spawn(move || {
+                request(addr, "GET", "/", &[("X-API-Key", "pro-key")], b"").status
+            })
+        })
+        .collect();
+    assert!(wait_until(Duration::from_secs(5), || proxy
+        .metric("floodgate_protection_queued")
+        >= 9.0));
+    // A free client's checkout goes before pro's other requests.
+    let asked = Instant::now();
+    let checkout = request(
+        proxy.addr,
+        "GET",
+        "/checkout/42",
+        &[("X-API-Key", "free-key")],
+        b"",
+    );
+    assert_eq!(checkout.status, 200);
+    assert!(
+        asked.elapsed() < 4 * LATENCY,
+        "checkout took {:?}",
+        asked.elapsed()
+    );
+    assert!(waiting.into_iter().all(|h| h.join().expect("pro") == 200));
+}

@@ -176,10 +176,23 @@ pub(super) struct ProtectionSection {
     pub(super) window: Option<String>,
     pub(super) probe_interval: Option<String>,
     #[serde(default)]
-    pub(super) priority: Vec<String>,
+    pub(super) priority: Vec<PriorityEntry>,
     pub(super) reserve: Option<f64>,
     pub(super) retry_after: Option<String>,
     pub(super) queue: Option<QueueSection>,
+}
+
+/// A class of `[upstream.protection].priority`: a tier, or the requests a
+/// match takes (`{ name = "checkout", match = { paths = ["/checkout/*"] } }`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum PriorityEntry {
+    Tier(String),
+    Match {
+        name: String,
+        #[serde(rename = "match")]
+        matcher: MatchSection,
+    },
 }
 
 /// `queue = { max = 64, timeout = "250ms" }`.

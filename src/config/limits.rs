@@ -132,7 +132,7 @@ fn descriptor_match(
     })
 }
 
-fn validate_match(
+pub(super) fn validate_match(
     m: &MatchSection,
     path: &[&dyn AsSegment],
     compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,

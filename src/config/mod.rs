@@ -292,7 +292,7 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
         .upstream
         .protection
         .as_ref()
-        .map(|p| protection::validate_protection(p, &clients.tiers))
+        .map(|p| protection::validate_protection(p, &clients.tiers, &compile_pattern))
         .transpose()?;
     let override_rules = overrides::OverrideRules::new(limits::override_frames(&raw.limits));
     let rls = rls::validate_rls(raw.rls.as_ref(), &limits, tls.is_some())?;

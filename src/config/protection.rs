@@ -3,16 +3,19 @@
 
 use std::time::Duration;
 
-use super::file::ProtectionSection;
+use super::file::{PriorityEntry, ProtectionSection};
+use super::limits::validate_match;
 use super::source::Segment;
 use super::{at, duration, key_path, Invalid};
 use crate::identity::Tiers;
+use crate::policy::PathPattern;
 use crate::protection::controller::ControllerSettings;
-use crate::protection::{ProtectionSettings, QueueSettings};
+use crate::protection::{PriorityClass, ProtectionSettings, QueueSettings};
 
 pub(super) fn validate_protection(
     p: &ProtectionSection,
     tiers: &Tiers,
+    compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,
 ) -> Result<ProtectionSettings, Invalid> {
     let here = |key: &str| -> Vec<Segment> { key_path(&[&"upstream", &"protection"], key) };
     let fail = |key: &str, message: &str| -> Invalid { (here(key), message.to_string()) };
@@ -66,22 +69,48 @@ pub(super) fn validate_protection(
             "must be from 0.0 (every class shares the whole limit) to below 1.0",
         ));
     }
-    let mut priority = Vec::with_capacity(p.priority.len());
-    for (i, name) in p.priority.iter().enumerate() {
-        let Some(tier) = tiers.get(name) else {
-            let known: Vec<&str> = tiers.names().collect();
-            return Err(at(
-                &[&"upstream", &"protection", &"priority", &i],
-                format!("\"{name}\" is no tier (known: {})", known.join(", ")),
-            ));
+    let mut priority: Vec<PriorityClass> = Vec::with_capacity(p.priority.len());
+    for (i, entry) in p.priority.iter().enumerate() {
+        let class = match entry {
+            PriorityEntry::Tier(name) => {
+                let Some(tier) = tiers.get(name) else {
+                    let known: Vec<&str> = tiers.names().collect();
+                    return Err(at(
+                        &[&"upstream", &"protection", &"priority", &i],
+                        format!("\"{name}\" is no tier (known: {})", known.join(", ")),
+                    ));
+                };
+                PriorityClass::Tier(tier)
+            }
+            PriorityEntry::Match { name, matcher } => {
+                let path: [&dyn super::AsSegment; 5] =
+                    [&"upstream", &"protection", &"priority", &i, &"match"];
+                let matcher = validate_match(matcher, &path, compile_pattern)?;
+                if matcher.descriptors.is_some() || !matcher.body.is_empty() {
+                    return Err(at(
+                        &path,
+                        "a class is matched by the request's head: methods, paths, hosts, headers",
+                    ));
+                }
+                if name.is_empty() || tiers.get(name).is_some() {
+                    return Err(at(
+                        &[&"upstream", &"protection", &"priority", &i, &"name"],
+                        "name the class, with a name that is no tier's",
+                    ));
+                }
+                PriorityClass::Match {
+                    name: name.as_str().into(),
+                    matcher,
+                }
+            }
         };
-        if priority.contains(&tier) {
+        if priority.iter().any(|c| c.name() == class.name()) {
             return Err(at(
                 &[&"upstream", &"protection", &"priority", &i],
-                format!("\"{name}\" is listed twice"),
+                format!("\"{}\" is listed twice", class.name()),
             ));
         }
-        priority.push(tier);
+        priority.push(class);
     }
     let queue = match &p.queue {
         None => None,

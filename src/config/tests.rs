@@ -309,6 +309,10 @@ fn errors_name_line_and_key() {
             "t.toml:6: upstream.protection.queue.timeout: must be longer than 0 and at most 10s: a wait counts against the client's own deadline",
         ),
         (
+            "[server]\nlisten = \"127.0.0.1:8080\"\n[upstream]\nservers = [\"a:1\"]\n[upstream.protection]\npriority = [{ name = \"internal\", match = { paths = [\"/a\"] } }]\n",
+            "t.toml:6: upstream.protection.priority[0].name: name the class, with a name that is no tier's",
+        ),
+        (
             "[server]\nlisten = \"127.0.0.1:8080\"\n[upstream]\nservers = [\"a:1\"]\n[upstream.protection]\nreserve = 1.0\n",
             "t.toml:6: upstream.protection.reserve: must be from 0.0 (every class shares the whole limit) to below 1.0",
         ),

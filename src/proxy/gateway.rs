@@ -67,6 +67,52 @@ fn view_of<'a>(
     }
 }
 
+/// The request's class under the upstream's protection.
+fn protection_rank(
+    session: &Session,
+    ctx: &RequestCtx,
+    settings: &crate::protection::ProtectionSettings,
+) -> usize {
+    let Some(client) = &ctx.client else {
+        return settings.rank(None);
+    };
+    let request = session.req_header();
+    let policy = &ctx.runtime.policy;
+    let path = path_as_matched(policy, request);
+    let host = if settings.matches_requests() {
+        host_asked(request)
+    } else {
+        None
+    };
+    settings.rank(Some(&view_of(request, &path, host.as_deref(), client)))
+}
+
+/// The request's path as limits match it (lower case where paths are
+/// matched ignoring case).
+fn path_as_matched<'a>(policy: &Policy, request: &'a pingora::http::RequestHeader) -> Cow<'a, str> {
+    let path = request.uri.path();
+    if policy.paths.case_insensitive {
+        Cow::Owned(path.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(path)
+    }
+}
+
+/// The host asked for, normalised, if any.
+fn host_asked(request: &pingora::http::RequestHeader) -> Option<String> {
+    request
+        .uri
+        .host()
+        .or_else(|| {
+            request
+                .headers
+                .get(http::header::HOST)
+                .and_then(|h| h.to_str().ok())
+        })
+        .map(normalize_host)
+        .filter(|h| !h.is_empty())
+}
+
 impl Gateway {
     pub fn new(state: Arc<AppState>) -> Self {
         Gateway { state }
@@ -276,12 +322,7 @@ impl Gateway {
                 return Err(Answer::Blocked(reason));
             }
         }
-        let path = request.uri.path();
-        let path = if policy.paths.case_insensitive {
-            Cow::Owned(path.to_ascii_lowercase())
-        } else {
-            Cow::Borrowed(path)
-        };
+        let path = path_as_matched(policy, request);
         if let Some(stream) = &ctx.h2_stream {
             let grpc = &runtime.upstream.settings().grpc_paths;
             if grpc.iter().any(|p| p.matches(&path)) {
@@ -289,17 +330,7 @@ impl Gateway {
             }
         }
         let host = if policy.reads_host {
-            request
-                .uri
-                .host()
-                .or_else(|| {
-                    request
-                        .headers
-                        .get(http::header::HOST)
-                        .and_then(|h| h.to_str().ok())
-                })
-                .map(normalize_host)
-                .filter(|h| !h.is_empty())
+            host_asked(request)
         } else {
             None
         };
@@ -646,12 +677,12 @@ impl ProxyHttp for Gateway {
                 }
                 // Admitted by every limit (a leaky bucket's wait over): a
                 // place at the upstream, if it is protected.
-                if !self.state.protection.is_on() {
+                let Some(settings) = self.state.protection.settings() else {
                     return Ok(false);
-                }
-                let tier = ctx.client.as_ref().map(|c| &c.tier);
+                };
+                let rank = protection_rank(session, ctx, &settings);
                 // Boxed, as the body's read, for its queue's wait.
-                match Box::pin(self.state.protection.admit(tier)).await {
+                match Box::pin(self.state.protection.admit(&settings, rank)).await {
                     None => return Ok(false),
                     Some(Ok(permit)) => {
                         ctx.protection = Some(permit);
