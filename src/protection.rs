@@ -121,6 +121,10 @@ pub struct Protection {
     waiting: Mutex<Vec<VecDeque<tokio::sync::oneshot::Sender<()>>>>,
     /// How many wait (some may have given up), read without the lock.
     waiting_count: AtomicUsize,
+    /// Sheds since the last line, and when that was (µs on `started`): one
+    /// line every 10 s at most, whatever the flood.
+    shed_unlogged: AtomicUsize,
+    shed_logged_us: std::sync::atomic::AtomicU64,
     started: Instant,
     metrics: ProtectionMetrics,
 }
@@ -160,6 +164,8 @@ impl Protection {
             in_flight: AtomicUsize::new(0),
             waiting: Mutex::new(Vec::new()),
             waiting_count: AtomicUsize::new(0),
+            shed_unlogged: AtomicUsize::new(0),
+            shed_logged_us: std::sync::atomic::AtomicU64::new(0),
             started: Instant::now(),
             metrics,
         }
@@ -224,10 +230,36 @@ impl Protection {
             .get(rank)
             .map_or("other", PriorityClass::name);
         self.metrics.shed.with_label_values(&[priority]).inc();
+        self.log_shed();
         Some(Err(Shed {
             limit: self.limit.load(Ordering::Acquire),
             retry_after: settings.retry_after,
         }))
+    }
+
+    /// A line for the sheds, apart from refusals by limits (which are the
+    /// client's quota, and 429s): the first at once, then one every 10 s
+    /// with the count since.
+    fn log_shed(&self) {
+        const EVERY_US: u64 = 10_000_000;
+        self.shed_unlogged.fetch_add(1, Ordering::AcqRel);
+        let now = self.now_us().max(1);
+        let last = self.shed_logged_us.load(Ordering::Acquire);
+        if last != 0 && now.saturating_sub(last) < EVERY_US {
+            return;
+        }
+        if self
+            .shed_logged_us
+            .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            let count = self.shed_unlogged.swap(0, Ordering::AcqRel).max(1);
+            log::warn!(
+                "upstream protected: {count} request(s) answered 503 since the last line (limit {}, {} in flight)",
+                self.limit.load(Ordering::Acquire),
+                self.in_flight.load(Ordering::Acquire)
+            );
+        }
     }
 
     fn permit(self: &Arc<Self>) -> Permit {

@@ -404,6 +404,16 @@ fn a_refusal_says_the_upstream_is_protected_and_when_to_come_back() {
         );
     }
     assert_eq!(count_status(&answers, 200) + shed.len(), 20);
+    // One log line for the burst's sheds, told apart from limits' refusals.
+    assert!(wait_until(Duration::from_secs(2), || protected
+        .log()
+        .contains("upstream protected: 1 request(s) answered 503")));
+    assert_eq!(
+        protected.log().matches("upstream protected:").count(),
+        1,
+        "{}",
+        protected.log()
+    );
     // The status page's line.
     let bearer = format!("Bearer {}", common::admin_token::TOKEN);
     let status = request(
