@@ -7,6 +7,16 @@ use std::time::Duration;
 
 use super::{free_port, make_certificates, temp_dir, wait_until};
 
+/// A free port whose cluster bus port (its own plus 10,000) is free too.
+fn cluster_port() -> u16 {
+    loop {
+        let port = free_port();
+        if port <= 55_535 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
 pub struct RedisServer {
     pub port: u16,
     pub dir: PathBuf,
@@ -22,17 +32,32 @@ impl RedisServer {
         RedisServer::start_with(&[])
     }
 
+    /// A server with more arguments. Its port was free a moment ago, and
+    /// another test may take it meanwhile: a server that cannot bind it
+    /// exits, and is started again on another (a cluster node also needs
+    /// its bus port, its own plus 10,000, free).
     pub fn start_with(extra: &[&str]) -> RedisServer {
-        let mut server = RedisServer {
-            port: free_port(),
-            dir: temp_dir(),
-            child: None,
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-            password: None,
-            tls_ca: None,
-        };
-        server.spawn();
-        server
+        let cluster = extra.contains(&"--cluster-enabled");
+        let mut tries = 0;
+        loop {
+            let mut server = RedisServer {
+                port: if cluster { cluster_port() } else { free_port() },
+                dir: temp_dir(),
+                child: None,
+                extra: extra.iter().map(|s| s.to_string()).collect(),
+                password: None,
+                tls_ca: None,
+            };
+            tries += 1;
+            if server.try_spawn() || tries == 3 {
+                assert!(
+                    server.answers(),
+                    "redis-server on {} did not answer",
+                    server.port
+                );
+                return server;
+            }
+        }
     }
 
     /// A server that wants a password.
@@ -119,6 +144,23 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) {
+        assert!(
+            self.try_spawn(),
+            "redis-server on {} did not answer",
+            self.port
+        );
+    }
+
+    fn answers(&self) -> bool {
+        self.client()
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(500)))
+            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+            .is_ok()
+    }
+
+    /// Starts the process; whether it answers within 10 s (not if it
+    /// exited: its port was taken).
+    fn try_spawn(&mut self) -> bool {
         let port_args = if self.tls_ca.is_some() {
             Vec::new()
         } else {
@@ -134,15 +176,15 @@ impl RedisServer {
             .spawn()
             .expect("redis-server must be installed (scripts/test.sh installs it)");
         self.child = Some(child);
-        assert!(
-            wait_until(Duration::from_secs(10), || self
-                .client()
-                .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(500)))
-                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
-                .is_ok()),
-            "redis-server on {} did not answer",
-            self.port
-        );
+        let mut exited = false;
+        let answered = wait_until(Duration::from_secs(10), || {
+            exited = self
+                .child
+                .as_mut()
+                .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+            exited || self.answers()
+        });
+        answered && !exited
     }
 
     pub fn url(&self) -> String {
