@@ -274,12 +274,24 @@ fn read_line_lossy(reader: &mut impl BufRead) -> Option<String> {
     }
 }
 
-/// A port nobody listens on right now.
+/// A port nobody listens on right now, and never handed out before in
+/// this process: the kernel may give a port back to the next bind of port
+/// 0 once it is closed, and two proxies told the same port would both bind
+/// it (floodgate's listeners set SO_REUSEPORT) and share its connections,
+/// each test then talking to the other's proxy now and then.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+        let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// An address on 127.0.0.1 nobody listens on right now.
