@@ -148,11 +148,17 @@ fn openai_tokens(
 
 /// Units each limit charged the client at 127.0.0.1, by the admin API.
 fn charged(proxy: &common::Proxy) -> std::collections::BTreeMap<String, u64> {
+    spent(proxy.admin.expect("admin"), "ip=127.0.0.1")
+}
+
+/// Units each limit with a quota charged the client `/v1/clients?{client}`
+/// names, through the admin API at `admin`.
+fn spent(admin: SocketAddr, client: &str) -> std::collections::BTreeMap<String, u64> {
     let bearer = format!("Bearer {}", common::admin_token::TOKEN);
     let r = request(
-        proxy.admin.expect("admin"),
+        admin,
         "GET",
-        "/v1/clients?ip=127.0.0.1",
+        &format!("/v1/clients?{client}"),
         &[("Authorization", &bearer)],
         b"",
     );
@@ -162,13 +168,9 @@ fn charged(proxy: &common::Proxy) -> std::collections::BTreeMap<String, u64> {
         .as_array()
         .expect("limits")
         .iter()
-        .map(|l| {
-            let quota = l["quota"].as_u64().expect("quota");
-            let remaining = l["remaining"].as_u64().expect("remaining");
-            (
-                l["limit"].as_str().expect("name").to_string(),
-                quota - remaining,
-            )
+        .filter_map(|l| {
+            let spent = l["quota"].as_u64()? - l["remaining"].as_u64()?;
+            Some((l["limit"].as_str()?.to_string(), spent))
         })
         .collect()
 }
@@ -494,27 +496,7 @@ fn the_llm_gateway_example_bills_each_model_at_its_price() {
     let seen = sdk("example", proxy.addr);
     assert_eq!(seen["stream"], "Hello there", "{seen}");
     assert_eq!(seen["json"], 17, "{seen}");
-    let bearer = format!("Bearer {}", common::admin_token::TOKEN);
-    let spent = || -> std::collections::BTreeMap<String, u64> {
-        let r = request(
-            admin,
-            "GET",
-            "/v1/clients?api_key=demo-free-key",
-            &[("Authorization", &bearer)],
-            b"",
-        );
-        assert_eq!(r.status, 200, "{}", r.body);
-        let shown: Value = serde_json::from_str(&r.body).expect("JSON");
-        shown["limits"]
-            .as_array()
-            .expect("limits")
-            .iter()
-            .filter_map(|l| {
-                let spent = l["quota"].as_u64()? - l["remaining"].as_u64()?;
-                Some((l["limit"].as_str()?.to_string(), spent))
-            })
-            .collect()
-    };
+    let spent = || spent(admin, "api_key=demo-free-key");
     // The month's tokens: the stream's 31 + 9 (asked for on its behalf)
     // and the JSON call's 12 + 5. gpt-4o's spend: the stream only, at 250
     // and 1,000 a token.
