@@ -31,11 +31,13 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 command -v cargo >/dev/null 2>&1 || { echo "cargo is missing: install Rust from https://rustup.rs" >&2; exit 1; }
-if [ "${FLOODGATE_NEEDS_REDIS:-0}" = 1 ] && ! python3 -c 'import grpc, grpc_tools, websockets, selenium, h2, openai, anthropic' >/dev/null 2>&1; then
+if [ "${FLOODGATE_NEEDS_REDIS:-0}" = 1 ] && ! python3 -c 'import grpc, grpc_tools, websockets, selenium, h2, openai, anthropic, opentelemetry.proto' >/dev/null 2>&1; then
   # grpcio-tools compiles the Envoy protos envoy-types ships, for the
   # rate limit service's Python client; openai and anthropic are the
-  # providers' official SDKs, floodgate's clients in tests/llm_sdks.rs.
-  echo "installing: grpcio grpcio-tools websockets selenium h2 openai anthropic (PyPI)"
-  python3 -m pip install --quiet grpcio grpcio-tools websockets selenium h2 openai anthropic 2>/dev/null \
-    || python3 -m pip install --quiet --break-system-packages grpcio grpcio-tools websockets selenium h2 openai anthropic
+  # providers' official SDKs, floodgate's clients in tests/llm_sdks.rs;
+  # opentelemetry-proto's generated TraceService is the OTLP collector
+  # floodgate's traces go to in the tests (tests/otlp_receiver.py).
+  echo "installing: grpcio grpcio-tools websockets selenium h2 openai anthropic opentelemetry-proto (PyPI)"
+  python3 -m pip install --quiet grpcio grpcio-tools websockets selenium h2 openai anthropic opentelemetry-proto 2>/dev/null \
+    || python3 -m pip install --quiet --break-system-packages grpcio grpcio-tools websockets selenium h2 openai anthropic opentelemetry-proto
 fi
