@@ -7,6 +7,7 @@ mod config;
 pub mod distant;
 pub mod keys;
 pub mod load;
+pub mod otlp;
 pub mod redis_server;
 
 // Not every test file builds a config.
