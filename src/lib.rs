@@ -28,5 +28,6 @@ pub mod state;
 pub mod status;
 pub mod summary;
 pub mod tls;
+pub mod tracing;
 pub mod upstream;
 pub mod usage;

@@ -129,6 +129,8 @@ pub struct Metrics {
     /// API keys set (or revoked) at run time, held in this process.
     pub run_time_keys: IntGauge,
     pub protection: ProtectionMetrics,
+    /// `[tracing]`: what became of the spans.
+    pub tracing: crate::tracing::TracingMetrics,
 }
 
 /// `[upstream.protection]`: the adaptive limit and what it shed.
@@ -481,7 +483,23 @@ impl Metrics {
         };
         // Present from the start, so that a rate on it reads 0, not nothing.
         protection.shed.with_label_values(&["other"]);
+        let tracing = crate::tracing::TracingMetrics {
+            spans: registered(
+                &registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "floodgate_tracing_spans_total",
+                        "Spans by what became of them ([tracing]): exported, export_failed (the collector refused or timed out), queue_full (dropped: the collector is slower than the spans come), over_cap (not recorded: past max_spans_per_second)",
+                    ),
+                    &["outcome"],
+                ),
+            ),
+        };
+        for outcome in ["exported", "export_failed", "queue_full", "over_cap"] {
+            tracing.spans.with_label_values(&[outcome]);
+        }
         Metrics {
+            tracing,
             protection,
             client_changes,
             run_time_keys,

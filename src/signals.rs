@@ -34,6 +34,16 @@ impl Signals {
     /// What a stop does last: leases back, this instance off the count.
     async fn leave(&self) {
         self.return_leases().await;
+        if let Some(tracing) = self.state.tracing.clone() {
+            // The spans of the last requests, sent while the collector has time.
+            let flushed = tokio::task::spawn_blocking(move || tracing.flush());
+            if tokio::time::timeout(LEASE_RETURN_TIME, flushed)
+                .await
+                .is_err()
+            {
+                warn!("the last spans were not all sent within {LEASE_RETURN_TIME:?}");
+            }
+        }
         if let Some(roster) = &self.roster {
             if tokio::time::timeout(LEASE_RETURN_TIME, roster.leave())
                 .await

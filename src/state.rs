@@ -103,6 +103,8 @@ pub struct AppState {
     /// The API keys set at run time and where they are kept; none while
     /// the admin API is off.
     pub clients: Option<Arc<crate::clients::RunTimeClients>>,
+    /// `[tracing]`, when on (it cannot change on reload).
+    pub tracing: Option<Arc<crate::tracing::Tracing>>,
     /// The environment the process started with, and the disk: what a
     /// reload reads the file and the files it names with.
     inputs: Inputs,
@@ -130,6 +132,12 @@ impl AppState {
     /// moves it rather than wait).
     pub fn with_clock(mut self, clock: Arc<dyn crate::clock::Clock>) -> AppState {
         self.refusal_log = crate::refusal_log::RefusalLog::new(clock);
+        self
+    }
+
+    /// `[tracing]`'s tracer, when on.
+    pub fn with_tracing(mut self, tracing: Option<Arc<crate::tracing::Tracing>>) -> AppState {
+        self.tracing = tracing;
         self
     }
 
@@ -178,6 +186,7 @@ impl AppState {
                 .map(|t| CertResolver::new(t.certs.clone())),
             config_path: config.file.clone(),
             clients: None,
+            tracing: None,
             inputs,
             started_with: config,
             in_flight: Arc::new(AtomicUsize::new(0)),

@@ -724,6 +724,17 @@ fn grpcio_calls(
     ca: Option<&std::path::Path>,
     token: Option<&str>,
 ) -> Vec<String> {
+    grpcio_calls_in_trace(addr, n, ca, token, None)
+}
+
+/// `grpcio_calls`, each call carrying `traceparent` when given.
+fn grpcio_calls_in_trace(
+    addr: std::net::SocketAddr,
+    n: u32,
+    ca: Option<&std::path::Path>,
+    token: Option<&str>,
+    traceparent: Option<&str>,
+) -> Vec<String> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/rls_client.py");
     let out_dir = temp_dir();
     let mut python = Command::new("python3");
@@ -739,6 +750,10 @@ fn grpcio_calls(
     match token {
         Some(token) => python.env("RLS_TOKEN", token),
         None => python.env_remove("RLS_TOKEN"),
+    };
+    match traceparent {
+        Some(traceparent) => python.env("RLS_TRACEPARENT", traceparent),
+        None => python.env_remove("RLS_TRACEPARENT"),
     };
     let output = python.output().expect("python3");
     remove_test_dir(&out_dir);
@@ -758,6 +773,68 @@ const FIVE_CALLS_ON_THREE: [&str; 5] = [
     "OVER_LIMIT remaining=0 limit=per_address/3/HOUR",
     "OVER_LIMIT remaining=0 limit=per_address/3/HOUR",
 ];
+
+/// Envoy's trace continues through the service: a server span whose parent
+/// is the caller's, and beneath it the decision, refused at the fourth call.
+#[test]
+fn a_call_in_envoys_trace_gets_its_server_and_decision_spans() {
+    let upstream = Upstream::start();
+    let receiver = common::otlp::OtlpReceiver::start();
+    let rls = start(
+        ConfigBuilder::new(upstream.addr)
+            .raw(&format!(
+                "[tracing]\nendpoint = \"{}\"\n",
+                receiver.grpc_endpoint()
+            ))
+            .limit(per_address(3)),
+    );
+    let trace_id = "0af7651916cd43dd8448eb211c80319c";
+    let parent = format!("00-{trace_id}-b7ad6b7169203331-01");
+    let answers = grpcio_calls_in_trace(rls.addr, 4, None, None, Some(&parent));
+    assert_eq!(answers, FIVE_CALLS_ON_THREE[..4]);
+    let arrived = wait_until(Duration::from_secs(10), || {
+        receiver
+            .spans()
+            .iter()
+            .filter(|s| s.trace_id == trace_id)
+            .count()
+            >= 8
+    });
+    let spans = receiver.spans();
+    assert!(arrived, "{spans:#?}");
+    let servers: Vec<_> = spans.iter().filter(|s| s.kind == 2).collect();
+    assert_eq!(servers.len(), 4);
+    for server in &servers {
+        assert_eq!(server.parent_span_id, "b7ad6b7169203331");
+        assert_eq!(
+            server.name,
+            "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+        );
+        assert_eq!(server.attr_str("rpc.system"), Some("grpc"));
+    }
+    let mut decisions: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name == "ratelimit.decision")
+        .collect();
+    decisions.sort_by_key(|s| s.start_ns);
+    assert_eq!(decisions.len(), 4);
+    let limited: Vec<_> = decisions
+        .iter()
+        .map(|d| d.attr("ratelimit.limited").and_then(|v| v.as_bool()))
+        .collect();
+    assert_eq!(limited, [Some(false), Some(false), Some(false), Some(true)]);
+    let refused = decisions[3];
+    assert!(servers.iter().any(|s| s.span_id == refused.parent_span_id));
+    assert_eq!(
+        refused.attr_str("ratelimit.limit_name"),
+        Some("per_address")
+    );
+    assert_eq!(refused.attr_str("ratelimit.namespace"), Some("edge"));
+    assert!(refused
+        .attr("ratelimit.retry_after_secs")
+        .and_then(|v| v.as_f64())
+        .is_some_and(|s| s > 0.0));
+}
 
 #[test]
 fn python_grpcio_with_stubs_compiled_from_the_shipped_protos_is_answered() {

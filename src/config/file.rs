@@ -37,6 +37,35 @@ pub(super) struct FileConfig {
     #[serde(default)]
     pub(super) admin: AdminSection,
     pub(super) rls: Option<RlsSection>,
+    pub(super) tracing: Option<TracingSection>,
+}
+
+/// `[tracing]`: OpenTelemetry spans, exported over OTLP.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TracingSection {
+    pub(super) endpoint: String,
+    pub(super) protocol: Option<String>,
+    pub(super) service_name: Option<String>,
+    #[serde(default)]
+    pub(super) resource: BTreeMap<String, String>,
+    #[serde(default)]
+    pub(super) headers: BTreeMap<String, CollectorHeader>,
+    pub(super) sample_ratio: Option<f64>,
+    pub(super) max_spans_per_second: Option<i64>,
+    pub(super) queue: Option<i64>,
+    pub(super) batch: Option<i64>,
+    pub(super) timeout: Option<String>,
+    pub(super) trust_parent: Option<String>,
+}
+
+/// A header sent to the collector: its value, or `{ file = "..." }` for a
+/// secret kept out of the config.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum CollectorHeader {
+    Text(String),
+    File { file: PathBuf },
 }
 
 /// `[rls]`: Envoy's rate limit service, served over gRPC.

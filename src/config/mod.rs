@@ -18,6 +18,7 @@ mod redis;
 mod rls;
 mod server;
 mod source;
+mod tracing;
 mod upstream;
 
 use std::fmt;
@@ -93,6 +94,8 @@ pub struct Config {
     pub rls_tokens: Option<RlsTokens>,
     /// `[upstream.protection]`: the adaptive limit on the upstream.
     pub protection: Option<crate::protection::ProtectionSettings>,
+    /// `[tracing]`: OpenTelemetry spans of each request.
+    pub tracing: Option<crate::tracing::TracingSettings>,
 }
 
 impl Config {
@@ -117,6 +120,9 @@ impl Config {
         }
         if self.rls != newer.rls {
             changed.push("[rls]");
+        }
+        if self.tracing != newer.tracing {
+            changed.push("[tracing]");
         }
         if self.clients_file != newer.clients_file {
             changed.push("[admin].clients_file");
@@ -297,6 +303,7 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
     let override_rules = overrides::OverrideRules::new(limits::override_frames(&raw.limits));
     let rls = rls::validate_rls(raw.rls.as_ref(), &limits, tls.is_some())?;
     let rls_tokens = rls::validate_rls_tokens(raw.rls.as_ref(), inputs)?;
+    let tracing = tracing::validate_tracing(raw.tracing.as_ref(), inputs)?;
     Ok(Config {
         file: file.to_path_buf(),
         identity_key,
@@ -329,6 +336,7 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
         rls,
         rls_tokens,
         protection,
+        tracing,
     })
 }
 

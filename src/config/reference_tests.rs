@@ -10,7 +10,7 @@ use super::file::{
     AdminSection, BanSection, BlockSection, CertSection, ClientsSection, CostSection, CountSection,
     ExemptSection, FileConfig, JwtSection, LimitSection, LogSection, MatchSection, MemorySection,
     Numbers, ProtectionSection, RedisSection, ResponseCostSection, ResponseSection, RlsSection,
-    SentinelSection, ServerSection, TlsSection, UpstreamSection,
+    SentinelSection, ServerSection, TlsSection, TracingSection, UpstreamSection,
 };
 
 const REFERENCE: &str = include_str!("../../docs/book/configuration.md");
@@ -233,6 +233,11 @@ fn every_key_the_parser_takes_is_in_the_reference_and_no_other() {
         &[],
     ));
     problems.extend(documented_as_parsed("[rls]", &keys_of::<RlsSection>(), &[]));
+    problems.extend(documented_as_parsed(
+        "[tracing]",
+        &keys_of::<TracingSection>(),
+        &[],
+    ));
     problems.extend(documented_as_parsed(
         "[memory]",
         &keys_of::<MemorySection>(),

@@ -1065,3 +1065,66 @@ fn run_time_clients_need_the_admin_api_and_a_file_needs_a_secret_and_no_redis() 
         "{reserved}"
     );
 }
+
+#[test]
+fn tracing_takes_its_defaults_its_secrets_from_files_and_names_each_mistake() {
+    use crate::tracing::{Protocol, TrustParent};
+    let c = parse(&format!(
+        "{MINIMAL}[tracing]\nendpoint = \"http://127.0.0.1:4317\"\n"
+    ))
+    .unwrap_or_else(|e| panic!("{e}"));
+    let t = c.tracing.expect("[tracing]");
+    assert_eq!(t.protocol, Protocol::Grpc);
+    assert_eq!(t.endpoint, "http://127.0.0.1:4317");
+    assert_eq!(t.service_name, "floodgate");
+    assert_eq!((t.sample_ratio, t.max_spans_per_second), (1.0, 2_000));
+    assert_eq!(t.trust_parent, TrustParent::TrustedProxies);
+    assert!(parse(MINIMAL)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .tracing
+        .is_none());
+
+    let text = format!(
+        "{MINIMAL}[tracing]\nendpoint = \"http://collector:4318\"\nprotocol = \"http\"\ntrust_parent = \"none\"\n\
+         headers = {{ \"X-Api-Key\" = {{ file = \"/in-memory/otlp\" }}, \"x-team\" = \"edge\" }}\n"
+    );
+    let files = [(
+        PathBuf::from("/in-memory/otlp"),
+        b"s3cr3t\nignored\n".to_vec(),
+    )];
+    let t = Config::parse(
+        Path::new("t.toml"),
+        &text,
+        &Inputs::default().with_files(files),
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+    .tracing
+    .expect("[tracing]");
+    assert_eq!(t.endpoint, "http://collector:4318/v1/traces");
+    assert_eq!(t.trust_parent, TrustParent::Nobody);
+    assert_eq!(
+        t.headers,
+        [
+            ("x-api-key".into(), "s3cr3t".into()),
+            ("x-team".into(), "edge".into())
+        ]
+    );
+    assert!(
+        !format!("{t:?}").contains("s3cr3t"),
+        "the secret is not printed"
+    );
+
+    let cases = [
+        ("endpoint = \"127.0.0.1:4317\"", "t.toml:6: tracing.endpoint: \"127.0.0.1:4317\" must start with http:// (e.g. \"http://127.0.0.1:4317\")"),
+        ("endpoint = \"https://c:4317\"", "t.toml:6: tracing.endpoint: https is not supported: send to a collector on this host or its private network over http (it forwards with TLS)"),
+        ("endpoint = \"http://c:4317\"\nprotocol = \"udp\"", "t.toml:7: tracing.protocol: \"udp\" is no OTLP protocol: \"grpc\" (port 4317) or \"http\" (HTTP/protobuf, port 4318)"),
+        ("endpoint = \"http://c:4317\"\nsample_ratio = 1.5", "t.toml:7: tracing.sample_ratio: must be from 0.0 (no new trace kept) to 1.0 (every one), got 1.5"),
+        ("endpoint = \"http://c:4317\"\nmax_spans_per_second = 0", "t.toml:7: tracing.max_spans_per_second: must be a whole number from 1 to 1000000, got 0"),
+        ("endpoint = \"http://c:4317\"\ntrust_parent = \"everyone\"", "t.toml:7: tracing.trust_parent: \"everyone\" is not one of \"trusted_proxies\" (the peers in [clients].trusted_proxies), \"all\" or \"none\""),
+        ("endpoint = \"http://c:4317\"\nheaders = { \"x-key\" = { file = \"/nowhere\" } }", "t.toml:7: tracing.headers.x-key: cannot read /nowhere: No such file or directory (os error 2)"),
+    ];
+    for (table, expected) in cases {
+        let err = parse(&format!("{MINIMAL}[tracing]\n{table}\n")).expect_err(table);
+        assert_eq!(err.to_string(), expected);
+    }
+}

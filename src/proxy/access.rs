@@ -64,6 +64,10 @@ pub(super) fn access_line(
         Some(verdict) => json_string(&mut line, verdict.deciding.as_str()),
         None => line.push_str("null"),
     }
+    // With `[tracing]` on: the request's trace, to look up from its line.
+    if let Some(trace) = &ctx.trace {
+        let _ = write!(line, ",\"trace_id\":\"{}\"", trace.trace_id());
+    }
     line.push('}');
     line
 }

@@ -59,6 +59,8 @@ pub struct RequestCtx {
     pub(super) held: Option<Box<HeldBody>>,
     /// A place among the requests in flight to a protected upstream.
     pub(super) protection: Option<crate::protection::Permit>,
+    /// Its spans (`[tracing]`), boxed as the held body is.
+    pub(super) trace: Option<Box<crate::tracing::RequestTrace>>,
 
     pub(super) _in_flight: InFlight,
 }

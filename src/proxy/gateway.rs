@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -29,6 +29,7 @@ use super::framing::{canonicalise_target, framing_problem, request_has_body};
 use super::header_edit::{edit_request, edit_response};
 use super::request_id::RequestId;
 use super::strikes;
+use super::traced;
 use super::verdict::{Outcome, Verdict};
 
 use super::request_body::{
@@ -41,7 +42,7 @@ use crate::connection::h2_watch::{stream_header, H2Stream, STREAM_HEADER_NAME};
 use crate::headers::{self, Position};
 use crate::identity::{normalize_host, Client, IdentityError};
 use crate::jwt::TokenCheck;
-use crate::limiter::LimiterError;
+use crate::limiter::{watch, LimiterError};
 use crate::policy::{Layers, Plan, Policy, RequestView};
 use crate::state::AppState;
 
@@ -445,8 +446,9 @@ impl Gateway {
             .insert(Verdict::new(decided.outcomes, self.state.store.deciding()));
         let enforced = verdict.enforced(false);
         if let Some(refused) = headers::refusing(&enforced) {
-            let rejection =
+            let mut rejection =
                 headers::rejection(runtime.headers, &enforced, refused, ctx.request_id.as_str());
+            traced::into_refusal_body(ctx.trace.as_deref(), &mut rejection.body);
             let grpc_message = is_grpc(session).then(|| grpc_refusal(refused));
             verdict.decisive = Some(refused.position);
             verdict.refused = true;
@@ -633,6 +635,7 @@ impl ProxyHttp for Gateway {
             rate_headers: Vec::new(),
             held: None,
             protection: None,
+            trace: None,
             _in_flight: self.state.request_started(),
         }
     }
@@ -662,18 +665,30 @@ impl ProxyHttp for Gateway {
     /// reservations in `ctx` for the later phases, and a leaky bucket's
     /// wait already waited.
     async fn request_filter(&self, session: &mut Session, ctx: &mut Self::CTX) -> Result<bool> {
+        traced::begin(&self.state, session, ctx);
         let decided = async {
             self.receive(session, ctx)?;
             let Some((layers, earlier)) = self.plan(session, ctx).await? else {
                 return Ok(0);
             };
-            self.decide(session, ctx, layers, earlier).await
+            if !traced::sampled(ctx) {
+                return self.decide(session, ctx, layers, earlier).await;
+            }
+            // Boxed: only a recorded request keeps what its decision went
+            // through.
+            let started = SystemTime::now();
+            let (decided, watched) =
+                Box::pin(watch::watched(self.decide(session, ctx, layers, earlier))).await;
+            traced::decided(&self.state, ctx, started, &watched);
+            decided
         }
         .await;
         let answer = match decided {
             Ok(delay_us) => {
                 if delay_us > 0 {
+                    let since = SystemTime::now();
                     tokio::time::sleep(Duration::from_micros(delay_us)).await;
+                    traced::waited(&self.state, ctx, since);
                 }
                 // Admitted by every limit (a leaky bucket's wait over): a
                 // place at the upstream, if it is protected.
@@ -791,6 +806,11 @@ impl ProxyHttp for Gateway {
             }
             add_request_id(h, ctx)
         })?;
+        if let Some(tracing) = &self.state.tracing {
+            let server = ctx.first_server + ctx.tries.saturating_sub(1);
+            let address = ctx.runtime.upstream.host(server).to_string();
+            traced::upstream_started(tracing, ctx, upstream_request, &address)?;
+        }
         if let Some(held) = ctx.held.as_ref().filter(|h| h.usage_asked) {
             // The body grew; and the stream must come uncompressed for its
             // usage chunk to be taken out.
@@ -821,6 +841,9 @@ impl ProxyHttp for Gateway {
         }
         ctx.upstream_took = ctx.upstream_sent.map(|sent| sent.elapsed());
         ctx.upstream_status = Some(status.as_u16());
+        if let Some(trace) = &ctx.trace {
+            trace.upstream_answered(status.as_u16());
+        }
         if let (Some(_), Some(took)) = (&ctx.protection, ctx.upstream_took) {
             self.state.protection.sample(took);
         }
@@ -1004,6 +1027,9 @@ impl ProxyHttp for Gateway {
         self.count(ctx, status, took).await;
         if let Some(log) = &self.state.access_log {
             log.write(access_line(session, ctx, status, took));
+        }
+        if ctx.trace.is_some() {
+            traced::finish(ctx, session.req_header().uri.path(), status, e);
         }
     }
 }

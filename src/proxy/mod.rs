@@ -39,6 +39,7 @@ mod request_body;
 mod request_id;
 mod slots;
 mod strikes;
+mod traced;
 mod verdict;
 
 pub use gateway::Gateway;

@@ -13,6 +13,7 @@ mod door;
 #[cfg(feature = "rls")]
 mod service;
 mod settings;
+mod traced;
 
 pub use auth::RlsTokens;
 #[cfg(feature = "rls")]

@@ -26,8 +26,10 @@ use tonic::{Request, Response, Status};
 use super::decide::{self, Ask, Descriptor, Failure, Shown};
 use super::door::{ConnectionInfo, Deadlines, Door};
 use super::settings::RlsSettings;
+use super::traced;
 use crate::clock::{Clock, SystemClock};
 use crate::connection::{ConnectionCaps, ConnectionSettings};
+use crate::limiter::watch;
 use crate::log_throttle::LogThrottle;
 use crate::policy::MAX_ENTRIES;
 use crate::state::AppState;
@@ -173,24 +175,42 @@ impl RateLimitService for Limiter {
         let state = &self.state;
         // The extensions hold the call's place among its connection's
         // calls in flight until it is answered.
-        let (_, _in_flight, call) = request.into_parts();
+        let (metadata, _in_flight, call) = request.into_parts();
+        let trace = state
+            .tracing
+            .as_deref()
+            .map(|tracing| traced::begin(tracing, &metadata));
         let ask = ask_of(state, &call)?;
         let runtime = state.runtime.load_full();
-        let answer = match decide::decide(
+        let deciding = decide::decide(
             &runtime,
             &state.store,
             &state.metrics.rls,
             &state.refusal_log,
             &ask,
-        )
-        .await
-        {
+        );
+        let decided = match (&trace, state.tracing.as_deref()) {
+            (Some(trace), Some(tracing)) if trace.sampled() => {
+                let started = std::time::SystemTime::now();
+                let (decided, watched) = Box::pin(watch::watched(deciding)).await;
+                traced::decided(tracing, trace, &ask, &decided, started, &watched);
+                decided
+            }
+            _ => deciding.await,
+        };
+        let answer = match decided {
             Ok(answer) => answer,
             Err(Failure::Unavailable(why)) => {
                 state.metrics.rls.unavailable.inc();
+                if let Some(trace) = trace {
+                    traced::finish(trace, tonic::Code::Unavailable, Some(&why));
+                }
                 return Err(Status::unavailable(why));
             }
         };
+        if let Some(trace) = trace {
+            traced::finish(trace, tonic::Code::Ok, None);
+        }
         let overall = if answer.over_limit {
             state.metrics.rls.over_limit.inc();
             Code::OverLimit

@@ -53,6 +53,11 @@ pub enum BuildError {
     AccessLog { file: String, reason: String },
     #[error("admin.clients_file: {0}")]
     ClientsFile(#[from] crate::clients::LoadError),
+    #[error("{file}: tracing: {source}")]
+    Tracing {
+        file: String,
+        source: crate::tracing::TracingError,
+    },
     #[error("{file}: rls.listen: cannot listen on {listen}: {source}")]
     RlsListen {
         file: String,
@@ -511,6 +516,16 @@ pub fn build(config: &Config, inputs: Inputs) -> Result<Floodgate, BuildError> {
         file: file.clone(),
         reason: e.to_string(),
     })?;
+    let tracing = config
+        .tracing
+        .as_ref()
+        .map(|settings| crate::tracing::Tracing::start(settings, &metrics.tracing))
+        .transpose()
+        .map_err(|source| BuildError::Tracing {
+            file: file.clone(),
+            source,
+        })?
+        .map(Arc::new);
     let state = Arc::new(
         AppState::new(
             config.clone(),
@@ -522,7 +537,8 @@ pub fn build(config: &Config, inputs: Inputs) -> Result<Floodgate, BuildError> {
             instances,
         )
         .with_clock(refusal_clock)
-        .with_clients(clients),
+        .with_clients(clients)
+        .with_tracing(tracing),
     );
 
     // Draining is ours (see `signals`): Pingora stops the listeners once

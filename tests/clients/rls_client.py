@@ -9,7 +9,8 @@
       name/requests_per_unit/unit. With CA_FILE, over TLS, trusting the
       certificates that CA signed. With RLS_TOKEN in the environment, each
       call carries `authorization: Bearer <RLS_TOKEN>`, as Envoy's
-      `initial_metadata` sends it. A call refused with a gRPC error prints
+      `initial_metadata` sends it; with RLS_TRACEPARENT, a `traceparent`,
+      as Envoy's tracing sends it. A call refused with a gRPC error prints
       ERROR and the status code's name.
 """
 import os
@@ -64,7 +65,12 @@ def main():
     else:
         channel = grpc.insecure_channel(addr)
     token = os.environ.get("RLS_TOKEN")
-    metadata = [("authorization", f"Bearer {token}")] if token else None
+    metadata = [("authorization", f"Bearer {token}")] if token else []
+    # Envoy continues its trace in the call's metadata.
+    traceparent = os.environ.get("RLS_TRACEPARENT")
+    if traceparent:
+        metadata.append(("traceparent", traceparent))
+    metadata = metadata or None
     with channel:
         stub = rls_pb2_grpc.RateLimitServiceStub(channel)
         for _ in range(n):

@@ -18,6 +18,7 @@ use super::check::{Check, LeaseAsk, Slot, StateKey};
 use super::error::LimiterError;
 use super::store::{Deciding, Store};
 use crate::clock::Clock;
+use crate::watch::{self, Answerer};
 use floodgate_algorithm::{Algorithm, Decision};
 
 const SHARDS: usize = 16;
@@ -276,6 +277,7 @@ impl<S: Store> Store for KnownRefusals<S> {
     async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
         let now_us = self.clock.now_us();
         if let Some(known) = self.known_refusal(checks, now_us) {
+            watch::answered_by(Answerer::RefusalCache);
             return Ok(known);
         }
         let resets = self.remembered.resets.load(Ordering::Acquire);
@@ -293,6 +295,7 @@ impl<S: Store> Store for KnownRefusals<S> {
     ) -> Result<(Vec<Decision>, SmallVec<[u64; 4]>), LimiterError> {
         let now_us = self.clock.now_us();
         if let Some(known) = self.known_refusal(checks, now_us) {
+            watch::answered_by(Answerer::RefusalCache);
             return Ok((known, SmallVec::new()));
         }
         let resets = self.remembered.resets.load(Ordering::Acquire);

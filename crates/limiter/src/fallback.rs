@@ -28,6 +28,7 @@ use super::store::{Deciding, Store};
 use crate::clock::Clock;
 use crate::log_throttle::LogThrottle;
 use crate::metrics::RedisMetrics;
+use crate::watch::{self, Answerer};
 use floodgate_algorithm::Decision;
 
 /// How often an open breaker asks the store whether it is back.
@@ -173,6 +174,7 @@ impl<S: Store + 'static> Inner<S> {
     /// locally.
     fn decide_without_shared(&self, checks: &[Check]) -> Vec<Decision> {
         self.metrics.fallback_decisions.inc();
+        watch::answered_by(Answerer::Fallback);
         let closed = checks
             .iter()
             .any(|c| !c.shadow && c.on_failure == OnFailure::Deny);
@@ -234,6 +236,7 @@ impl<S: Store + 'static> Store for Fallback<S> {
                 Err(e) => self.inner.trip(&e),
             }
         }
+        watch::answered_by(Answerer::Fallback);
         let local = self.inner.local_share(checks);
         let now_us = self.inner.clock.now_us();
         let local = self.inner.local.peek_at(&local, now_us);

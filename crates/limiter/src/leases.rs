@@ -56,6 +56,7 @@ use super::instances::Instances;
 use super::store::{Deciding, Store};
 use crate::clock::{Clock, MonotonicClock};
 use crate::metrics::LeaseMetrics;
+use crate::watch::{self, Answerer};
 use floodgate_algorithm::{takes_lease, Algorithm, Decision, Kind};
 
 /// `[redis].leases`: how large a lease may be and how long it lives.
@@ -1036,6 +1037,7 @@ impl<S: Store + 'static> Core<S> {
                                 let check = check.clone();
                                 tokio::spawn(async move { core.top_up(check, fetching).await });
                             }
+                            watch::answered_by(Answerer::Lease);
                             (Some(took), None)
                         }
                         Taken::Fetch(fetch, back) => {

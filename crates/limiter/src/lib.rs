@@ -89,6 +89,7 @@ pub mod redis;
 #[cfg(feature = "redis")]
 mod roster;
 mod store;
+pub mod watch;
 
 #[cfg(test)]
 mod fake;

@@ -28,6 +28,7 @@ use super::error::LimiterError;
 use super::store::{Deciding, Store};
 use crate::clock::Clock;
 use crate::log_throttle::LogThrottle;
+use crate::watch::{self, Answerer};
 use floodgate_algorithm::{Decision, Evaluation, Slots, State, Update};
 
 const SHARDS: usize = 64;
@@ -541,6 +542,7 @@ fn store(shard: &mut Shard, check: &Check, evaluation: &Evaluation, now_us: u64)
 #[async_trait]
 impl Store for MemoryStore {
     async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
+        watch::answered_by(Answerer::Memory);
         Ok(self.decide_now(checks))
     }
 
@@ -549,10 +551,12 @@ impl Store for MemoryStore {
         checks: &[Check],
         asks: &[Option<LeaseAsk>],
     ) -> Result<(Vec<Decision>, SmallVec<[u64; 4]>), LimiterError> {
+        watch::answered_by(Answerer::Memory);
         Ok(self.decide_leasing_at(checks, asks, self.clock.now_us()))
     }
 
     async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
+        watch::answered_by(Answerer::Memory);
         Ok(self.peek_at(checks, self.clock.now_us()))
     }
 

@@ -41,6 +41,7 @@ use crate::clock::Clock;
 use crate::deny_cache::open_decision;
 use crate::error::LimiterError;
 use crate::store::{Deciding, Store};
+use crate::watch;
 use floodgate_algorithm::Decision;
 
 impl Connect for ClusterConnection {
@@ -309,9 +310,13 @@ impl RedisCluster {
             let layers = scripted.layers(indices.iter().map(|&i| &checks[i]), peek);
             self.on_slot(identity, layers)
         });
-        let results = fast_timeout(deadline, futures_util::future::join_all(calls))
-            .await
-            .map_err(|_| LimiterError::Timeout(deadline))?;
+        let call = async {
+            fast_timeout(deadline, futures_util::future::join_all(calls))
+                .await
+                .map_err(|_| LimiterError::Timeout(deadline))
+        };
+        let operation = if peek { "peek" } else { "decide" };
+        let results = watch::redis_call(operation, call).await?;
         let mut decisions = vec![None; checks.len()];
         for (indices, result) in groups.values().zip(results) {
             for (&i, d) in indices.iter().zip(result?.0) {
@@ -353,15 +358,14 @@ impl Store for RedisCluster {
         let scripted = &self.scripted;
         let layers = scripted.layers_leasing(checks, asks, false);
         let _timer = scripted.call_timer();
-        scripted
-            .within_deadline(|mut connection| async move {
-                let mut decided = scripted.run(&mut connection, &[&layers]).await?;
-                decided.pop().ok_or(LimiterError::WrongReplyLength {
-                    values: 0,
-                    layers: checks.len(),
-                })
+        let call = scripted.within_deadline(|mut connection| async move {
+            let mut decided = scripted.run(&mut connection, &[&layers]).await?;
+            decided.pop().ok_or(LimiterError::WrongReplyLength {
+                values: 0,
+                layers: checks.len(),
             })
-            .await
+        });
+        watch::redis_call("decide", call).await
     }
 
     async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {

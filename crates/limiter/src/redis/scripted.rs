@@ -14,6 +14,7 @@ use super::shared_connection::{Connect, SharedConnection, CONNECT_WITHIN};
 use crate::check::{Check, LeaseAsk, LimitName, Slot, StateKey};
 use crate::clock::Clock;
 use crate::error::LimiterError;
+use crate::watch;
 use floodgate_algorithm::{Algorithm, Decision, ALGORITHMS};
 
 /// The algorithm scripts and the entry point, joined into one script after
@@ -453,7 +454,7 @@ impl<C: Connect> Scripted<C> {
     ) -> Result<(bool, Decision), LimiterError> {
         let key = self.key_of("slots:", slot.name(), slot.key());
         let now = self.now_arg();
-        self.within_deadline(|mut connection| async move {
+        let call = self.within_deadline(|mut connection| async move {
             let reply: Vec<u8> = self
                 .slots_script
                 .key(&key)
@@ -466,8 +467,13 @@ impl<C: Connect> Scripted<C> {
                 .await
                 .map_err(classify)?;
             parse_slots_reply(&reply, slot.max())
-        })
-        .await
+        });
+        let operation = match op {
+            SlotOp::Acquire => "slot acquire",
+            SlotOp::Renew => "slot renew",
+            SlotOp::Release => "slot release",
+        };
+        watch::redis_call(operation, call).await
     }
 
     /// Deletes these layers' keys in one pipeline (a cluster routes each

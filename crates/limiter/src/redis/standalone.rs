@@ -21,6 +21,7 @@ use crate::check::{Check, LeaseAsk, Slot};
 use crate::clock::Clock;
 use crate::error::LimiterError;
 use crate::store::{Deciding, Store};
+use crate::watch;
 use floodgate_algorithm::Decision;
 
 impl Connect for ConnectionManager {
@@ -134,7 +135,11 @@ impl RedisStandalone {
             })
     }
 
-    async fn queued(&self, layers: Vec<ScriptLayer>) -> Result<Decided, LimiterError> {
+    async fn queued(
+        &self,
+        operation: &'static str,
+        layers: Vec<ScriptLayer>,
+    ) -> Result<Decided, LimiterError> {
         let _timer = self.scripted.call_timer();
         let queue = self
             .queue
@@ -142,16 +147,22 @@ impl RedisStandalone {
         // The request's own deadline covers the wait for a place in a run
         // as well as the run.
         let deadline = self.scripted.settings.timeout;
-        fast_timeout(deadline, queue.decide(layers))
-            .await
-            .map_err(|_| LimiterError::Timeout(deadline))?
+        let call = async {
+            fast_timeout(deadline, queue.decide(layers))
+                .await
+                .map_err(|_| LimiterError::Timeout(deadline))?
+        };
+        watch::redis_call(operation, call).await
     }
 }
 
 #[async_trait]
 impl Store for RedisStandalone {
     async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
-        Ok(self.queued(self.scripted.layers(checks, false)).await?.0)
+        Ok(self
+            .queued("decide", self.scripted.layers(checks, false))
+            .await?
+            .0)
     }
 
     async fn decide_leasing(
@@ -159,12 +170,15 @@ impl Store for RedisStandalone {
         checks: &[Check],
         asks: &[Option<LeaseAsk>],
     ) -> Result<(Vec<Decision>, SmallVec<[u64; 4]>), LimiterError> {
-        self.queued(self.scripted.layers_leasing(checks, asks, false))
+        self.queued("decide", self.scripted.layers_leasing(checks, asks, false))
             .await
     }
 
     async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
-        Ok(self.queued(self.scripted.layers(checks, true)).await?.0)
+        Ok(self
+            .queued("peek", self.scripted.layers(checks, true))
+            .await?
+            .0)
     }
 
     async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {
@@ -178,7 +192,7 @@ impl Store for RedisStandalone {
     /// In the next script run with the decisions: a busy instance's
     /// returns of leases and settled reservations cost no call of their own.
     async fn refund(&self, check: &Check, counted_at_us: u64) -> Result<(), LimiterError> {
-        self.queued(self.scripted.refund_layers(check, counted_at_us))
+        self.queued("refund", self.scripted.refund_layers(check, counted_at_us))
             .await
             .map(drop)
     }

@@ -1,0 +1,190 @@
+//! A request's trace (`[tracing]`) through the phases: begun with its head,
+//! its decision recorded, its upstream exchange told where it hangs, ended
+//! with its status. Every function here returns at once when tracing is off.
+
+use std::time::SystemTime;
+
+use opentelemetry::KeyValue;
+use pingora::proxy::Session;
+
+use super::ctx::{peer_ip, RequestCtx};
+use super::verdict::Verdict;
+use crate::limiter::watch::Watched;
+use crate::state::AppState;
+use crate::tracing::{DecisionRecord, Decisive, HeaderExtractor, RequestTrace, Tracing};
+
+/// The server span, from the head on; the caller's trace continued when
+/// `[tracing].trust_parent` honours this peer.
+pub(super) fn begin(state: &AppState, session: &Session, ctx: &mut RequestCtx) {
+    let Some(tracing) = &state.tracing else {
+        return;
+    };
+    let peer = crate::identity::normalize(peer_ip(session));
+    let trusted = ctx.runtime.policy.clients.is_trusted(&peer);
+    let request = session.req_header();
+    let trace = RequestTrace::start(
+        tracing,
+        &HeaderExtractor(&request.headers),
+        tracing.honours_parent_of(trusted),
+        request.method.as_str(),
+        || {
+            vec![
+                KeyValue::new("http.request.method", request.method.as_str().to_owned()),
+                KeyValue::new("url.path", request.uri.path().to_owned()),
+                KeyValue::new(
+                    "network.protocol.version",
+                    protocol_version(request.version),
+                ),
+                KeyValue::new("network.peer.address", peer.to_string()),
+                KeyValue::new("floodgate.request_id", ctx.request_id.as_str().to_owned()),
+            ]
+        },
+    );
+    ctx.trace = Some(Box::new(trace));
+}
+
+fn protocol_version(version: http::Version) -> &'static str {
+    match version {
+        http::Version::HTTP_10 => "1.0",
+        http::Version::HTTP_2 => "2",
+        _ => "1.1",
+    }
+}
+
+/// Whether the request's spans are recorded: only then is its decision
+/// watched.
+pub(super) fn sampled(ctx: &RequestCtx) -> bool {
+    ctx.trace.as_ref().is_some_and(|t| t.sampled())
+}
+
+/// The decision's span, from what the verdict says and what the store went
+/// through.
+pub(super) fn decided(state: &AppState, ctx: &RequestCtx, started: SystemTime, watched: &Watched) {
+    let (Some(tracing), Some(trace)) = (&state.tracing, &ctx.trace) else {
+        return;
+    };
+    trace.decided(tracing, &record(ctx.verdict.as_ref(), started, watched));
+}
+
+fn record<'a>(
+    verdict: Option<&'a Verdict>,
+    started: SystemTime,
+    watched: &'a Watched,
+) -> DecisionRecord<'a> {
+    let Some(verdict) = verdict else {
+        return DecisionRecord {
+            started,
+            layers: Vec::new(),
+            limited: false,
+            decisive: None,
+            watched,
+        };
+    };
+    let decisive = verdict
+        .decisive
+        .and_then(|p| verdict.outcomes.get(p.0))
+        .map(|o| {
+            let d = &o.decision;
+            Decisive {
+                name: o.name.as_str(),
+                limit: d.limit(),
+                remaining: d.remaining(),
+                reset: std::time::Duration::from_micros(d.reset_after_us()),
+                retry_after: (!d.allowed() && !d.cost_exceeds_limit())
+                    .then(|| std::time::Duration::from_micros(d.retry_after_us())),
+            }
+        });
+    DecisionRecord {
+        started,
+        layers: verdict.outcomes.iter().map(|o| o.name.as_str()).collect(),
+        limited: verdict.refused,
+        decisive,
+        watched,
+    }
+}
+
+/// A leaky bucket's wait, over.
+pub(super) fn waited(state: &AppState, ctx: &RequestCtx, since: SystemTime) {
+    if let (Some(tracing), Some(trace)) = (&state.tracing, &ctx.trace) {
+        trace.waited(tracing, since);
+    }
+}
+
+/// The upstream exchange's span begins; the upstream is sent its
+/// `traceparent` (and `tracestate`), whatever the client wrote in them.
+pub(super) fn upstream_started(
+    tracing: &Tracing,
+    ctx: &mut RequestCtx,
+    upstream_request: &mut pingora::http::RequestHeader,
+    server: &str,
+) -> pingora::Result<()> {
+    let Some(trace) = ctx.trace.as_mut() else {
+        return Ok(());
+    };
+    let method = upstream_request.method.as_str().to_owned();
+    let headers = trace.upstream_started(tracing, &method, || {
+        let (address, port) = match server.rsplit_once(':') {
+            Some((host, port)) => (host, port.parse::<i64>().ok()),
+            None => (server, None),
+        };
+        let mut attributes = vec![
+            KeyValue::new("http.request.method", method.clone()),
+            KeyValue::new(
+                "server.address",
+                address.trim_matches(['[', ']']).to_owned(),
+            ),
+            KeyValue::new("url.path", upstream_request.uri.path().to_owned()),
+        ];
+        if let Some(port) = port {
+            attributes.push(KeyValue::new("server.port", port));
+        }
+        attributes
+    });
+    upstream_request.remove_header("traceparent");
+    upstream_request.remove_header("tracestate");
+    for (name, value) in headers {
+        upstream_request.insert_header(name, value)?;
+    }
+    Ok(())
+}
+
+/// The request is over: the spans end.
+pub(super) fn finish(
+    ctx: &mut RequestCtx,
+    path: &str,
+    status: u16,
+    error: Option<&pingora::Error>,
+) {
+    let Some(trace) = ctx.trace.take() else {
+        return;
+    };
+    let route = ctx
+        .verdict
+        .as_ref()
+        .and_then(|v| v.decisive.and_then(|p| v.outcomes.get(p.0)))
+        .and_then(|o| ctx.runtime.policy.limits.get(o.limit.index()))
+        .and_then(|limit| limit.matcher.paths.iter().find(|p| p.matches(path)))
+        .map(|p| p.as_str().to_owned());
+    let client = ctx.client.as_ref().map(|c| c.address.to_string());
+    trace.finish(
+        status,
+        route.as_deref(),
+        || {
+            client
+                .into_iter()
+                .map(|a| KeyValue::new("client.address", a))
+                .collect()
+        },
+        error.map(|e| e as &dyn std::fmt::Display),
+    );
+}
+
+/// `,"trace_id":"<hex>"` into a refusal's JSON body, before its last brace.
+pub(super) fn into_refusal_body(trace: Option<&RequestTrace>, body: &mut String) {
+    if let (Some(trace), true) = (trace, body.ends_with('}')) {
+        body.insert_str(
+            body.len() - 1,
+            &format!(",\"trace_id\":\"{}\"", trace.trace_id()),
+        );
+    }
+}

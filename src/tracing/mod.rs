@@ -1,0 +1,20 @@
+//! `[tracing]`: an OpenTelemetry trace of each request (its decision, the
+//! Redis calls it waited on, its exchange with the upstream), exported over
+//! OTLP, with the W3C trace context carried on to the upstream.
+//!
+//! Off (no `[tracing]`), nothing here runs: the request's context holds one
+//! empty pointer. On, a request that is not sampled gets ids only, enough
+//! to tell the upstream where it hangs in the trace.
+
+mod export;
+mod propagation;
+mod request;
+mod sampler;
+mod settings;
+mod tracer;
+
+pub use export::{TracingError, TracingMetrics};
+pub use propagation::{HeaderExtractor, MetadataExtractor};
+pub use request::{DecisionRecord, Decisive, RequestTrace};
+pub use settings::{Protocol, TracingSettings, TrustParent};
+pub use tracer::Tracing;
