@@ -18,7 +18,10 @@ REQUESTS="${REQUESTS:-2000}"
 # PROFILE=release counts release builds (no second LTO build for profiling);
 # H2=1 adds the same cases over h2c (prior knowledge), through the HTTP/2
 # frame watch; PROTECT=1 adds the last build under a concurrency limit and
-# under [upstream.protection]; FLOODGATE_LOG sets RUST_LOG (warn by default;
+# under [upstream.protection]; TRACE=1 adds the last build admitting with
+# [tracing] at sample ratios 0.01 and 1.0, exporting to the tests' OTLP
+# receiver (its export thread counted: it is the proxy's work);
+# FLOODGATE_LOG sets RUST_LOG (warn by default;
 # info is the shipped default, where refusals are logged).
 PROFILE="${PROFILE:-profiling}"
 source scripts/bench_tools.sh
@@ -106,6 +109,22 @@ max = 1000000
 initial = 1000000
 $NEVER"
   count "$name memory, admitting, upstream protected" "$binary" --config "$WORK/fg.toml"
+fi
+if [ "${TRACE:-0}" = 1 ]; then
+  binary="${BINARIES[${#BINARIES[@]}-1]}"
+  name="$(basename "$binary")"
+  OTLP=18117
+  python3 tests/otlp_receiver.py --grpc-port $OTLP --out /dev/null >"$WORK/otlp.log" 2>&1 &
+  PIDS+=($!)
+  wait_port $OTLP
+  for ratio in 0.01 1.0; do
+    conf "$NEVER
+[tracing]
+endpoint = \"http://127.0.0.1:$OTLP\"
+sample_ratio = $ratio
+max_spans_per_second = 1000000"
+    count "$name memory, admitting, tracing $ratio" "$binary" --config "$WORK/fg.toml"
+  done
 fi
 if [ "${H2:-0}" = 1 ]; then
   OHA_FLAGS="--http2"

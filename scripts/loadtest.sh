@@ -4,7 +4,7 @@
 #
 #   scripts/loadtest.sh [seconds per case, default 10] [connections, default 64]
 #
-#   SECTIONS="main redis clients threads nokeepalive flood curves" (the default: all)
+#   SECTIONS="main redis clients threads nokeepalive flood curves tracing" (the default: all)
 #   FLOODGATE_BEFORE=path/to/an/older/floodgate   adds that build's rows beside
 #                                                 this one's (a before/after run)
 #
@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION="${1:-10}"
 CONNECTIONS="${2:-64}"
-SECTIONS="${SECTIONS:-main redis clients threads nokeepalive flood curves}"
+SECTIONS="${SECTIONS:-main redis clients threads nokeepalive flood curves tracing}"
 BEFORE="${FLOODGATE_BEFORE:-}"
 
 FLOODGATE_NEEDS_REDIS=1 source scripts/setup.sh
@@ -373,6 +373,25 @@ if has flood; then
   SERVER_EXTRA=""
 fi
 
+if has tracing; then
+  # [tracing] exporting to a real OTLP collector (the tests' receiver,
+  # opentelemetry-proto served by grpcio; what it receives is thrown away)
+  # beside tracing off, and with FLOODGATE_BEFORE the previous build. The
+  # span cap is lifted so that 1.0 records every request.
+  OTLP=18317
+  start otlp python3 tests/otlp_receiver.py --grpc-port $OTLP --out /dev/null
+  wait_port $OTLP
+  tracing_table() { # ratio
+    printf '[tracing]\nendpoint = "http://127.0.0.1:%s"\nsample_ratio = %s\nmax_spans_per_second = 1000000\nqueue = 65536\n' "$OTLP" "$1"
+  }
+  both_builds tracing " memory, admitting" 1 "$NEVER"
+  fg_case tracing "floodgate memory, admitting, tracing 0.01" 1 "$NEVER
+$(tracing_table 0.01)"
+  fg_case tracing "floodgate memory, admitting, tracing 1.0" 1 "$NEVER
+$(tracing_table 1.0)"
+  stop otlp
+fi
+
 if has curves; then
   # What one more layer, key, header or token costs. Every layer matches
   # every request and is never reached.
@@ -507,6 +526,12 @@ if ("clients", "floodgate memory, 1,000,000 keys + 100,000 overrides") in by:
     print(f"  1,000,000 keys + 100,000 overrides, CPU/req over none {cpu('clients', 'floodgate memory, 1,000,000 keys + 100,000 overrides') / cpu('clients', 'floodgate memory, admin on, no run-time entries'):.2f} (<= 1.05)")
 if ("threads", "floodgate memory, admitting, 2") in by:
     print(f"  memory admitting, × nginx limit_req (2)       {rps('threads', 'floodgate memory, admitting, 2') / rps('threads', 'nginx limit_req, admitting, 2'):.2f} (>= 0.75)")
+if ("tracing", "floodgate memory, admitting, tracing 1.0") in by:
+    off = cpu('tracing', 'floodgate memory, admitting')
+    print(f"  tracing 0.01, CPU/req over tracing off        {cpu('tracing', 'floodgate memory, admitting, tracing 0.01') / off:.2f}")
+    print(f"  tracing 1.0, CPU/req over tracing off         {cpu('tracing', 'floodgate memory, admitting, tracing 1.0') / off:.2f}")
+    if ("tracing", "previous build memory, admitting") in by:
+        print(f"  tracing absent, CPU/req over the previous build {off / cpu('tracing', 'previous build memory, admitting'):.2f}")
 if ("nokeepalive", "floodgate memory, refusing") in by:
     print(f"  refusing, × nginx refusing (no keep-alive)    {rps('nokeepalive', 'floodgate memory, refusing') / rps('nokeepalive', 'nginx limit_req, refusing'):.2f} (>= 1.0)")
     if ("nokeepalive", "bare Pingora gateway, refusing") in by:

@@ -82,6 +82,25 @@ pub fn describe(config: &Config) -> String {
             }
         );
     }
+    if let Some(t) = &config.tracing {
+        use crate::tracing::{Protocol, TrustParent};
+        let _ = writeln!(
+            out,
+            "tracing   spans to {} (OTLP/{}), {}% of new traces, at most {} spans/s; a caller's trace continued {}",
+            t.endpoint,
+            match t.protocol {
+                Protocol::Grpc => "gRPC",
+                Protocol::Http => "HTTP",
+            },
+            t.sample_ratio * 100.0,
+            t.max_spans_per_second,
+            match t.trust_parent {
+                TrustParent::Nobody => "never",
+                TrustParent::TrustedProxies => "from [clients].trusted_proxies only",
+                TrustParent::Everyone => "from anyone",
+            }
+        );
+    }
     match &config.redis {
         Some(r) => {
             let _ = writeln!(

@@ -190,6 +190,20 @@ fn check_prints_the_resolved_layers() {
     );
 }
 
+#[test]
+fn check_says_where_spans_go_and_whose_trace_is_continued() {
+    let file = ConfigBuilder::new("127.0.0.1:2".parse().expect("addr"))
+        .listen("127.0.0.1:1".parse().expect("addr"))
+        .raw("[tracing]\nendpoint = \"http://127.0.0.1:4318\"\nprotocol = \"http\"\nsample_ratio = 0.05")
+        .write();
+    let out = check(file.to_str().expect("path"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("tracing   spans to http://127.0.0.1:4318/v1/traces (OTLP/HTTP), 5% of new traces, at most 2000 spans/s; a caller's trace continued from [clients].trusted_proxies only"),
+        "{stdout}"
+    );
+}
+
 /// The limits an API sells per day, week and month: `check` refused every
 /// one of them while a window's arithmetic formed limit × window in
 /// microseconds (at most 26,062 a day, 3,723 a week, 868 in 30 days).

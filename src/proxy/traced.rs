@@ -22,14 +22,15 @@ pub(super) fn begin(state: &AppState, session: &Session, ctx: &mut RequestCtx) {
     let peer = crate::identity::normalize(peer_ip(session));
     let trusted = ctx.runtime.policy.clients.is_trusted(&peer);
     let request = session.req_header();
+    let method = known_method(&request.method);
     let trace = RequestTrace::start(
         tracing,
         &HeaderExtractor(&request.headers),
         tracing.honours_parent_of(trusted),
-        request.method.as_str(),
+        method.unwrap_or("HTTP"),
         || {
-            vec![
-                KeyValue::new("http.request.method", request.method.as_str().to_owned()),
+            let mut attributes = vec![
+                KeyValue::new("http.request.method", method.unwrap_or("_OTHER")),
                 KeyValue::new("url.path", request.uri.path().to_owned()),
                 KeyValue::new(
                     "network.protocol.version",
@@ -37,10 +38,36 @@ pub(super) fn begin(state: &AppState, session: &Session, ctx: &mut RequestCtx) {
                 ),
                 KeyValue::new("network.peer.address", peer.to_string()),
                 KeyValue::new("floodgate.request_id", ctx.request_id.as_str().to_owned()),
-            ]
+            ];
+            if method.is_none() {
+                attributes.push(KeyValue::new(
+                    "http.request.method_original",
+                    request.method.as_str().chars().take(32).collect::<String>(),
+                ));
+            }
+            attributes
         },
     );
     ctx.trace = Some(Box::new(trace));
+}
+
+/// The method as the semantic conventions name it: one of HTTP's own, or
+/// none (`_OTHER`, a span named `HTTP`), so that a client inventing methods
+/// cannot make a span name of each.
+fn known_method(method: &http::Method) -> Option<&'static str> {
+    use http::Method;
+    Some(match *method {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::CONNECT => "CONNECT",
+        Method::OPTIONS => "OPTIONS",
+        Method::TRACE => "TRACE",
+        Method::PATCH => "PATCH",
+        _ => return None,
+    })
 }
 
 fn protocol_version(version: http::Version) -> &'static str {
@@ -121,14 +148,14 @@ pub(super) fn upstream_started(
     let Some(trace) = ctx.trace.as_mut() else {
         return Ok(());
     };
-    let method = upstream_request.method.as_str().to_owned();
-    let headers = trace.upstream_started(tracing, &method, || {
+    let method = known_method(&upstream_request.method);
+    let headers = trace.upstream_started(tracing, method.unwrap_or("HTTP"), || {
         let (address, port) = match server.rsplit_once(':') {
             Some((host, port)) => (host, port.parse::<i64>().ok()),
             None => (server, None),
         };
         let mut attributes = vec![
-            KeyValue::new("http.request.method", method.clone()),
+            KeyValue::new("http.request.method", method.unwrap_or("_OTHER")),
             KeyValue::new(
                 "server.address",
                 address.trim_matches(['[', ']']).to_owned(),
