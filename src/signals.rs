@@ -34,13 +34,9 @@ impl Signals {
     /// What a stop does last: leases back, this instance off the count.
     async fn leave(&self) {
         self.return_leases().await;
-        if let Some(tracing) = self.state.tracing.clone() {
+        if let Some(tracing) = &self.state.tracing {
             // The spans of the last requests, sent while the collector has time.
-            let flushed = tokio::task::spawn_blocking(move || tracing.flush());
-            if tokio::time::timeout(LEASE_RETURN_TIME, flushed)
-                .await
-                .is_err()
-            {
+            if !tracing.flush(LEASE_RETURN_TIME).await {
                 warn!("the last spans were not all sent within {LEASE_RETURN_TIME:?}");
             }
         }

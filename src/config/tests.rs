@@ -1119,7 +1119,7 @@ fn tracing_takes_its_defaults_its_secrets_from_files_and_names_each_mistake() {
         ("endpoint = \"https://c:4317\"", "t.toml:6: tracing.endpoint: https is not supported: send to a collector on this host or its private network over http (it forwards with TLS)"),
         ("endpoint = \"http://c:4317\"\nprotocol = \"udp\"", "t.toml:7: tracing.protocol: \"udp\" is no OTLP protocol: \"grpc\" (port 4317) or \"http\" (HTTP/protobuf, port 4318)"),
         ("endpoint = \"http://c:4317\"\nsample_ratio = 1.5", "t.toml:7: tracing.sample_ratio: must be from 0.0 (no new trace kept) to 1.0 (every one), got 1.5"),
-        ("endpoint = \"http://c:4317\"\nmax_spans_per_second = 0", "t.toml:7: tracing.max_spans_per_second: must be a whole number from 1 to 1000000, got 0"),
+        ("endpoint = \"http://c:4317\"\nmax_spans_per_second = 0", "t.toml:7: tracing.max_spans_per_second: must be a whole number from 4 to 1000000, got 0"),
         ("endpoint = \"http://c:4317\"\ntrust_parent = \"everyone\"", "t.toml:7: tracing.trust_parent: \"everyone\" is not one of \"trusted_proxies\" (the peers in [clients].trusted_proxies), \"all\" or \"none\""),
         ("endpoint = \"http://c:4317\"\nheaders = { \"x-key\" = { file = \"/nowhere\" } }", "t.toml:7: tracing.headers.x-key: cannot read /nowhere: No such file or directory (os error 2)"),
     ];

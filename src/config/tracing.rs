@@ -9,7 +9,8 @@ use super::inputs::Inputs;
 use super::{at, duration, Invalid};
 use crate::tracing::{Protocol, TracingSettings, TrustParent};
 
-const SPANS_PER_SECOND: std::ops::RangeInclusive<i64> = 1..=1_000_000;
+/// At least one request's worth (`SPANS_PER_REQUEST`).
+const SPANS_PER_SECOND: std::ops::RangeInclusive<i64> = 4..=1_000_000;
 const QUEUE: std::ops::RangeInclusive<i64> = 16..=1_000_000;
 
 pub(super) fn validate_tracing(

@@ -11,7 +11,7 @@ use super::ctx::{peer_ip, RequestCtx};
 use super::verdict::Verdict;
 use crate::limiter::watch::Watched;
 use crate::state::AppState;
-use crate::tracing::{DecisionRecord, Decisive, HeaderExtractor, RequestTrace, Tracing};
+use crate::tracing::{bounded, DecisionRecord, Decisive, HeaderExtractor, RequestTrace, Tracing};
 
 /// The server span, from the head on; the caller's trace continued when
 /// `[tracing].trust_parent` honours this peer.
@@ -31,13 +31,12 @@ pub(super) fn begin(state: &AppState, session: &Session, ctx: &mut RequestCtx) {
         || {
             let mut attributes = vec![
                 KeyValue::new("http.request.method", method.unwrap_or("_OTHER")),
-                KeyValue::new("url.path", request.uri.path().to_owned()),
+                KeyValue::new("url.path", bounded(request.uri.path())),
                 KeyValue::new(
                     "network.protocol.version",
                     protocol_version(request.version),
                 ),
                 KeyValue::new("network.peer.address", peer.to_string()),
-                KeyValue::new("floodgate.request_id", ctx.request_id.as_str().to_owned()),
             ];
             if method.is_none() {
                 attributes.push(KeyValue::new(
@@ -160,7 +159,7 @@ pub(super) fn upstream_started(
                 "server.address",
                 address.trim_matches(['[', ']']).to_owned(),
             ),
-            KeyValue::new("url.path", upstream_request.uri.path().to_owned()),
+            KeyValue::new("url.path", bounded(upstream_request.uri.path())),
         ];
         if let Some(port) = port {
             attributes.push(KeyValue::new("server.port", port));
@@ -193,14 +192,14 @@ pub(super) fn finish(
         .and_then(|limit| limit.matcher.paths.iter().find(|p| p.matches(path)))
         .map(|p| p.as_str().to_owned());
     let client = ctx.client.as_ref().map(|c| c.address.to_string());
+    let request_id = ctx.request_id.as_str().to_owned();
     trace.finish(
         status,
         route.as_deref(),
         || {
-            client
-                .into_iter()
-                .map(|a| KeyValue::new("client.address", a))
-                .collect()
+            let mut attributes = vec![KeyValue::new("floodgate.request_id", request_id)];
+            attributes.extend(client.map(|a| KeyValue::new("client.address", a)));
+            attributes
         },
         error.map(|e| e as &dyn std::fmt::Display),
     );

@@ -69,7 +69,10 @@ pub(super) fn decided(
         watched,
     };
     trace.decided_with(tracing, &record, || {
-        vec![KeyValue::new("ratelimit.namespace", ask.domain.to_owned())]
+        vec![KeyValue::new(
+            "ratelimit.namespace",
+            crate::tracing::bounded(ask.domain),
+        )]
     });
 }
 

@@ -37,11 +37,11 @@ const GATHER_FOR: Duration = Duration::from_millis(200);
 enum Message {
     Span(Box<SpanData>),
     /// Send everything queued before this, then answer.
-    Flush(blocking::SyncSender<()>),
+    Flush(tokio::sync::oneshot::Sender<()>),
 }
 
 /// The span processor: ended, sampled spans into the queue.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct QueuedExport {
     queue: mpsc::Sender<Message>,
     queue_full: IntCounter,
@@ -160,7 +160,7 @@ impl Sending {
             // A few more, so that a trickle goes out in one export.
             let gather = tokio::time::sleep(GATHER_FOR);
             tokio::pin!(gather);
-            while messages.len() < self.batch {
+            while messages.len() < self.batch && !asks_flush(&messages) {
                 let room = self.batch - messages.len();
                 tokio::select! {
                     _ = &mut gather => break,
@@ -213,6 +213,26 @@ fn log_failure(reason: &str) {
     }
 }
 
+/// Whether a flush is asked among `messages`: the batch goes out at once.
+fn asks_flush(messages: &[Message]) -> bool {
+    messages.iter().any(|m| matches!(m, Message::Flush(_)))
+}
+
+impl QueuedExport {
+    /// Sends what is queued, waiting at most `within` (at a stop).
+    pub(super) async fn flush(&self, within: Duration) -> bool {
+        let (done, sent) = tokio::sync::oneshot::channel();
+        let queued = matches!(
+            tokio::time::timeout(within, self.queue.send(Message::Flush(done))).await,
+            Ok(Ok(()))
+        );
+        queued
+            && tokio::time::timeout(within, sent)
+                .await
+                .is_ok_and(|r| r.is_ok())
+    }
+}
+
 impl SpanProcessor for QueuedExport {
     fn on_start(&self, _span: &mut Span, _cx: &Context) {}
 
@@ -225,14 +245,13 @@ impl SpanProcessor for QueuedExport {
         }
     }
 
+    /// Asks for what is queued to be sent, without waiting for it (no
+    /// request ever waits on the collector): `QueuedExport::flush` waits.
     fn force_flush(&self) -> OTelSdkResult {
-        let (done, finished) = blocking::sync_channel(1);
+        let (done, _) = tokio::sync::oneshot::channel();
         self.queue
             .try_send(Message::Flush(done))
-            .map_err(|_| OTelSdkError::InternalFailure("the span queue is full".into()))?;
-        finished
-            .recv_timeout(Duration::from_secs(5))
-            .map_err(|_| OTelSdkError::Timeout(Duration::from_secs(5)))
+            .map_err(|_| OTelSdkError::InternalFailure("the span queue is full".into()))
     }
 
     fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {

@@ -15,6 +15,6 @@ mod tracer;
 
 pub use export::{TracingError, TracingMetrics};
 pub use propagation::{HeaderExtractor, MetadataExtractor};
-pub use request::{DecisionRecord, Decisive, RequestTrace};
+pub use request::{bounded, DecisionRecord, Decisive, RequestTrace};
 pub use settings::{Protocol, TracingSettings, TrustParent};
 pub use tracer::Tracing;

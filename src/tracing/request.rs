@@ -39,6 +39,18 @@ pub struct Decisive<'a> {
     pub retry_after: Option<Duration>,
 }
 
+/// At most `MAX_ATTRIBUTE_BYTES` of a text a client wrote (a path may be
+/// 64 KiB): a span stays small, and an export within a collector's limit.
+pub fn bounded(text: &str) -> String {
+    let mut end = text.len().min(MAX_ATTRIBUTE_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
+const MAX_ATTRIBUTE_BYTES: usize = 256;
+
 /// A request's trace, from its head on.
 pub struct RequestTrace {
     server: Context,

@@ -13,7 +13,9 @@ use super::settings::{TracingSettings, TrustParent};
 
 /// What a running process traces with.
 pub struct Tracing {
-    provider: SdkTracerProvider,
+    /// Kept for its spans' life: dropping it would end the export.
+    _provider: SdkTracerProvider,
+    export: QueuedExport,
     pub(super) tracer: SdkTracer,
     pub(super) propagator: TraceContextPropagator,
     trust_parent: TrustParent,
@@ -38,7 +40,7 @@ impl Tracing {
         let resource = resource.build();
         let processor = QueuedExport::start(settings, resource.clone(), metrics)?;
         let provider = SdkTracerProvider::builder()
-            .with_span_processor(processor)
+            .with_span_processor(processor.clone())
             .with_sampler(CappedSampler::new(
                 settings.sample_ratio,
                 settings.max_spans_per_second,
@@ -48,7 +50,8 @@ impl Tracing {
             .build();
         let tracer = provider.tracer("floodgate");
         Ok(Tracing {
-            provider,
+            _provider: provider,
+            export: processor,
             tracer,
             propagator: TraceContextPropagator::new(),
             trust_parent: settings.trust_parent,
@@ -70,9 +73,9 @@ impl Tracing {
         self.trust_parent != TrustParent::Nobody
     }
 
-    /// Sends what is queued (at a stop), blocking until it is sent or the
-    /// export's timeout passes.
-    pub fn flush(&self) {
-        let _ = self.provider.force_flush();
+    /// Sends what is queued (at a stop), waiting at most `within`;
+    /// whether it all went out.
+    pub async fn flush(&self, within: std::time::Duration) -> bool {
+        self.export.flush(within).await
     }
 }

@@ -144,7 +144,10 @@ pub(crate) async fn redis_call<T, E: std::fmt::Display>(
     if let Some(watch) = watch {
         watch.done(&result);
     }
-    answered_by(Answerer::Redis);
+    // A call that failed answered nothing: the fallback, if any, says so.
+    if result.is_ok() {
+        answered_by(Answerer::Redis);
+    }
     result
 }
 
@@ -166,10 +169,20 @@ mod tests {
         })
         .await;
         let answerers: Vec<_> = watched.answerers().collect();
-        assert_eq!(answerers, [Answerer::Redis, Answerer::Lease]);
+        assert_eq!(
+            answerers,
+            [Answerer::Lease],
+            "a failed call answered nothing"
+        );
         assert_eq!(watched.redis_calls.len(), 1);
         assert_eq!(watched.redis_calls[0].operation, "decide");
         assert_eq!(watched.redis_calls[0].failed.as_deref(), Some("timed out"));
+
+        let ((), answered) = super::watched(async {
+            let _: Result<(), String> = redis_call("peek", async { Ok(()) }).await;
+        })
+        .await;
+        assert_eq!(answered.answerers().collect::<Vec<_>>(), [Answerer::Redis]);
 
         // Another watch starts empty.
         let ((), again) = super::watched(async {}).await;
