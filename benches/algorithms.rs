@@ -4,8 +4,8 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use floodgate::algorithm::{Algorithm, Calendar, Decision, Period};
-use floodgate::headers::HeaderStyle;
-use floodgate::headers::{self, Layer, Position};
+use floodgate::proxy::headers::HeaderStyle;
+use floodgate::proxy::headers::{self, Layer, Position};
 
 const SEC: u64 = 1_000_000;
 

@@ -281,21 +281,24 @@ fn loops(deps: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
 
 #[test]
 fn the_rate_limit_headers_know_nothing_of_the_config() {
-    // headers.rs is what a client reads; it is given numbers, not settings,
+    // proxy/headers.rs is what a client reads; it is given numbers, not settings,
     // so that a config change cannot silently change what a 429 says.
     let deps = dependencies(CRATES[0]);
     let headers = deps
-        .get("headers.rs")
-        .expect("headers.rs in the binary crate");
+        .get("proxy/headers.rs")
+        .expect("proxy/headers.rs in the binary crate");
     assert!(
         !headers.is_empty(),
-        "the checker sees headers.rs's own dependencies"
+        "the checker sees proxy/headers.rs's own dependencies"
     );
     let on_config: Vec<&String> = headers
         .iter()
         .filter(|d| d.starts_with("config/"))
         .collect();
-    assert!(on_config.is_empty(), "headers.rs depends on {on_config:?}");
+    assert!(
+        on_config.is_empty(),
+        "proxy/headers.rs depends on {on_config:?}"
+    );
 }
 
 #[test]

@@ -721,7 +721,7 @@ fn no_spelling_of_a_forwarding_header_reaches_the_upstream() {
 /// trusted proxy; the operator adds names and keeps some.
 #[test]
 fn headers_the_upstream_trusts_come_only_from_a_trusted_peer() {
-    use floodgate::client_headers::LISTED;
+    use floodgate::proxy::client_headers::LISTED;
     // The ones an attacker got through once are on the list.
     for name in [
         "client-ip",

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use http::header::{AUTHORIZATION, COOKIE};
 use http::HeaderMap;
 
-use crate::constant_time::same;
+use crate::admin::constant_time::same;
 use crate::identity::random_key;
 use siphasher::sip128::{Hasher128, SipHasher13};
 

@@ -6,8 +6,10 @@
 mod api_keys;
 pub mod auth;
 mod clients;
+pub mod constant_time;
 mod overrides;
 mod reply;
+pub mod status;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,11 +25,11 @@ use auth::{authenticate, Credential, COOKIE_NAME, SESSION_S};
 use clients::Lookup;
 use reply::{error, html, json_reply, text, ApiError};
 
+use crate::admin::status::{unix_now, Scene};
 use crate::clock::{Clock, SystemClock};
 use crate::identity::form_decode;
 use crate::log_throttle::LogThrottle;
-use crate::state::AppState;
-use crate::status::{unix_now, Scene};
+use crate::server::state::AppState;
 
 const STATUS_PAGE: &str = include_str!("status.html");
 /// The page's script: served on its own, so that the page's policy runs
@@ -249,7 +251,7 @@ impl Admin {
         call: Call,
         method: &Method,
         params: &Params,
-        runtime: &crate::state::Runtime,
+        runtime: &crate::server::state::Runtime,
         peer: &str,
     ) -> Result<Value, ApiError> {
         let policy = &runtime.policy;
@@ -293,7 +295,7 @@ impl Admin {
         Ok(answer)
     }
 
-    fn status_json(&self, runtime: &crate::state::Runtime) -> Value {
+    fn status_json(&self, runtime: &crate::server::state::Runtime) -> Value {
         let state = &self.state;
         state.status.to_json(&Scene {
             deciding: state.store.deciding(),

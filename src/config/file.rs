@@ -8,9 +8,9 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 use crate::algorithm::{Kind, Parameter, ALGORITHM_NAMES};
-use crate::headers::HeaderStyle;
 use crate::limiter::{ClockSource, OnFailure};
 use crate::path::EscapedSlashes;
+use crate::proxy::headers::HeaderStyle;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

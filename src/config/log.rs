@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use super::file::LogSection;
 use super::{at, Invalid};
-use crate::access_log::AccessLogTarget;
+use crate::proxy::access_log::AccessLogTarget;
 
 pub(super) fn validate_log(l: &LogSection) -> Result<AccessLogTarget, Invalid> {
     match l.access.as_deref() {

@@ -26,16 +26,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::access_log::AccessLogTarget;
 use crate::admin::auth::AdminToken;
-use crate::headers::HeaderStyle;
 use crate::identity::IdentityKeySource;
 use crate::limiter::{OnFailure, RedisSettings};
 use crate::policy::Policy;
+use crate::proxy::access_log::AccessLogTarget;
+use crate::proxy::headers::HeaderStyle;
+use crate::proxy::upstream::UpstreamSettings;
 use crate::rls::{RlsSettings, RlsTokens};
 use crate::server::settings::ServerSettings;
-use crate::tls::TlsListeners;
-use crate::upstream::UpstreamSettings;
+use crate::server::tls::TlsListeners;
 use file::FileConfig;
 use source::Segment;
 

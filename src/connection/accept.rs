@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use pingora::listeners::ConnectionFilter;
 
 use super::caps::ConnectionCaps;
-use crate::state::AppState;
+use crate::server::state::AppState;
 
 /// The address a connection from `peer` counts against under the
 /// per-address cap: grouped as limits group it, none for a trusted proxy.

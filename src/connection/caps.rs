@@ -11,7 +11,7 @@ use log::warn;
 
 use crate::clock::{Clock, SystemClock};
 use crate::log_throttle::KeyedLogThrottle;
-use crate::metrics::ConnectionMetrics;
+use crate::server::metrics::ConnectionMetrics;
 
 /// `[server]` connection settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

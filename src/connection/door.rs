@@ -19,9 +19,9 @@ use super::caps::{ConnectionCaps, ConnectionSettings};
 use super::clock::HeadClock;
 use super::guarded::GuardedStream;
 use super::h2_watch::H2Watch;
-use crate::metrics::ConnectionMetrics;
 use crate::proxy::Gateway;
-use crate::state::AppState;
+use crate::server::metrics::ConnectionMetrics;
+use crate::server::state::AppState;
 
 /// What a connection speaks, found out by `FrontDoor::protocol`.
 enum Protocol {

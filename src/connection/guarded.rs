@@ -21,7 +21,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::clock::{HeadClock, Overrun, MAX_HEAD_BYTES};
 use super::h2_watch::{ClientFrames, H2Watch, ServerFrames};
-use crate::metrics::ConnectionMetrics;
+use crate::server::metrics::ConnectionMetrics;
 
 /// What a late head gets before the connection closes.
 const REQUEST_TIMEOUT: &[u8] = b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: 33\r\n\r\n{\"error\":\"request_head_timeout\"}\n";

@@ -15,7 +15,7 @@ pub(super) fn access_line(
     status: u16,
     took: Duration,
 ) -> String {
-    use crate::access_log::{json_string, now_rfc3339};
+    use crate::proxy::access_log::{json_string, now_rfc3339};
     use std::fmt::Write;
     let request = session.req_header();
     let mut line = String::with_capacity(320);

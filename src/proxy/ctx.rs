@@ -15,7 +15,7 @@ use crate::connection::h2_watch::H2Stream;
 use crate::identity::Client;
 use crate::limiter::Check;
 use crate::policy::AfterResponse;
-use crate::state::{InFlight, Runtime};
+use crate::server::state::{InFlight, Runtime};
 
 pub struct RequestCtx {
     pub(super) runtime: Arc<Runtime>,
@@ -52,7 +52,7 @@ pub struct RequestCtx {
     /// What the limits said, once decided.
     pub(super) verdict: Option<Verdict>,
     /// Rate-limit headers to add to the upstream's response.
-    pub(super) rate_headers: Vec<crate::headers::Header>,
+    pub(super) rate_headers: Vec<crate::proxy::headers::Header>,
     /// The body read before the decision (`request_body`), boxed: most
     /// requests have none, and every byte of the context is copied as
     /// Pingora moves a request's future.

@@ -9,7 +9,7 @@ use pingora::Result;
 use super::ctx::{peer_ip, RequestCtx};
 use super::header_edit::HeaderEdit;
 use super::request_id::RequestId;
-use crate::header_name::SpelledName;
+use crate::proxy::header_name::SpelledName;
 use crate::request_id;
 
 /// The request id a trusted proxy sent, if it is a plain one; else a new one.
@@ -224,7 +224,7 @@ mod tests {
 
     #[test]
     fn every_name_is_its_spelling_in_lower_case() {
-        crate::header_name::assert_lower_case_of_spelling(&[
+        crate::proxy::header_name::assert_lower_case_of_spelling(&[
             &X_FORWARDED_FOR,
             &X_REAL_IP,
             &X_FORWARDED_PROTO,

@@ -39,12 +39,12 @@ use crate::blocklist::BlockReason;
 use crate::clock::{Clock, SystemClock};
 use crate::connection::clock::HeadClock;
 use crate::connection::h2_watch::{stream_header, H2Stream, STREAM_HEADER_NAME};
-use crate::headers::{self, Position};
 use crate::identity::{normalize_host, Client, IdentityError};
 use crate::jwt::TokenCheck;
 use crate::limiter::{watch, LimiterError};
 use crate::policy::{Layers, Plan, Policy, RequestView};
-use crate::state::AppState;
+use crate::proxy::headers::{self, Position};
+use crate::server::state::AppState;
 
 pub struct Gateway {
     state: Arc<AppState>,

@@ -18,7 +18,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::{Error, ErrorType, Result};
 
-use crate::header_name::SpelledName;
+use crate::proxy::header_name::SpelledName;
 
 pub(super) trait HeaderEdit {
     fn map(&self) -> &HeaderMap;

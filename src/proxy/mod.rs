@@ -27,19 +27,25 @@
 //! ```
 
 mod access;
+pub mod access_log;
 mod answer;
 mod charges;
+pub mod client_headers;
 mod ctx;
 mod decide;
 mod forwarding;
 mod framing;
 mod gateway;
 mod header_edit;
+pub mod header_name;
+pub mod headers;
+pub mod refusal_log;
 mod request_body;
 mod request_id;
 mod slots;
 mod strikes;
 mod traced;
+pub mod upstream;
 mod verdict;
 
 pub use gateway::Gateway;

@@ -3,9 +3,9 @@
 use log::warn;
 
 use super::ctx::RequestCtx;
-use crate::headers;
 use crate::identity::Client;
 use crate::limiter::{Deciding, Store};
+use crate::proxy::headers;
 
 /// After a refusal by limits that ban: one strike on each refused key,
 /// and a ban for a key whose strikes are full. Each ban is taken once

@@ -10,7 +10,7 @@ use pingora::proxy::Session;
 use super::ctx::{peer_ip, RequestCtx};
 use super::verdict::Verdict;
 use crate::limiter::watch::Watched;
-use crate::state::AppState;
+use crate::server::state::AppState;
 use crate::tracing::{bounded, DecisionRecord, Decisive, HeaderExtractor, RequestTrace, Tracing};
 
 /// The server span, from the head on; the caller's trace continued when

@@ -3,11 +3,11 @@
 use log::info;
 
 use crate::algorithm::Decision;
-use crate::headers::{self, Layer, Position};
 use crate::identity::Client;
 use crate::limiter::{Check, Deciding, LimitId, LimitName};
-use crate::refusal_log::RefusalLog;
-use crate::state::Runtime;
+use crate::proxy::headers::{self, Layer, Position};
+use crate::proxy::refusal_log::RefusalLog;
+use crate::server::state::Runtime;
 
 /// One layer's answer: a rate layer's decision or a concurrency layer's slot.
 pub(super) struct Outcome {

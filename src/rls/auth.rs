@@ -5,7 +5,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::constant_time::same;
+use crate::admin::constant_time::same;
 
 /// The tokens `[rls].token_file` holds, one a line, any of them accepted
 /// (a new one is rolled out to the Envoys while the old one still holds);

@@ -9,13 +9,13 @@ use log::info;
 use smallvec::SmallVec;
 
 use crate::algorithm::{Decision, MAX_EXACT};
-use crate::headers::{self, Header, Layer, Position, RETRY_AFTER};
 use crate::identity::KeySource;
 use crate::limiter::{Check, Deciding, LimitId, OnFailure, Store};
-use crate::metrics::RlsMetrics;
 use crate::policy::{remote_address, Limit, Policy, Rule};
-use crate::refusal_log::RefusalLog;
-use crate::state::Runtime;
+use crate::proxy::headers::{self, Header, Layer, Position, RETRY_AFTER};
+use crate::proxy::refusal_log::RefusalLog;
+use crate::server::metrics::RlsMetrics;
+use crate::server::state::Runtime;
 
 /// A call, as Envoy sent it (checked for size by the service).
 pub struct Ask<'a> {

@@ -34,8 +34,8 @@ use tokio_rustls::TlsAcceptor;
 use tonic::transport::server::Connected;
 
 use crate::connection::{counted_as, CapReached, ConnectionCaps, Permit};
-use crate::metrics::ConnectionMetrics;
-use crate::state::AppState;
+use crate::server::metrics::ConnectionMetrics;
+use crate::server::state::AppState;
 
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -379,7 +379,7 @@ impl AsyncWrite for RlsConnection {
 mod tests {
     use super::*;
     use crate::connection::ConnectionSettings;
-    use crate::metrics::Metrics;
+    use crate::server::metrics::Metrics;
 
     /// A connection let through, over one end of an in-memory pipe.
     fn connection(idle_timeout: Duration) -> (RlsConnection, tokio::io::DuplexStream) {

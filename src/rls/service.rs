@@ -32,8 +32,8 @@ use crate::connection::{ConnectionCaps, ConnectionSettings};
 use crate::limiter::watch;
 use crate::log_throttle::LogThrottle;
 use crate::policy::MAX_ENTRIES;
-use crate::state::AppState;
-use crate::tls::CertResolver;
+use crate::server::state::AppState;
+use crate::server::tls::CertResolver;
 
 /// The most descriptors one call may carry: Envoy sends one per
 /// `rate_limits` action that applies, a handful.

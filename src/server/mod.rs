@@ -1,6 +1,10 @@
 //! Wires a validated `Config` into a Pingora server.
 
+pub mod metrics;
 pub mod settings;
+pub mod signals;
+pub mod state;
+pub mod tls;
 mod warmed;
 
 pub use settings::ServerSettings;
@@ -16,7 +20,6 @@ use pingora::server::{RunArgs, Server, ShutdownWatch};
 use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::listening::Service;
 
-use crate::access_log::AccessLog;
 use crate::admin::Admin;
 use crate::clock::{Clock, OffsetClock, SystemClock};
 use crate::config::{Config, Inputs};
@@ -27,10 +30,11 @@ use crate::limiter::{
     Fallback, Forgetter, Instances, KnownRefusals, Leased, MemoryStore, RedisCluster,
     RedisSettings, RedisStandalone, Roster, Store,
 };
-use crate::metrics::Metrics;
+use crate::proxy::access_log::AccessLog;
 use crate::proxy::Gateway;
-use crate::signals::Signals;
-use crate::state::{AppState, Runtime};
+use crate::server::metrics::Metrics;
+use crate::server::signals::Signals;
+use crate::server::state::{AppState, Runtime};
 use warmed::{WarmUp, Warmed};
 
 #[derive(Debug, thiserror::Error)]
@@ -137,7 +141,7 @@ struct StatusSampler {
 #[async_trait::async_trait]
 impl BackgroundService for StatusSampler {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut tick = tokio::time::interval(crate::status::STEP);
+        let mut tick = tokio::time::interval(crate::admin::status::STEP);
         // A stalled process takes its next sample a step later, not a burst
         // of samples a moment apart.
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);

@@ -14,7 +14,7 @@ use pingora::server::{ListenFds, ShutdownWatch};
 use pingora::services::Service;
 use tokio::sync::OnceCell;
 
-use crate::state::AppState;
+use crate::server::state::AppState;
 
 /// How long the start waits for the run-time clients to load from Redis.
 const CLIENTS_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);

@@ -1,5 +1,5 @@
 //! The series the limiter reports through. They are built and registered by
-//! the binary's registry (`floodgate::metrics`); the limiter only counts.
+//! the binary's registry (`floodgate::server::metrics`); the limiter only counts.
 
 use prometheus::{Histogram, IntCounter, IntGauge};
 

@@ -5,7 +5,7 @@ use http::HeaderValue;
 use serde::Deserialize;
 
 use crate::algorithm::Decision;
-use crate::header_name::SpelledName;
+use crate::proxy::header_name::SpelledName;
 
 pub static RATELIMIT_LIMIT: SpelledName =
     SpelledName::from_static("ratelimit-limit", "RateLimit-Limit");
@@ -271,7 +271,7 @@ mod tests {
 
     #[test]
     fn every_name_is_its_spelling_in_lower_case() {
-        crate::header_name::assert_lower_case_of_spelling(&[
+        crate::proxy::header_name::assert_lower_case_of_spelling(&[
             &RATELIMIT_LIMIT,
             &RATELIMIT_REMAINING,
             &RATELIMIT_RESET,

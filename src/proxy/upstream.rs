@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::header_name::SpelledName;
+use crate::proxy::header_name::SpelledName;
 use pingora::prelude::HttpPeer;
 
-use crate::client_headers::ClientHeaders;
+use crate::proxy::client_headers::ClientHeaders;
 
 /// `[upstream]`: where requests go and how.
 #[derive(Debug, Clone)]

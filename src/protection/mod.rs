@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwapOption;
 
 use crate::identity::Tier;
-use crate::metrics::ProtectionMetrics;
 use crate::policy::{Matcher, RequestView};
+use crate::server::metrics::ProtectionMetrics;
 use controller::{Controller, ControllerSettings};
 
 /// `[upstream.protection]`, validated.

@@ -9,17 +9,17 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use log::{error, info, warn};
 
-use crate::access_log::AccessLog;
 use crate::admin::auth::AdminToken;
+use crate::admin::status::Status;
 use crate::config::{Config, Inputs};
-use crate::headers::HeaderStyle;
 use crate::limiter::{Deciding, Instances, LimitId, Store};
-use crate::metrics::{LayerCounters, Metrics};
 use crate::policy::{Limit, Policy};
+use crate::proxy::access_log::AccessLog;
+use crate::proxy::headers::HeaderStyle;
+use crate::proxy::upstream::Upstreams;
 use crate::rls::RlsTokens;
-use crate::status::Status;
-use crate::tls::CertResolver;
-use crate::upstream::Upstreams;
+use crate::server::metrics::{LayerCounters, Metrics};
+use crate::server::tls::CertResolver;
 
 /// One configuration generation. A request keeps the generation it started
 /// with, so a reload never changes the rules under a request in flight.
@@ -86,7 +86,7 @@ pub struct AppState {
     /// When each client was last logged as refused by each limit (kept
     /// across reloads): a client refused at full speed must not fill the
     /// disk, nor cost a line's formatting per refusal.
-    pub refusal_log: crate::refusal_log::RefusalLog,
+    pub refusal_log: crate::proxy::refusal_log::RefusalLog,
     /// `[server].header_timeout`: also the grace before a body's pace counts.
     pub header_timeout: std::time::Duration,
     /// `[server].slot_body_timeout`.
@@ -131,7 +131,7 @@ impl AppState {
     /// The clock the refusal lines are spaced on: the proxy's own (a test
     /// moves it rather than wait).
     pub fn with_clock(mut self, clock: Arc<dyn crate::clock::Clock>) -> AppState {
-        self.refusal_log = crate::refusal_log::RefusalLog::new(clock);
+        self.refusal_log = crate::proxy::refusal_log::RefusalLog::new(clock);
         self
     }
 
@@ -176,7 +176,9 @@ impl AppState {
                 std::time::Duration::from_secs(60),
                 std::time::Duration::ZERO,
             ),
-            refusal_log: crate::refusal_log::RefusalLog::new(Arc::new(crate::clock::SystemClock)),
+            refusal_log: crate::proxy::refusal_log::RefusalLog::new(Arc::new(
+                crate::clock::SystemClock,
+            )),
             header_timeout: config.server.header_timeout,
             slot_body_timeout: config.server.slot_body_timeout,
             instances,

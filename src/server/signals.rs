@@ -12,7 +12,7 @@ use pingora::server::{ShutdownSignal, ShutdownSignalWatch};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::limiter::Roster;
-use crate::state::AppState;
+use crate::server::state::AppState;
 
 pub struct Signals {
     state: Arc<AppState>,

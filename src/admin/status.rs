@@ -10,8 +10,8 @@ use serde_json::{json, Value};
 
 use crate::identity::Client;
 use crate::limiter::{Deciding, LimitName};
-use crate::metrics::LayerCounters;
 use crate::policy::Limit;
+use crate::server::metrics::LayerCounters;
 
 /// One point of a chart per this long.
 pub const STEP: Duration = Duration::from_secs(5);
