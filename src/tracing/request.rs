@@ -57,7 +57,7 @@ pub struct RequestTrace {
     upstream: Option<Context>,
     /// For the span's final name, once its route is known (kept only when
     /// the span is recorded).
-    method: Option<String>,
+    method: Option<&'static str>,
 }
 
 impl RequestTrace {
@@ -67,7 +67,7 @@ impl RequestTrace {
         tracing: &Tracing,
         carrier: &dyn Extractor,
         honour_parent: bool,
-        name: &str,
+        name: &'static str,
         attributes: impl FnOnce() -> Vec<KeyValue>,
     ) -> RequestTrace {
         let parent = if honour_parent {
@@ -77,7 +77,7 @@ impl RequestTrace {
         };
         let span = tracing
             .tracer
-            .span_builder(name.to_owned())
+            .span_builder(name)
             .with_kind(SpanKind::Server)
             .start_with_context(&tracing.tracer, &parent);
         let server = parent.with_span(span);
@@ -88,7 +88,7 @@ impl RequestTrace {
         RequestTrace {
             server,
             upstream: None,
-            method: recording.then(|| name.to_owned()),
+            method: recording.then_some(name),
         }
     }
 
@@ -135,7 +135,7 @@ impl RequestTrace {
     pub fn upstream_started(
         &mut self,
         tracing: &Tracing,
-        method: &str,
+        method: &'static str,
         attributes: impl FnOnce() -> Vec<KeyValue>,
     ) -> Vec<(&'static str, String)> {
         if let Some(earlier) = self.upstream.take() {
@@ -148,7 +148,7 @@ impl RequestTrace {
         if self.sampled() {
             let span = tracing
                 .tracer
-                .span_builder(method.to_owned())
+                .span_builder(method)
                 .with_kind(SpanKind::Client)
                 .with_attributes(attributes())
                 .start_with_context(&tracing.tracer, &self.server);
