@@ -1035,3 +1035,7 @@ mod reservation_tests {
         );
     }
 }
+
+#[cfg(test)]
+#[path = "policy_tests.rs"]
+mod tests;
