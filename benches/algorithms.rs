@@ -3,9 +3,9 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use floodgate::algorithm::{Algorithm, Calendar, Decision, Period};
 use floodgate::proxy::headers::HeaderStyle;
 use floodgate::proxy::headers::{self, Layer, Position};
+use floodgate_algorithm::{Algorithm, Calendar, Decision, Period};
 
 const SEC: u64 = 1_000_000;
 

@@ -6,15 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use floodgate::algorithm::Algorithm;
-use floodgate::clock::SystemClock;
-use floodgate::limiter::redis::LeaseSettings;
-use floodgate::limiter::StateKey;
-use floodgate::limiter::{Check, Instances, Leased, LimitName, MemoryStore, OnFailure, Store};
+use floodgate_algorithm::Algorithm;
+use floodgate_limiter::clock::SystemClock;
+use floodgate_limiter::redis::LeaseSettings;
+use floodgate_limiter::StateKey;
+use floodgate_limiter::{Check, Instances, Leased, LimitName, MemoryStore, OnFailure, Store};
 
 fn check(algorithm: Algorithm) -> Check {
     Check {
-        limit: floodgate::limiter::LimitId(0),
+        limit: floodgate_limiter::LimitId(0),
         name: LimitName::new("global"),
         algorithm,
         key: StateKey {

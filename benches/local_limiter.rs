@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use floodgate::algorithm::Algorithm;
-use floodgate::clock::SystemClock;
-use floodgate::limiter::StateKey;
-use floodgate::limiter::{Check, LimitName, MemoryStore, OnFailure};
+use floodgate_algorithm::Algorithm;
+use floodgate_limiter::clock::SystemClock;
+use floodgate_limiter::StateKey;
+use floodgate_limiter::{Check, LimitName, MemoryStore, OnFailure};
 
 const SEC: u64 = 1_000_000;
 
@@ -16,7 +16,7 @@ fn checks(identity: u128) -> [Check; 2] {
     let name = LimitName::new("per-ip");
     // Generous limits: the admitted path, which writes state, is the one measured.
     let check = |limit: u64, algorithm| Check {
-        limit: floodgate::limiter::LimitId(limit as usize),
+        limit: floodgate_limiter::LimitId(limit as usize),
         name: name.clone(),
         algorithm,
         key: StateKey { limit, identity },

@@ -11,11 +11,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use floodgate::algorithm::Algorithm;
 use floodgate::config::{Config, Inputs};
-use floodgate::identity::{KeyEntry, KnownPart, RunTimeKeys};
-use floodgate::policy::overrides::{Override, OverrideKey, RunTimeOverrides};
-use floodgate::policy::{Plan, RequestView, Rule};
+use floodgate_algorithm::Algorithm;
+use floodgate_policy::identity::{KeyEntry, KnownPart, RunTimeKeys};
+use floodgate_policy::overrides::{Override, OverrideKey, RunTimeOverrides};
+use floodgate_policy::{Plan, RequestView, Rule};
 use http::{HeaderMap, HeaderValue, Method};
 
 const KEYS: u64 = 1_000_000;

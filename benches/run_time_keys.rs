@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use floodgate::config::{Config, Inputs};
-use floodgate::identity::{KeyEntry, RunTimeKeys};
+use floodgate_policy::identity::{KeyEntry, RunTimeKeys};
 use http::{HeaderMap, HeaderValue};
 
 const KEYS: u64 = 1_000_000;

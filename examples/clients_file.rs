@@ -10,12 +10,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use floodgate::algorithm::Algorithm;
 use floodgate::clients::{OverrideChecker, RunTimeClients, Tables};
 use floodgate::config::{Config, Inputs};
-use floodgate::identity::{KeyEntry, KeySource, KnownPart};
-use floodgate::policy::overrides::{Override, OverrideKey};
-use floodgate::policy::Rule;
+use floodgate_algorithm::Algorithm;
+use floodgate_policy::identity::{KeyEntry, KeySource, KnownPart};
+use floodgate_policy::overrides::{Override, OverrideKey};
+use floodgate_policy::Rule;
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -5,10 +5,10 @@
 
 use std::sync::Arc;
 
-use floodgate::algorithm::Algorithm;
-use floodgate::clock::ManualClock;
-use floodgate::limiter::StateKey;
-use floodgate::limiter::{Check, LimitName, MemoryStore, OnFailure};
+use floodgate_algorithm::Algorithm;
+use floodgate_limiter::clock::ManualClock;
+use floodgate_limiter::StateKey;
+use floodgate_limiter::{Check, LimitName, MemoryStore, OnFailure};
 
 const KEYS: usize = 1_000_000;
 
@@ -59,7 +59,7 @@ fn measure(which: usize) {
         let name = LimitName::new("per-ip");
         for identity in 0..KEYS as u128 {
             let check = Check {
-                limit: floodgate::limiter::LimitId(0),
+                limit: floodgate_limiter::LimitId(0),
                 name: name.clone(),
                 algorithm,
                 key: StateKey {

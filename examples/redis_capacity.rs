@@ -9,11 +9,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use floodgate::algorithm::Algorithm;
-use floodgate::clock::SystemClock;
-use floodgate::limiter::redis::{InstanceCount, LeaseSettings, Topology};
-use floodgate::limiter::StateKey;
-use floodgate::limiter::{
+use floodgate_algorithm::Algorithm;
+use floodgate_limiter::clock::SystemClock;
+use floodgate_limiter::redis::{InstanceCount, LeaseSettings, Topology};
+use floodgate_limiter::StateKey;
+use floodgate_limiter::{
     Check, ClockSource, Instances, Leased, LimitName, OnFailure, RedisSettings, RedisStandalone,
     Store,
 };
@@ -25,7 +25,7 @@ const CLIENTS: u128 = 1_000;
 fn layers(algorithm: Algorithm, count: usize, client: u128, lease: bool) -> Vec<Check> {
     (0..count)
         .map(|layer| Check {
-            limit: floodgate::limiter::LimitId(layer),
+            limit: floodgate_limiter::LimitId(layer),
             name: LimitName::new(&format!("layer-{layer}")),
             algorithm,
             key: StateKey {

@@ -14,11 +14,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use floodgate::algorithm::Algorithm;
-use floodgate::clock::SystemClock;
-use floodgate::limiter::redis::{InstanceCount, Topology};
-use floodgate::limiter::StateKey;
-use floodgate::limiter::{
+use floodgate_algorithm::Algorithm;
+use floodgate_limiter::clock::SystemClock;
+use floodgate_limiter::redis::{InstanceCount, Topology};
+use floodgate_limiter::StateKey;
+use floodgate_limiter::{
     Check, ClockSource, LimitName, OnFailure, RedisCluster, RedisSettings, Store,
 };
 
@@ -29,7 +29,7 @@ fn layers(count: usize, client: u128) -> Vec<Check> {
     let algorithm = Algorithm::token_bucket(1 << 20, 1_000).expect("valid");
     (0..count)
         .map(|layer| Check {
-            limit: floodgate::limiter::LimitId(layer),
+            limit: floodgate_limiter::LimitId(layer),
             name: LimitName::new(&format!("layer-{layer}")),
             algorithm,
             key: StateKey {

@@ -7,6 +7,7 @@
 #   SECTIONS="main redis clients threads nokeepalive flood curves tracing" (the default: all)
 #   FLOODGATE_BEFORE=path/to/an/older/floodgate   adds that build's rows beside
 #                                                 this one's (a before/after run)
+#   LOADTEST_BUILT=1                              measures target/release as it is
 #
 # Installs oha (cargo install), nginx and redis-server when missing, builds
 # floodgate and examples/bare_proxy.rs in release mode, then measures each
@@ -24,7 +25,9 @@ BEFORE="${FLOODGATE_BEFORE:-}"
 FLOODGATE_NEEDS_REDIS=1 source scripts/setup.sh
 source scripts/bench_tools.sh
 command -v python3 >/dev/null 2>&1 || { echo "python3 is needed to read oha's JSON" >&2; exit 1; }
-cargo build --release --quiet --bin floodgate --example bare_proxy --example clients_file
+# LOADTEST_BUILT=1 measures the binaries already in target/release (built
+# from another tree state, or to measure again without building).
+[ "${LOADTEST_BUILT:-0}" = 1 ] || cargo build --release --quiet --bin floodgate --example bare_proxy --example clients_file
 FLOODGATE="$PWD/target/release/floodgate"
 BARE="$PWD/target/release/examples/bare_proxy"
 
@@ -482,8 +485,9 @@ def references(section, label):
 
 titles = {"clients": "Clients as data (memory store, one worker, keep-alive): 1,000,000 run-time keys and 100,000 overrides loaded, beside none", "redis": "Redis at the numbers users sell (one worker, keep-alive): a fleet-wide window and bucket, a daily limit per client", "flood": "A flood of connections from one address over its cap (1): attempts/s and CPU per attempt", "main": "One worker per proxy, keep-alive", "threads": "Threads: floodgate and the bare proxy with 1, 2, 4 threads, nginx with 1, 2, 4 workers",
           "nokeepalive": "Without keep-alive (oha --disable-keepalive): a new connection per request",
-          "curves": "Cost curves: floodgate memory store, one worker; each step against the one before"}
-for section in ("main", "redis", "clients", "threads", "nokeepalive", "flood", "curves"):
+          "curves": "Cost curves: floodgate memory store, one worker; each step against the one before",
+          "tracing": "Tracing (memory store admitting, one worker, keep-alive): [tracing] absent, at ratio 0.01 and 1.0 exporting to a local OTLP collector"}
+for section in ("main", "redis", "clients", "threads", "nokeepalive", "flood", "curves", "tracing"):
     part = [r for r in rows if r[0] == section]
     if not part:
         continue

@@ -13,9 +13,9 @@ use anyhow::Context;
 // mimalloc per proxied request).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use floodgate::clock::{Clock, SystemClock};
 use floodgate::config::{Config, Inputs};
-use floodgate::log_throttle::LogThrottle;
+use floodgate_limiter::clock::{Clock, SystemClock};
+use floodgate_limiter::log_throttle::LogThrottle;
 
 const USAGE: &str = "\
 floodgate: an edge rate-limiting reverse proxy
@@ -245,9 +245,9 @@ fn run(file: &std::path::Path) -> anyhow::Result<()> {
 /// `floodgate simulate`: the limit's algorithm (and those compared) over
 /// the pattern, the summary printed, the chart written.
 fn simulate(s: &Simulation) -> anyhow::Result<()> {
-    use floodgate::algorithm::Kind;
-    use floodgate::policy::Rule;
     use floodgate::simulate::{parse_arrivals, parse_pattern, simulate, svg, translate};
+    use floodgate_algorithm::Kind;
+    use floodgate_policy::Rule;
 
     let config = Config::load(&s.config, &Inputs::from_process())?;
     let limit = config

@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use crate::algorithm::{Algorithm, AlgorithmError, Kind, MAX_SLIDING_LOG};
+use floodgate_algorithm::{Algorithm, AlgorithmError, Kind, MAX_SLIDING_LOG};
 
 const SEC_US: u64 = 1_000_000;
 

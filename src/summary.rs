@@ -3,13 +3,13 @@
 use std::fmt::Write;
 use std::time::Duration;
 
-use crate::algorithm::ALGORITHMS;
-use crate::policy::{AfterResponse, KeySource, OnMissing, Rule};
+use floodgate_algorithm::ALGORITHMS;
+use floodgate_policy::{AfterResponse, KeySource, OnMissing, Rule};
 
 use crate::config::Config;
-use crate::identity::IdentityKeySource;
-use crate::limiter::redis::InstanceCount;
-use crate::path::EscapedSlashes;
+use floodgate_limiter::redis::InstanceCount;
+use floodgate_policy::identity::IdentityKeySource;
+use floodgate_policy::path::EscapedSlashes;
 
 pub fn describe(config: &Config) -> String {
     let mut out = String::new();
@@ -237,7 +237,7 @@ pub fn describe(config: &Config) -> String {
         // A key the client may leave out, skipped when it does, with no
         // other limit but by address on its routes: leaving it out is a
         // way around it.
-        let can_dodge = |l: &crate::policy::Limit| {
+        let can_dodge = |l: &floodgate_policy::Limit| {
             l.shadow || (l.key.omittable() && l.on_missing == OnMissing::Skip)
         };
         let dodged = !limit.shadow

@@ -9,14 +9,14 @@ use std::time::Duration;
 
 use common::redis_server::RedisServer;
 use common::Rng;
-use floodgate::algorithm::{
+use floodgate_algorithm::{
     takes_lease, Algorithm, AlgorithmError, Calendar, Decision, Period, MAX_COUNT, MAX_SCALED,
     MAX_SLIDING_LOG, MAX_WINDOW_US,
 };
-use floodgate::clock::ManualClock;
-use floodgate::limiter::redis::{InstanceCount, Topology};
-use floodgate::limiter::StateKey;
-use floodgate::limiter::{
+use floodgate_limiter::clock::ManualClock;
+use floodgate_limiter::redis::{InstanceCount, Topology};
+use floodgate_limiter::StateKey;
+use floodgate_limiter::{
     Check, ClockSource, LeaseAsk, LimitName, MemoryStore, OnFailure, RedisSettings,
     RedisStandalone, Store,
 };
@@ -84,7 +84,7 @@ fn request(rng: &mut Rng, name: &str, layers: &[Algorithm], client: u128, cost: 
         .iter()
         .enumerate()
         .map(|(layer, algorithm)| Check {
-            limit: floodgate::limiter::LimitId(layer),
+            limit: floodgate_limiter::LimitId(layer),
             name: LimitName::new(&format!("{name}-{layer}")),
             algorithm: *algorithm,
             key: StateKey {
@@ -584,7 +584,7 @@ fn lua_scripts_match_their_rust_twins_across_their_whole_range() {
 }
 
 fn clock_now(clock: &ManualClock) -> u64 {
-    use floodgate::clock::Clock;
+    use floodgate_limiter::clock::Clock;
     clock.now_us()
 }
 

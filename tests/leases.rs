@@ -496,11 +496,11 @@ fn a_stop_and_a_reload_give_the_unused_units_back() {
 fn three_stores_leasing_from_one_redis_never_admit_past_the_limit() {
     use std::sync::Arc;
 
-    use floodgate::algorithm::{Algorithm, Kind};
-    use floodgate::clock::{Clock, ManualClock};
-    use floodgate::limiter::redis::{InstanceCount, LeaseSettings, Topology};
-    use floodgate::limiter::StateKey;
-    use floodgate::limiter::{
+    use floodgate_algorithm::{Algorithm, Kind};
+    use floodgate_limiter::clock::{Clock, ManualClock};
+    use floodgate_limiter::redis::{InstanceCount, LeaseSettings, Topology};
+    use floodgate_limiter::StateKey;
+    use floodgate_limiter::{
         Check, ClockSource, Instances, Leased, LimitName, MemoryStore, OnFailure, RedisSettings,
         RedisStandalone, Store,
     };
@@ -546,7 +546,7 @@ fn three_stores_leasing_from_one_redis_never_admit_past_the_limit() {
         let clock = Arc::new(ManualClock::new(1_800_000_000_000_000));
         let name = format!("shared-{seed}");
         let check = |cost| Check {
-            limit: floodgate::limiter::LimitId(0),
+            limit: floodgate_limiter::LimitId(0),
             name: LimitName::new(&name),
             algorithm,
             key: StateKey {

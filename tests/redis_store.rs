@@ -411,31 +411,31 @@ fn a_password_in_the_url_and_rediss_with_a_private_ca() {
 
 /// What a test that drives a store directly gives it: a refusal when Redis
 /// fails, no leases.
-fn driven(topology: floodgate::limiter::redis::Topology) -> floodgate::limiter::RedisSettings {
-    floodgate::limiter::RedisSettings {
+fn driven(topology: floodgate_limiter::redis::Topology) -> floodgate_limiter::RedisSettings {
+    floodgate_limiter::RedisSettings {
         topology,
         timeout: Duration::from_secs(5),
-        clock: floodgate::limiter::ClockSource::Redis,
+        clock: floodgate_limiter::ClockSource::Redis,
         key_prefix: "together".into(),
-        on_failure: floodgate::limiter::OnFailure::Deny,
-        instances: floodgate::limiter::redis::InstanceCount::Fixed(1),
+        on_failure: floodgate_limiter::OnFailure::Deny,
+        instances: floodgate_limiter::redis::InstanceCount::Fixed(1),
         tls_ca: None,
         leases: None,
     }
 }
 
 /// `identity`'s one layer: `capacity` requests an hour.
-fn per_client(identity: u128, capacity: u64) -> floodgate::limiter::Check {
-    floodgate::limiter::Check {
-        limit: floodgate::limiter::LimitId(0),
-        name: floodgate::limiter::LimitName::new("per-client"),
-        algorithm: floodgate::algorithm::Algorithm::fixed_window(capacity, 3_600_000_000)
+fn per_client(identity: u128, capacity: u64) -> floodgate_limiter::Check {
+    floodgate_limiter::Check {
+        limit: floodgate_limiter::LimitId(0),
+        name: floodgate_limiter::LimitName::new("per-client"),
+        algorithm: floodgate_algorithm::Algorithm::fixed_window(capacity, 3_600_000_000)
             .expect("valid numbers"),
-        key: floodgate::limiter::StateKey { limit: 0, identity },
+        key: floodgate_limiter::StateKey { limit: 0, identity },
         cost: 1,
         shadow: false,
         peek: false,
-        on_failure: floodgate::limiter::OnFailure::Deny,
+        on_failure: floodgate_limiter::OnFailure::Deny,
         lease: false,
     }
 }
@@ -447,9 +447,9 @@ fn per_client(identity: u128, capacity: u64) -> floodgate::limiter::Check {
 fn concurrent_decisions_share_one_script_run() {
     use std::sync::Arc;
 
-    use floodgate::clock::SystemClock;
-    use floodgate::limiter::redis::Topology;
-    use floodgate::limiter::{RedisStandalone, Store};
+    use floodgate_limiter::clock::SystemClock;
+    use floodgate_limiter::redis::Topology;
+    use floodgate_limiter::{RedisStandalone, Store};
 
     let redis = RedisServer::start();
     let limiter = RedisStandalone::new(
@@ -488,9 +488,9 @@ fn concurrent_decisions_share_one_script_run() {
 fn a_caller_that_gave_up_while_its_run_waited_for_the_connection_is_not_charged() {
     use std::sync::Arc;
 
-    use floodgate::clock::SystemClock;
-    use floodgate::limiter::redis::Topology;
-    use floodgate::limiter::{RedisStandalone, Store};
+    use floodgate_limiter::clock::SystemClock;
+    use floodgate_limiter::redis::Topology;
+    use floodgate_limiter::{RedisStandalone, Store};
 
     let redis = RedisServer::start();
     let limiter = RedisStandalone::new(
@@ -539,9 +539,9 @@ fn a_caller_that_gave_up_while_its_run_waited_for_the_connection_is_not_charged(
 fn cluster_decisions_requested_together_share_a_run_per_slot() {
     use std::sync::Arc;
 
-    use floodgate::clock::SystemClock;
-    use floodgate::limiter::redis::Topology;
-    use floodgate::limiter::{Check, RedisCluster as ClusterStore, Store};
+    use floodgate_limiter::clock::SystemClock;
+    use floodgate_limiter::redis::Topology;
+    use floodgate_limiter::{Check, RedisCluster as ClusterStore, Store};
 
     let cluster = RedisCluster::start();
     let limiter = ClusterStore::new(

@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use common::redis_server::{RedisCluster as LocalCluster, RedisServer};
 use common::Rng;
-use floodgate::algorithm::Decision;
-use floodgate::clock::ManualClock;
-use floodgate::limiter::redis::{InstanceCount, Topology};
-use floodgate::limiter::StateKey;
-use floodgate::limiter::{
+use floodgate_algorithm::Decision;
+use floodgate_limiter::clock::ManualClock;
+use floodgate_limiter::redis::{InstanceCount, Topology};
+use floodgate_limiter::StateKey;
+use floodgate_limiter::{
     ClockSource, LimitName, MemoryStore, OnFailure, RedisCluster, RedisSettings, RedisStandalone,
     Slot, Store,
 };

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::redis_server::{RedisCluster as LocalCluster, RedisServer};
-use floodgate::algorithm::{Algorithm, Decision};
-use floodgate::clock::ManualClock;
-use floodgate::limiter::redis::{InstanceCount, Topology};
-use floodgate::limiter::StateKey;
-use floodgate::limiter::{
+use floodgate_algorithm::{Algorithm, Decision};
+use floodgate_limiter::clock::ManualClock;
+use floodgate_limiter::redis::{InstanceCount, Topology};
+use floodgate_limiter::StateKey;
+use floodgate_limiter::{
     Check, ClockSource, LimitName, MemoryStore, OnFailure, RedisCluster, RedisSettings,
     RedisStandalone, Store,
 };
@@ -23,7 +23,7 @@ const T0: u64 = 1_800_000_000 * SEC;
 
 fn check(name: &str, limit: u64, identity: u128, cost: u64) -> Check {
     Check {
-        limit: floodgate::limiter::LimitId(0),
+        limit: floodgate_limiter::LimitId(0),
         name: LimitName::new(name),
         algorithm: Algorithm::fixed_window(limit, 3_600 * SEC).expect("valid numbers"),
         key: StateKey {

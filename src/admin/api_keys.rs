@@ -8,8 +8,8 @@ use serde_json::{json, Map, Value};
 
 use super::reply::ApiError;
 use crate::clients::{hash_hex, parse_hash, ClientsError, RunTimeClients, MAX_IMPORT};
-use crate::identity::{ApiKey, KeyEntry, ANONYMOUS, INTERNAL};
-use crate::policy::Policy;
+use floodgate_policy::identity::{ApiKey, KeyEntry, ANONYMOUS, INTERNAL};
+use floodgate_policy::Policy;
 
 /// The longest key taken: a header's value, not a document.
 const MAX_KEY_BYTES: usize = 256;

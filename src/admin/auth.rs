@@ -9,7 +9,7 @@ use http::header::{AUTHORIZATION, COOKIE};
 use http::HeaderMap;
 
 use crate::admin::constant_time::same;
-use crate::identity::random_key;
+use floodgate_policy::identity::random_key;
 use siphasher::sip128::{Hasher128, SipHasher13};
 
 /// The status page's session cookie: the token itself, HttpOnly and

@@ -9,14 +9,14 @@ use serde_json::{json, Value};
 
 use super::api_keys::rfc3339;
 use super::reply::ApiError;
-use crate::algorithm::{Algorithm, Decision};
 use crate::clients::StoredOverride;
-use crate::identity::{ApiKey, KeySource, KnownPart, Tier, SUBJECT};
-use crate::limiter::StateKey;
-use crate::limiter::{Check, LimitId, LimitName, OnFailure, Store};
-use crate::policy::overrides::OverrideKey;
-use crate::policy::Limit;
-use crate::policy::{OnMissing, Policy, Rule};
+use floodgate_algorithm::{Algorithm, Decision};
+use floodgate_limiter::StateKey;
+use floodgate_limiter::{Check, LimitId, LimitName, OnFailure, Store};
+use floodgate_policy::identity::{ApiKey, KeySource, KnownPart, Tier, SUBJECT};
+use floodgate_policy::overrides::OverrideKey;
+use floodgate_policy::Limit;
+use floodgate_policy::{OnMissing, Policy, Rule};
 
 /// What the operator named the client by.
 #[derive(Debug, Clone)]

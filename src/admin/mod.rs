@@ -26,10 +26,10 @@ use clients::Lookup;
 use reply::{error, html, json_reply, text, ApiError};
 
 use crate::admin::status::{unix_now, Scene};
-use crate::clock::{Clock, SystemClock};
-use crate::identity::form_decode;
-use crate::log_throttle::LogThrottle;
 use crate::server::state::AppState;
+use floodgate_limiter::clock::{Clock, SystemClock};
+use floodgate_limiter::log_throttle::LogThrottle;
+use floodgate_policy::identity::form_decode;
 
 const STATUS_PAGE: &str = include_str!("status.html");
 /// The page's script: served on its own, so that the page's policy runs
@@ -449,8 +449,8 @@ fn routes_hint() -> String {
 async fn clients_call(
     method: &Method,
     params: &Params,
-    policy: &crate::policy::Policy,
-    store: &dyn crate::limiter::Store,
+    policy: &floodgate_policy::Policy,
+    store: &dyn floodgate_limiter::Store,
     peer: &str,
     who: &mut Option<String>,
 ) -> Result<Value, ApiError> {
@@ -471,8 +471,8 @@ async fn clients_call(
 /// `POST /v1/clients/credit`; `who` is set to the client's label.
 async fn credit_call(
     session: &mut ServerSession,
-    policy: &crate::policy::Policy,
-    store: &dyn crate::limiter::Store,
+    policy: &floodgate_policy::Policy,
+    store: &dyn floodgate_limiter::Store,
     peer: &str,
     who: &mut Option<String>,
 ) -> Result<Value, ApiError> {

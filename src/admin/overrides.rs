@@ -10,8 +10,8 @@ use super::clients::Lookup;
 use super::reply::ApiError;
 use crate::clients::{field_of, RunTimeClients, StoredOverride};
 use crate::config::overrides::OverrideRules;
-use crate::policy::overrides::{Override, OverrideKey};
-use crate::policy::Policy;
+use floodgate_policy::overrides::{Override, OverrideKey};
+use floodgate_policy::Policy;
 
 /// The selectors a client is named by, as `/v1/clients` takes them.
 const SELECTORS: [&str; 8] = [

@@ -8,10 +8,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
-use crate::identity::Client;
-use crate::limiter::{Deciding, LimitName};
-use crate::policy::Limit;
 use crate::server::metrics::LayerCounters;
+use floodgate_limiter::{Deciding, LimitName};
+use floodgate_policy::identity::Client;
+use floodgate_policy::Limit;
 
 /// One point of a chart per this long.
 pub const STEP: Duration = Duration::from_secs(5);
@@ -227,8 +227,8 @@ impl Status {
                 json!({
                     "name": name,
                     "algorithm": match limit.rule {
-                        crate::policy::Rule::Rate(a) => a.name(),
-                        crate::policy::Rule::Concurrency(_) => "concurrency",
+                        floodgate_policy::Rule::Rate(a) => a.name(),
+                        floodgate_policy::Rule::Concurrency(_) => "concurrency",
                     },
                     "key": limit.key.describe(),
                     "shadow": limit.shadow,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::identity::KeyEntry;
+use floodgate_policy::identity::KeyEntry;
 
 /// A key's entry as JSON: `{"tier": "pro", "set_at": 1700000000, "label":
 /// "customer-42"}`, or `{"revoked": true, "set_at": ...}`.

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use super::entries::{hash_hex, parse_hash, EntryError, StoredEntry};
 use super::overrides::{field_of, parse_field, StoredOverride};
-use crate::identity::KeyEntry;
-use crate::policy::overrides::{Override, OverrideKey};
+use floodgate_policy::identity::KeyEntry;
+use floodgate_policy::overrides::{Override, OverrideKey};
 
 /// The file's layout; `format` changes when a field changes meaning (a
 /// file without `overrides` is one from before them, and has none).

@@ -22,9 +22,9 @@ pub use overrides::{field_of, OverrideChecker, StoredOverride};
 pub use redis::RedisClients;
 pub use tables::Tables;
 
-use crate::identity::{KeyEntry, RunTimeKeys};
-use crate::limiter::RedisSettings;
-use crate::policy::overrides::{Override, OverrideKey, RunTimeOverrides};
+use floodgate_limiter::RedisSettings;
+use floodgate_policy::identity::{KeyEntry, RunTimeKeys};
+use floodgate_policy::overrides::{Override, OverrideKey, RunTimeOverrides};
 
 /// At most this many keys in one import.
 pub const MAX_IMPORT: usize = 10_000;

@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 use super::entries::EntryError;
 use crate::config::overrides::OverrideRules;
 use crate::config::Config;
-use crate::policy::overrides::{Override, OverrideKey};
+use floodgate_policy::overrides::{Override, OverrideKey};
 
 /// An override as JSON: `{"limit": "per-account", "numbers": {"capacity":
 /// 5000, "refill_rate": 100}, "expires_at": 1767225600, "set_at":

@@ -22,12 +22,12 @@ use super::entries::{hash_hex, parse_hash, StoredEntry};
 use super::error::ClientsError;
 use super::overrides::{field_of, parse_field, StoredOverride};
 use super::tables::Tables;
-use crate::identity::KeyEntry;
-use crate::limiter::redis::beside_limits::{
+use floodgate_limiter::redis::beside_limits::{
     grouped_key, subscription_node, topology_connection, TopologyConnection,
 };
-use crate::limiter::RedisSettings;
-use crate::policy::overrides::{Override, OverrideKey};
+use floodgate_limiter::RedisSettings;
+use floodgate_policy::identity::KeyEntry;
+use floodgate_policy::overrides::{Override, OverrideKey};
 
 /// Sets the entries of one table, counts the version up and announces
 /// both, at once. KEYS[1]: the table's hash; KEYS[2]: the version.

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 
 use super::overrides::{OverrideChecker, StoredOverride};
-use crate::identity::RunTimeKeys;
-use crate::policy::overrides::{Override, OverrideKey, RunTimeOverrides};
+use floodgate_policy::identity::RunTimeKeys;
+use floodgate_policy::overrides::{Override, OverrideKey, RunTimeOverrides};
 
 /// The in-process tables requests read, and what reads kept overrides.
 #[derive(Clone)]

@@ -89,7 +89,7 @@ async fn a_file_that_cannot_be_written_changes_nothing() {
 
 #[tokio::test]
 async fn overrides_are_kept_in_the_file_beside_the_keys_and_removals_too() {
-    use crate::policy::overrides::{Override, OverrideKey};
+    use floodgate_policy::overrides::{Override, OverrideKey};
     let dir = dir().join("overrides");
     std::fs::create_dir_all(&dir).expect("dir");
     let path = dir.join("clients.json");

@@ -4,7 +4,7 @@ use super::file::AdminSection;
 use super::inputs::Inputs;
 use super::{at, AsSegment, Invalid};
 use crate::admin::auth::AdminToken;
-use crate::identity::IdentityKeySource;
+use floodgate_policy::identity::IdentityKeySource;
 
 /// Shorter tokens are guessable over a network.
 const MIN_TOKEN_BYTES: usize = 16;

@@ -4,8 +4,8 @@ use ipnet::IpNet;
 
 use super::file::BlockSection;
 use super::{at, Invalid};
-use crate::blocklist::Blocklist;
-use crate::identity::ClientRules;
+use floodgate_policy::blocklist::Blocklist;
+use floodgate_policy::identity::ClientRules;
 
 pub(super) fn validate_block(
     b: &BlockSection,

@@ -8,7 +8,7 @@ use ipnet::IpNet;
 
 use super::file::{ClientsSection, ForwardedHeaderName};
 use super::{at, AsSegment, Inputs, Invalid};
-use crate::identity::{
+use floodgate_policy::identity::{
     ClientRules, ForwardedHeader, IdentityHasher, IdentityKeySource, Tiers, ANONYMOUS, INTERNAL,
 };
 

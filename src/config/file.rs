@@ -7,10 +7,10 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use crate::algorithm::{Kind, Parameter, ALGORITHM_NAMES};
-use crate::limiter::{ClockSource, OnFailure};
-use crate::path::EscapedSlashes;
 use crate::proxy::headers::HeaderStyle;
+use floodgate_algorithm::{Kind, Parameter, ALGORITHM_NAMES};
+use floodgate_limiter::{ClockSource, OnFailure};
+use floodgate_policy::path::EscapedSlashes;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -10,8 +10,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::identity::RunTimeKeys;
-use crate::policy::overrides::RunTimeOverrides;
+use floodgate_policy::identity::RunTimeKeys;
+use floodgate_policy::overrides::RunTimeOverrides;
 
 #[derive(Clone)]
 pub struct Inputs {

@@ -9,8 +9,8 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 
 use super::file::JwtSection;
 use super::{duration, key_path, Inputs, Invalid};
-use crate::identity::{Tiers, ANONYMOUS, INTERNAL};
-use crate::jwt::{family_of, ClaimPath, DecodingKeyKind, JwtRules, VerifyingKey};
+use floodgate_policy::identity::{Tiers, ANONYMOUS, INTERNAL};
+use floodgate_policy::jwt::{family_of, ClaimPath, DecodingKeyKind, JwtRules, VerifyingKey};
 
 pub(super) fn validate_jwt(
     j: &JwtSection,

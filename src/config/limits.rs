@@ -15,16 +15,16 @@ use super::file::{
 };
 use super::source::Segment;
 use super::{at, key_path, AsSegment, Invalid};
-use crate::algorithm::{
+use floodgate_algorithm::{
     takes_lease, Algorithm, AlgorithmError, Calendar, Kind, Parameter, Period, MAX_EXACT,
     MAX_SLIDING_LOG,
 };
-use crate::identity::{Tier, Tiers};
-use crate::jwt::ClaimPath;
-use crate::limiter::LimitName;
-use crate::limiter::MAX_LEASE_US;
-use crate::path::{EscapedSlashes, PathRules};
-use crate::policy::{
+use floodgate_limiter::LimitName;
+use floodgate_limiter::MAX_LEASE_US;
+use floodgate_policy::identity::{Tier, Tiers};
+use floodgate_policy::jwt::ClaimPath;
+use floodgate_policy::path::{EscapedSlashes, PathRules};
+use floodgate_policy::{
     AfterResponse, Ban, Concurrency, CostRule, CostSource, DescriptorPattern, EntryPattern,
     HostPattern, KeySource, Limit, LlmProvider, Matcher, OnMissing, PathPattern, ResponseCost,
     Rule, Statuses, Upgrades, MAX_DESCRIPTOR_TEXT, MAX_ENTRIES,
@@ -46,7 +46,7 @@ fn path_pattern(p: &str) -> Result<PathPattern, String> {
     if !p.starts_with('/') {
         return Err(format!("\"{p}\" must start with '/' (or '*')"));
     }
-    let canonical = crate::path::normalize(p.as_bytes(), EscapedSlashes::Keep)
+    let canonical = floodgate_policy::path::normalize(p.as_bytes(), EscapedSlashes::Keep)
         .map_err(|e| format!("\"{p}\" is not a path a request can have: {e}"))?;
     Ok(PathPattern::new(&canonical))
 }
@@ -272,7 +272,7 @@ fn validate_key(key: &str) -> Result<KeySource, String> {
         // Names are compared as requests' are read: decoded.
         other if other.starts_with("query:") => named("query:")
             .map(|name| {
-                KeySource::Query(String::from_utf8_lossy(&crate::identity::form_decode(name)).into())
+                KeySource::Query(String::from_utf8_lossy(&floodgate_policy::identity::form_decode(name)).into())
             })
             .ok_or_else(|| format!("\"{other}\" needs a parameter name after \"query:\"")),
         other => Err(format!(

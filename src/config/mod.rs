@@ -27,9 +27,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::admin::auth::AdminToken;
-use crate::identity::IdentityKeySource;
-use crate::limiter::{OnFailure, RedisSettings};
-use crate::policy::Policy;
 use crate::proxy::access_log::AccessLogTarget;
 use crate::proxy::headers::HeaderStyle;
 use crate::proxy::upstream::UpstreamSettings;
@@ -37,6 +34,9 @@ use crate::rls::{RlsSettings, RlsTokens};
 use crate::server::settings::ServerSettings;
 use crate::server::tls::TlsListeners;
 use file::FileConfig;
+use floodgate_limiter::{OnFailure, RedisSettings};
+use floodgate_policy::identity::IdentityKeySource;
+use floodgate_policy::Policy;
 use source::Segment;
 
 pub use inputs::Inputs;

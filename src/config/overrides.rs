@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 use super::file::Numbers;
 use super::limits::{rule_of, RuleFrame};
 use super::source::render_path;
-use crate::policy::Rule;
+use floodgate_policy::Rule;
 
 /// The fields an override's numbers may hold (each algorithm takes some).
 pub const NUMBER_FIELDS: [&str; 7] = [

@@ -7,10 +7,10 @@ use super::file::{PriorityEntry, ProtectionSection};
 use super::limits::validate_match;
 use super::source::Segment;
 use super::{at, duration, key_path, Invalid};
-use crate::identity::Tiers;
-use crate::policy::PathPattern;
 use crate::protection::controller::ControllerSettings;
 use crate::protection::{PriorityClass, ProtectionSettings, QueueSettings};
+use floodgate_policy::identity::Tiers;
+use floodgate_policy::PathPattern;
 
 pub(super) fn validate_protection(
     p: &ProtectionSection,

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use super::file::{InstancesName, LeasesMode, RedisSection, SentinelSection};
 use super::{at, duration, AsSegment, Inputs, Invalid};
-use crate::limiter::redis::LeaseSettings;
-use crate::limiter::redis::{InstanceCount, SentinelSettings, Topology};
-use crate::limiter::{ClockSource, OnFailure, RedisSettings};
+use floodgate_limiter::redis::LeaseSettings;
+use floodgate_limiter::redis::{InstanceCount, SentinelSettings, Topology};
+use floodgate_limiter::{ClockSource, OnFailure, RedisSettings};
 
 pub(super) fn validate_redis(r: &RedisSection, inputs: &Inputs) -> Result<RedisSettings, Invalid> {
     let cluster = r.cluster.clone().unwrap_or_default();

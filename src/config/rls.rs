@@ -7,8 +7,8 @@ use super::admin::token_of;
 use super::file::RlsSection;
 use super::inputs::Inputs;
 use super::{at, AsSegment, Invalid};
-use crate::policy::Limit;
 use crate::rls::{RlsSettings, RlsTokens, DEFAULT_MAX_MESSAGE_BYTES, MESSAGE_BYTES_RANGE};
+use floodgate_policy::Limit;
 
 /// Tokens one file may hold: the one in use and those being rolled out.
 const MAX_TOKENS: usize = 8;

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use super::file::{OneOrMany, ServerSection, TlsSection};
 use super::{at, duration, AsSegment, Inputs, Invalid};
-use crate::path::PathRules;
 use crate::server::settings::ServerSettings;
 use crate::server::tls::{CertSet, CertSource, TlsListeners};
+use floodgate_policy::path::PathRules;
 
 const DEFAULT_GRACE: Duration = Duration::from_secs(5);
 /// Long enough for a phone on a bad link to send a head, short enough that a

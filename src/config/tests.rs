@@ -4,11 +4,11 @@ use std::time::Duration;
 use http::Method;
 
 use super::*;
-use crate::algorithm::Algorithm;
-use crate::identity::IdentityKeySource;
-use crate::limiter::redis::{InstanceCount, SentinelSettings, Topology};
-use crate::limiter::{ClockSource, OnFailure};
-use crate::policy::Rule;
+use floodgate_algorithm::Algorithm;
+use floodgate_limiter::redis::{InstanceCount, SentinelSettings, Topology};
+use floodgate_limiter::{ClockSource, OnFailure};
+use floodgate_policy::identity::IdentityKeySource;
+use floodgate_policy::Rule;
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
     Config::parse(Path::new("t.toml"), text, &Inputs::default())
@@ -591,10 +591,10 @@ fn quotas_response_costs_bans_and_per_layer_costs_resolve() {
         panic!("a rate")
     };
     let calendar = monthly.calendar().expect("a calendar");
-    assert_eq!(calendar.period, crate::algorithm::Period::Month);
+    assert_eq!(calendar.period, floodgate_algorithm::Period::Month);
     assert_eq!(calendar.timezone, chrono_tz::Europe::Paris);
     assert_eq!(monthly.quota(), 1_000_000);
-    let Some(crate::policy::AfterResponse::Cost(priced)) = &limits[0].after_response else {
+    let Some(floodgate_policy::AfterResponse::Cost(priced)) = &limits[0].after_response else {
         panic!("a response cost")
     };
     assert_eq!(
@@ -626,7 +626,7 @@ fn quotas_response_costs_bans_and_per_layer_costs_resolve() {
         .identify("192.0.2.1".parse().unwrap(), &http::HeaderMap::new())
         .unwrap();
     let headers = http::HeaderMap::new();
-    let view = |path| crate::policy::RequestView {
+    let view = |path| floodgate_policy::RequestView {
         method: &post,
         path,
         headers: &headers,
@@ -637,17 +637,17 @@ fn quotas_response_costs_bans_and_per_layer_costs_resolve() {
     };
     assert_eq!(
         c.policy
-            .cost_of(crate::limiter::LimitId(2), &view("/search")),
+            .cost_of(floodgate_limiter::LimitId(2), &view("/search")),
         10
     );
     assert_eq!(
         c.policy
-            .cost_of(crate::limiter::LimitId(1), &view("/search")),
+            .cost_of(floodgate_limiter::LimitId(1), &view("/search")),
         1
     );
     assert_eq!(
         c.policy
-            .cost_of(crate::limiter::LimitId(2), &view("/other")),
+            .cost_of(floodgate_limiter::LimitId(2), &view("/other")),
         1
     );
 }
@@ -1003,7 +1003,7 @@ fn run_time_clients_need_the_admin_api_and_a_file_needs_a_secret_and_no_redis() 
             "[server]\nlisten = \"127.0.0.1:8080\"\nadmin_listen = \"127.0.0.1:9091\"\n[upstream]\nservers = [\"127.0.0.1:8000\"]\n{more}\n[clients]\ntiers = [\"free\", \"pro\"]\n[[limits]]\nname = \"a\"\nkey = \"api_key\"\nalgorithm = \"fixed_window\"\nlimit = 10\nwindow = \"1m\"\n[limits.tiers.pro]\nlimit = 100\n[admin]\n{admin}\n"
         )
     };
-    let table = std::sync::Arc::new(crate::identity::RunTimeKeys::default());
+    let table = std::sync::Arc::new(floodgate_policy::identity::RunTimeKeys::default());
     let inputs = Inputs::default()
         .with_files([(PathBuf::from("/t"), b"0123456789abcdef0123".to_vec())])
         .with_run_time_keys(table.clone());

@@ -6,10 +6,10 @@ use http::HeaderName;
 
 use super::file::UpstreamSection;
 use super::{at, duration, Inputs, Invalid};
-use crate::policy::PathPattern;
 use crate::proxy::client_headers::{self, ClientHeaders};
 use crate::proxy::header_name::SpelledName;
 use crate::proxy::upstream::UpstreamSettings;
+use floodgate_policy::PathPattern;
 
 pub(super) fn validate_upstream(
     u: &UpstreamSection,

@@ -39,7 +39,7 @@ impl fmt::Debug for AcceptFilter {
 #[async_trait]
 impl ConnectionFilter for AcceptFilter {
     async fn should_accept(&self, addr: Option<&SocketAddr>) -> bool {
-        let peer = addr.map(|a| crate::identity::normalize(a.ip()));
+        let peer = addr.map(|a| floodgate_policy::identity::normalize(a.ip()));
         let group = counted_as(&self.state, peer);
         match self.caps.has_room(group) {
             Ok(()) => true,

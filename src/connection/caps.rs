@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use log::warn;
 
-use crate::clock::{Clock, SystemClock};
-use crate::log_throttle::KeyedLogThrottle;
 use crate::server::metrics::ConnectionMetrics;
+use floodgate_limiter::clock::{Clock, SystemClock};
+use floodgate_limiter::log_throttle::KeyedLogThrottle;
 
 /// `[server]` connection settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

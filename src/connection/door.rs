@@ -134,7 +134,7 @@ impl FrontDoor {
 fn peer_of(stream: &Stream) -> Option<IpAddr> {
     let digest = stream.get_socket_digest()?;
     let addr = digest.peer_addr()?.as_inet()?;
-    Some(crate::identity::normalize(addr.ip()))
+    Some(floodgate_policy::identity::normalize(addr.ip()))
 }
 
 #[async_trait]

@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 
-use crate::identity::Tier;
-use crate::policy::{Matcher, RequestView};
 use crate::server::metrics::ProtectionMetrics;
 use controller::{Controller, ControllerSettings};
+use floodgate_policy::identity::Tier;
+use floodgate_policy::{Matcher, RequestView};
 
 /// `[upstream.protection]`, validated.
 #[derive(Debug, Clone, PartialEq)]

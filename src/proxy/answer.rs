@@ -10,9 +10,9 @@ use pingora::Result;
 use super::ctx::RequestCtx;
 use super::framing::request_has_body;
 use super::header_edit::{own_response, HeaderEdit};
-use crate::limiter::LimiterError;
 use crate::proxy::header_name::SpelledName;
 use crate::proxy::headers::{self, Header, Layer, CONTENT_TYPE};
+use floodgate_limiter::LimiterError;
 
 pub(super) async fn respond(
     session: &mut Session,

@@ -9,9 +9,9 @@ use log::warn;
 use pingora::http::ResponseHeader;
 
 use super::ctx::{BodyCharge, RequestCtx, Reservation};
-use crate::limiter::{Check, Store};
-use crate::policy::{AfterResponse, CostSource, LlmProvider, ResponseCost};
 use crate::usage::{Provider, Read, UsageReader};
+use floodgate_limiter::{Check, Store};
+use floodgate_policy::{AfterResponse, CostSource, LlmProvider, ResponseCost};
 
 /// What a reservation comes to: the units owed in all, against the units
 /// reserved.

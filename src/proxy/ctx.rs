@@ -9,13 +9,13 @@ use pingora::proxy::Session;
 use super::request_id::RequestId;
 use super::slots::HeldSlots;
 use super::verdict::Verdict;
-use crate::algorithm::Decision;
 use crate::connection::clock::HeadClock;
 use crate::connection::h2_watch::H2Stream;
-use crate::identity::Client;
-use crate::limiter::Check;
-use crate::policy::AfterResponse;
 use crate::server::state::{InFlight, Runtime};
+use floodgate_algorithm::Decision;
+use floodgate_limiter::Check;
+use floodgate_policy::identity::Client;
+use floodgate_policy::AfterResponse;
 
 pub struct RequestCtx {
     pub(super) runtime: Arc<Runtime>,

@@ -19,9 +19,9 @@ use tokio::time::Instant;
 use super::ctx::Reservation;
 use super::slots::HeldSlots;
 use super::verdict::Outcome;
-use crate::algorithm::Decision;
-use crate::limiter::{Check, LimiterError, Store};
-use crate::policy::{Layers, Policy};
+use floodgate_algorithm::Decision;
+use floodgate_limiter::{Check, LimiterError, Store};
+use floodgate_policy::{Layers, Policy};
 
 /// What deciding one request came to.
 pub(super) struct Decided {
@@ -141,10 +141,10 @@ mod tests {
     use http::{HeaderMap, Method};
 
     use super::*;
-    use crate::clock::ManualClock;
     use crate::config::{Config, Inputs};
-    use crate::limiter::MemoryStore;
-    use crate::policy::{Plan, RequestView};
+    use floodgate_limiter::clock::ManualClock;
+    use floodgate_limiter::MemoryStore;
+    use floodgate_policy::{Plan, RequestView};
 
     const HEAD: &str =
         "[server]\nlisten = \"127.0.0.1:8080\"\n[upstream]\nservers = [\"127.0.0.1:8000\"]\n";
@@ -311,7 +311,7 @@ mod tests {
         let layers = bench.layers("/", &[]);
         let ban = bench.policy.limits[0].ban.as_ref().expect("the limit bans");
         let identity = layers.bans[0].key.identity;
-        let penalty = ban.penalty_check(crate::limiter::LimitId(0), identity, false);
+        let penalty = ban.penalty_check(floodgate_limiter::LimitId(0), identity, false);
         assert!(block_on(bench.store.decide(&[penalty])).expect("ban")[0].allowed());
 
         let banned = bench.decide("/");

@@ -10,7 +10,7 @@ use super::ctx::{peer_ip, RequestCtx};
 use super::header_edit::HeaderEdit;
 use super::request_id::RequestId;
 use crate::proxy::header_name::SpelledName;
-use crate::request_id;
+use floodgate_policy::request_id;
 
 /// The request id a trusted proxy sent, if it is a plain one; else a new one.
 pub(super) fn request_id_of(session: &Session, ctx: &RequestCtx) -> RequestId {
@@ -29,7 +29,7 @@ pub(super) fn request_id_of(session: &Session, ctx: &RequestCtx) -> RequestId {
                 && runtime
                     .policy
                     .clients
-                    .is_trusted(&crate::identity::normalize(peer_ip(session))) =>
+                    .is_trusted(&floodgate_policy::identity::normalize(peer_ip(session))) =>
         {
             RequestId::kept(value.clone())
         }
@@ -51,7 +51,8 @@ pub(super) fn strip_what_the_client_may_not_say(
     let configured = ctx.runtime.policy.clients.forwarded_header;
     let strips = |name: &http::HeaderName| {
         if is_forwarded(name.as_str()) {
-            return !(trusted && configured == crate::identity::ForwardedHeader::Forwarded);
+            return !(trusted
+                && configured == floodgate_policy::identity::ForwardedHeader::Forwarded);
         }
         !trusted && settings.client_headers.strips(name.as_str().as_bytes())
     };

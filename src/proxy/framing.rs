@@ -7,7 +7,7 @@ use bytes::Bytes;
 use pingora::http::RequestHeader;
 use pingora::proxy::Session;
 
-use crate::path::{self, EscapedSlashes, PathError};
+use floodgate_policy::path::{self, EscapedSlashes, PathError};
 
 /// A body the client is still sending would be left unread by an early
 /// answer, so the connection cannot be reused after it.

@@ -35,16 +35,16 @@ use super::verdict::{Outcome, Verdict};
 use super::request_body::{
     ask_for_usage_where_wanted, is_plain_event_stream, read_before_decision, BodyReadError,
 };
-use crate::blocklist::BlockReason;
-use crate::clock::{Clock, SystemClock};
 use crate::connection::clock::HeadClock;
 use crate::connection::h2_watch::{stream_header, H2Stream, STREAM_HEADER_NAME};
-use crate::identity::{normalize_host, Client, IdentityError};
-use crate::jwt::TokenCheck;
-use crate::limiter::{watch, LimiterError};
-use crate::policy::{Layers, Plan, Policy, RequestView};
 use crate::proxy::headers::{self, Position};
 use crate::server::state::AppState;
+use floodgate_limiter::clock::{Clock, SystemClock};
+use floodgate_limiter::{watch, LimiterError};
+use floodgate_policy::blocklist::BlockReason;
+use floodgate_policy::identity::{normalize_host, Client, IdentityError};
+use floodgate_policy::jwt::TokenCheck;
+use floodgate_policy::{Layers, Plan, Policy, RequestView};
 
 pub struct Gateway {
     state: Arc<AppState>,
@@ -164,7 +164,7 @@ impl Gateway {
             Ok(None) => return Ok(TokenCheck::Absent),
             Err(why) => return Ok(TokenCheck::Rejected(why)),
         };
-        let now_s = crate::jwt::unix_now_s();
+        let now_s = floodgate_policy::jwt::unix_now_s();
         if let Some(known) = jwt.known(token, now_s) {
             return Ok(known);
         }
@@ -785,7 +785,7 @@ impl ProxyHttp for Gateway {
         ctx: &mut Self::CTX,
     ) -> Result<()> {
         let settings = ctx.runtime.upstream.settings();
-        let peer = crate::identity::normalize(peer_ip(session));
+        let peer = floodgate_policy::identity::normalize(peer_ip(session));
         let trusted = ctx.runtime.policy.clients.is_trusted(&peer);
         let http_1_0 = session.req_header().version == http::Version::HTTP_10;
         // Who asked (four headers), the request id, a Host.

@@ -4,8 +4,8 @@
 use http::HeaderValue;
 use serde::Deserialize;
 
-use crate::algorithm::Decision;
 use crate::proxy::header_name::SpelledName;
+use floodgate_algorithm::Decision;
 
 pub static RATELIMIT_LIMIT: SpelledName =
     SpelledName::from_static("ratelimit-limit", "RateLimit-Limit");

@@ -7,9 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::Clock;
-use crate::limiter::LimitId;
-use crate::log_throttle::KeyedLogThrottle;
+use floodgate_limiter::clock::Clock;
+use floodgate_limiter::log_throttle::KeyedLogThrottle;
+use floodgate_limiter::LimitId;
 
 /// How often one client and limit may write a refusal line.
 pub const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);

@@ -14,9 +14,9 @@
 use bytes::{Bytes, BytesMut};
 use pingora::proxy::Session;
 
-use crate::policy::body::{BodyError, BodyFields};
-use crate::policy::{AfterResponse, Layers};
 use crate::usage::include_usage::ask_for_usage;
+use floodgate_policy::body::{BodyError, BodyFields};
+use floodgate_policy::{AfterResponse, Layers};
 
 /// Pingora's retry buffer (`BODY_BUF_LIMIT` in pingora-core).
 const REPLAYED_AT_MOST: usize = 64 * 1024;

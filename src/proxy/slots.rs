@@ -10,9 +10,9 @@ use log::debug;
 use tokio::task::JoinHandle;
 
 use super::verdict::Outcome;
-use crate::algorithm::Decision;
-use crate::limiter::{LimiterError, Slot, Store};
-use crate::policy::{SlotLayer, Upgrades};
+use floodgate_algorithm::Decision;
+use floodgate_limiter::{LimiterError, Slot, Store};
+use floodgate_policy::{SlotLayer, Upgrades};
 
 /// What a client refused for want of a slot is told to wait.
 const RETRY_US: u64 = 1_000_000;

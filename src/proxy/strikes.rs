@@ -3,9 +3,9 @@
 use log::warn;
 
 use super::ctx::RequestCtx;
-use crate::identity::Client;
-use crate::limiter::{Deciding, Store};
 use crate::proxy::headers;
+use floodgate_limiter::{Deciding, Store};
+use floodgate_policy::identity::Client;
 
 /// After a refusal by limits that ban: one strike on each refused key,
 /// and a ban for a key whose strikes are full. Each ban is taken once

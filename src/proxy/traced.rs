@@ -9,9 +9,9 @@ use pingora::proxy::Session;
 
 use super::ctx::{peer_ip, RequestCtx};
 use super::verdict::Verdict;
-use crate::limiter::watch::Watched;
 use crate::server::state::AppState;
 use crate::tracing::{bounded, DecisionRecord, Decisive, HeaderExtractor, RequestTrace, Tracing};
+use floodgate_limiter::watch::Watched;
 
 /// The server span, from the head on; the caller's trace continued when
 /// `[tracing].trust_parent` honours this peer.
@@ -19,7 +19,7 @@ pub(super) fn begin(state: &AppState, session: &Session, ctx: &mut RequestCtx) {
     let Some(tracing) = &state.tracing else {
         return;
     };
-    let peer = crate::identity::normalize(peer_ip(session));
+    let peer = floodgate_policy::identity::normalize(peer_ip(session));
     let trusted = ctx.runtime.policy.clients.is_trusted(&peer);
     let request = session.req_header();
     let method = known_method(&request.method);

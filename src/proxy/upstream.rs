@@ -38,7 +38,7 @@ pub struct UpstreamSettings {
     pub client_headers: ClientHeaders,
     /// Paths of gRPC calls, whose client streams may rightly be slow and
     /// long: no body floor there (`[upstream].grpc_paths`).
-    pub grpc_paths: Vec<crate::policy::PathPattern>,
+    pub grpc_paths: Vec<floodgate_policy::PathPattern>,
 }
 
 pub struct Upstreams {

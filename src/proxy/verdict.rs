@@ -2,12 +2,12 @@
 
 use log::info;
 
-use crate::algorithm::Decision;
-use crate::identity::Client;
-use crate::limiter::{Check, Deciding, LimitId, LimitName};
 use crate::proxy::headers::{self, Layer, Position};
 use crate::proxy::refusal_log::RefusalLog;
 use crate::server::state::Runtime;
+use floodgate_algorithm::Decision;
+use floodgate_limiter::{Check, Deciding, LimitId, LimitName};
+use floodgate_policy::identity::Client;
 
 /// One layer's answer: a rate layer's decision or a concurrency layer's slot.
 pub(super) struct Outcome {

@@ -8,14 +8,14 @@ use std::sync::Arc;
 use log::info;
 use smallvec::SmallVec;
 
-use crate::algorithm::{Decision, MAX_EXACT};
-use crate::identity::KeySource;
-use crate::limiter::{Check, Deciding, LimitId, OnFailure, Store};
-use crate::policy::{remote_address, Limit, Policy, Rule};
 use crate::proxy::headers::{self, Header, Layer, Position, RETRY_AFTER};
 use crate::proxy::refusal_log::RefusalLog;
 use crate::server::metrics::RlsMetrics;
 use crate::server::state::Runtime;
+use floodgate_algorithm::{Decision, MAX_EXACT};
+use floodgate_limiter::{Check, Deciding, LimitId, OnFailure, Store};
+use floodgate_policy::identity::KeySource;
+use floodgate_policy::{remote_address, Limit, Policy, Rule};
 
 /// A call, as Envoy sent it (checked for size by the service).
 pub struct Ask<'a> {
@@ -113,7 +113,7 @@ pub fn plan(policy: &Policy, ask: &Ask<'_>) -> Planned {
                             limit: id,
                             name: limit.name.clone(),
                             algorithm,
-                            key: crate::limiter::StateKey {
+                            key: floodgate_limiter::StateKey {
                                 limit: limit.id,
                                 identity,
                             },

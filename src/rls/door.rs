@@ -127,7 +127,7 @@ impl Door {
                         continue;
                     }
                 };
-                let peer_ip = crate::identity::normalize(peer.ip());
+                let peer_ip = floodgate_policy::identity::normalize(peer.ip());
                 let group = counted_as(&self.state, Some(peer_ip));
                 let places = match self.admit(group) {
                     Ok(places) => places,

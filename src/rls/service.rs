@@ -27,13 +27,13 @@ use super::decide::{self, Ask, Descriptor, Failure, Shown};
 use super::door::{ConnectionInfo, Deadlines, Door};
 use super::settings::RlsSettings;
 use super::traced;
-use crate::clock::{Clock, SystemClock};
 use crate::connection::{ConnectionCaps, ConnectionSettings};
-use crate::limiter::watch;
-use crate::log_throttle::LogThrottle;
-use crate::policy::MAX_ENTRIES;
 use crate::server::state::AppState;
 use crate::server::tls::CertResolver;
+use floodgate_limiter::clock::{Clock, SystemClock};
+use floodgate_limiter::log_throttle::LogThrottle;
+use floodgate_limiter::watch;
+use floodgate_policy::MAX_ENTRIES;
 
 /// The most descriptors one call may carry: Envoy sends one per
 /// `rate_limits` action that applies, a handful.

@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime};
 use opentelemetry::KeyValue;
 
 use super::decide::{Answer, Ask, Failure};
-use crate::limiter::watch::Watched;
 use crate::tracing::{DecisionRecord, Decisive, MetadataExtractor, RequestTrace, Tracing};
+use floodgate_limiter::watch::Watched;
 
 const METHOD: &str = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 

@@ -57,12 +57,12 @@ pub struct TokenMetrics {
     /// Answered from the tokens verified before.
     pub remembered: IntCounter,
     /// By `jwt::Rejection`, in its order.
-    pub rejected: [IntCounter; crate::jwt::Rejection::ALL.len()],
+    pub rejected: [IntCounter; floodgate_policy::jwt::Rejection::ALL.len()],
 }
 
 impl TokenMetrics {
-    pub fn count(&self, token: &crate::jwt::TokenCheck) {
-        use crate::jwt::TokenCheck;
+    pub fn count(&self, token: &floodgate_policy::jwt::TokenCheck) {
+        use floodgate_policy::jwt::TokenCheck;
         match token {
             TokenCheck::Absent => {}
             TokenCheck::Remembered(_) => self.remembered.inc(),
@@ -188,7 +188,7 @@ impl Metrics {
                 &["reason"],
             ),
         );
-        let blocked = crate::blocklist::BlockReason::ALL
+        let blocked = floodgate_policy::blocklist::BlockReason::ALL
             .map(|reason| blocked_total.with_label_values(&[reason.as_str()]));
         let tokens_total = registered(
             &registry,
@@ -203,7 +203,7 @@ impl Metrics {
         let tokens = TokenMetrics {
             verified: tokens_total.with_label_values(&["verified"]),
             remembered: tokens_total.with_label_values(&["remembered"]),
-            rejected: crate::jwt::Rejection::ALL
+            rejected: floodgate_policy::jwt::Rejection::ALL
                 .map(|why| tokens_total.with_label_values(&[why.as_str()])),
         };
         let exempt = registered(

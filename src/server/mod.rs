@@ -21,20 +21,20 @@ use pingora::services::background::{background_service, BackgroundService};
 use pingora::services::listening::Service;
 
 use crate::admin::Admin;
-use crate::clock::{Clock, OffsetClock, SystemClock};
 use crate::config::{Config, Inputs};
 use crate::connection::{AcceptFilter, AdminDoor, ConnectionCaps, ConnectionSettings, FrontDoor};
-use crate::identity::IdentityKeySource;
-use crate::limiter::redis::{changes, InstanceCount, Topology};
-use crate::limiter::{
-    Fallback, Forgetter, Instances, KnownRefusals, Leased, MemoryStore, RedisCluster,
-    RedisSettings, RedisStandalone, Roster, Store,
-};
 use crate::proxy::access_log::AccessLog;
 use crate::proxy::Gateway;
 use crate::server::metrics::Metrics;
 use crate::server::signals::Signals;
 use crate::server::state::{AppState, Runtime};
+use floodgate_limiter::clock::{Clock, OffsetClock, SystemClock};
+use floodgate_limiter::redis::{changes, InstanceCount, Topology};
+use floodgate_limiter::{
+    Fallback, Forgetter, Instances, KnownRefusals, Leased, MemoryStore, RedisCluster,
+    RedisSettings, RedisStandalone, Roster, Store,
+};
+use floodgate_policy::identity::IdentityKeySource;
 use warmed::{WarmUp, Warmed};
 
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +49,7 @@ pub enum BuildError {
     #[error("FLOODGATE_CLOCK_FILE {path}: {source}")]
     ClockFile {
         path: String,
-        source: crate::clock::ClockFileError,
+        source: floodgate_limiter::clock::ClockFileError,
     },
     #[error("{file}: server.tls: {reason}")]
     Tls { file: String, reason: String },
@@ -101,7 +101,7 @@ const OVERRIDE_TICK: Duration = Duration::from_millis(250);
 
 impl OverrideExpiry {
     /// The overrides that expired now, dropped from the table.
-    fn tick(&self) -> (Vec<crate::policy::overrides::OverrideKey>, u64) {
+    fn tick(&self) -> (Vec<floodgate_policy::overrides::OverrideKey>, u64) {
         let now_s = self.clock.now_us() / 1_000_000;
         let expired = self.clients.overrides.tick(now_s);
         let mut keys = Vec::with_capacity(expired.len());
@@ -268,12 +268,10 @@ fn clock_from_env() -> Result<Arc<dyn Clock>, BuildError> {
     let file = match std::env::var_os("FLOODGATE_CLOCK_FILE") {
         None => None,
         Some(path) => {
-            let clock =
-                crate::clock::FileOffsetClock::open(SystemClock, &path).map_err(|source| {
-                    BuildError::ClockFile {
-                        path: path.to_string_lossy().into_owned(),
-                        source,
-                    }
+            let clock = floodgate_limiter::clock::FileOffsetClock::open(SystemClock, &path)
+                .map_err(|source| BuildError::ClockFile {
+                    path: path.to_string_lossy().into_owned(),
+                    source,
                 })?;
             log::info!(
                 "clock: system time plus the milliseconds in {} (FLOODGATE_CLOCK_FILE)",

@@ -11,8 +11,8 @@ use log::{error, info, warn};
 use pingora::server::{ShutdownSignal, ShutdownSignalWatch};
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::limiter::Roster;
 use crate::server::state::AppState;
+use floodgate_limiter::Roster;
 
 pub struct Signals {
     state: Arc<AppState>,

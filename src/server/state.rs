@@ -12,14 +12,14 @@ use log::{error, info, warn};
 use crate::admin::auth::AdminToken;
 use crate::admin::status::Status;
 use crate::config::{Config, Inputs};
-use crate::limiter::{Deciding, Instances, LimitId, Store};
-use crate::policy::{Limit, Policy};
 use crate::proxy::access_log::AccessLog;
 use crate::proxy::headers::HeaderStyle;
 use crate::proxy::upstream::Upstreams;
 use crate::rls::RlsTokens;
 use crate::server::metrics::{LayerCounters, Metrics};
 use crate::server::tls::CertResolver;
+use floodgate_limiter::{Deciding, Instances, LimitId, Store};
+use floodgate_policy::{Limit, Policy};
 
 /// One configuration generation. A request keeps the generation it started
 /// with, so a reload never changes the rules under a request in flight.
@@ -82,7 +82,7 @@ pub struct AppState {
     /// When each blocked client was last logged (kept across reloads).
     /// Once a minute per blocked client: one that keeps knocking must not
     /// fill the log.
-    pub block_log: crate::log_throttle::KeyedLogThrottle<u128>,
+    pub block_log: floodgate_limiter::log_throttle::KeyedLogThrottle<u128>,
     /// When each client was last logged as refused by each limit (kept
     /// across reloads): a client refused at full speed must not fill the
     /// disk, nor cost a line's formatting per refusal.
@@ -130,7 +130,7 @@ impl Drop for InFlight {
 impl AppState {
     /// The clock the refusal lines are spaced on: the proxy's own (a test
     /// moves it rather than wait).
-    pub fn with_clock(mut self, clock: Arc<dyn crate::clock::Clock>) -> AppState {
+    pub fn with_clock(mut self, clock: Arc<dyn floodgate_limiter::clock::Clock>) -> AppState {
         self.refusal_log = crate::proxy::refusal_log::RefusalLog::new(clock);
         self
     }
@@ -171,13 +171,13 @@ impl AppState {
             metrics,
             access_log,
             streams: crate::connection::caps::StreamCaps::new(config.server.max_connections_per_ip),
-            block_log: crate::log_throttle::KeyedLogThrottle::new(
+            block_log: floodgate_limiter::log_throttle::KeyedLogThrottle::new(
                 10_000,
                 std::time::Duration::from_secs(60),
                 std::time::Duration::ZERO,
             ),
             refusal_log: crate::proxy::refusal_log::RefusalLog::new(Arc::new(
-                crate::clock::SystemClock,
+                floodgate_limiter::clock::SystemClock,
             )),
             header_timeout: config.server.header_timeout,
             slot_body_timeout: config.server.slot_body_timeout,

@@ -203,8 +203,8 @@ impl Sending {
 /// At most one line a minute: a collector that is down must not fill the
 /// log.
 fn log_failure(reason: &str) {
-    static LINES: crate::log_throttle::LogThrottle =
-        crate::log_throttle::LogThrottle::new(Duration::from_secs(60));
+    static LINES: floodgate_limiter::log_throttle::LogThrottle =
+        floodgate_limiter::log_throttle::LogThrottle::new(Duration::from_secs(60));
     let now_us = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64);

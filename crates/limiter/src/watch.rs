@@ -7,7 +7,9 @@
 
 use std::cell::RefCell;
 use std::future::Future;
-use std::time::{Duration, Instant, SystemTime};
+#[cfg(feature = "redis")]
+use std::time::Instant;
+use std::time::{Duration, SystemTime};
 
 use smallvec::SmallVec;
 
@@ -101,17 +103,20 @@ pub(crate) fn answered_by(answerer: Answerer) {
 }
 
 /// Whether the current task's decision is watched.
+#[cfg(feature = "redis")]
 fn is_watched() -> bool {
     WATCHED.try_with(|_| ()).is_ok()
 }
 
 /// A Redis call under way, for a watched decision.
+#[cfg(feature = "redis")]
 pub(crate) struct CallWatch {
     operation: &'static str,
     started: SystemTime,
     at: Instant,
 }
 
+#[cfg(feature = "redis")]
 impl CallWatch {
     /// Starts timing a script call when the decision is watched.
     pub(crate) fn start(operation: &'static str) -> Option<CallWatch> {
@@ -135,6 +140,7 @@ impl CallWatch {
 }
 
 /// Times `call` as a Redis call of a watched decision.
+#[cfg(feature = "redis")]
 pub(crate) async fn redis_call<T, E: std::fmt::Display>(
     operation: &'static str,
     call: impl Future<Output = Result<T, E>>,
@@ -151,7 +157,7 @@ pub(crate) async fn redis_call<T, E: std::fmt::Display>(
     result
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "redis"))]
 mod tests {
     use super::*;
 
