@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod cli;
 pub mod clients;
 pub mod config;
 pub mod connection;
@@ -9,7 +10,5 @@ pub mod protection;
 pub mod proxy;
 pub mod rls;
 pub mod server;
-pub mod simulate;
-pub mod summary;
 pub mod tracing;
 pub mod usage;

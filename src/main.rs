@@ -51,7 +51,7 @@ struct Simulation {
     limit: String,
     pattern: String,
     out: Option<PathBuf>,
-    span: floodgate::simulate::Span,
+    span: floodgate::cli::simulate::Span,
     compare: Vec<String>,
 }
 
@@ -60,7 +60,7 @@ fn parse_simulation(args: &[String]) -> Result<Command, String> {
     let mut limit = None;
     let mut pattern = None;
     let mut out = None;
-    let mut span = floodgate::simulate::Span::default();
+    let mut span = floodgate::cli::simulate::Span::default();
     let mut compare = Vec::new();
     let mut rest = args.iter();
     while let Some(flag) = rest.next() {
@@ -74,7 +74,7 @@ fn parse_simulation(args: &[String]) -> Result<Command, String> {
             "--pattern" => pattern = Some(value),
             "--out" => out = Some(PathBuf::from(value)),
             "--span" => {
-                span = floodgate::simulate::Span::from_name(&value)
+                span = floodgate::cli::simulate::Span::from_name(&value)
                     .ok_or_else(|| format!("--span is arrivals or whole, not {value}"))?
             }
             "--compare" => compare = value.split(',').map(str::to_string).collect(),
@@ -214,7 +214,7 @@ impl log::Log for CappedLogger {
 
 fn check(file: &std::path::Path) -> anyhow::Result<()> {
     let config = Config::load(file, &Inputs::from_process())?;
-    print!("{}", floodgate::summary::describe(&config));
+    print!("{}", floodgate::cli::summary::describe(&config));
     Ok(())
 }
 
@@ -245,7 +245,7 @@ fn run(file: &std::path::Path) -> anyhow::Result<()> {
 /// `floodgate simulate`: the limit's algorithm (and those compared) over
 /// the pattern, the summary printed, the chart written.
 fn simulate(s: &Simulation) -> anyhow::Result<()> {
-    use floodgate::simulate::{parse_arrivals, parse_pattern, simulate, svg, translate};
+    use floodgate::cli::simulate::{parse_arrivals, parse_pattern, simulate, svg, translate};
     use floodgate_algorithm::Kind;
     use floodgate_policy::Rule;
 

@@ -752,7 +752,7 @@ fn redis_sentinel_and_a_live_instance_count() {
         blank.to_string(),
         "t.toml:6: redis.sentinel.sentinel_password_file: /run/secrets/blank is empty"
     );
-    assert!(crate::summary::describe(&c).contains("instances counted live (auto)"));
+    assert!(crate::cli::summary::describe(&c).contains("instances counted live (auto)"));
 
     let cases: &[(&str, &str)] = &[
         (
