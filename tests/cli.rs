@@ -154,11 +154,282 @@ fn a_missing_or_malformed_clock_file_stops_the_start() {
     }
 }
 
+/// `floodgate` with `args`, FLOODGATE_CONFIG as `config` says (unset when
+/// None), in the repository's root.
+fn floodgate(args: &[&str], config: Option<&Path>) -> std::process::Output {
+    let mut command = Command::new(binary());
+    command.args(args).current_dir(env!("CARGO_MANIFEST_DIR"));
+    match config {
+        Some(path) => command.env("FLOODGATE_CONFIG", path),
+        None => command.env_remove("FLOODGATE_CONFIG"),
+    };
+    command.output().expect("run floodgate")
+}
+
+/// A usage error exits 2, its reason in stderr with the usage of the
+/// command it was made on (a bad value, with where to read more), nothing
+/// in stdout.
 #[test]
 fn unknown_arguments_print_usage() {
-    let out = Command::new(binary()).arg("--bogus").output().expect("run");
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("usage:"));
+    for (args, reason, usage) in [
+        (
+            &["--bogus"][..],
+            "--bogus",
+            "Usage: floodgate --config <FILE>",
+        ),
+        (&[], "--config <FILE>", "Usage: floodgate --config <FILE>"),
+        (&["check"], "<FILE>", "Usage: floodgate check"),
+        (
+            &["check", "proxy.toml", "--bogus"],
+            "--bogus",
+            "Usage: floodgate check",
+        ),
+        (
+            &["simulate", "--bogus", "x"],
+            "--bogus",
+            "Usage: floodgate simulate",
+        ),
+        (
+            &[
+                "simulate",
+                "-c",
+                "proxy.toml",
+                "--limit",
+                "per-ip",
+                "--pattern",
+                "burst:1@0s",
+                "--span",
+                "all",
+            ],
+            "[possible values: arrivals, whole]",
+            "For more information, try '--help'.",
+        ),
+        (&["run"], "--config <FILE>", "Usage: floodgate run"),
+    ] {
+        let out = floodgate(args, None);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.starts_with("error: "), "{args:?}: {stderr}");
+        assert!(stderr.contains(reason), "{args:?}: {stderr}");
+        assert!(stderr.contains(usage), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+}
+
+/// `--help` and `-h` on each subcommand print its usage and exit 0: no
+/// file named `--help` is read, no flag asks for a value.
+#[test]
+fn subcommands_print_their_help_without_reading_files() {
+    let empty = temp_dir();
+    for (subcommand, says) in [
+        (
+            "check",
+            &["Usage: floodgate check <FILE>", "FLOODGATE_CONFIG"][..],
+        ),
+        (
+            "simulate",
+            &[
+                "Usage: floodgate simulate [OPTIONS] --config <FILE> --limit <NAME> --pattern <PATTERN>",
+                "--config <FILE>",
+                "FLOODGATE_CONFIG",
+                "burst:100@0s",
+                "steady:5/s@0s-60s",
+                "boundary:100@60s",
+                "a file of arrival times in seconds",
+                "--out <FILE>",
+                "--span <SPAN>",
+                "arrivals",
+                "whole",
+                "--compare <ALGORITHM,...>",
+            ],
+        ),
+        (
+            "run",
+            &["Usage: floodgate run --config <FILE>", "FLOODGATE_CONFIG"],
+        ),
+    ] {
+        for help in ["--help", "-h"] {
+            let out = Command::new(binary())
+                .args([subcommand, help])
+                .current_dir(&empty)
+                .env_remove("FLOODGATE_CONFIG")
+                .output()
+                .expect("run floodgate");
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{subcommand} {help}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            for said in says {
+                assert!(
+                    stdout.contains(said),
+                    "{subcommand} {help}: {said}: {stdout}"
+                );
+            }
+        }
+    }
+    remove_test_dir(&empty);
+}
+
+/// The top-level help names every way to run floodgate; the version line
+/// is `floodgate <version>`, as it always was.
+#[test]
+fn the_help_names_the_subcommands_and_the_version_line_stays() {
+    for help in ["--help", "-h"] {
+        let out = floodgate(&[help], None);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{help}");
+        for said in [
+            "Usage: floodgate --config <FILE>",
+            "floodgate <COMMAND>",
+            "run ",
+            "check ",
+            "simulate ",
+            "-c, --config <FILE>",
+            "FLOODGATE_CONFIG",
+            "RUST_LOG",
+            "-V, --version",
+        ] {
+            assert!(stdout.contains(said), "{help}: {said}: {stdout}");
+        }
+    }
+    for version in ["--version", "-V"] {
+        let out = floodgate(&[version], None);
+        assert!(out.status.success(), "{version}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            format!("floodgate {}\n", env!("CARGO_PKG_VERSION")),
+            "{version}"
+        );
+    }
+}
+
+/// FLOODGATE_CONFIG names the file `check` and `simulate` read when none
+/// is given; one given on the command line wins; set but empty, it is
+/// as good as unset.
+#[test]
+fn check_and_simulate_read_the_file_floodgate_config_names() {
+    let file = ConfigBuilder::new("127.0.0.1:2".parse().expect("addr"))
+        .listen("127.0.0.1:1".parse().expect("addr"))
+        .limit(Limit::fixed_window("per-minute", "ip", 100, "1m"))
+        .write();
+    let bad = Path::new("tests/fixtures/bad/zero_rate.toml");
+    let path = file.display().to_string();
+
+    let out = floodgate(&["check"], Some(&file));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.starts_with(&format!("{path}: ok")), "{stdout}");
+    assert!(stdout.contains("per-minute"), "{stdout}");
+
+    for env in [bad, Path::new("")] {
+        let out = floodgate(&["check", &path], Some(env));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.starts_with(&format!("{path}: ok")),
+            "{env:?}: {stdout}"
+        );
+    }
+    let out = floodgate(&["check"], Some(bad));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("tests/fixtures/bad/zero_rate.toml:12:"),
+        "{out:?}"
+    );
+
+    let simulate = [
+        "simulate",
+        "--limit",
+        "per-minute",
+        "--pattern",
+        "burst:150@0s",
+    ];
+    let out = floodgate(&simulate, Some(&file));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout.lines().next(),
+        Some("admitted: 100, refused: 50"),
+        "{stdout}"
+    );
+    let mut given = simulate.to_vec();
+    given.extend(["--config", &path]);
+    let out = floodgate(&given, Some(bad));
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// The proxy runs with the file FLOODGATE_CONFIG names: `floodgate` with no
+/// argument, and `floodgate run`; `--config` (or `-c`) wins over it.
+#[test]
+fn the_proxy_runs_with_the_file_floodgate_config_names() {
+    let bad = Path::new("tests/fixtures/bad/zero_rate.toml");
+    let refused =
+        "tests/fixtures/bad/zero_rate.toml:12: limits[0].refill_rate: must be more than 0";
+    let missing = Path::new("no/such/proxy.toml");
+    for (args, env) in [
+        (&[][..], bad),
+        (&["run"], bad),
+        (&["--config", bad.to_str().expect("path")], missing),
+        (&["-c", bad.to_str().expect("path")], missing),
+        (&["run", "--config", bad.to_str().expect("path")], missing),
+        (&["run", "-c", bad.to_str().expect("path")], missing),
+    ] {
+        let out = floodgate(args, Some(env));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(refused), "{args:?}: {stderr}");
+    }
+
+    // And a good one is served.
+    let upstream = Upstream::start();
+    let addr = local_addr();
+    let config = ConfigBuilder::new(upstream.addr).listen(addr).write();
+    let log_path = config.with_extension("log");
+    let log = std::fs::File::create(&log_path).expect("log");
+    let child = Command::new(binary())
+        .env("FLOODGATE_CONFIG", &config)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("run floodgate");
+    let mut proxy = Stopped(child);
+    let read_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let serving = format!("from {}", config.display());
+    let listens = wait_until(Duration::from_secs(20), || {
+        matches!(proxy.0.try_wait(), Ok(Some(_)))
+            || (read_log().contains(&serving) && std::net::TcpStream::connect(addr).is_ok())
+    });
+    assert!(
+        listens && matches!(proxy.0.try_wait(), Ok(None)),
+        "{}",
+        read_log()
+    );
+    let answer = request(addr, "GET", "/", &[], b"");
+    assert_eq!(answer.status, 200, "{}", read_log());
+    assert_eq!(upstream.count(), 1);
+    proxy.0.kill().expect("stop floodgate");
+}
+
+/// A child process killed (by its PID) when dropped, should the test fail
+/// while it runs.
+struct Stopped(std::process::Child);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 #[test]

@@ -213,24 +213,14 @@ pub struct BusiestWindow {
     pub admitted: usize,
 }
 
-/// What the chart's time axis covers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// What the chart's time axis covers (`--span`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum Span {
     /// From the first arrival to the last: where the arrivals are.
     #[default]
     Arrivals,
     /// From the pattern's t = 0 to the last arrival.
     Whole,
-}
-
-impl Span {
-    pub fn from_name(name: &str) -> Option<Span> {
-        match name {
-            "arrivals" => Some(Span::Arrivals),
-            "whole" => Some(Span::Whole),
-            _ => None,
-        }
-    }
 }
 
 fn window_text(us: u64) -> String {
@@ -589,8 +579,10 @@ mod tests {
             zoomed.contains(r#"text-anchor="start">10.0s</text>"#),
             "{zoomed}"
         );
-        assert_eq!(Span::from_name("whole"), Some(Span::Whole));
-        assert_eq!(Span::from_name("all"), None);
+        use clap::ValueEnum;
+        assert_eq!(Span::from_str("whole", false), Ok(Span::Whole));
+        assert_eq!(Span::from_str("arrivals", false), Ok(Span::Arrivals));
+        assert!(Span::from_str("all", false).is_err());
     }
 
     #[test]
