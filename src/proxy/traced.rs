@@ -31,7 +31,6 @@ pub(super) fn begin(state: &AppState, session: &Session, ctx: &mut RequestCtx) {
         || {
             let mut attributes = vec![
                 KeyValue::new("http.request.method", method.unwrap_or("_OTHER")),
-                KeyValue::new("url.path", bounded(request.uri.path())),
                 KeyValue::new(
                     "network.protocol.version",
                     protocol_version(request.version),
@@ -197,7 +196,12 @@ pub(super) fn finish(
         status,
         route.as_deref(),
         || {
-            let mut attributes = vec![KeyValue::new("floodgate.request_id", request_id)];
+            // The path as limits matched it and the upstream received it:
+            // canonical by now.
+            let mut attributes = vec![
+                KeyValue::new("floodgate.request_id", request_id),
+                KeyValue::new("url.path", bounded(path)),
+            ];
             attributes.extend(client.map(|a| KeyValue::new("client.address", a)));
             attributes
         },

@@ -302,3 +302,20 @@ fn record_decision(
     }
     decision.span().end();
 }
+
+#[cfg(test)]
+mod tests {
+    use super::bounded;
+
+    #[test]
+    fn a_long_text_is_cut_on_a_character_boundary_and_a_short_one_kept() {
+        assert_eq!(bounded("/login"), "/login");
+        let ascii = "a".repeat(300);
+        assert_eq!(bounded(&ascii).len(), 256);
+        // One byte, then two-byte characters: byte 256 falls inside one.
+        let text = format!("a{}", "é".repeat(200));
+        let cut = bounded(&text);
+        assert_eq!(cut.len(), 255);
+        assert!(text.starts_with(&cut));
+    }
+}
