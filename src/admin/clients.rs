@@ -352,9 +352,7 @@ fn seconds(us: u64) -> f64 {
 }
 
 fn on_failure(policy: &Policy, limit: LimitId) -> OnFailure {
-    policy.limits[limit.index()]
-        .on_failure
-        .unwrap_or(policy.default_on_failure)
+    policy.limits[limit.index()].on_failure
 }
 
 /// A lookup of one key's state: decided, never charged.

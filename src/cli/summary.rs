@@ -169,8 +169,8 @@ pub fn describe(config: &Config) -> String {
         if limit.shadow {
             flags.push("shadow".to_string());
         }
-        if let Some(f) = limit.on_failure {
-            flags.push(format!("on_failure={}", f.as_str()));
+        if limit.on_failure != policy.default_on_failure {
+            flags.push(format!("on_failure={}", limit.on_failure.as_str()));
         }
         match &limit.after_response {
             Some(AfterResponse::Status(statuses)) => flags.push(format!("counted on {statuses}")),

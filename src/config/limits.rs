@@ -19,8 +19,8 @@ use floodgate_algorithm::{
     takes_lease, Algorithm, AlgorithmError, Calendar, Kind, Parameter, Period, MAX_EXACT,
     MAX_SLIDING_LOG,
 };
-use floodgate_limiter::LimitName;
 use floodgate_limiter::MAX_LEASE_US;
+use floodgate_limiter::{LimitName, OnFailure};
 use floodgate_policy::identity::{Tier, Tiers};
 use floodgate_policy::jwt::ClaimPath;
 use floodgate_policy::path::{EscapedSlashes, PathRules};
@@ -328,6 +328,7 @@ fn validate_keys_unchecked(key: &OneOrMany, i: usize) -> Result<KeySource, Inval
 fn validate_limit(
     i: usize,
     s: &LimitSection,
+    default_on_failure: OnFailure,
     known_tiers: &Tiers,
     jwt: bool,
     instances: u64,
@@ -452,7 +453,7 @@ fn validate_limit(
         tiers,
         matcher,
         shadow: s.shadow,
-        on_failure: s.on_failure.map(Into::into),
+        on_failure: s.on_failure.map_or(default_on_failure, Into::into),
         after_response,
         ban,
         on_missing: match (s.on_missing, s.shadow) {
@@ -1237,6 +1238,7 @@ pub(super) fn validate_exempt(
 /// Every `[[limits]]` table, in order; names are unique.
 pub(super) fn validate_limits(
     sections: &[LimitSection],
+    default_on_failure: OnFailure,
     known_tiers: &Tiers,
     jwt: bool,
     instances: u64,
@@ -1246,7 +1248,15 @@ pub(super) fn validate_limits(
     let mut limits = Vec::new();
     let mut names = HashSet::new();
     for (i, section) in sections.iter().enumerate() {
-        let mut limit = validate_limit(i, section, known_tiers, jwt, instances, compile_pattern)?;
+        let mut limit = validate_limit(
+            i,
+            section,
+            default_on_failure,
+            known_tiers,
+            jwt,
+            instances,
+            compile_pattern,
+        )?;
         limit.leases = leases_for(i, section, &limit, leases)?;
         if !names.insert(limit.name.clone()) {
             return Err(at(

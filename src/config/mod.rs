@@ -269,6 +269,7 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
     let leases = redis.as_ref().is_some_and(|r| r.leases.is_some());
     let limits = limits::validate_limits(
         &raw.limits,
+        default_on_failure,
         &clients.tiers,
         clients.jwt.is_some(),
         instances,

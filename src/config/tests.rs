@@ -54,7 +54,12 @@ fn full_example_resolves_every_key() {
         Rule::Rate(Algorithm::token_bucket(100, 100_000).expect("valid numbers"))
     );
     let login = &c.policy.limits[2];
-    assert_eq!(login.on_failure, Some(OnFailure::Deny));
+    assert_eq!(login.on_failure, OnFailure::Deny);
+    assert_eq!(
+        per_account.on_failure,
+        OnFailure::Local,
+        "[redis].on_failure, resolved when the config is loaded"
+    );
     assert_eq!(login.matcher.methods, vec![Method::POST]);
     assert!(c.policy.limits[6].shadow);
     assert_eq!(c.policy.costs[0].cost, 10);

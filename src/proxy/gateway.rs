@@ -182,26 +182,26 @@ impl Gateway {
     }
 }
 
-/// What a failed exchange is answered: the status (0: nobody to answer)
-/// and the JSON body's `error`.
-fn failure_answer(e: &Error) -> (u16, &'static str) {
-    match (e.esource(), e.etype()) {
+/// What a failed exchange is answered: the status and the JSON body's
+/// `error`; none when there is nobody to answer.
+fn failure_answer(e: &Error) -> Option<(u16, &'static str)> {
+    Some(match (e.esource(), e.etype()) {
         (_, ErrorType::HTTPStatus(code)) => (*code, "bad_request"),
         (ErrorSource::Upstream, ErrorType::ReadTimedout | ErrorType::ConnectTimedout) => {
             (504, "upstream_timeout")
         }
         (ErrorSource::Upstream, _) => (502, "upstream_unavailable"),
-        // The client went away or broke its stream: nobody to answer.
+        // The client went away or broke its stream.
         (
             ErrorSource::Downstream,
             ErrorType::WriteError
             | ErrorType::ReadError
             | ErrorType::ConnectionClosed
             | ErrorType::H2Error,
-        ) => (0, ""),
+        ) => return None,
         (ErrorSource::Downstream, _) => (400, "bad_request"),
         _ => (500, "internal_error"),
-    }
+    })
 }
 
 /// Why a request is answered here rather than forwarded; `Gateway::answer`
@@ -953,25 +953,23 @@ impl ProxyHttp for Gateway {
         e: &Error,
         ctx: &mut Self::CTX,
     ) -> FailToProxy {
-        let (status, error) = failure_answer(e);
+        let answer = failure_answer(e);
         if matches!(e.esource(), ErrorSource::Upstream) {
             let request = session.req_header();
             warn!(
-                "upstream failed: {} {} -> {status} after {} attempt(s): {}",
+                "upstream failed: {} {} -> {} after {} attempt(s): {}",
                 request.method,
                 request.uri.path(),
+                answer.map_or(0, |(status, _)| status),
                 ctx.tries,
                 e.etype().as_str()
             );
         }
         // After the answer began (an upgraded connection, a response cut
         // off), nothing more can be said on this connection.
-        let status = if session.response_written().is_some() {
-            0
-        } else {
-            status
-        };
-        if status > 0 {
+        let answer = answer.filter(|_| session.response_written().is_none());
+        let status = answer.map_or(0, |(status, _)| status);
+        if let Some((status, error)) = answer {
             session.set_keepalive(None);
             let written = if is_grpc(session) && status >= 500 {
                 let message = format!("the service behind the gateway is unavailable ({error})");

@@ -120,7 +120,7 @@ pub fn plan(policy: &Policy, ask: &Ask<'_>) -> Planned {
                             cost: descriptor.cost,
                             shadow: limit.shadow,
                             peek: false,
-                            on_failure: limit.on_failure.unwrap_or(policy.default_on_failure),
+                            on_failure: limit.on_failure,
                             lease: limit.leases,
                         });
                         planned.checks.len() - 1

@@ -514,7 +514,9 @@ pub struct Limit {
     pub tiers: Vec<(Tier, Rule)>,
     pub matcher: Matcher,
     pub shadow: bool,
-    pub on_failure: Option<OnFailure>,
+    /// What decides this limit while Redis is away: its own `on_failure`,
+    /// else `[redis].on_failure`, resolved when the config is loaded.
+    pub on_failure: OnFailure,
     /// Charged by what the response says: checked without charge when the
     /// request arrives, charged once the upstream answers.
     pub after_response: Option<AfterResponse>,
@@ -884,7 +886,7 @@ impl Policy {
                 },
                 Err(e) => return Err(e),
             };
-            let on_failure = limit.on_failure.unwrap_or(self.default_on_failure);
+            let on_failure = limit.on_failure;
             if let Some(ban) = &limit.ban {
                 layers.bans.push(ban.penalty_check(id, identity, true));
             }

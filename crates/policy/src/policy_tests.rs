@@ -64,7 +64,7 @@ fn limit(name: &str, key: KeySource, rule: Rule) -> Limit {
         tiers: Vec::new(),
         matcher: Matcher::default(),
         shadow: false,
-        on_failure: None,
+        on_failure: OnFailure::Local,
         after_response: None,
         ban: None,
         on_missing: OnMissing::Skip,
@@ -507,7 +507,7 @@ fn a_shadow_limits_layers_are_marked_shadow_and_an_enforcing_ones_are_not() {
 #[test]
 fn a_rate_limit_gives_a_check_of_its_numbers_on_the_clients_identity() {
     let mut strict = limit("strict", KeySource::ApiKey, window(10));
-    strict.on_failure = Some(OnFailure::Deny);
+    strict.on_failure = OnFailure::Deny;
     // `[redis].leases` on: a fixed window may be decided from leases.
     strict.leases = true;
     let per_second = Algorithm::token_bucket_per_second(20, 5.0).unwrap();
@@ -667,7 +667,7 @@ fn a_concurrency_limit_gives_a_slot_layer_and_no_check() {
             upgrades: Upgrades::Exclude,
         }),
     );
-    in_flight.on_failure = Some(OnFailure::Allow);
+    in_flight.on_failure = OnFailure::Allow;
     let policy = policy(vec![limit("per-ip", KeySource::Ip, window(10)), in_flight]);
     let layers = get("/").key("k-pro").layers(&policy);
     assert_eq!(names(&layers.checks), ["per-ip"]);
