@@ -12,6 +12,10 @@ use crate::proxy::client_headers::ClientHeaders;
 
 /// `[upstream]`: where requests go and how.
 #[derive(Debug, Clone)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent switches, one key of [upstream] each"
+)]
 pub struct UpstreamSettings {
     pub servers: Vec<String>,
     pub connect_timeout: Duration,
