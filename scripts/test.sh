@@ -9,6 +9,8 @@ cargo clippy --workspace --all-targets -- -D warnings
 # The limiter without its Redis stores, as a service that limits in process
 # would take it.
 cargo clippy -p floodgate-limiter --no-default-features --all-targets -- -D warnings
+# The API documentation builds without a broken link or a warning.
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --quiet
 # The benches only have to keep compiling; they run with `cargo bench`.
 cargo bench --workspace --no-run
 log="$(mktemp)"
