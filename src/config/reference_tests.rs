@@ -362,3 +362,93 @@ fn the_reading_of_the_reference_sees_what_it_should() {
         ]
     );
 }
+
+/// The lines of `examples/full.toml` under `[name]` (or every `[[name]]`),
+/// each table's own, not its sub-tables'.
+fn example_section(example: &str, name: &str) -> String {
+    let mut out = String::new();
+    let mut inside = false;
+    for line in example.lines() {
+        // A table's header, written or commented out (`# [server.tls]`).
+        let bare = line.trim_start_matches(['#', ' ']);
+        let header =
+            bare.starts_with('[') && bare.find(']').is_some_and(|end| !bare[..end].contains('='));
+        if header {
+            let table = bare.split(']').next().unwrap_or("").trim_matches('[');
+            inside = table == name.trim_matches(['[', ']']);
+        }
+        if inside {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Whether `key` is set (or shown, commented out, where it excludes
+/// another) in `text`, on a line of its own or in an inline table.
+fn example_sets(text: &str, key: &str) -> bool {
+    text.lines().any(|line| {
+        let line = line.trim_start_matches(['#', ' ']);
+        let bare = line.starts_with(&format!("{key} =")) || line.starts_with(&format!("{key}="));
+        let quoted = line.starts_with(&format!("\"{key}\" ="));
+        let inline = line.contains(&format!("{{ {key} =")) || line.contains(&format!(", {key} ="));
+        bare || quoted || inline
+    })
+}
+
+#[test]
+fn the_full_example_shows_every_key_the_parser_takes() {
+    let example = include_str!("../../examples/full.toml");
+    let sections: Vec<(&str, Vec<&str>, &[&str])> = vec![
+        ("[server]", keys_of::<ServerSection>(), &["tls"]),
+        ("[server.tls]", keys_of::<TlsSection>(), &["certs"]),
+        ("[[server.tls.certs]]", keys_of::<CertSection>(), &[]),
+        ("[upstream]", keys_of::<UpstreamSection>(), &["protection"]),
+        ("[upstream.protection]", keys_of::<ProtectionSection>(), &[]),
+        ("[memory]", keys_of::<MemorySection>(), &[]),
+        ("[redis]", keys_of::<RedisSection>(), &[]),
+        (
+            "[clients]",
+            keys_of::<ClientsSection>(),
+            &["jwt", "api_keys"],
+        ),
+        ("[clients.jwt]", keys_of::<JwtSection>(), &["tiers"]),
+        ("[exempt]", keys_of::<ExemptSection>(), &[]),
+        ("[block]", keys_of::<BlockSection>(), &[]),
+        ("[[limits]]", keys_of::<LimitSection>(), &["tiers"]),
+        ("[[costs]]", keys_of::<CostSection>(), &[]),
+        ("[response]", keys_of::<ResponseSection>(), &[]),
+        ("[log]", keys_of::<LogSection>(), &[]),
+        ("[admin]", keys_of::<AdminSection>(), &[]),
+        ("[rls]", keys_of::<RlsSection>(), &[]),
+        ("[tracing]", keys_of::<TracingSection>(), &[]),
+    ];
+    let mut missing = Vec::new();
+    for (name, keys, elsewhere) in &sections {
+        let text = example_section(example, name);
+        for key in keys.iter().filter(|k| !elsewhere.contains(k)) {
+            if !example_sets(&text, key) {
+                missing.push(format!("{name} {key}"));
+            }
+        }
+    }
+    let limits = example_section(example, "[[limits]]");
+    for (table, keys) in [
+        ("match", keys_of::<MatchSection>()),
+        ("count", keys_of::<CountSection>()),
+        ("cost_from_response", keys_of::<ResponseCostSection>()),
+        ("ban", keys_of::<BanSection>()),
+    ] {
+        for key in keys {
+            if !example_sets(&limits, key) {
+                missing.push(format!("[[limits]] {table}.{key}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "examples/full.toml leaves out: {}",
+        missing.join(", ")
+    );
+}
