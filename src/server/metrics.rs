@@ -148,64 +148,23 @@ pub struct ProtectionMetrics {
 impl Metrics {
     pub fn new() -> Metrics {
         let registry = Registry::new();
-        let decisions = registered(
+        let decisions = counters(&registry, "floodgate_decisions_total", "Requests decided, by limit and outcome (admitted, refused, shadow_refused, banned: refused while the limit bans the key; near_limit: admitted leaving less than 10% of the quota, also counted as admitted)", &["limit", "outcome"]);
+        let bans = counters(
             &registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "floodgate_decisions_total",
-                    "Requests decided, by limit and outcome (admitted, refused, shadow_refused, banned: refused while the limit bans the key; near_limit: admitted leaving less than 10% of the quota, also counted as admitted)",
-                ),
-                &["limit", "outcome"],
-            ),
+            "floodgate_bans_total",
+            "Keys banned by a limit's `ban` (each ban once, by the instance that imposed it)",
+            &["limit"],
         );
-        let bans = registered(
+        let response_costs = counters(&registry, "floodgate_response_cost_fallbacks_total", "Responses whose cost (a header, or an LLM usage in the body) could not be charged as written, by reason (missing_or_malformed: charged `default`; above_max: charged `max`)", &["limit", "reason"]);
+        let blocked_total = counters(
             &registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "floodgate_bans_total",
-                    "Keys banned by a limit's `ban` (each ban once, by the instance that imposed it)",
-                ),
-                &["limit"],
-            ),
-        );
-        let response_costs = registered(
-            &registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "floodgate_response_cost_fallbacks_total",
-                    "Responses whose cost (a header, or an LLM usage in the body) could not be charged as written, by reason (missing_or_malformed: charged `default`; above_max: charged `max`)",
-                ),
-                &["limit", "reason"],
-            ),
-        );
-        let blocked_total = registered(
-            &registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "floodgate_blocked_requests_total",
-                    "Requests refused by [block], by what matched (address, api_key, jwt_subject)",
-                ),
-                &["reason"],
-            ),
+            "floodgate_blocked_requests_total",
+            "Requests refused by [block], by what matched (address, api_key, jwt_subject)",
+            &["reason"],
         );
         let blocked = floodgate_policy::blocklist::BlockReason::ALL
             .map(|reason| blocked_total.with_label_values(&[reason.as_str()]));
-        let tokens_total = registered(
-            &registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "floodgate_jwt_tokens_total",
-                    "Bearer tokens seen, by result: verified (signature checked now), remembered (verified before), or why one was refused (expired, bad_signature, wrong_algorithm, wrong_issuer, wrong_audience, unknown_key, ...): a refused token counts as no token",
-                ),
-                &["result"],
-            ),
-        );
-        let tokens = TokenMetrics {
-            verified: tokens_total.with_label_values(&["verified"]),
-            remembered: tokens_total.with_label_values(&["remembered"]),
-            rejected: floodgate_policy::jwt::Rejection::ALL
-                .map(|why| tokens_total.with_label_values(&[why.as_str()])),
-        };
+        let tokens = token_metrics(&registry);
         let exempt = registered(
             &registry,
             IntCounter::new(
@@ -213,69 +172,7 @@ impl Metrics {
                 "Requests forwarded without any limit (exempt path or tier)",
             ),
         );
-        let call_seconds = registered(
-            &registry,
-            Histogram::with_opts(
-                HistogramOpts::new(
-                    "floodgate_redis_call_duration_seconds",
-                    "Time of each limiter call to Redis",
-                )
-                .buckets(vec![
-                    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                ]),
-            ),
-        );
-        let failures = registered(
-            &registry,
-            IntCounter::new(
-                "floodgate_redis_failures_total",
-                "Redis calls and probes that failed (timeout, connection, error reply)",
-            ),
-        );
-        let fallback_decisions = registered(
-            &registry,
-            IntCounter::new(
-                "floodgate_fallback_decisions_total",
-                "Requests decided without Redis, by on_failure",
-            ),
-        );
-        let leases = LeaseMetrics {
-            taken: registered(
-                &registry,
-                IntCounter::new(
-                    "floodgate_redis_leases_total",
-                    "Leases of a limit's shared budget taken beside a Redis decision",
-                ),
-            ),
-            decisions: registered(
-                &registry,
-                IntCounter::new(
-                    "floodgate_redis_lease_decisions_total",
-                    "Layers decided from a lease, with no Redis call",
-                ),
-            ),
-            returned_units: registered(
-                &registry,
-                IntCounter::new(
-                    "floodgate_redis_lease_returned_units_total",
-                    "Leased units given back to Redis unused",
-                ),
-            ),
-            held: registered(
-                &registry,
-                IntGauge::new(
-                    "floodgate_redis_leases_held",
-                    "Leases of a limit's shared budget this instance holds",
-                ),
-            ),
-        };
-        let instances = registered(
-            &registry,
-            IntGauge::new(
-                "floodgate_redis_instances",
-                "Instances sharing Redis: [redis].instances, or the live count with \"auto\"",
-            ),
-        );
+        let redis = redis_metrics(&registry);
         let fallback_active = registered(
             &registry,
             IntGauge::new(
@@ -308,137 +205,12 @@ impl Metrics {
             "Rate limit service",
             "closed because their TLS handshake and HTTP/2 preface were not done within header_timeout",
         );
-        let requests_total = registered(
-            &registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "floodgate_requests_total",
-                    "Requests answered, by status class (1xx .. 5xx; none: no answer was sent)",
-                ),
-                &["status_class"],
-            ),
-        );
-        let latency_buckets = vec![
-            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-        ];
-        let upstream_connections = registered(
-            &registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "floodgate_upstream_connections_total",
-                    "Requests sent upstream, by whether they went on a pooled keep-alive connection (reused=\"true\") or on a new one (reused=\"false\"): new ones rising with the request rate mean the upstream or the pool closes connections",
-                ),
-                &["reused"],
-            ),
-        );
-        let rls_calls = registered(
-            &registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "floodgate_rls_requests_total",
-                    "Envoy rate limit service calls, by answer (ok, over_limit; the gRPC errors invalid_argument, unavailable, unauthenticated)",
-                ),
-                &["code"],
-            ),
-        );
-        let rls_unmatched = registered(
-            &registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "floodgate_rls_unmatched_descriptors_total",
-                    "Descriptors no limit matched, answered OK: by reason (domain: no limit on the request's domain; descriptor: none on that descriptor)",
-                ),
-                &["reason"],
-            ),
-        );
-        let rls = RlsMetrics {
-            ok: rls_calls.with_label_values(&["ok"]),
-            over_limit: rls_calls.with_label_values(&["over_limit"]),
-            invalid_argument: rls_calls.with_label_values(&["invalid_argument"]),
-            unavailable: rls_calls.with_label_values(&["unavailable"]),
-            unauthenticated: rls_calls.with_label_values(&["unauthenticated"]),
-            unknown_domain: rls_unmatched.with_label_values(&["domain"]),
-            unknown_descriptor: rls_unmatched.with_label_values(&["descriptor"]),
-            duration: registered(
-                &registry,
-                Histogram::with_opts(
-                    HistogramOpts::new(
-                        "floodgate_rls_duration_seconds",
-                        "From a ShouldRateLimit call decoded to its answer",
-                    )
-                    .buckets(vec![
-                        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                        0.25, 1.0,
-                    ]),
-                ),
-            ),
-        };
-        let requests = RequestMetrics {
-            by_class: ["none", "1xx", "2xx", "3xx", "4xx", "5xx"]
-                .map(|class| requests_total.with_label_values(&[class])),
-            duration: registered(
-                &registry,
-                Histogram::with_opts(
-                    HistogramOpts::new(
-                        "floodgate_request_duration_seconds",
-                        "From the request head to the end of the answer",
-                    )
-                    .buckets(latency_buckets.clone()),
-                ),
-            ),
-            upstream_duration: registered(
-                &registry,
-                Histogram::with_opts(
-                    HistogramOpts::new(
-                        "floodgate_upstream_duration_seconds",
-                        "From sending a request upstream to its response head",
-                    )
-                    .buckets(latency_buckets),
-                ),
-            ),
-            access_log_dropped: registered(
-                &registry,
-                IntCounter::new(
-                    "floodgate_access_log_dropped_total",
-                    "Access log lines dropped because the writer's queue was full",
-                ),
-            ),
-            upstream_connected: upstream_connections.with_label_values(&["false"]),
-            upstream_reused: upstream_connections.with_label_values(&["true"]),
-        };
-        let reloads = registered(
-            &registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "floodgate_config_reloads_total",
-                    "Configuration reloads on SIGHUP, by result (ok, failed)",
-                ),
-                &["result"],
-            ),
-        );
-        // Both outcomes exist from the start, so an alert on "failed" sees 0.
-        for result in ["ok", "failed"] {
-            reloads.with_label_values(&[result]);
-        }
-        let client_changes = registered(
-            &registry,
-            IntCounterVec::new(
-                Opts::new(
-                    "floodgate_client_changes_total",
-                    "Changes to run-time clients made through this instance's admin API, by what (api_key_set, api_key_revoked, api_keys_imported, override_set, override_removed)",
-                ),
-                &["what"],
-            ),
-        );
-        for what in [
-            "api_key_set",
-            "api_key_revoked",
-            "api_keys_imported",
-            "override_set",
-            "override_removed",
-        ] {
-            client_changes.with_label_values(&[what]);
-        }
+        let requests = request_metrics(&registry);
+        let rls = rls_metrics(&registry);
+        let protection = protection_metrics(&registry);
+        let tracing = tracing_metrics(&registry);
+        let reloads = reload_counters(&registry);
+        let client_changes = client_change_counters(&registry);
         let run_time_keys = registered(
             &registry,
             IntGauge::new(
@@ -446,58 +218,6 @@ impl Metrics {
                 "API keys set or revoked at run time, held in this process",
             ),
         );
-        let gauge = |name: &str, help: &str| registered(&registry, IntGauge::new(name, help));
-        let seconds =
-            |name: &str, help: &str| registered(&registry, prometheus::Gauge::new(name, help));
-        let protection = ProtectionMetrics {
-            limit: gauge(
-                "floodgate_protection_limit",
-                "Requests in flight the upstream's adaptive limit allows now ([upstream.protection]; this instance's own)",
-            ),
-            in_flight: gauge(
-                "floodgate_protection_in_flight",
-                "Requests in flight to the upstream under its adaptive limit",
-            ),
-            queued: gauge(
-                "floodgate_protection_queued",
-                "Requests waiting for a place under the upstream's adaptive limit",
-            ),
-            min_latency_seconds: seconds(
-                "floodgate_protection_min_latency_seconds",
-                "The upstream's minimum latency as the adaptive limit measured it (to its response head)",
-            ),
-            latency_seconds: seconds(
-                "floodgate_protection_latency_seconds",
-                "The upstream's median latency over the adaptive limit's last window",
-            ),
-            shed: registered(
-                &registry,
-                IntCounterVec::new(
-                    Opts::new(
-                        "floodgate_protection_shed_total",
-                        "Requests answered 503 to protect the upstream, by priority (their tier)",
-                    ),
-                    &["priority"],
-                ),
-            ),
-        };
-        // Present from the start, so that a rate on it reads 0, not nothing.
-        protection.shed.with_label_values(&["other"]);
-        let tracing = crate::tracing::TracingMetrics {
-            spans: registered(
-                &registry,
-                IntCounterVec::new(
-                    Opts::new(
-                        "floodgate_tracing_spans_total",
-                        "Spans by what became of them ([tracing]): exported, export_failed (the collector refused or timed out), queue_full (dropped: the collector is slower than the spans come), over_cap (not recorded: past max_spans_per_second)",
-                    ),
-                    &["outcome"],
-                ),
-            ),
-        };
-        for outcome in ["exported", "export_failed", "queue_full", "over_cap"] {
-            tracing.spans.with_label_values(&[outcome]);
-        }
         Metrics {
             tracing,
             protection,
@@ -510,13 +230,7 @@ impl Metrics {
             blocked,
             tokens,
             exempt,
-            redis: RedisMetrics {
-                call_seconds,
-                failures,
-                fallback_decisions,
-                leases,
-                instances,
-            },
+            redis,
             fallback_active,
             local_keys,
             local_overflow,
@@ -615,6 +329,294 @@ fn connection_metrics(
 
 /// A metric built from constant definitions, registered once: its only
 /// failures are programming errors (a bad or duplicate name).
+fn reload_counters(registry: &Registry) -> IntCounterVec {
+    let reloads = counters(
+        registry,
+        "floodgate_config_reloads_total",
+        "Configuration reloads on SIGHUP, by result (ok, failed)",
+        &["result"],
+    );
+    // Both outcomes exist from the start, so an alert on "failed" sees 0.
+    for result in ["ok", "failed"] {
+        reloads.with_label_values(&[result]);
+    }
+    reloads
+}
+
+fn client_change_counters(registry: &Registry) -> IntCounterVec {
+    let client_changes = counters(registry, "floodgate_client_changes_total", "Changes to run-time clients made through this instance's admin API, by what (api_key_set, api_key_revoked, api_keys_imported, override_set, override_removed)", &["what"]);
+    for what in [
+        "api_key_set",
+        "api_key_revoked",
+        "api_keys_imported",
+        "override_set",
+        "override_removed",
+    ] {
+        client_changes.with_label_values(&[what]);
+    }
+    client_changes
+}
+
+/// A counter by `labels`, registered.
+fn counters(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    registered(registry, IntCounterVec::new(Opts::new(name, help), labels))
+}
+
+fn token_metrics(registry: &Registry) -> TokenMetrics {
+    let tokens_total = registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "floodgate_jwt_tokens_total",
+                    "Bearer tokens seen, by result: verified (signature checked now), remembered (verified before), or why one was refused (expired, bad_signature, wrong_algorithm, wrong_issuer, wrong_audience, unknown_key, ...): a refused token counts as no token",
+                ),
+                &["result"],
+            ),
+        );
+    TokenMetrics {
+        verified: tokens_total.with_label_values(&["verified"]),
+        remembered: tokens_total.with_label_values(&["remembered"]),
+        rejected: floodgate_policy::jwt::Rejection::ALL
+            .map(|why| tokens_total.with_label_values(&[why.as_str()])),
+    }
+}
+
+fn redis_metrics(registry: &Registry) -> RedisMetrics {
+    let call_seconds = registered(
+        registry,
+        Histogram::with_opts(
+            HistogramOpts::new(
+                "floodgate_redis_call_duration_seconds",
+                "Time of each limiter call to Redis",
+            )
+            .buckets(vec![
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+            ]),
+        ),
+    );
+    let failures = registered(
+        registry,
+        IntCounter::new(
+            "floodgate_redis_failures_total",
+            "Redis calls and probes that failed (timeout, connection, error reply)",
+        ),
+    );
+    let fallback_decisions = registered(
+        registry,
+        IntCounter::new(
+            "floodgate_fallback_decisions_total",
+            "Requests decided without Redis, by on_failure",
+        ),
+    );
+    let leases = LeaseMetrics {
+        taken: registered(
+            registry,
+            IntCounter::new(
+                "floodgate_redis_leases_total",
+                "Leases of a limit's shared budget taken beside a Redis decision",
+            ),
+        ),
+        decisions: registered(
+            registry,
+            IntCounter::new(
+                "floodgate_redis_lease_decisions_total",
+                "Layers decided from a lease, with no Redis call",
+            ),
+        ),
+        returned_units: registered(
+            registry,
+            IntCounter::new(
+                "floodgate_redis_lease_returned_units_total",
+                "Leased units given back to Redis unused",
+            ),
+        ),
+        held: registered(
+            registry,
+            IntGauge::new(
+                "floodgate_redis_leases_held",
+                "Leases of a limit's shared budget this instance holds",
+            ),
+        ),
+    };
+    let instances = registered(
+        registry,
+        IntGauge::new(
+            "floodgate_redis_instances",
+            "Instances sharing Redis: [redis].instances, or the live count with \"auto\"",
+        ),
+    );
+    RedisMetrics {
+        call_seconds,
+        failures,
+        fallback_decisions,
+        leases,
+        instances,
+    }
+}
+
+fn request_metrics(registry: &Registry) -> RequestMetrics {
+    let requests_total = registered(
+        registry,
+        IntCounterVec::new(
+            Opts::new(
+                "floodgate_requests_total",
+                "Requests answered, by status class (1xx .. 5xx; none: no answer was sent)",
+            ),
+            &["status_class"],
+        ),
+    );
+    let latency_buckets = vec![
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ];
+    let upstream_connections = registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "floodgate_upstream_connections_total",
+                    "Requests sent upstream, by whether they went on a pooled keep-alive connection (reused=\"true\") or on a new one (reused=\"false\"): new ones rising with the request rate mean the upstream or the pool closes connections",
+                ),
+                &["reused"],
+            ),
+        );
+    RequestMetrics {
+        by_class: ["none", "1xx", "2xx", "3xx", "4xx", "5xx"]
+            .map(|class| requests_total.with_label_values(&[class])),
+        duration: registered(
+            registry,
+            Histogram::with_opts(
+                HistogramOpts::new(
+                    "floodgate_request_duration_seconds",
+                    "From the request head to the end of the answer",
+                )
+                .buckets(latency_buckets.clone()),
+            ),
+        ),
+        upstream_duration: registered(
+            registry,
+            Histogram::with_opts(
+                HistogramOpts::new(
+                    "floodgate_upstream_duration_seconds",
+                    "From sending a request upstream to its response head",
+                )
+                .buckets(latency_buckets),
+            ),
+        ),
+        access_log_dropped: registered(
+            registry,
+            IntCounter::new(
+                "floodgate_access_log_dropped_total",
+                "Access log lines dropped because the writer's queue was full",
+            ),
+        ),
+        upstream_connected: upstream_connections.with_label_values(&["false"]),
+        upstream_reused: upstream_connections.with_label_values(&["true"]),
+    }
+}
+
+fn rls_metrics(registry: &Registry) -> RlsMetrics {
+    let rls_calls = registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "floodgate_rls_requests_total",
+                    "Envoy rate limit service calls, by answer (ok, over_limit; the gRPC errors invalid_argument, unavailable, unauthenticated)",
+                ),
+                &["code"],
+            ),
+        );
+    let rls_unmatched = registered(
+            registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "floodgate_rls_unmatched_descriptors_total",
+                    "Descriptors no limit matched, answered OK: by reason (domain: no limit on the request's domain; descriptor: none on that descriptor)",
+                ),
+                &["reason"],
+            ),
+        );
+    RlsMetrics {
+        ok: rls_calls.with_label_values(&["ok"]),
+        over_limit: rls_calls.with_label_values(&["over_limit"]),
+        invalid_argument: rls_calls.with_label_values(&["invalid_argument"]),
+        unavailable: rls_calls.with_label_values(&["unavailable"]),
+        unauthenticated: rls_calls.with_label_values(&["unauthenticated"]),
+        unknown_domain: rls_unmatched.with_label_values(&["domain"]),
+        unknown_descriptor: rls_unmatched.with_label_values(&["descriptor"]),
+        duration: registered(
+            registry,
+            Histogram::with_opts(
+                HistogramOpts::new(
+                    "floodgate_rls_duration_seconds",
+                    "From a ShouldRateLimit call decoded to its answer",
+                )
+                .buckets(vec![
+                    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                    1.0,
+                ]),
+            ),
+        ),
+    }
+}
+
+fn protection_metrics(registry: &Registry) -> ProtectionMetrics {
+    let gauge = |name: &str, help: &str| registered(registry, IntGauge::new(name, help));
+    let seconds = |name: &str, help: &str| registered(registry, prometheus::Gauge::new(name, help));
+    let protection = ProtectionMetrics {
+            limit: gauge(
+                "floodgate_protection_limit",
+                "Requests in flight the upstream's adaptive limit allows now ([upstream.protection]; this instance's own)",
+            ),
+            in_flight: gauge(
+                "floodgate_protection_in_flight",
+                "Requests in flight to the upstream under its adaptive limit",
+            ),
+            queued: gauge(
+                "floodgate_protection_queued",
+                "Requests waiting for a place under the upstream's adaptive limit",
+            ),
+            min_latency_seconds: seconds(
+                "floodgate_protection_min_latency_seconds",
+                "The upstream's minimum latency as the adaptive limit measured it (to its response head)",
+            ),
+            latency_seconds: seconds(
+                "floodgate_protection_latency_seconds",
+                "The upstream's median latency over the adaptive limit's last window",
+            ),
+            shed: registered(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "floodgate_protection_shed_total",
+                        "Requests answered 503 to protect the upstream, by priority (their tier)",
+                    ),
+                    &["priority"],
+                ),
+            ),
+        };
+    // Present from the start, so that a rate on it reads 0, not nothing.
+    protection.shed.with_label_values(&["other"]);
+    protection
+}
+
+fn tracing_metrics(registry: &Registry) -> crate::tracing::TracingMetrics {
+    let tracing = crate::tracing::TracingMetrics {
+            spans: registered(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "floodgate_tracing_spans_total",
+                        "Spans by what became of them ([tracing]): exported, export_failed (the collector refused or timed out), queue_full (dropped: the collector is slower than the spans come), over_cap (not recorded: past max_spans_per_second)",
+                    ),
+                    &["outcome"],
+                ),
+            ),
+        };
+    for outcome in ["exported", "export_failed", "queue_full", "over_cap"] {
+        tracing.spans.with_label_values(&[outcome]);
+    }
+    tracing
+}
+
 fn registered<C>(registry: &Registry, metric: prometheus::Result<C>) -> C
 where
     C: prometheus::core::Collector + Clone + 'static,
