@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -422,18 +421,6 @@ fn script(name: &str) -> String {
         .join(name)
         .display()
         .to_string()
-}
-
-/// The first line a helper prints, or "" if it prints none within `within`
-/// (a helper that hangs fails its test instead of holding the suite).
-fn first_line(out: std::process::ChildStdout, within: Duration) -> String {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(out).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    rx.recv_timeout(within).unwrap_or_default()
 }
 
 /// Starts `python3 <script> serve <port>` and waits for its "ready".

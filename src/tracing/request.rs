@@ -220,6 +220,11 @@ impl RequestTrace {
 
 /// `ratelimit.decision`, a child of `parent`, from `record.started` to now,
 /// with its Redis calls beneath it.
+/// An attribute's list of texts.
+fn strings<S: Into<StringValue>>(texts: impl Iterator<Item = S>) -> Value {
+    Value::Array(Array::String(texts.map(Into::into).collect()))
+}
+
 fn record_decision(
     tracing: &Tracing,
     parent: &Context,
@@ -234,23 +239,11 @@ fn record_decision(
         KeyValue::new("ratelimit.num_counters", record.layers.len() as i64),
         KeyValue::new(
             "floodgate.limits",
-            Value::Array(Array::String(
-                record
-                    .layers
-                    .iter()
-                    .map(|name| StringValue::from(name.to_string()))
-                    .collect(),
-            )),
+            strings(record.layers.iter().map(|name| name.to_string())),
         ),
         KeyValue::new(
             "floodgate.decided_by",
-            Value::Array(Array::String(
-                record
-                    .watched
-                    .answerers()
-                    .map(|a| StringValue::from(a.as_str()))
-                    .collect(),
-            )),
+            strings(record.watched.answerers().map(|a| a.as_str())),
         ),
     ];
     if let Some(d) = &record.decisive {

@@ -1026,3 +1026,17 @@ impl Rng {
         self.next() % n.max(1)
     }
 }
+
+/// The first line a helper process prints, or "" if none comes within
+/// `within` (or its output closes first): a helper that hangs fails its
+/// test instead of holding the suite.
+pub fn first_line(out: std::process::ChildStdout, within: Duration) -> String {
+    use std::io::{BufRead, BufReader};
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(out).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    rx.recv_timeout(within).unwrap_or_default()
+}

@@ -3,7 +3,6 @@
 //! writing each span it receives as a JSON line that `spans()` reads back.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -11,7 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::{free_port, remove_test_dir, temp_dir, wait_until};
+use super::{first_line, free_port, remove_test_dir, temp_dir, wait_until};
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/otlp_receiver.py");
 
@@ -196,16 +195,4 @@ impl Drop for OtlpReceiver {
         self.kill();
         remove_test_dir(&self.dir);
     }
-}
-
-/// The first line `out` gives, or "" if none comes within `within` (or it
-/// closes first: the receiver exited).
-fn first_line(out: std::process::ChildStdout, within: Duration) -> String {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(out).read_line(&mut line);
-        let _ = tx.send(line);
-    });
-    rx.recv_timeout(within).unwrap_or_default()
 }
