@@ -246,3 +246,34 @@ fn a_ban_on_a_client_chosen_value_is_said_knowingly_and_holds_in_any_case() {
     assert_eq!(as_tenant("AcMe"), 429, "the ban holds in any case");
     assert_eq!(as_tenant("globex"), 200, "another tenant is untouched");
 }
+
+/// A limit keyed per address and route bans the address, not the route:
+/// refused three times on one route, it is refused on the limit's other
+/// route and off them all.
+#[test]
+fn a_ban_struck_on_one_route_of_a_route_keyed_limit_holds_on_every_route() {
+    let upstream = Upstream::start();
+    let clock = TestClock::new();
+    clock.set_now_us(MINUTE_START_US);
+    let proxy = ConfigBuilder::new(upstream.addr)
+        .admin()
+        .clock(&clock)
+        .limit(
+            Limit::fixed_window("login", "[\"ip\", \"route\"]", 2, "1h")
+                .matching("paths = [\"/login\", \"/signup\"]")
+                .line("ban = { after = 3, within = \"10m\", duration = \"1h\" }"),
+        )
+        .start();
+    hammer_until_banned(&[&proxy]);
+    let seen = upstream.count();
+    for path in ["/signup", "/", "/login"] {
+        let r = proxy.send("POST", path, &[]);
+        assert_eq!(r.status, 429, "{path}");
+        assert!(
+            r.body.starts_with("{\"error\":\"banned\""),
+            "{path}: {}",
+            r.body
+        );
+    }
+    assert_eq!(upstream.count(), seen, "nothing reached the app");
+}

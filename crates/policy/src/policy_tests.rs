@@ -12,6 +12,12 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
 use super::*;
 use crate::identity::{ForwardedHeader, IdentityHasher, KnownPart, Tiers};
+use crate::{
+    Ban, Concurrency, CostRule, CostSource, HostPattern, Limit, LlmProvider, Matcher, OnMissing,
+    PathPattern, ResponseCost, Rule, Statuses, Upgrades, PROMPT_BYTES_PER_TOKEN,
+};
+use floodgate_algorithm::Algorithm;
+use floodgate_limiter::LimitName;
 
 const SEC: u64 = 1_000_000;
 
@@ -907,4 +913,69 @@ fn a_route_key_is_the_pattern_the_path_matched() {
     let identity = |path| get(path).layers(&policy).checks[0].key.identity;
     assert_eq!(identity("/users/1"), identity("/users/2"));
     assert_ne!(identity("/users/1"), identity("/orders/1"));
+}
+
+#[test]
+fn a_shadow_limit_keys_a_request_without_its_key_as_the_enforcing_one_would() {
+    let mut trial = limit("trial", header_key("x-tenant"), window(10));
+    trial.shadow = true;
+    trial.on_missing = OnMissing::Ip;
+    let policy = policy(vec![trial]);
+    let request = get("/");
+    let layers = request.layers(&policy);
+    assert_eq!(names(&layers.checks), ["trial"]);
+    assert!(layers.checks[0].shadow);
+    assert_eq!(
+        layers.checks[0].key.identity,
+        request.client(&policy).ip_hash
+    );
+}
+
+#[test]
+fn a_key_banned_by_a_limit_on_the_body_is_found_when_its_body_goes_unread() {
+    let on = |on_missing| {
+        let mut gpt4 = limit("gpt-4", KeySource::ApiKey, window(10));
+        gpt4.matcher.body = vec![("model".into(), vec![PathPattern::glob("gpt-4*")])];
+        gpt4.ban = Some(ban("gpt-4", 3));
+        gpt4.on_missing = on_missing;
+        policy(vec![gpt4])
+    };
+    for on_missing in [OnMissing::Skip, OnMissing::Ip] {
+        let policy = on(on_missing);
+        let key = policy.clients.api_key_hash(b"k-pro");
+        // Struck on the key where the body was read...
+        let read = get("/v1/chat")
+            .key("k-pro")
+            .body(r#"{"model":"gpt-4o"}"#, &policy)
+            .layers(&policy);
+        assert_eq!(read.checks[0].key.identity, key);
+        // ...and looked up on it where it was not, beside the address the
+        // limit then counts by.
+        let request = get("/v1/chat").key("k-pro");
+        let unread = request.layers(&policy);
+        let banned: Vec<u128> = unread.bans.iter().map(|b| b.key.identity).collect();
+        let address = request.client(&policy).ip_hash;
+        assert_eq!(banned, [key, address], "{}", on_missing.as_str());
+    }
+}
+
+#[test]
+fn a_route_keyed_ban_is_found_on_every_route() {
+    let key = KeySource::Composite(vec![KeySource::ApiKey, KeySource::Route]);
+    let mut per_route = limit("per-route", key, window(10));
+    per_route.matcher = matching(&[], &["/users/*", "/orders/*"]);
+    per_route.ban = Some(ban("per-route", 3));
+    let policy = policy(vec![per_route]);
+    let on_users = get("/users/1").key("k-pro").layers(&policy);
+    let on_orders = get("/orders/1").key("k-pro").layers(&policy);
+    let struck_on_users = on_users.checks[0].key.identity;
+    let struck_on_orders = on_orders.checks[0].key.identity;
+    assert_ne!(struck_on_users, struck_on_orders);
+    for request in [get("/users/1"), get("/orders/1"), get("/about")] {
+        let layers = request.key("k-pro").layers(&policy);
+        let banned: Vec<u128> = layers.bans.iter().map(|b| b.key.identity).collect();
+        assert_eq!(banned, [struck_on_users, struck_on_orders]);
+    }
+    // Without its key, nothing to look up.
+    assert!(get("/about").layers(&policy).is_empty());
 }

@@ -1,0 +1,163 @@
+//! Which requests a limit meets: its `match` on method, path, host,
+//! headers and body fields, or on the rate limit service's descriptors.
+
+use http::{HeaderName, Method};
+
+use crate::identity::normalize_host;
+use crate::{DescriptorPattern, PathPattern, RequestView};
+
+/// A host pattern: a name, or `*.` and a domain for its subdomains (not the
+/// domain itself). Lower case, no port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPattern(String);
+
+impl HostPattern {
+    pub fn new(pattern: &str) -> HostPattern {
+        HostPattern(normalize_host(pattern))
+    }
+
+    /// `host` as `normalize_host` gives it.
+    pub fn matches(&self, host: &str) -> bool {
+        match self.0.strip_prefix("*.") {
+            Some(domain) => host
+                .strip_suffix(domain)
+                .is_some_and(|sub| sub.len() > 1 && sub.ends_with('.')),
+            None => self.0 == host,
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// `match = { methods, paths, hosts, headers }`; an empty list matches all.
+/// A limit on GET also limits HEAD, which routers answer with the GET handler;
+/// methods match ignoring case. A header matches when any of its values
+/// matches its glob (`*` for any run of characters).
+/// `match = { domain, descriptors }` instead: a limit of the rate limit
+/// service, which no HTTP request meets.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Matcher {
+    pub methods: Vec<Method>,
+    pub paths: Vec<PathPattern>,
+    pub hosts: Vec<HostPattern>,
+    pub headers: Vec<(HeaderName, PathPattern)>,
+    pub descriptors: Option<DescriptorPattern>,
+    /// Top-level fields of the JSON body, each matching one of its
+    /// patterns (`body = { model = ["gpt-4o*"] }`).
+    pub body: Vec<(Box<str>, Vec<PathPattern>)>,
+}
+
+impl Matcher {
+    /// Whether the request is one this matcher applies to.
+    pub fn applies(&self, request: &RequestView<'_>) -> bool {
+        self.applies_but_for_body(request)
+            && self.body.iter().all(|(field, globs)| {
+                request
+                    .body
+                    .and_then(|body| body.text(field))
+                    .is_some_and(|value| globs.iter().any(|g| g.matches_exactly(value)))
+            })
+    }
+
+    /// Whether the request is one this matcher applies to, as far as its
+    /// head tells: whether its body is worth reading.
+    pub fn applies_but_for_body(&self, request: &RequestView<'_>) -> bool {
+        self.matches(request.method, request.path)
+            // A request that names no host may be for any: host limits
+            // apply to it (an HTTP/1.0 request without Host is no way
+            // around them).
+            && (self.hosts.is_empty()
+                || request
+                    .host
+                    .is_none_or(|h| self.hosts.iter().any(|p| p.matches(h))))
+            && self.headers.iter().all(|(name, glob)| {
+                request
+                    .headers
+                    .get_all(name)
+                    .iter()
+                    .any(|v| v.to_str().is_ok_and(|v| glob.matches_exactly(v)))
+            })
+    }
+
+    /// The path pattern a matching path matched ("" when any path does):
+    /// what a `route` key names.
+    pub fn route(&self, path: &str) -> &str {
+        self.paths
+            .iter()
+            .find(|p| p.matches(path))
+            .map_or("", |p| p.as_str())
+    }
+
+    /// Method and path only.
+    pub fn matches(&self, method: &Method, path: &str) -> bool {
+        if self.descriptors.is_some() {
+            return false;
+        }
+        // Methods are case-sensitive in HTTP, but some frameworks (Werkzeug)
+        // route `post` as POST.
+        let listed = |m: &str| {
+            self.methods
+                .iter()
+                .any(|l| l.as_str().eq_ignore_ascii_case(m))
+        };
+        let method_matches = self.methods.is_empty()
+            || listed(method.as_str())
+            || (method.as_str().eq_ignore_ascii_case("HEAD") && listed("GET"));
+        method_matches && (self.paths.is_empty() || self.paths.iter().any(|p| p.matches(path)))
+    }
+
+    /// Whether some request could match both (approximate: a path pattern is
+    /// tested against the other's text).
+    pub fn may_overlap(&self, other: &Matcher) -> bool {
+        match (&self.descriptors, &other.descriptors) {
+            (None, None) => {}
+            (Some(a), Some(b)) => return a.domain == b.domain,
+            _ => return false,
+        }
+        let methods = self.methods.is_empty()
+            || other.methods.is_empty()
+            || self.methods.iter().any(|m| other.methods.contains(m));
+        let paths = self.paths.is_empty()
+            || other.paths.is_empty()
+            || self.paths.iter().any(|a| {
+                other
+                    .paths
+                    .iter()
+                    .any(|b| a.matches(b.as_str()) || b.matches(a.as_str()))
+            });
+        methods && paths
+    }
+
+    pub fn describe(&self) -> String {
+        if let Some(descriptors) = &self.descriptors {
+            return descriptors.describe();
+        }
+        let mut parts = Vec::new();
+        if !self.methods.is_empty() {
+            let m: Vec<&str> = self.methods.iter().map(|m| m.as_str()).collect();
+            parts.push(m.join("|"));
+        }
+        if !self.paths.is_empty() {
+            let p: Vec<&str> = self.paths.iter().map(|p| p.as_str()).collect();
+            parts.push(p.join(" "));
+        }
+        if !self.hosts.is_empty() {
+            let h: Vec<&str> = self.hosts.iter().map(|h| h.as_str()).collect();
+            parts.push(format!("host {}", h.join(" ")));
+        }
+        for (name, glob) in &self.headers {
+            parts.push(format!("with {name}: {}", glob.as_str()));
+        }
+        for (field, globs) in &self.body {
+            let g: Vec<&str> = globs.iter().map(|g| g.as_str()).collect();
+            parts.push(format!("with body {field}: {}", g.join("|")));
+        }
+        if parts.is_empty() {
+            "all requests".into()
+        } else {
+            parts.join(" ")
+        }
+    }
+}
