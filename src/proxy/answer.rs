@@ -1,18 +1,24 @@
 //! Answers floodgate writes itself: 400s, 429s, 503s and their gRPC forms,
-//! each with the request id.
+//! each with the request id. `Answer` says why a request is answered here;
+//! `Gateway::answer` writes it.
+
+use std::borrow::Cow;
 
 use bytes::Bytes;
 use http::HeaderValue;
-use log::{debug, warn};
+use log::{debug, info, warn};
 use pingora::proxy::Session;
-use pingora::Result;
+use pingora::{Error, ErrorSource, ErrorType, Result};
 
 use super::ctx::RequestCtx;
 use super::framing::request_has_body;
 use super::header_edit::{own_response, HeaderEdit};
 use crate::proxy::header_name::SpelledName;
 use crate::proxy::headers::{self, Header, Layer, CONTENT_TYPE};
+use crate::server::state::AppState;
+use floodgate_limiter::clock::{Clock, SystemClock};
 use floodgate_limiter::LimiterError;
+use floodgate_policy::blocklist::BlockReason;
 
 pub(super) async fn respond(
     session: &mut Session,
@@ -273,4 +279,129 @@ pub(super) async fn limiter_failed(
     )
     .await?;
     Ok(true)
+}
+
+/// What a failed exchange is answered: the status and the JSON body's
+/// `error`; none when there is nobody to answer.
+pub(super) fn failure_answer(e: &Error) -> Option<(u16, &'static str)> {
+    Some(match (e.esource(), e.etype()) {
+        (_, ErrorType::HTTPStatus(code)) => (*code, "bad_request"),
+        (ErrorSource::Upstream, ErrorType::ReadTimedout | ErrorType::ConnectTimedout) => {
+            (504, "upstream_timeout")
+        }
+        (ErrorSource::Upstream, _) => (502, "upstream_unavailable"),
+        // The client went away or broke its stream.
+        (
+            ErrorSource::Downstream,
+            ErrorType::WriteError
+            | ErrorType::ReadError
+            | ErrorType::ConnectionClosed
+            | ErrorType::H2Error,
+        ) => return None,
+        (ErrorSource::Downstream, _) => (400, "bad_request"),
+        _ => (500, "internal_error"),
+    })
+}
+
+/// Why a request is answered here rather than forwarded; `Gateway::answer`
+/// writes each.
+pub(super) enum Answer {
+    /// 400 with the error's code and our own reason.
+    BadRequest {
+        code: &'static str,
+        reason: Cow<'static, str>,
+    },
+    /// An address with its HTTP/2 requests in flight all taken.
+    TooManyInFlight,
+    Blocked(BlockReason),
+    /// A limit with `on_missing = "deny"` found nothing to key on.
+    MissingKey(Box<str>),
+    /// The store failed with no fallback to decide instead.
+    LimiterFailed(LimiterError),
+    /// A limit refused: the 429, or a gRPC status with this message.
+    Refused(headers::Rejection, Option<String>),
+    /// Reading the request failed: nobody to answer, or nothing to send on.
+    Failed(Box<Error>),
+    /// Refused to protect the upstream.
+    Shed(crate::protection::Shed),
+}
+
+impl Answer {
+    pub(super) fn bad_request(code: &'static str, reason: impl Into<Cow<'static, str>>) -> Answer {
+        Answer::BadRequest {
+            code,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Writes the answer a phase gave: `true`, the upstream never touched.
+pub(super) async fn write_answer(
+    state: &AppState,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    answer: Answer,
+) -> Result<bool> {
+    match answer {
+        Answer::BadRequest { code, reason } => bad_request(session, ctx, code, &reason).await,
+        Answer::TooManyInFlight => too_many_in_flight(session, ctx).await,
+        Answer::Blocked(reason) => answer_blocked(state, session, ctx, reason).await,
+        Answer::MissingKey(limit) => missing_key(session, ctx, &limit).await,
+        Answer::LimiterFailed(e) => limiter_failed(session, ctx, e).await,
+        Answer::Refused(rejection, Some(grpc_message)) => {
+            let headers = rejection
+                .headers
+                .into_iter()
+                .filter(|(name, _)| **name != headers::CONTENT_TYPE)
+                .collect();
+            respond_grpc(
+                session,
+                ctx,
+                GrpcStatus::ResourceExhausted,
+                &grpc_message,
+                headers,
+            )
+            .await?;
+            Ok(true)
+        }
+        Answer::Failed(e) => Err(e),
+        Answer::Shed(refusal) => shed(session, ctx, refusal).await,
+        Answer::Refused(rejection, None) => {
+            respond(
+                session,
+                ctx,
+                rejection.status,
+                rejection.headers,
+                rejection.body,
+            )
+            .await?;
+            Ok(true)
+        }
+    }
+}
+
+/// Answers a request `[block]` refuses (logged once a minute per client).
+async fn answer_blocked(
+    state: &AppState,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    reason: BlockReason,
+) -> Result<bool> {
+    state.metrics.blocked[reason as usize].inc();
+    if let Some(client) = &ctx.client {
+        if state
+            .block_log
+            .due(client.ip_hash, SystemClock.now_us())
+            .is_some()
+        {
+            info!(
+                "blocked ({}): {} request_id={} (once a minute per client)",
+                reason.as_str(),
+                client.log_label(),
+                ctx.request_id
+            );
+        }
+    }
+    let status = ctx.runtime.policy.block.status;
+    blocked(session, ctx, status).await
 }

@@ -3,12 +3,16 @@
 //! upstream, in the same store call as the other layers (so requests that
 //! arrive together never pass a limit already spent), and is settled
 //! here: what was reserved and is not owed is refunded, what is owed
-//! beyond it is charged.
+//! beyond it is charged. `Gateway::settle` does so for a finished request,
+//! and gives its slots back.
 
 use log::warn;
 use pingora::http::ResponseHeader;
+use pingora::{Error, ErrorSource, ErrorType};
 
 use super::ctx::{BodyCharge, RequestCtx, Reservation};
+use crate::connection::h2_watch::H2Stream;
+use crate::server::state::AppState;
 use crate::usage::{Provider, Read, UsageReader};
 use floodgate_limiter::{Check, Store};
 use floodgate_policy::{AfterResponse, CostSource, LlmProvider, ResponseCost};
@@ -328,6 +332,63 @@ fn owed_check(mut check: Check, cost: u64) -> Check {
     // most a lease takes, whatever the limit.
     check.lease = false;
     check
+}
+
+/// What a finished request holds is given back or charged: the
+/// reservations of limits charged by the response, its slots.
+pub(super) async fn settle_finished(state: &AppState, ctx: &mut RequestCtx, e: Option<&Error>) {
+    // A request that reached the upstream but whose client hung up
+    // before the answer is counted as if its status were listed:
+    // otherwise hanging up at once would dodge the count. Settled
+    // before the slots go, so that the next request a concurrency
+    // limit lets in sees it.
+    let client_left_mid_request = ctx.upstream_sent.is_some()
+        && ctx.upstream_status.is_none()
+        && e.is_some_and(|e| matches!(e.esource(), ErrorSource::Downstream));
+    if !ctx.by_body.is_empty() {
+        charge_by_body(state.store.as_ref(), ctx, e.is_none()).await;
+    }
+    if !ctx.counted.is_empty() {
+        let upstream_timed_out = e.is_some_and(|e| {
+            matches!(e.esource(), ErrorSource::Upstream)
+                && matches!(e.etype(), ErrorType::ReadTimedout)
+        });
+        charge_unanswered(
+            state.store.as_ref(),
+            ctx,
+            ctx.upstream_sent.is_some(),
+            client_left_mid_request,
+            upstream_timed_out,
+        )
+        .await;
+    }
+    // Over: the upstream answered, or floodgate gave up on it (a body
+    // that never came whole, the upstream's read timeout). A client
+    // that left once its request was whole was kept until then; a whole
+    // request whose exchange was cut all the same (its HTTP/2 connection
+    // torn down by the h2 server's own defences, say against a client
+    // opening more streams than it may) leaves the upstream working on
+    // it, so its place and its slots stay taken for as long as the
+    // upstream may work: its read timeout, counted from the request.
+    let cut_whole = || {
+        ctx.h2_stream
+            .as_ref()
+            .is_some_and(H2Stream::cut_while_whole)
+    };
+    if client_left_mid_request && cut_whole() {
+        let sent = ctx.upstream_sent.unwrap_or(ctx.started);
+        let until = sent + ctx.runtime.upstream.settings().read_timeout;
+        let (permit, slots) = (ctx.stream_permit.take(), ctx.slots.take());
+        tokio::spawn(async move {
+            tokio::time::sleep_until(until.into()).await;
+            drop(permit);
+            if let Some(mut slots) = slots {
+                slots.release().await;
+            }
+        });
+    } else if let Some(mut slots) = ctx.slots.take() {
+        slots.release().await;
+    }
 }
 
 #[cfg(test)]

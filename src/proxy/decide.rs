@@ -11,14 +11,22 @@
 //!    ban is the answer, whatever the layers said.
 //! 4. Refused by any enforcing layer: the slots are given back and nothing
 //!    stays reserved.
+//!
+//! `Gateway::decide` keeps the decision for the phases after, with the
+//! headers it gives: the refusal, or the rates of an admitted request.
 
 use std::sync::Arc;
 
+use pingora::proxy::Session;
 use tokio::time::Instant;
 
-use super::ctx::Reservation;
+use super::answer::{grpc_refusal, is_grpc, Answer};
+use super::ctx::{RequestCtx, Reservation};
 use super::slots::HeldSlots;
-use super::verdict::Outcome;
+use super::traced;
+use super::verdict::{Outcome, Verdict};
+use crate::proxy::headers;
+use crate::server::state::AppState;
 use floodgate_algorithm::Decision;
 use floodgate_limiter::{Check, LimiterError, Store};
 use floodgate_policy::{Layers, Policy};
@@ -131,6 +139,65 @@ pub(super) fn ban_refusals(
             Outcome::of_ban(name, check, decision)
         })
         .collect()
+}
+
+/// The decision on the planned layers (`decide`), kept in the context
+/// for the phases after, and the headers it gives: the refusal, or the
+/// wait (µs) before an admitted request goes on.
+pub(super) async fn decide_request(
+    state: &AppState,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    layers: Layers,
+    earlier: Vec<Outcome>,
+) -> Result<u64, Answer> {
+    let runtime = ctx.runtime.clone();
+    let decided = decide(&runtime.policy, &state.store, layers, earlier)
+        .await
+        .map_err(Answer::LimiterFailed)?;
+    if let Some(taken_at) = decided.slots_taken_at {
+        // A client that stops reading (an HTTP/2 window kept shut), or
+        // sends its body by the drop, must not hold its slots for long.
+        session
+            .as_mut()
+            .set_write_timeout(Some(state.header_timeout));
+        let body_by = taken_at + state.slot_body_timeout;
+        if let Some(clock) = &ctx.head_clock {
+            clock.body_due_by(body_by);
+        }
+        if let Some(stream) = &ctx.h2_stream {
+            stream.body_deadline(body_by);
+        }
+    }
+    ctx.slots = decided.slots;
+    ctx.counted = decided.reservations;
+    let verdict = ctx
+        .verdict
+        .insert(Verdict::new(decided.outcomes, state.store.deciding()));
+    let enforced = verdict.enforced(false);
+    if let Some(refused) = headers::refusing(&enforced) {
+        let mut rejection =
+            headers::rejection(runtime.headers, &enforced, refused, ctx.request_id.as_str());
+        traced::into_refusal_body(ctx.trace.as_deref(), &mut rejection.body);
+        let grpc_message = is_grpc(session).then(|| grpc_refusal(refused));
+        verdict.decisive = Some(refused.position);
+        verdict.refused = true;
+        return Err(Answer::Refused(rejection, grpc_message));
+    }
+    // An admitted request's headers advertise its rates only: a slot's
+    // state (free now, a lease) is no budget to pace by. Most requests
+    // hold no slot: their layers are the rates.
+    let rates = if verdict.outcomes.iter().any(|o| o.concurrency) {
+        verdict.enforced(true)
+    } else {
+        enforced
+    };
+    let shown = headers::most_constrained(&rates);
+    if let Some(shown) = shown {
+        ctx.rate_headers = headers::rate_limit_headers(runtime.headers, &rates, shown);
+    }
+    verdict.decisive = shown.map(|l| l.position);
+    Ok(verdict.delay_us())
 }
 
 #[cfg(test)]

@@ -2,9 +2,10 @@
 //!
 //! ```text
 //! (connection)     caps and head deadlines: see `connection`
-//! request_filter   strict framing: a Content-Length list, CL with TE, no Host: 400
-//!                  (`framing`); canonical path (the upstream gets it too)
-//!                  identify -> plan layers -> decided (`decide`: bans
+//! request_filter   received (`receive`): strict framing: a Content-Length
+//!                  list, CL with TE, no Host: 400 (`framing`); canonical
+//!                  path (the upstream gets it too)
+//!                  identify -> plan layers (`planning`) -> decided (`decide`: bans
 //!                  peeked, slots taken (`slots`), the rest in one store
 //!                  call, all or nothing)
 //!                  refused: 429 written here (`answer`), upstream never touched
@@ -28,6 +29,7 @@
 
 mod access;
 pub mod access_log;
+mod accounting;
 mod answer;
 mod charges;
 pub mod client_headers;
@@ -39,6 +41,8 @@ mod gateway;
 mod header_edit;
 pub mod header_name;
 pub mod headers;
+mod planning;
+mod receive;
 pub mod refusal_log;
 mod request_body;
 mod request_id;

@@ -1,4 +1,6 @@
-//! What the limits said of one request, kept for the logging phase.
+//! What the limits said of one request, kept for the logging phase, where
+//! `Gateway::count` puts it in the metrics, the refusal log and the status
+//! page.
 
 use log::info;
 
