@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use super::file::{PriorityEntry, ProtectionSection};
+use super::file::{PriorityEntry, ProtectionSection, QueueSection};
 use super::limits::validate_match;
 use super::source::Segment;
-use super::{at, duration, key_path, Invalid};
+use super::{at, duration, key_path, AsSegment, Invalid};
 use crate::protection::controller::ControllerSettings;
 use crate::protection::{PriorityClass, ProtectionSettings, QueueSettings};
 use floodgate_policy::identity::Tiers;
@@ -17,8 +17,34 @@ pub(super) fn validate_protection(
     tiers: &Tiers,
     compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,
 ) -> Result<ProtectionSettings, Invalid> {
-    let here = |key: &str| -> Vec<Segment> { key_path(&[&"upstream", &"protection"], key) };
-    let fail = |key: &str, message: &str| -> Invalid { (here(key), message.to_string()) };
+    let controller = controller(p)?;
+    let reserve = reserve(p)?;
+    let priority = priority(p, tiers, compile_pattern)?;
+    let queue = p.queue.as_ref().map(queue).transpose()?;
+    Ok(ProtectionSettings {
+        controller,
+        priority,
+        reserve,
+        queue,
+        retry_after: duration(
+            &p.retry_after,
+            Duration::from_secs(1),
+            &[&"upstream", &"protection", &"retry_after"],
+        )?,
+    })
+}
+
+fn here(key: &str) -> Vec<Segment> {
+    key_path(&[&"upstream", &"protection"], key)
+}
+
+fn fail(key: &str, message: &str) -> Invalid {
+    (here(key), message.to_string())
+}
+
+/// The limit's bounds and where it starts, and how the controller moves it:
+/// the latency it tolerates, its window and how often it probes upwards.
+fn controller(p: &ProtectionSection) -> Result<ControllerSettings, Invalid> {
     let count = |value: Option<i64>, default: u32, key: &'static str| -> Result<u32, Invalid> {
         value.map_or(Ok(default), |n| {
             u32::try_from(n)
@@ -62,6 +88,18 @@ pub(super) fn validate_protection(
             "the window must be longer than 0, and probes further apart than a window",
         ));
     }
+    let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    Ok(ControllerSettings {
+        min,
+        max,
+        initial,
+        tolerance,
+        window_us: micros(window),
+        probe_interval_us: micros(probe_interval),
+    })
+}
+
+fn reserve(p: &ProtectionSection) -> Result<f64, Invalid> {
     let reserve = p.reserve.unwrap_or(0.2);
     if !(0.0..1.0).contains(&reserve) {
         return Err(fail(
@@ -69,41 +107,18 @@ pub(super) fn validate_protection(
             "must be from 0.0 (every class shares the whole limit) to below 1.0",
         ));
     }
+    Ok(reserve)
+}
+
+/// `priority`: the classes, each listed once.
+fn priority(
+    p: &ProtectionSection,
+    tiers: &Tiers,
+    compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,
+) -> Result<Vec<PriorityClass>, Invalid> {
     let mut priority: Vec<PriorityClass> = Vec::with_capacity(p.priority.len());
     for (i, entry) in p.priority.iter().enumerate() {
-        let class = match entry {
-            PriorityEntry::Tier(name) => {
-                let Some(tier) = tiers.get(name) else {
-                    let known: Vec<&str> = tiers.names().collect();
-                    return Err(at(
-                        &[&"upstream", &"protection", &"priority", &i],
-                        format!("\"{name}\" is no tier (known: {})", known.join(", ")),
-                    ));
-                };
-                PriorityClass::Tier(tier)
-            }
-            PriorityEntry::Match { name, matcher } => {
-                let path: [&dyn super::AsSegment; 5] =
-                    [&"upstream", &"protection", &"priority", &i, &"match"];
-                let matcher = validate_match(matcher, &path, compile_pattern)?;
-                if matcher.descriptors.is_some() || !matcher.body.is_empty() {
-                    return Err(at(
-                        &path,
-                        "a class is matched by the request's head: methods, paths, hosts, headers",
-                    ));
-                }
-                if name.is_empty() || tiers.get(name).is_some() {
-                    return Err(at(
-                        &[&"upstream", &"protection", &"priority", &i, &"name"],
-                        "name the class, with a name that is no tier's",
-                    ));
-                }
-                PriorityClass::Match {
-                    name: name.as_str().into(),
-                    matcher,
-                }
-            }
-        };
+        let class = priority_class(i, entry, tiers, compile_pattern)?;
         if priority.iter().any(|c| c.name() == class.name()) {
             return Err(at(
                 &[&"upstream", &"protection", &"priority", &i],
@@ -112,52 +127,74 @@ pub(super) fn validate_protection(
         }
         priority.push(class);
     }
-    let queue = match &p.queue {
-        None => None,
-        Some(q) => {
-            let at_queue = |key: &str| key_path(&[&"upstream", &"protection", &"queue"], key);
-            let max = usize::try_from(q.max)
-                .ok()
-                .filter(|m| (1..=100_000).contains(m))
-                .ok_or_else(|| {
-                    (
-                        at_queue("max"),
-                        "must be a whole number from 1 to 100000".to_string(),
-                    )
-                })?;
-            let timeout = duration(
-                &q.timeout,
-                Duration::from_millis(250),
-                &[&"upstream", &"protection", &"queue", &"timeout"],
-            )?;
-            // A wait counts against the client's own deadline, which is
-            // seconds for most clients: a queue holds a burst, not a backlog.
-            if timeout.is_zero() || timeout > Duration::from_secs(10) {
-                return Err((
-                    at_queue("timeout"),
-                    "must be longer than 0 and at most 10s: a wait counts against the client's own deadline".into(),
+    Ok(priority)
+}
+
+/// One class of `priority`: a known tier, or a named match on the
+/// request's head.
+fn priority_class(
+    i: usize,
+    entry: &PriorityEntry,
+    tiers: &Tiers,
+    compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,
+) -> Result<PriorityClass, Invalid> {
+    match entry {
+        PriorityEntry::Tier(name) => {
+            let Some(tier) = tiers.get(name) else {
+                let known: Vec<&str> = tiers.names().collect();
+                return Err(at(
+                    &[&"upstream", &"protection", &"priority", &i],
+                    format!("\"{name}\" is no tier (known: {})", known.join(", ")),
+                ));
+            };
+            Ok(PriorityClass::Tier(tier))
+        }
+        PriorityEntry::Match { name, matcher } => {
+            let path: [&dyn AsSegment; 5] = [&"upstream", &"protection", &"priority", &i, &"match"];
+            let matcher = validate_match(matcher, &path, compile_pattern)?;
+            if matcher.descriptors.is_some() || !matcher.body.is_empty() {
+                return Err(at(
+                    &path,
+                    "a class is matched by the request's head: methods, paths, hosts, headers",
                 ));
             }
-            Some(QueueSettings { max, timeout })
+            if name.is_empty() || tiers.get(name).is_some() {
+                return Err(at(
+                    &[&"upstream", &"protection", &"priority", &i, &"name"],
+                    "name the class, with a name that is no tier's",
+                ));
+            }
+            Ok(PriorityClass::Match {
+                name: name.as_str().into(),
+                matcher,
+            })
         }
-    };
-    let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-    Ok(ProtectionSettings {
-        controller: ControllerSettings {
-            min,
-            max,
-            initial,
-            tolerance,
-            window_us: micros(window),
-            probe_interval_us: micros(probe_interval),
-        },
-        priority,
-        reserve,
-        queue,
-        retry_after: duration(
-            &p.retry_after,
-            Duration::from_secs(1),
-            &[&"upstream", &"protection", &"retry_after"],
-        )?,
-    })
+    }
+}
+
+fn queue(q: &QueueSection) -> Result<QueueSettings, Invalid> {
+    let at_queue = |key: &str| key_path(&[&"upstream", &"protection", &"queue"], key);
+    let max = usize::try_from(q.max)
+        .ok()
+        .filter(|m| (1..=100_000).contains(m))
+        .ok_or_else(|| {
+            (
+                at_queue("max"),
+                "must be a whole number from 1 to 100000".to_string(),
+            )
+        })?;
+    let timeout = duration(
+        &q.timeout,
+        Duration::from_millis(250),
+        &[&"upstream", &"protection", &"queue", &"timeout"],
+    )?;
+    // A wait counts against the client's own deadline, which is
+    // seconds for most clients: a queue holds a burst, not a backlog.
+    if timeout.is_zero() || timeout > Duration::from_secs(10) {
+        return Err((
+            at_queue("timeout"),
+            "must be longer than 0 and at most 10s: a wait counts against the client's own deadline".into(),
+        ));
+    }
+    Ok(QueueSettings { max, timeout })
 }
