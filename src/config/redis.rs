@@ -10,6 +10,27 @@ use floodgate_limiter::redis::{InstanceCount, SentinelSettings, Topology};
 use floodgate_limiter::{ClockSource, OnFailure, RedisSettings};
 
 pub(super) fn validate_redis(r: &RedisSection, inputs: &Inputs) -> Result<RedisSettings, Invalid> {
+    let topology = topology(r, inputs)?;
+    let timeout = timeout(r)?;
+    let key_prefix = key_prefix(r)?;
+    let instances = instances(r)?;
+    let tls_ca = read_tls_ca(r, inputs)?;
+    let leases = leases(r)?;
+    check_tls_ca_used(tls_ca.is_some(), &topology)?;
+    Ok(RedisSettings {
+        topology,
+        timeout,
+        clock: r.clock.unwrap_or(ClockSource::Redis),
+        key_prefix,
+        on_failure: r.on_failure.map_or(OnFailure::Local, Into::into),
+        instances,
+        tls_ca,
+        leases,
+    })
+}
+
+/// One of `url` (or REDIS_URL), `sentinel` and `cluster`, checked.
+fn topology(r: &RedisSection, inputs: &Inputs) -> Result<Topology, Invalid> {
     let cluster = r.cluster.clone().unwrap_or_default();
     let url = inputs.redis_url.clone().or_else(|| r.url.clone());
     if url.is_none() && cluster.is_empty() && r.sentinel.is_none() {
@@ -41,6 +62,16 @@ pub(super) fn validate_redis(r: &RedisSection, inputs: &Inputs) -> Result<RedisS
     if let Some(u) = &r.url {
         check_redis_url(u, &[&"redis", &"url"])?;
     }
+    // REDIS_URL stands in for `url` only: it does not override a sentinel
+    // or cluster section.
+    Ok(match (sentinel, url) {
+        (Some(sentinel), _) => Topology::Sentinel(sentinel),
+        (None, Some(url)) if cluster.is_empty() => Topology::Standalone(url),
+        _ => Topology::Cluster(cluster),
+    })
+}
+
+fn timeout(r: &RedisSection) -> Result<Duration, Invalid> {
     let timeout = duration(
         &r.timeout,
         Duration::from_millis(50),
@@ -49,6 +80,10 @@ pub(super) fn validate_redis(r: &RedisSection, inputs: &Inputs) -> Result<RedisS
     if timeout.is_zero() {
         return Err(at(&[&"redis", &"timeout"], "must be longer than 0"));
     }
+    Ok(timeout)
+}
+
+fn key_prefix(r: &RedisSection) -> Result<String, Invalid> {
     let key_prefix = r.key_prefix.clone().unwrap_or_else(|| "floodgate".into());
     if key_prefix.is_empty()
         || !key_prefix
@@ -60,7 +95,11 @@ pub(super) fn validate_redis(r: &RedisSection, inputs: &Inputs) -> Result<RedisS
             "must be non-empty letters, digits, '_', '-', '.' or ':'",
         ));
     }
-    let instances = match &r.instances {
+    Ok(key_prefix)
+}
+
+fn instances(r: &RedisSection) -> Result<InstanceCount, Invalid> {
+    Ok(match &r.instances {
         None => InstanceCount::Fixed(1),
         Some(InstancesName::Count(n)) if *n >= 1 => InstanceCount::Fixed(*n as u64),
         Some(InstancesName::Count(_)) => {
@@ -73,9 +112,11 @@ pub(super) fn validate_redis(r: &RedisSection, inputs: &Inputs) -> Result<RedisS
                 format!("must be a number of instances or \"auto\", not \"{word}\""),
             ))
         }
-    };
-    let tls_ca = r
-        .tls_ca_file
+    })
+}
+
+fn read_tls_ca(r: &RedisSection, inputs: &Inputs) -> Result<Option<Vec<u8>>, Invalid> {
+    r.tls_ca_file
         .as_ref()
         .map(|file| {
             inputs.read(file).map_err(|e| {
@@ -85,7 +126,12 @@ pub(super) fn validate_redis(r: &RedisSection, inputs: &Inputs) -> Result<RedisS
                 )
             })
         })
-        .transpose()?;
+        .transpose()
+}
+
+/// `leases`, `lease_max` and `lease_ttl`: the bounds are checked even when
+/// leases are off.
+fn leases(r: &RedisSection) -> Result<Option<LeaseSettings>, Invalid> {
     let lease_max = r.lease_max.unwrap_or(LeaseSettings::DEFAULT_MAX);
     if lease_max == 0 {
         return Err(at(
@@ -104,43 +150,30 @@ pub(super) fn validate_redis(r: &RedisSection, inputs: &Inputs) -> Result<RedisS
             "must be from 1ms to 60s: a lease a crashed instance held is lost for this long",
         ));
     }
-    let leases = match r.leases.unwrap_or(LeasesMode::Auto) {
+    Ok(match r.leases.unwrap_or(LeasesMode::Auto) {
         LeasesMode::Off => None,
         LeasesMode::Auto => Some(LeaseSettings {
             max: lease_max,
             ttl_us: lease_ttl.as_micros() as u64,
         }),
-    };
-    // REDIS_URL stands in for `url` only: it does not override a sentinel
-    // or cluster section.
-    let topology = match (sentinel, url) {
-        (Some(sentinel), _) => Topology::Sentinel(sentinel),
-        (None, Some(url)) if cluster.is_empty() => Topology::Standalone(url),
-        _ => Topology::Cluster(cluster),
-    };
-    let speaks_tls = match &topology {
+    })
+}
+
+/// The file would be read and never used: the operator meant TLS and
+/// would get plain text.
+fn check_tls_ca_used(tls_ca: bool, topology: &Topology) -> Result<(), Invalid> {
+    let speaks_tls = match topology {
         Topology::Standalone(url) => url.starts_with("rediss://"),
         Topology::Sentinel(sentinel) => sentinel.tls,
         Topology::Cluster(nodes) => nodes.iter().any(|n| n.starts_with("rediss://")),
     };
-    // The file would be read and never used: the operator meant TLS and
-    // would get plain text.
-    if tls_ca.is_some() && !speaks_tls {
+    if tls_ca && !speaks_tls {
         return Err(at(
             &[&"redis", &"tls_ca_file"],
             "is for TLS connections, and none is made: use rediss:// URLs, or `tls = true` in `sentinel`",
         ));
     }
-    Ok(RedisSettings {
-        topology,
-        timeout,
-        clock: r.clock.unwrap_or(ClockSource::Redis),
-        key_prefix,
-        on_failure: r.on_failure.map_or(OnFailure::Local, Into::into),
-        instances,
-        tls_ca,
-        leases,
-    })
+    Ok(())
 }
 
 fn validate_sentinel(s: &SentinelSection, inputs: &Inputs) -> Result<SentinelSettings, Invalid> {
