@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use http::HeaderName;
+use http::{HeaderName, HeaderValue};
 
 use super::file::UpstreamSection;
 use super::{at, duration, Inputs, Invalid};
@@ -15,92 +15,12 @@ pub(super) fn validate_upstream(
     u: &UpstreamSection,
     inputs: &Inputs,
 ) -> Result<UpstreamSettings, Invalid> {
-    if u.servers.is_empty() {
-        return Err(at(&[&"upstream", &"servers"], "needs at least one server"));
-    }
-    for (i, s) in u.servers.iter().enumerate() {
-        let port_ok = s
-            .rsplit_once(':')
-            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-        if !port_ok {
-            return Err(at(
-                &[&"upstream", &"servers", &i],
-                format!("\"{s}\" is not host:port (e.g. \"127.0.0.1:8000\")"),
-            ));
-        }
-    }
-    let connect_timeout = duration(
-        &u.connect_timeout,
-        Duration::from_secs(1),
-        &[&"upstream", &"connect_timeout"],
-    )?;
-    let read_timeout = duration(
-        &u.read_timeout,
-        Duration::from_secs(30),
-        &[&"upstream", &"read_timeout"],
-    )?;
-    for (key, d) in [
-        ("connect_timeout", connect_timeout),
-        ("read_timeout", read_timeout),
-    ] {
-        if d.is_zero() {
-            return Err(at(&[&"upstream", &key], "must be longer than 0"));
-        }
-    }
-    let sni = match &u.sni {
-        Some(s) => s.clone(),
-        None => u.servers[0]
-            .rsplit_once(':')
-            .map(|(h, _)| h.trim_matches(['[', ']']).to_string())
-            .unwrap_or_default(),
-    };
-    if let Some(file) = &u.ca_file {
-        if !u.tls {
-            return Err(at(
-                &[&"upstream", &"ca_file"],
-                "applies only with tls = true",
-            ));
-        }
-        if let Err(e) = inputs.check(file) {
-            return Err(at(
-                &[&"upstream", &"ca_file"],
-                format!("cannot read {}: {e}", file.display()),
-            ));
-        }
-    }
-    let header_name = |text: &str, key: &'static str| {
-        SpelledName::new(text).map_err(|_| {
-            at(
-                &[&"upstream", &key],
-                format!("\"{text}\" is not a valid header name"),
-            )
-        })
-    };
-    let request_id_header_spelling = u
-        .request_id_header
-        .clone()
-        .unwrap_or_else(|| "X-Request-Id".into());
-    let request_id_header = header_name(&request_id_header_spelling, "request_id_header")?;
-    // Headers that frame the request or say who the client is cannot carry an id.
-    let reserved = |name: &str| {
-        FRAMING.contains(&name) || ["x-forwarded-for", "x-real-ip", "forwarded"].contains(&name)
-    };
-    if reserved(request_id_header.name().as_str()) {
-        return Err(at(
-            &[&"upstream", &"request_id_header"],
-            format!("\"{request_id_header_spelling}\" already means something else; name a header of its own, e.g. \"X-Request-Id\""),
-        ));
-    }
-    let host = u
-        .host
-        .as_deref()
-        .map(|h| {
-            http::HeaderValue::from_str(h)
-                .ok()
-                .filter(|_| !h.is_empty() && !h.contains(char::is_whitespace))
-                .ok_or_else(|| at(&[&"upstream", &"host"], format!("\"{h}\" is not a host")))
-        })
-        .transpose()?;
+    check_servers(u)?;
+    let (connect_timeout, read_timeout) = timeouts(u)?;
+    let sni = sni(u);
+    check_ca_file(u, inputs)?;
+    let request_id_header = request_id_header(u)?;
+    let host = host(u)?;
     let websocket_idle_timeout = duration(
         &u.websocket_idle_timeout,
         Duration::from_secs(3600),
@@ -124,6 +44,114 @@ pub(super) fn validate_upstream(
         // Compiled with the other path patterns (`compile_grpc_paths`).
         grpc_paths: Vec::new(),
     })
+}
+
+/// `servers`: at least one, each a `host:port`.
+fn check_servers(u: &UpstreamSection) -> Result<(), Invalid> {
+    if u.servers.is_empty() {
+        return Err(at(&[&"upstream", &"servers"], "needs at least one server"));
+    }
+    for (i, s) in u.servers.iter().enumerate() {
+        let port_ok = s
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if !port_ok {
+            return Err(at(
+                &[&"upstream", &"servers", &i],
+                format!("\"{s}\" is not host:port (e.g. \"127.0.0.1:8000\")"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `connect_timeout` and `read_timeout`, in that order.
+fn timeouts(u: &UpstreamSection) -> Result<(Duration, Duration), Invalid> {
+    let connect_timeout = duration(
+        &u.connect_timeout,
+        Duration::from_secs(1),
+        &[&"upstream", &"connect_timeout"],
+    )?;
+    let read_timeout = duration(
+        &u.read_timeout,
+        Duration::from_secs(30),
+        &[&"upstream", &"read_timeout"],
+    )?;
+    for (key, d) in [
+        ("connect_timeout", connect_timeout),
+        ("read_timeout", read_timeout),
+    ] {
+        if d.is_zero() {
+            return Err(at(&[&"upstream", &key], "must be longer than 0"));
+        }
+    }
+    Ok((connect_timeout, read_timeout))
+}
+
+/// `sni`, else the first server's host: the name its certificate is
+/// likeliest to carry.
+fn sni(u: &UpstreamSection) -> String {
+    match &u.sni {
+        Some(s) => s.clone(),
+        None => u.servers[0]
+            .rsplit_once(':')
+            .map(|(h, _)| h.trim_matches(['[', ']']).to_string())
+            .unwrap_or_default(),
+    }
+}
+
+fn check_ca_file(u: &UpstreamSection, inputs: &Inputs) -> Result<(), Invalid> {
+    if let Some(file) = &u.ca_file {
+        if !u.tls {
+            return Err(at(
+                &[&"upstream", &"ca_file"],
+                "applies only with tls = true",
+            ));
+        }
+        if let Err(e) = inputs.check(file) {
+            return Err(at(
+                &[&"upstream", &"ca_file"],
+                format!("cannot read {}: {e}", file.display()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn request_id_header(u: &UpstreamSection) -> Result<SpelledName, Invalid> {
+    let spelling = u
+        .request_id_header
+        .clone()
+        .unwrap_or_else(|| "X-Request-Id".into());
+    let request_id_header = SpelledName::new(&spelling).map_err(|_| {
+        at(
+            &[&"upstream", &"request_id_header"],
+            format!("\"{spelling}\" is not a valid header name"),
+        )
+    })?;
+    // Headers that frame the request or say who the client is cannot carry an id.
+    let reserved = |name: &str| {
+        FRAMING.contains(&name) || ["x-forwarded-for", "x-real-ip", "forwarded"].contains(&name)
+    };
+    if reserved(request_id_header.name().as_str()) {
+        return Err(at(
+            &[&"upstream", &"request_id_header"],
+            format!("\"{spelling}\" already means something else; name a header of its own, e.g. \"X-Request-Id\""),
+        ));
+    }
+    Ok(request_id_header)
+}
+
+fn host(u: &UpstreamSection) -> Result<Option<HeaderValue>, Invalid> {
+    u.host
+        .as_deref()
+        .map(|h| {
+            HeaderValue::from_str(h)
+                .ok()
+                .filter(|_| !h.is_empty() && !h.contains(char::is_whitespace))
+                .ok_or_else(|| at(&[&"upstream", &"host"], format!("\"{h}\" is not a host")))
+        })
+        .transpose()
 }
 
 /// `grpc_paths`, compiled as every path pattern is.
