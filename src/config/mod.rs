@@ -4,18 +4,25 @@
 //! line and the key.
 
 mod admin;
+mod after_response;
 mod block;
 mod clients;
+mod costs;
+mod descriptors;
 mod duration;
+mod exempt;
 mod file;
 mod inputs;
 mod jwt;
+mod limit_key;
 mod limits;
 mod log;
+mod matcher;
 pub mod overrides;
 mod protection;
 mod redis;
 mod rls;
+mod rule;
 mod server;
 mod source;
 mod tracing;
@@ -260,10 +267,10 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
     let (hasher, identity_key) = clients::identity_hasher(&raw.clients, inputs, redis.is_some())?;
     let mut clients = clients::validate_clients(&raw.clients, hasher, inputs)?;
     let paths = server::path_rules(&raw.server);
-    let compile_pattern = limits::pattern_compiler(&paths);
+    let compile_pattern = matcher::pattern_compiler(&paths);
     upstream.grpc_paths = upstream::compile_grpc_paths(&raw.upstream, &compile_pattern)?;
     let (exempt_paths, exempt_tiers) =
-        limits::validate_exempt(&raw.exempt, &clients.tiers, &compile_pattern)?;
+        exempt::validate_exempt(&raw.exempt, &clients.tiers, &compile_pattern)?;
     let block = block::validate_block(&raw.block, &clients)?;
     let instances = redis.as_ref().map_or(1, |r| r.instances.assumed());
     let leases = redis.as_ref().is_some_and(|r| r.leases.is_some());
@@ -276,7 +283,7 @@ fn validate(raw: FileConfig, file: &Path, inputs: &Inputs) -> Result<Config, Inv
         leases,
         &compile_pattern,
     )?;
-    let costs = limits::validate_costs(&raw.costs, &limits, &compile_pattern)?;
+    let costs = costs::validate_costs(&raw.costs, &limits, &compile_pattern)?;
     let tls = raw
         .server
         .tls

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use super::file::Numbers;
-use super::limits::{rule_of, RuleFrame};
+use super::rule::{rule_of, RuleFrame};
 use super::source::render_path;
 use floodgate_policy::Rule;
 

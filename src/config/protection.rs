@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::file::{PriorityEntry, ProtectionSection, QueueSection};
-use super::limits::validate_match;
+use super::matcher::validate_match;
 use super::source::Segment;
 use super::{at, duration, key_path, AsSegment, Invalid};
 use crate::protection::controller::ControllerSettings;
