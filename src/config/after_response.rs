@@ -4,25 +4,89 @@
 
 use http::HeaderName;
 
-use super::file::{CountSection, ReserveSpec, ResponseCostSection, StatusName, CONCURRENCY};
+use super::file::{
+    CountSection, LimitSection, ReserveSpec, ResponseCostSection, StatusName, CONCURRENCY,
+};
 use super::source::Segment;
 use super::{at, key_path, Invalid};
 use floodgate_algorithm::{Kind, MAX_EXACT};
-use floodgate_policy::{CostSource, LlmProvider, ResponseCost, Rule, Statuses};
+use floodgate_policy::identity::Tier;
+use floodgate_policy::{AfterResponse, CostSource, LlmProvider, ResponseCost, Rule, Statuses};
+
+/// Where an error about a key of `cost_from_response` points.
+type Here<'a> = dyn Fn(&str) -> Vec<Segment> + 'a;
+
+/// `count` or `cost_from_response`, not both; a cost is checked against
+/// the limit's rule and each tier's.
+pub(super) fn after_response(
+    i: usize,
+    s: &LimitSection,
+    rule: Rule,
+    tiers: &[(Tier, Rule)],
+    instances: u64,
+) -> Result<Option<AfterResponse>, Invalid> {
+    match (&s.count, &s.cost_from_response) {
+        (Some(_), Some(_)) => Err(at(
+            &[&"limits", &i, &"cost_from_response"],
+            "a limit is charged by `count` or by `cost_from_response`, not both",
+        )),
+        (Some(count), None) => Ok(Some(AfterResponse::Status(statuses(count, &rule, i)?))),
+        (None, Some(priced)) => {
+            let mut rules = vec![rule];
+            rules.extend(tiers.iter().map(|(_, r)| *r));
+            Ok(Some(AfterResponse::Cost(response_cost(
+                priced, &rules, instances, i,
+            )?)))
+        }
+        (None, None) => Ok(None),
+    }
+}
 
 /// `cost_from_response`: on the algorithms whose balance can be owed (not
 /// a log of stamps, not a schedule of departures).
-pub(super) fn response_cost(
+fn response_cost(
     section: &ResponseCostSection,
     rules: &[Rule],
     instances: u64,
     i: usize,
 ) -> Result<ResponseCost, Invalid> {
     let here = |key: &str| key_path(&[&"limits", &i, &"cost_from_response"], key);
+    let most = most_owed(rules, instances, i)?;
+    let source = cost_source(section, &here)?;
+    let max = units(section.max, most, "max", &here)?;
+    if max == 0 {
+        return Err((here("max"), "must be at least 1".into()));
+    }
+    let default = units(section.default.unwrap_or(1), most, "default", &here)?;
+    if default > max {
+        return Err((here("default"), format!("must be at most `max` ({max})")));
+    }
+    let from_request = reserves_from_request(section, &source, &here)?;
+    // A request that tells nothing reserves `max`: what it can be charged.
+    let reserve = match section.reserve {
+        Some(ReserveSpec::Units(r)) => units(r, most, "reserve", &here)?,
+        Some(ReserveSpec::Named(_)) => max,
+        None => default.max(1),
+    };
+    check_reservation_fits(section, reserve, from_request, rules, instances, &here)?;
+    check_include_usage(section, &source, &here)?;
+    Ok(ResponseCost {
+        source,
+        max,
+        default,
+        reserve,
+        from_request,
+        include_usage: section.include_usage,
+        expose: section.expose,
+    })
+}
+
+/// The most one response may cost. The limit and each tier: one
+/// response's cost must fit under each's ceiling, so that it is always
+/// owed in full, on an instance's share too (the local fallback divides a
+/// bucket's rate among `instances`).
+fn most_owed(rules: &[Rule], instances: u64, i: usize) -> Result<u64, Invalid> {
     let mut most = MAX_EXACT / 4;
-    // The limit and each tier: one response's cost must fit under each's
-    // ceiling, so that it is always owed in full, on an instance's share
-    // too (the local fallback divides a bucket's rate among `instances`).
     for rule in rules {
         match rule {
             Rule::Rate(algorithm) if algorithm.owes_costs() => {
@@ -46,30 +110,30 @@ pub(super) fn response_cost(
             }
         }
     }
-    let source = cost_source(section, &here)?;
-    let whole = |key: &'static str, value: i64| -> Result<u64, Invalid> {
-        u64::try_from(value)
-            .ok()
-            .filter(|&v| v <= most)
-            .ok_or_else(|| {
-                (
-                    here(key),
-                    format!("must be a whole number from 0 to {most}"),
-                )
-            })
-    };
-    let max = whole("max", section.max)?;
-    if max == 0 {
-        return Err((here("max"), "must be at least 1".into()));
-    }
-    let default = whole("default", section.default.unwrap_or(1))?;
-    if default > max {
-        return Err((here("default"), format!("must be at most `max` ({max})")));
-    }
-    // What a request takes before it goes upstream: it must fit in the
-    // limit (and in an instance's share of it, which decides while the
-    // shared store is away), or no request could ever pass.
-    let from_request = match &section.reserve {
+    Ok(most)
+}
+
+/// A number of units `key` gives: from 0 to the most a response may cost.
+fn units(value: i64, most: u64, key: &str, here: &Here) -> Result<u64, Invalid> {
+    u64::try_from(value)
+        .ok()
+        .filter(|&v| v <= most)
+        .ok_or_else(|| {
+            (
+                here(key),
+                format!("must be a whole number from 0 to {most}"),
+            )
+        })
+}
+
+/// Whether `reserve = "request"`: the request's own max_tokens, which only
+/// a `usage` reads.
+fn reserves_from_request(
+    section: &ResponseCostSection,
+    source: &CostSource,
+    here: &Here,
+) -> Result<bool, Invalid> {
+    match &section.reserve {
         Some(ReserveSpec::Named(name)) if name == "request" => {
             if !matches!(source, CostSource::Usage { .. }) {
                 return Err((
@@ -77,22 +141,27 @@ pub(super) fn response_cost(
                     "a request's own worst case is read for a `usage` (its max_tokens); with a `header`, reserve a number".into(),
                 ));
             }
-            true
+            Ok(true)
         }
-        Some(ReserveSpec::Named(other)) => {
-            return Err((
-                here("reserve"),
-                format!("\"{other}\" is no reservation: a whole number, or \"request\" (the request's own max_tokens and prompt)"),
-            ))
-        }
-        _ => false,
-    };
-    // A request that tells nothing reserves `max`: what it can be charged.
-    let reserve = match section.reserve {
-        Some(ReserveSpec::Units(r)) => whole("reserve", r)?,
-        Some(ReserveSpec::Named(_)) => max,
-        None => default.max(1),
-    };
+        Some(ReserveSpec::Named(other)) => Err((
+            here("reserve"),
+            format!("\"{other}\" is no reservation: a whole number, or \"request\" (the request's own max_tokens and prompt)"),
+        )),
+        _ => Ok(false),
+    }
+}
+
+/// What a request takes before it goes upstream: it must fit in the
+/// limit (and in an instance's share of it, which decides while the
+/// shared store is away), or no request could ever pass.
+fn check_reservation_fits(
+    section: &ResponseCostSection,
+    reserve: u64,
+    from_request: bool,
+    rules: &[Rule],
+    instances: u64,
+    here: &Here,
+) -> Result<(), Invalid> {
     let fits = rules
         .iter()
         .map(|rule| match rule {
@@ -121,6 +190,14 @@ pub(super) fn response_cost(
             ),
         ));
     }
+    Ok(())
+}
+
+fn check_include_usage(
+    section: &ResponseCostSection,
+    source: &CostSource,
+    here: &Here,
+) -> Result<(), Invalid> {
     let openai = matches!(
         source,
         CostSource::Usage {
@@ -134,23 +211,12 @@ pub(super) fn response_cost(
             "only an OpenAI stream leaves its usage out unless asked: set it with `usage = \"openai\"`".into(),
         ));
     }
-    Ok(ResponseCost {
-        source,
-        max,
-        default,
-        reserve,
-        from_request,
-        include_usage: section.include_usage,
-        expose: section.expose,
-    })
+    Ok(())
 }
 
 /// Where the response says its cost: a header of its own, or an LLM
 /// provider's usage in the body, priced by the weights.
-fn cost_source(
-    section: &ResponseCostSection,
-    here: &dyn Fn(&str) -> Vec<Segment>,
-) -> Result<CostSource, Invalid> {
+fn cost_source(section: &ResponseCostSection, here: &Here) -> Result<CostSource, Invalid> {
     let weights = [
         ("prompt_weight", section.prompt_weight),
         ("completion_weight", section.completion_weight),
@@ -236,7 +302,7 @@ fn cost_source(
 
 /// `count = { statuses = [...] }`: final statuses (200 to 599; an
 /// interim 1xx is never the answer) and classes like "4xx".
-pub(super) fn statuses(count: &CountSection, rule: &Rule, i: usize) -> Result<Statuses, Invalid> {
+fn statuses(count: &CountSection, rule: &Rule, i: usize) -> Result<Statuses, Invalid> {
     match rule {
         Rule::Concurrency(_) => {
             return Err(at(

@@ -6,20 +6,18 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use super::after_response::{response_cost, statuses};
+use super::after_response::after_response;
 use super::descriptors::descriptor_limit;
 use super::duration;
-use super::file::{BanSection, LeasesMode, LimitSection, OnMissingName, CONCURRENCY};
+use super::file::{BanSection, LeasesMode, LimitSection, Numbers, OnMissingName, CONCURRENCY};
 use super::limit_key::validate_keys;
 use super::matcher::validate_match;
 use super::rule::{rule_of, RuleFrame};
 use super::{at, key_path, AsSegment, Invalid};
 use floodgate_algorithm::{takes_lease, Algorithm, Kind, MAX_SLIDING_LOG};
 use floodgate_limiter::{LimitName, OnFailure};
-use floodgate_policy::identity::Tiers;
-use floodgate_policy::{
-    AfterResponse, Ban, KeySource, Limit, Matcher, OnMissing, PathPattern, Rule,
-};
+use floodgate_policy::identity::{Tier, Tiers};
+use floodgate_policy::{Ban, KeySource, Limit, Matcher, OnMissing, PathPattern, Rule};
 
 /// The known tiers' names, in order, for a message that lists them.
 pub(super) fn sorted(tiers: &Tiers) -> String {
@@ -37,6 +35,35 @@ fn validate_limit(
     instances: u64,
     compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,
 ) -> Result<Limit, Invalid> {
+    check_name(i, s)?;
+    let key = validate_keys(&s.key, i, jwt)?;
+    let frame = s.frame();
+    let own = s.numbers();
+    let rule = rule_of(&frame, &own, None, &[&"limits", &i])?;
+    let tiers = tier_rules(i, s, &frame, &own, known_tiers)?;
+    let matcher = limit_matcher(i, s, &key, compile_pattern)?;
+    let after_response = after_response(i, s, rule, &tiers, instances)?;
+    let ban = limit_ban(i, s, &key)?;
+    check_case_insensitive_values(i, s, &key)?;
+    let on_missing = on_missing(i, s)?;
+    Ok(Limit {
+        id: xxhash_rust::xxh3::xxh3_64(s.name.as_bytes()),
+        name: LimitName::new(&s.name),
+        key,
+        rule,
+        tiers,
+        matcher,
+        shadow: s.shadow,
+        on_failure: s.on_failure.map_or(default_on_failure, Into::into),
+        after_response,
+        ban,
+        on_missing,
+        case_insensitive_values: s.case_insensitive_values,
+        leases: false,
+    })
+}
+
+fn check_name(i: usize, s: &LimitSection) -> Result<(), Invalid> {
     let name_ok = !s.name.is_empty()
         && s.name.len() <= 64
         && s.name
@@ -51,11 +78,17 @@ fn validate_limit(
             ),
         ));
     }
-    let key = validate_keys(&s.key, i, jwt)?;
-    let own = s.numbers();
-    let path: [&dyn AsSegment; 2] = [&"limits", &i];
-    let frame = s.frame();
-    let rule = rule_of(&frame, &own, None, &path)?;
+    Ok(())
+}
+
+/// `[limits.tiers]`: each a known tier, its numbers over the limit's own.
+fn tier_rules(
+    i: usize,
+    s: &LimitSection,
+    frame: &RuleFrame,
+    own: &Numbers,
+    known_tiers: &Tiers,
+) -> Result<Vec<(Tier, Rule)>, Invalid> {
     let mut tiers = Vec::new();
     for (tier, overrides) in &s.tiers {
         let path: [&dyn AsSegment; 4] = [&"limits", &i, &"tiers", tier];
@@ -65,14 +98,25 @@ fn validate_limit(
                 format!("unknown tier \"{tier}\" (known: {})", sorted(known_tiers)),
             ));
         };
-        tiers.push((known, rule_of(&frame, overrides, Some(&own), &path)?));
+        tiers.push((known, rule_of(frame, overrides, Some(own), &path)?));
     }
+    Ok(tiers)
+}
+
+/// The limit's `match` (every request without one); a key that reads a
+/// descriptor only on a limit matched by descriptors.
+fn limit_matcher(
+    i: usize,
+    s: &LimitSection,
+    key: &KeySource,
+    compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,
+) -> Result<Matcher, Invalid> {
     let matcher = match &s.matcher {
         Some(m) => validate_match(m, &[&"limits", &i, &"match"], compile_pattern)?,
         None => Matcher::default(),
     };
     if let Some(pattern) = &matcher.descriptors {
-        descriptor_limit(i, s, &key, pattern)?;
+        descriptor_limit(i, s, key, pattern)?;
     } else if key.reads_descriptor() {
         return Err(at(
             &[&"limits", &i, &"key"],
@@ -82,23 +126,13 @@ fn validate_limit(
             ),
         ));
     }
-    let after_response = match (&s.count, &s.cost_from_response) {
-        (Some(_), Some(_)) => {
-            return Err(at(
-                &[&"limits", &i, &"cost_from_response"],
-                "a limit is charged by `count` or by `cost_from_response`, not both",
-            ))
-        }
-        (Some(count), None) => Some(AfterResponse::Status(statuses(count, &rule, i)?)),
-        (None, Some(priced)) => {
-            let mut rules = vec![rule];
-            rules.extend(tiers.iter().map(|(_, r)| *r));
-            Some(AfterResponse::Cost(response_cost(
-                priced, &rules, instances, i,
-            )?))
-        }
-        (None, None) => None,
-    };
+    Ok(matcher)
+}
+
+/// `ban`, on a limit that refuses someone, keyed per client on what a
+/// client cannot choose (unless `ban_on_client_keys` says so); that
+/// setting only beside a `ban`.
+fn limit_ban(i: usize, s: &LimitSection, key: &KeySource) -> Result<Option<Ban>, Invalid> {
     let ban = match &s.ban {
         None => None,
         Some(_) if s.shadow => {
@@ -133,6 +167,14 @@ fn validate_limit(
             "applies only to a limit with a `ban`",
         ));
     }
+    Ok(ban)
+}
+
+fn check_case_insensitive_values(
+    i: usize,
+    s: &LimitSection,
+    key: &KeySource,
+) -> Result<(), Invalid> {
     let chosen_by_client = |p: &KeySource| {
         matches!(
             p,
@@ -148,31 +190,19 @@ fn validate_limit(
             ),
         ));
     }
-    Ok(Limit {
-        id: xxhash_rust::xxh3::xxh3_64(s.name.as_bytes()),
-        name: LimitName::new(&s.name),
-        key,
-        rule,
-        tiers,
-        matcher,
-        shadow: s.shadow,
-        on_failure: s.on_failure.map_or(default_on_failure, Into::into),
-        after_response,
-        ban,
-        on_missing: match (s.on_missing, s.shadow) {
-            (Some(OnMissingName::Deny), true) => {
-                return Err(at(
-                    &[&"limits", &i, &"on_missing"],
-                    "a shadow limit refuses nobody: \"deny\" would refuse for it",
-                ))
-            }
-            (None | Some(OnMissingName::Skip), _) => OnMissing::Skip,
-            (Some(OnMissingName::Deny), _) => OnMissing::Deny,
-            (Some(OnMissingName::Ip), _) => OnMissing::Ip,
-        },
-        case_insensitive_values: s.case_insensitive_values,
-        leases: false,
-    })
+    Ok(())
+}
+
+fn on_missing(i: usize, s: &LimitSection) -> Result<OnMissing, Invalid> {
+    match (s.on_missing, s.shadow) {
+        (Some(OnMissingName::Deny), true) => Err(at(
+            &[&"limits", &i, &"on_missing"],
+            "a shadow limit refuses nobody: \"deny\" would refuse for it",
+        )),
+        (None | Some(OnMissingName::Skip), _) => Ok(OnMissing::Skip),
+        (Some(OnMissingName::Deny), _) => Ok(OnMissing::Deny),
+        (Some(OnMissingName::Ip), _) => Ok(OnMissing::Ip),
+    }
 }
 
 /// Whether a limit's decisions may come from leases: `[redis].leases`
