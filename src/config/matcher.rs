@@ -53,14 +53,39 @@ pub(super) fn validate_match(
             ..Matcher::default()
         });
     }
-    let sub = |key: &'static str, i: usize| -> Vec<Segment> {
-        let mut p: Vec<Segment> = path.iter().map(|s| s.segment()).collect();
-        p.push(Segment::Key(key.into()));
-        p.push(Segment::Index(i));
-        p
-    };
-    let methods = m
-        .methods
+    let methods = methods(m, path)?;
+    let paths = m
+        .paths
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            compile_pattern(p).map_err(|msg| (under(path, "paths", Segment::Index(i)), msg))
+        })
+        .collect::<Result<_, _>>()?;
+    let hosts = hosts(m, path)?;
+    let headers = headers(m, path)?;
+    let body = body(m, path)?;
+    Ok(Matcher {
+        methods,
+        paths,
+        hosts,
+        headers,
+        descriptors: None,
+        body,
+    })
+}
+
+/// `path`, then `key`, then `entry`: where an error about one entry of a
+/// list or table of the match points.
+fn under(path: &[&dyn AsSegment], key: &str, entry: Segment) -> Vec<Segment> {
+    let mut p: Vec<Segment> = path.iter().map(|s| s.segment()).collect();
+    p.push(Segment::Key(key.into()));
+    p.push(entry);
+    p
+}
+
+fn methods(m: &MatchSection, path: &[&dyn AsSegment]) -> Result<Vec<Method>, Invalid> {
+    m.methods
         .iter()
         .enumerate()
         .map(|(i, name)| {
@@ -68,20 +93,16 @@ pub(super) fn validate_match(
             match Method::from_bytes(upper.as_bytes()) {
                 Ok(method) if !name.is_empty() => Ok(method),
                 _ => Err((
-                    sub("methods", i),
+                    under(path, "methods", Segment::Index(i)),
                     format!("\"{name}\" is not an HTTP method"),
                 )),
             }
         })
-        .collect::<Result<_, _>>()?;
-    let paths = m
-        .paths
-        .iter()
-        .enumerate()
-        .map(|(i, p)| compile_pattern(p).map_err(|msg| (sub("paths", i), msg)))
-        .collect::<Result<_, _>>()?;
-    let hosts = m
-        .hosts
+        .collect()
+}
+
+fn hosts(m: &MatchSection, path: &[&dyn AsSegment]) -> Result<Vec<HostPattern>, Invalid> {
+    m.hosts
         .iter()
         .enumerate()
         .map(|(i, h)| {
@@ -96,31 +117,38 @@ pub(super) fn validate_match(
                 Ok(HostPattern::new(h))
             } else {
                 Err((
-                    sub("hosts", i),
+                    under(path, "hosts", Segment::Index(i)),
                     format!("\"{h}\" is not a host name without port (or \"*.\" and a domain)"),
                 ))
             }
         })
-        .collect::<Result<_, _>>()?;
-    let headers = m
-        .headers
+        .collect()
+}
+
+fn headers(
+    m: &MatchSection,
+    path: &[&dyn AsSegment],
+) -> Result<Vec<(HeaderName, PathPattern)>, Invalid> {
+    m.headers
         .iter()
         .map(|(name, glob)| {
-            let mut at: Vec<Segment> = path.iter().map(|s| s.segment()).collect();
-            at.push(Segment::Key("headers".into()));
-            at.push(Segment::Key(name.clone()));
+            let at = under(path, "headers", Segment::Key(name.clone()));
             let name = HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| (at, format!("\"{name}\" is not a valid header name")))?;
             Ok((name, PathPattern::glob(glob)))
         })
-        .collect::<Result<_, Invalid>>()?;
-    let body = m
-        .body
+        .collect()
+}
+
+/// Each field `body` names, with its patterns, as `Matcher` holds them.
+type BodyFields = Vec<(Box<str>, Vec<PathPattern>)>;
+
+/// `body`: top-level fields of the JSON body, each with one pattern or more.
+fn body(m: &MatchSection, path: &[&dyn AsSegment]) -> Result<BodyFields, Invalid> {
+    m.body
         .iter()
         .map(|(field, patterns)| {
-            let mut at: Vec<Segment> = path.iter().map(|s| s.segment()).collect();
-            at.push(Segment::Key("body".into()));
-            at.push(Segment::Key(field.clone()));
+            let at = under(path, "body", Segment::Key(field.clone()));
             if field.is_empty() {
                 return Err((
                     at,
@@ -136,13 +164,5 @@ pub(super) fn validate_match(
             }
             Ok((field.as_str().into(), globs))
         })
-        .collect::<Result<_, Invalid>>()?;
-    Ok(Matcher {
-        methods,
-        paths,
-        hosts,
-        headers,
-        descriptors: None,
-        body,
-    })
+        .collect()
 }
