@@ -1,6 +1,7 @@
 # Sourced by the other scripts: installs what building and testing floodgate
 # needs when it is missing (cmake for Pingora's zlib-ng; redis-server and
-# redis-sentinel for the Redis tests), from the system's packages.
+# redis-sentinel for the Redis tests), from the system's packages; with
+# FLOODGATE_NEEDS_DENY=1, cargo-deny from crates.io.
 need=()
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 if [ "${FLOODGATE_NEEDS_REDIS:-0}" = 1 ]; then
@@ -31,6 +32,11 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 command -v cargo >/dev/null 2>&1 || { echo "cargo is missing: install Rust from https://rustup.rs" >&2; exit 1; }
+if [ "${FLOODGATE_NEEDS_DENY:-0}" = 1 ] && ! command -v cargo-deny >/dev/null 2>&1; then
+  # The dependencies' licenses, bans and sources, checked against deny.toml.
+  echo "installing: cargo-deny (crates.io)"
+  cargo install --quiet --locked cargo-deny
+fi
 if [ "${FLOODGATE_NEEDS_REDIS:-0}" = 1 ] && ! python3 -c 'import grpc, grpc_tools, websockets, selenium, h2, openai, anthropic, opentelemetry.proto' >/dev/null 2>&1; then
   # grpcio-tools compiles the Envoy protos envoy-types ships, for the
   # rate limit service's Python client; openai and anthropic are the

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh machine: installs cmake and redis-server
-# when missing, then formatting, lints, every test, and the benches' build.
+# The whole test suite, from a fresh machine: installs cmake, redis-server and
+# cargo-deny when missing, then formatting, lints, the dependencies' licenses,
+# every test, and the benches' build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-FLOODGATE_NEEDS_REDIS=1 source scripts/setup.sh
+FLOODGATE_NEEDS_REDIS=1 FLOODGATE_NEEDS_DENY=1 source scripts/setup.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 # The limiter without its Redis stores, as a service that limits in process
 # would take it.
 cargo clippy -p floodgate-limiter --no-default-features --all-targets -- -D warnings
+# Dependencies: licenses deny.toml allows, no banned crate, crates.io only (advisories would need the network).
+cargo deny --offline check --hide-inclusion-graph licenses bans sources
 # The API documentation builds without a broken link or a warning.
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --quiet
 # The benches only have to keep compiling; they run with `cargo bench`.
