@@ -31,9 +31,8 @@ use smallvec::SmallVec;
 use pingora_timeout::fast_timeout::fast_timeout;
 
 use super::batch::{BatchQueue, RunBatch, Wanted};
-use super::scripted::{
-    connection_error, install_tls_provider, Decided, ScriptLayer, Scripted, SlotOp,
-};
+use super::script::{Decided, ScriptLayer, SlotOp};
+use super::scripted::{connection_error, install_tls_provider, Scripted};
 use super::settings::{RedisSettings, Topology};
 use super::shared_connection::Connect;
 use crate::check::{Check, LeaseAsk, Slot};

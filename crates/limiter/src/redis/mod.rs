@@ -10,6 +10,7 @@ mod batch;
 pub mod beside_limits;
 pub mod changes;
 mod cluster;
+mod script;
 mod scripted;
 mod sentinel;
 mod settings;
@@ -17,7 +18,7 @@ mod shared_connection;
 mod standalone;
 
 pub use cluster::RedisCluster;
-pub use scripted::script_source;
+pub use script::script_source;
 pub use settings::{ClockSource, InstanceCount, RedisSettings, SentinelSettings, Topology};
 // Leases are not Redis's alone (any store can be leased from), but are
 // configured under [redis].

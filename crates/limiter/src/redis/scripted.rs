@@ -1,114 +1,29 @@
-//! What both Redis stores share: the scripts, the keys, the connection made
-//! on first use, the deadline on every call, and the replies' parsing.
+//! What both Redis stores share: the keys, the connection made on first
+//! use, the deadline on every call, and the calls themselves (a run of the
+//! script, the slots script, an operator's change and its announcement).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::Histogram;
 use redis::Script;
-use smallvec::SmallVec;
 
 use super::batch::{RunBatch, Wanted};
+use super::changes::{changes_channel, encode_change, Change};
+use super::script::{
+    self, parse_slots_reply, probe_algorithm, script_source, Decided, Mode, ScriptLayer, SlotOp,
+    SLOTS_SCRIPT,
+};
 use super::settings::{ClockSource, RedisSettings};
 use super::shared_connection::{Connect, SharedConnection, CONNECT_WITHIN};
 use crate::check::{Check, LeaseAsk, LimitName, Slot, StateKey};
 use crate::clock::Clock;
 use crate::error::LimiterError;
 use crate::watch;
-use floodgate_algorithm::{Algorithm, Decision, ALGORITHMS};
-
-/// The algorithm scripts and the entry point, joined into one script after
-/// the algorithms' codes, which come from the algorithm table.
-pub fn script_source() -> String {
-    let mut source = String::from("local CODE = {");
-    for spec in &ALGORITHMS {
-        source.push_str(&format!(" {} = {},", spec.name, spec.code));
-    }
-    source.push_str(" }\n");
-    for part in [
-        include_str!("../../lua/common.lua"),
-        include_str!("../../lua/token_bucket.lua"),
-        include_str!("../../lua/leaky_bucket.lua"),
-        include_str!("../../lua/fixed_window.lua"),
-        include_str!("../../lua/sliding_window.lua"),
-        include_str!("../../lua/sliding_log.lua"),
-        include_str!("../../lua/quota.lua"),
-        include_str!("../../lua/decide.lua"),
-    ] {
-        source.push_str(part);
-    }
-    source
-}
-
-/// The concurrency limits' leases.
-pub(super) const SLOTS_SCRIPT: &str = include_str!("../../lua/slots.lua");
+use floodgate_algorithm::Decision;
 
 /// How long an operator's reset or credit may take at least.
 const OPERATOR_DEADLINE: Duration = Duration::from_secs(2);
-
-/// Integers per layer in the script's reply.
-pub(super) const REPLY_FIELDS: usize = 9;
-
-/// One request's decisions, and the units leased beside each layer (empty
-/// when none were).
-pub(super) type Decided = (Vec<Decision>, SmallVec<[u64; 4]>);
-
-/// How the script treats a layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Mode {
-    /// Refuses the request when it refuses; charged when all admit.
-    Enforce = 0,
-    /// Never refuses; charged when it admits and the request goes through.
-    Shadow = 1,
-    /// Decided, never charged; refuses the request when it refuses.
-    Peek = 2,
-    /// Decided, never charged, never refuses.
-    ShadowPeek = 3,
-    /// The cost is given back (an operator's credit).
-    Credit = 4,
-    /// A reservation's cost is given back where it was counted (the
-    /// layer's `refund_at`).
-    Refund = 5,
-    /// Enforced, and a lease taken beside the charge (the layer's `lease`).
-    Lease = 6,
-}
-
-/// One layer as the script takes it.
-pub(super) struct ScriptLayer {
-    key: String,
-    code: u8,
-    quota: u64,
-    /// In units of `1 / per_us` µs.
-    period: u64,
-    /// 1, or a power of ten (a token bucket counting in fractions of a µs).
-    per_us: u64,
-    cost: u64,
-    mode: Mode,
-    /// Where a refunded reservation was counted (`Mode::Refund` only).
-    refund_at: u64,
-    /// The lease asked for (`Mode::Lease` only).
-    lease: LeaseAsk,
-}
-
-impl ScriptLayer {
-    /// The key the layer's state lives under (its hash tag: its slot).
-    pub(super) fn key(&self) -> &str {
-        &self.key
-    }
-}
-
-/// `units` of `1 / per_us` µs (a power of ten) as the script reads them:
-/// µs with as many decimals as `per_us` has zeros ("0.1", "333.333334").
-fn decimal_us(units: u64, per_us: u64) -> String {
-    let decimals = per_us.ilog10() as usize;
-    format!("{}.{:0decimals$}", units / per_us, units % per_us)
-}
-
-/// The probe's layer: always admits (so it always writes), and its key lives
-/// a second.
-pub(super) fn probe_algorithm() -> Algorithm {
-    Algorithm::fixed_window(1 << 30, 1_000_000).unwrap_or_else(|_| unreachable!())
-}
 
 /// What both stores share: the settings, the script, the connection (made
 /// on a proxy worker's runtime, before it listens or by the first call that
@@ -361,56 +276,11 @@ impl<C: Connect> Scripted<C> {
         connection: &mut C,
         requests: &[&[ScriptLayer]],
     ) -> Result<Vec<Decided>, LimiterError> {
-        let mut invocation = self.script.prepare_invoke();
-        for layer in requests.iter().flat_map(|layers| layers.iter()) {
-            invocation.key(&layer.key);
-        }
-        invocation.arg(self.now_arg()).arg(requests.len());
-        for layers in requests {
-            invocation.arg(layers.len());
-            for layer in layers.iter() {
-                invocation.arg(layer.code).arg(layer.quota);
-                if layer.per_us == 1 {
-                    invocation.arg(layer.period);
-                } else {
-                    invocation.arg(decimal_us(layer.period, layer.per_us));
-                }
-                invocation.arg(layer.cost).arg(layer.mode as u8);
-                match layer.mode {
-                    Mode::Refund => {
-                        invocation.arg(layer.refund_at);
-                    }
-                    Mode::Lease => {
-                        invocation
-                            .arg(layer.lease.max)
-                            .arg(layer.lease.divisor)
-                            .arg(layer.lease.life_us);
-                    }
-                    _ => {}
-                }
-            }
-        }
-        let reply: Vec<u8> = invocation
+        let reply: Vec<u8> = script::invocation(&self.script, self.now_arg(), requests)
             .invoke_async(connection)
             .await
             .map_err(classify)?;
-        let total = requests.iter().map(|layers| layers.len()).sum();
-        let (decisions, leased) = parse_reply(&reply, total)?;
-        let mut decisions = decisions.into_iter();
-        let mut first = 0;
-        Ok(requests
-            .iter()
-            .map(|layers| {
-                let own = first..first + layers.len();
-                first = own.end;
-                let leased = if leased.is_empty() {
-                    SmallVec::new()
-                } else {
-                    leased[own].iter().copied().collect()
-                };
-                (decisions.by_ref().take(layers.len()).collect(), leased)
-            })
-            .collect())
+        script::decided(&reply, requests)
     }
 
     /// Makes the connection, waiting as long as a connect may take (a call
@@ -568,159 +438,6 @@ impl<C: Connect> Scripted<C> {
     }
 }
 
-/// The channel on which instances sharing a Redis (and a key prefix) hear
-/// of state an operator reset or credited.
-pub fn changes_channel(key_prefix: &str) -> String {
-    format!("{key_prefix}:changes")
-}
-
-/// What an operator did to the keys announced on `changes_channel`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Change {
-    /// Their state is gone: a lease of them is dropped, never given back.
-    Reset,
-    /// Units were given back to their state, which still counts what was
-    /// leased of it: a lease of them goes back.
-    Credit,
-}
-
-/// Before the keys, the word `credit` for a credit (nothing for a reset):
-/// an instance from before it reads the word as a key that does not parse,
-/// and forgets the keys as it always did.
-const CREDIT_WORD: &str = "credit";
-
-/// A `changes_channel` message.
-pub fn encode_change(change: Change, keys: &[StateKey]) -> String {
-    match change {
-        Change::Reset => encode_state_keys(keys),
-        Change::Credit => format!("{CREDIT_WORD} {}", encode_state_keys(keys)),
-    }
-}
-
-/// What a `changes_channel` message says was done, and to which keys.
-pub fn decode_change(message: &str) -> (Change, Vec<StateKey>) {
-    match message.trim_start().strip_prefix(CREDIT_WORD) {
-        Some(keys) if keys.starts_with(|c: char| c.is_ascii_whitespace()) => {
-            (Change::Credit, decode_state_keys(keys))
-        }
-        _ => (Change::Reset, decode_state_keys(message)),
-    }
-}
-
-/// `limit:identity` in hex, space-separated: what `changes_channel` carries.
-pub fn encode_state_keys(keys: &[StateKey]) -> String {
-    keys.iter()
-        .map(|k| format!("{:x}:{:x}", k.limit, k.identity))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// The keys of a `changes_channel` message; what does not parse is left out.
-pub fn decode_state_keys(message: &str) -> Vec<StateKey> {
-    message
-        .split_ascii_whitespace()
-        .filter_map(|pair| {
-            let (limit, identity) = pair.split_once(':')?;
-            Some(StateKey {
-                limit: u64::from_str_radix(limit, 16).ok()?,
-                identity: u128::from_str_radix(identity, 16).ok()?,
-            })
-        })
-        .collect()
-}
-
-/// The script's reply: `REPLY_FIELDS` space-separated integers per layer;
-/// the decisions, and the units leased per layer (empty when none were).
-pub(super) fn parse_reply(
-    reply: &[u8],
-    layers: usize,
-) -> Result<(Vec<Decision>, Vec<u64>), LimiterError> {
-    if layers == 0 {
-        return Ok((Vec::new(), Vec::new()));
-    }
-    let values: Vec<u64> = reply
-        .split(|&b| b == b' ')
-        .map(|field| {
-            parse_u64(field)
-                .ok_or_else(|| LimiterError::UnparsableReply(String::from_utf8_lossy(reply).into()))
-        })
-        .collect::<Result<_, _>>()?;
-    if values.len() != layers * REPLY_FIELDS {
-        return Err(LimiterError::WrongReplyLength {
-            values: values.len(),
-            layers,
-        });
-    }
-    let leased: Vec<u64> = if values.chunks_exact(REPLY_FIELDS).any(|r| r[8] > 0) {
-        values.chunks_exact(REPLY_FIELDS).map(|r| r[8]).collect()
-    } else {
-        Vec::new()
-    };
-    let decisions = values
-        .chunks_exact(REPLY_FIELDS)
-        .map(|r| {
-            let (limit, remaining, reset_after_us) = (r[2], r[3], r[4]);
-            match (r[0] == 1, r[1] == 1) {
-                (true, _) => Decision::admitted_after(limit, remaining, reset_after_us, r[6])
-                    .counted_at(r[7]),
-                (false, true) => Decision::never_passable(limit, remaining, reset_after_us),
-                (false, false) => Decision::refused(limit, remaining, reset_after_us, r[5]),
-            }
-        })
-        .collect();
-    Ok((decisions, leased))
-}
-
-#[derive(Debug, Clone, Copy)]
-pub(super) enum SlotOp {
-    Acquire,
-    Renew,
-    Release,
-}
-
-impl SlotOp {
-    fn as_str(self) -> &'static str {
-        match self {
-            SlotOp::Acquire => "acquire",
-            SlotOp::Renew => "renew",
-            SlotOp::Release => "release",
-        }
-    }
-}
-
-/// The slots script's reply: allowed, remaining, reset_after_us,
-/// retry_after_us.
-pub(super) fn parse_slots_reply(reply: &[u8], max: u64) -> Result<(bool, Decision), LimiterError> {
-    let unparsable = || LimiterError::UnparsableReply(String::from_utf8_lossy(reply).into());
-    let values: Vec<u64> = reply
-        .split(|&b| b == b' ')
-        .map(|field| parse_u64(field).ok_or_else(unparsable))
-        .collect::<Result<_, _>>()?;
-    let [allowed, remaining, reset_after_us, retry_after_us] = values[..] else {
-        return Err(LimiterError::WrongReplyLength {
-            values: values.len(),
-            layers: 1,
-        });
-    };
-    let decision = if allowed == 1 {
-        Decision::admitted(max, remaining, reset_after_us)
-    } else {
-        Decision::refused(max, remaining, reset_after_us, retry_after_us)
-    };
-    Ok((allowed == 1, decision))
-}
-
-/// A decimal integer, digits only, that fits in a u64.
-pub(super) fn parse_u64(digits: &[u8]) -> Option<u64> {
-    if digits.is_empty() {
-        return None;
-    }
-    digits.iter().try_fold(0u64, |n, &b| {
-        let digit = b.checked_sub(b'0').filter(|d| *d <= 9)?;
-        n.checked_mul(10)?.checked_add(u64::from(digit))
-    })
-}
-
 pub(super) fn classify(e: redis::RedisError) -> LimiterError {
     if e.is_timeout() {
         LimiterError::Timeout(Duration::ZERO)
@@ -747,6 +464,7 @@ mod tests {
     use super::*;
     use crate::check::OnFailure;
     use crate::clock::SystemClock;
+    use floodgate_algorithm::Algorithm;
     use redis::aio::ConnectionManager;
 
     #[test]
@@ -784,79 +502,5 @@ mod tests {
             };
             assert_eq!(store.key(&check), format!("fg:per-ip:{{{identity:032x}}}"));
         }
-    }
-
-    #[test]
-    fn changed_keys_cross_the_channel_whole_and_garbage_is_left_out() {
-        let keys = [
-            StateKey {
-                limit: u64::MAX,
-                identity: u128::MAX,
-            },
-            StateKey {
-                limit: 7,
-                identity: 0,
-            },
-        ];
-        let message = encode_state_keys(&keys);
-        assert_eq!(decode_state_keys(&message), keys);
-        assert_eq!(
-            decode_state_keys(&format!("zz:1 7 {message} 1:2:3")),
-            keys.to_vec()
-        );
-    }
-
-    #[test]
-    fn a_credit_is_told_from_a_reset_and_an_older_reader_still_finds_the_keys() {
-        let keys = [StateKey {
-            limit: 3,
-            identity: 0xabc,
-        }];
-        for change in [Change::Reset, Change::Credit] {
-            let message = encode_change(change, &keys);
-            assert_eq!(decode_change(&message), (change, keys.to_vec()));
-            // What an instance from before the word reads.
-            assert_eq!(decode_state_keys(&message), keys);
-        }
-        assert_eq!(decode_change("creditz 3:abc").0, Change::Reset);
-    }
-
-    #[test]
-    fn the_script_learns_each_algorithms_code_from_the_table() {
-        let source = script_source();
-        for spec in &ALGORITHMS {
-            assert!(source.contains(&format!(" {} = {},", spec.name, spec.code)));
-            assert!(
-                source.contains(&format!("ALGORITHMS[CODE.{}]", spec.name)),
-                "{} is not registered by its code",
-                spec.name
-            );
-        }
-    }
-
-    #[test]
-    fn replies_hold_unsigned_decimal_integers_only() {
-        assert_eq!(parse_u64(b"0"), Some(0));
-        assert_eq!(parse_u64(b"18446744073709551615"), Some(u64::MAX));
-        for bad in [
-            &b""[..],
-            b"18446744073709551616",
-            b"-1",
-            b"1a",
-            b" 1",
-            b"1.5",
-        ] {
-            assert_eq!(parse_u64(bad), None, "{:?}", String::from_utf8_lossy(bad));
-        }
-        let (decisions, leased) =
-            parse_reply(b"1 0 10 9 100 0 0 4200 0 0 0 10 0 5 7 0 0 0", 2).expect("two layers");
-        assert!(decisions[0].allowed() && !decisions[1].allowed());
-        assert_eq!(decisions[0].counted_at_us(), 4200);
-        assert_eq!(decisions[1].retry_after_us(), 7);
-        assert!(leased.is_empty());
-        let (_, leased) = parse_reply(b"1 0 10 4 100 0 0 4200 5", 1).expect("one layer");
-        assert_eq!(leased, [5]);
-        assert!(parse_reply(b"1 0 10 9 100 0 0 0", 1).is_err());
-        assert!(parse_reply(b"1 0 10 x 100 0 0 0 0", 1).is_err());
     }
 }

@@ -11,9 +11,8 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use smallvec::SmallVec;
 
 use super::batch::{BatchQueue, RunBatch};
-use super::scripted::{
-    connection_error, install_tls_provider, Decided, ScriptLayer, Scripted, SlotOp,
-};
+use super::script::{Decided, ScriptLayer, SlotOp};
+use super::scripted::{connection_error, install_tls_provider, Scripted};
 use super::sentinel::SentinelMaster;
 use super::settings::{RedisSettings, Topology};
 use super::shared_connection::Connect;

@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::check::{LimitName, OnFailure};
+use crate::check::{admitted, LimitName, OnFailure};
 use crate::clock::ManualClock;
 use floodgate_algorithm::Algorithm;
 

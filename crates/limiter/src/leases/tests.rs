@@ -2,11 +2,13 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 
+use super::take::Taken;
 use super::*;
 use crate::check::{LimitName, OnFailure};
 use crate::clock::ManualClock;
 use crate::fake::{FakeStore, SEC, T0};
 use crate::memory::MemoryStore;
+use floodgate_algorithm::{Algorithm, Kind};
 
 const MAX: u64 = 20;
 const TTL_US: u64 = SEC;
