@@ -19,6 +19,20 @@ use crate::store::Store;
 use crate::watch::{self, Answerer};
 use floodgate_algorithm::Decision;
 
+/// What a request's layers found in their leases, in one pass.
+struct Pass {
+    /// Per layer, what it took from its lease, if that had room.
+    local: SmallVec<[Option<Took>; 4]>,
+    /// Per layer, the lease to ask for beside it.
+    asks: SmallVec<[Option<LeaseAsk>; 4]>,
+    /// The fetches this request sends, held until it is decided.
+    fetches: SmallVec<[Fetching; 2]>,
+    /// The first key with another request's fetch out.
+    out: Option<(StateKey, Arc<Notify>)>,
+    /// What the leases over left, to send before the fetches.
+    backs: SmallVec<[Return; 1]>,
+}
+
 impl<S: Store + 'static> Core<S> {
     pub(super) async fn decide(
         self: &Arc<Self>,
@@ -34,40 +48,13 @@ impl<S: Store + 'static> Core<S> {
             // Before any script runs for this request: a reset after it
             // makes what the request leases worthless.
             let generation = self.table.generation();
-            let mut local: SmallVec<[Option<Took>; 4]> = SmallVec::new();
-            let mut asks: SmallVec<[Option<LeaseAsk>; 4]> = SmallVec::new();
-            let mut fetches: SmallVec<[Fetching; 2]> = SmallVec::new();
-            let mut out: Option<(StateKey, Arc<Notify>)> = None;
-            let mut backs: SmallVec<[Return; 1]> = SmallVec::new();
-            for check in checks {
-                let (decided, ask) = if self.leasable(check) {
-                    match self.take(check, now) {
-                        Taken::Local(took, top_up) => {
-                            if let Some(fetching) = top_up {
-                                let core = self.clone();
-                                let check = check.clone();
-                                tokio::spawn(async move { core.top_up(check, fetching).await });
-                            }
-                            watch::answered_by(Answerer::Lease);
-                            (Some(took), None)
-                        }
-                        Taken::Fetch(fetch, back) => {
-                            fetches.push(fetch);
-                            backs.extend(back);
-                            (None, Some(self.ask(&check.algorithm)))
-                        }
-                        Taken::Out(notify) => {
-                            out.get_or_insert((check.key, notify));
-                            (None, None)
-                        }
-                        Taken::Alone => (None, None),
-                    }
-                } else {
-                    (None, None)
-                };
-                local.push(decided);
-                asks.push(ask);
-            }
+            let Pass {
+                local,
+                asks,
+                fetches,
+                out,
+                backs,
+            } = self.take_layers(checks, now);
             if let (Some((key, notify)), false) = (&out, waited) {
                 // Units taken meanwhile go back first: waiting holds none.
                 self.untake_all(checks, &local);
@@ -76,19 +63,7 @@ impl<S: Store + 'static> Core<S> {
                 }
                 drop(fetches);
                 waited = true;
-                let notified = notify.notified();
-                tokio::pin!(notified);
-                notified.as_mut().enable();
-                // The fetch may have ended before the waiter was in place.
-                let still_out = self
-                    .table
-                    .lock(key)
-                    .get(key)
-                    .and_then(|e| e.fetching.as_ref())
-                    .is_some_and(|n| Arc::ptr_eq(n, notify));
-                if still_out {
-                    let _ = tokio::time::timeout(self.wait, notified).await;
-                }
+                self.wait_for(key, notify).await;
                 continue;
             }
             if local.iter().all(Option::is_some) {
@@ -102,6 +77,66 @@ impl<S: Store + 'static> Core<S> {
             return self
                 .decide_rest(checks, local, &asks, (now, generation))
                 .await;
+        }
+    }
+
+    /// Takes each leasable layer's units from its lease; a half-spent
+    /// lease starts its top-up.
+    fn take_layers(self: &Arc<Self>, checks: &[Check], now: Now) -> Pass {
+        let mut pass = Pass {
+            local: SmallVec::new(),
+            asks: SmallVec::new(),
+            fetches: SmallVec::new(),
+            out: None,
+            backs: SmallVec::new(),
+        };
+        for check in checks {
+            let (decided, ask) = if self.leasable(check) {
+                match self.take(check, now) {
+                    Taken::Local(took, top_up) => {
+                        if let Some(fetching) = top_up {
+                            let core = self.clone();
+                            let check = check.clone();
+                            tokio::spawn(async move { core.top_up(check, fetching).await });
+                        }
+                        watch::answered_by(Answerer::Lease);
+                        (Some(took), None)
+                    }
+                    Taken::Fetch(fetch, back) => {
+                        pass.fetches.push(fetch);
+                        pass.backs.extend(back);
+                        (None, Some(self.ask(&check.algorithm)))
+                    }
+                    Taken::Out(notify) => {
+                        pass.out.get_or_insert((check.key, notify));
+                        (None, None)
+                    }
+                    Taken::Alone => (None, None),
+                }
+            } else {
+                (None, None)
+            };
+            pass.local.push(decided);
+            pass.asks.push(ask);
+        }
+        pass
+    }
+
+    /// Waits for `key`'s fetch `notify` to end, at most the store's
+    /// deadline.
+    async fn wait_for(&self, key: &StateKey, notify: &Arc<Notify>) {
+        let notified = notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        // The fetch may have ended before the waiter was in place.
+        let still_out = self
+            .table
+            .lock(key)
+            .get(key)
+            .and_then(|e| e.fetching.as_ref())
+            .is_some_and(|n| Arc::ptr_eq(n, notify));
+        if still_out {
+            let _ = tokio::time::timeout(self.wait, notified).await;
         }
     }
 

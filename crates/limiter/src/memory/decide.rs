@@ -3,6 +3,7 @@
 //! entry; all evaluated under the locks, and charged only if the request
 //! is admitted.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
 
@@ -27,6 +28,16 @@ enum Home {
     Absent,
 }
 
+/// One request's place in the store, held for its decision: the shards
+/// its keys live in, locked in ascending order (so callers cannot
+/// deadlock), then the overflow map if a layer found no room.
+struct Placed<'a> {
+    guards: SmallVec<[MutexGuard<'a, Shard>; 4]>,
+    homes: SmallVec<[Home; 4]>,
+    overflow: Option<MutexGuard<'a, HashMap<u64, Entry>>>,
+    overflowing: usize,
+}
+
 impl MemoryStore {
     /// `decide_at`, and beside each layer with an ask in `asks` (by
     /// position; missing asks are none) that the request charges, a lease
@@ -39,6 +50,35 @@ impl MemoryStore {
         asks: &[Option<LeaseAsk>],
         now_us: u64,
     ) -> (Vec<Decision>, SmallVec<[u64; 4]>) {
+        let mut placed = self.place(checks, now_us);
+        let evaluations: SmallVec<[Evaluation; 4]> = checks
+            .iter()
+            .zip(&placed.homes)
+            .map(|(check, home)| evaluate(check, placed.entry(check, *home), now_us))
+            .collect();
+        let mut decisions: Vec<Decision> = evaluations.iter().map(|e| e.decision).collect();
+        let leased = if admitted(checks, &decisions) {
+            placed.charge(checks, asks, &evaluations, &mut decisions, now_us)
+        } else {
+            SmallVec::new()
+        };
+        let Placed {
+            guards,
+            homes,
+            overflow,
+            overflowing,
+        } = placed;
+        drop(overflow);
+        drop(guards);
+        if overflowing > 0 {
+            self.note_overflow(checks, &homes, overflowing as u64, now_us);
+        }
+        (decisions, leased)
+    }
+
+    /// Locks the shards of `checks`' keys and finds each its home, making
+    /// room for new keys where only idle state is in the way.
+    fn place(&self, checks: &[Check], now_us: u64) -> Placed<'_> {
         // A request has a handful of layers: all of this stays on the stack.
         let shard_of_check: SmallVec<[usize; 4]> = checks
             .iter()
@@ -72,76 +112,13 @@ impl MemoryStore {
             })
             .collect();
         let overflowing = homes.iter().filter(|h| **h == Home::Overflow).count();
-        let mut overflow = (overflowing > 0).then(|| self.lock_overflow());
-
-        let evaluations: SmallVec<[Evaluation; 4]> = checks
-            .iter()
-            .zip(&homes)
-            .map(|(check, home)| {
-                let entry = match home {
-                    Home::Shard(slot) => guards[*slot].peek(&check.key),
-                    Home::Overflow => overflow.as_ref().and_then(|o| o.get(&check.key.limit)),
-                    Home::Absent => None,
-                };
-                evaluate(check, entry, now_us)
-            })
-            .collect();
-        let mut decisions: Vec<Decision> = evaluations.iter().map(|e| e.decision).collect();
-        let mut leased: SmallVec<[u64; 4]> = SmallVec::new();
-        if admitted(checks, &decisions) {
-            for (i, ((check, home), evaluation)) in
-                checks.iter().zip(&homes).zip(&evaluations).enumerate()
-            {
-                if check.peek || !evaluation.decision.allowed() {
-                    continue;
-                }
-                let leasing;
-                // A shadow layer refuses nobody: it takes no lease either.
-                let ask = asks.get(i).copied().flatten().filter(|_| !check.shadow);
-                let evaluation = match ask {
-                    Some(ask) => {
-                        let entry = match home {
-                            Home::Shard(slot) => guards[*slot].peek(&check.key),
-                            Home::Overflow => {
-                                overflow.as_ref().and_then(|o| o.get(&check.key.limit))
-                            }
-                            Home::Absent => None,
-                        };
-                        let units;
-                        (leasing, units) = evaluate_leasing(check, entry, now_us, ask);
-                        if units > 0 {
-                            leased.resize(checks.len(), 0);
-                            leased[i] = units;
-                            decisions[i] = leasing.decision;
-                        }
-                        &leasing
-                    }
-                    None => evaluation,
-                };
-                if evaluation.update == Update::Unchanged {
-                    continue;
-                }
-                match home {
-                    Home::Shard(slot) => store(&mut guards[*slot], check, evaluation, now_us),
-                    Home::Absent => {}
-                    Home::Overflow => {
-                        if let Some(map) = overflow.as_mut() {
-                            let entry = map.entry(check.key.limit).or_insert_with(|| Entry {
-                                state: check.algorithm.fresh_state(),
-                                idle_at_us: 0,
-                            });
-                            update(entry, check, evaluation, now_us);
-                        }
-                    }
-                }
-            }
+        let overflow = (overflowing > 0).then(|| self.lock_overflow());
+        Placed {
+            guards,
+            homes,
+            overflow,
+            overflowing,
         }
-        drop(overflow);
-        drop(guards);
-        if overflowing > 0 {
-            self.note_overflow(checks, &homes, overflowing as u64, now_us);
-        }
-        (decisions, leased)
     }
 
     /// What `decide_at` would answer, changing nothing: a key without room
@@ -194,6 +171,75 @@ impl MemoryStore {
                 "memory store full of live state ([memory].max_keys): new clients share the overflow bucket of {} ({total} overflow decisions so far)",
                 limits.join(", ")
             );
+        }
+    }
+}
+
+impl Placed<'_> {
+    /// The state `check` is decided on where it lives: none is fresh.
+    fn entry(&self, check: &Check, home: Home) -> Option<&Entry> {
+        match home {
+            Home::Shard(slot) => self.guards[slot].peek(&check.key),
+            Home::Overflow => self.overflow.as_ref().and_then(|o| o.get(&check.key.limit)),
+            Home::Absent => None,
+        }
+    }
+
+    /// Charges an admitted request's layers, each with the lease asked
+    /// beside it, if any (its decision in `decisions` is then the one after
+    /// the lease); the units leased per layer, empty when none were.
+    fn charge(
+        &mut self,
+        checks: &[Check],
+        asks: &[Option<LeaseAsk>],
+        evaluations: &[Evaluation],
+        decisions: &mut [Decision],
+        now_us: u64,
+    ) -> SmallVec<[u64; 4]> {
+        let mut leased: SmallVec<[u64; 4]> = SmallVec::new();
+        for (i, (check, evaluation)) in checks.iter().zip(evaluations).enumerate() {
+            if check.peek || !evaluation.decision.allowed() {
+                continue;
+            }
+            let home = self.homes[i];
+            let leasing;
+            // A shadow layer refuses nobody: it takes no lease either.
+            let ask = asks.get(i).copied().flatten().filter(|_| !check.shadow);
+            let evaluation = match ask {
+                Some(ask) => {
+                    let units;
+                    (leasing, units) =
+                        evaluate_leasing(check, self.entry(check, home), now_us, ask);
+                    if units > 0 {
+                        leased.resize(checks.len(), 0);
+                        leased[i] = units;
+                        decisions[i] = leasing.decision;
+                    }
+                    &leasing
+                }
+                None => evaluation,
+            };
+            if evaluation.update != Update::Unchanged {
+                self.write(check, home, evaluation, now_us);
+            }
+        }
+        leased
+    }
+
+    /// Writes an admitted change where `check`'s state lives.
+    fn write(&mut self, check: &Check, home: Home, evaluation: &Evaluation, now_us: u64) {
+        match home {
+            Home::Shard(slot) => store(&mut self.guards[slot], check, evaluation, now_us),
+            Home::Absent => {}
+            Home::Overflow => {
+                if let Some(map) = self.overflow.as_mut() {
+                    let entry = map.entry(check.key.limit).or_insert_with(|| Entry {
+                        state: check.algorithm.fresh_state(),
+                        idle_at_us: 0,
+                    });
+                    update(entry, check, evaluation, now_us);
+                }
+            }
         }
     }
 }
