@@ -15,8 +15,8 @@ use floodgate_limiter::clock::ManualClock;
 use floodgate_limiter::redis::{InstanceCount, Topology};
 use floodgate_limiter::StateKey;
 use floodgate_limiter::{
-    ClockSource, LimitName, MemoryStore, OnFailure, RedisCluster, RedisSettings, RedisStandalone,
-    Slot, Store,
+    ClockSource, Concurrency, LimitName, MemoryStore, OnFailure, RedisCluster, RedisSettings,
+    RedisStandalone, Slot, Store,
 };
 
 const SEC: u64 = 1_000_000;

@@ -14,9 +14,9 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use smallvec::SmallVec;
 
-use super::check::{Check, LeaseAsk, Slot, StateKey};
+use super::check::{Check, LeaseAsk, StateKey};
 use super::error::LimiterError;
-use super::store::{Deciding, Store};
+use super::store::{Store, WrapsLimits};
 use crate::clock::Clock;
 use crate::watch::{self, Answerer};
 use floodgate_algorithm::{Algorithm, Decision};
@@ -272,6 +272,15 @@ pub(super) fn open_decision(check: &Check) -> Decision {
     Decision::admitted(quota, quota.saturating_sub(check.cost), 0)
 }
 
+/// Refusals are all it remembers: slots and upkeep are the store's below.
+impl<S: Store> WrapsLimits for KnownRefusals<S> {
+    type Inner = S;
+
+    fn inner(&self) -> &S {
+        &self.inner
+    }
+}
+
 #[async_trait]
 impl<S: Store> Store for KnownRefusals<S> {
     async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
@@ -332,42 +341,6 @@ impl<S: Store> Store for KnownRefusals<S> {
         let refunded = self.inner.refund(check, counted_at_us).await;
         self.forget(std::slice::from_ref(check));
         refunded
-    }
-
-    async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
-        self.inner.acquire(slot).await
-    }
-
-    async fn renew(&self, slot: &Slot) -> Result<bool, LimiterError> {
-        self.inner.renew(slot).await
-    }
-
-    async fn release(&self, slot: &Slot) -> Result<bool, LimiterError> {
-        self.inner.release(slot).await
-    }
-
-    async fn probe(&self) -> Result<(), LimiterError> {
-        self.inner.probe().await
-    }
-
-    async fn warm(&self) -> Result<(), LimiterError> {
-        self.inner.warm().await
-    }
-
-    fn deciding(&self) -> Deciding {
-        self.inner.deciding()
-    }
-
-    async fn return_leases(&self) {
-        self.inner.return_leases().await;
-    }
-
-    fn keys_held(&self) -> usize {
-        self.inner.keys_held()
-    }
-
-    fn sweep(&self) -> usize {
-        self.inner.sweep()
     }
 }
 

@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 use super::check::{Check, LeaseAsk, LimitName, OnFailure, Slot, StateKey};
 use super::error::LimiterError;
 use super::memory::MemoryStore;
-use super::store::{Deciding, Store};
+use super::store::{Concurrency, Deciding, Store, Upkeep};
 use crate::clock::Clock;
 use floodgate_algorithm::{Algorithm, Decision};
 
@@ -166,7 +166,10 @@ impl Store for FakeStore {
         self.failure()?;
         self.memory.refund(check, counted_at_us).await
     }
+}
 
+#[async_trait]
+impl Concurrency for FakeStore {
     async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
         self.failure()?;
         self.memory.acquire(slot).await
@@ -181,7 +184,10 @@ impl Store for FakeStore {
         self.failure()?;
         self.memory.release(slot).await
     }
+}
 
+#[async_trait]
+impl Upkeep for FakeStore {
     async fn probe(&self) -> Result<(), LimiterError> {
         self.probes.fetch_add(1, Ordering::SeqCst);
         self.failure()

@@ -24,7 +24,7 @@ use super::deny_cache::open_decision;
 use super::error::LimiterError;
 use super::instances::Instances;
 use super::memory::MemoryStore;
-use super::store::{Deciding, Store};
+use super::store::{Concurrency, Deciding, Store, Upkeep};
 use crate::clock::Clock;
 use crate::log_throttle::LogThrottle;
 use crate::metrics::RedisMetrics;
@@ -280,7 +280,10 @@ impl<S: Store + 'static> Store for Fallback<S> {
         }
         Ok(())
     }
+}
 
+#[async_trait]
+impl<S: Store + 'static> Concurrency for Fallback<S> {
     /// Without the shared store, a slot is taken as its `on_failure` says:
     /// locally from this instance's share of the slots, or admitted, or
     /// refused.
@@ -332,7 +335,10 @@ impl<S: Store + 'static> Store for Fallback<S> {
             }
         }
     }
+}
 
+#[async_trait]
+impl<S: Store + 'static> Upkeep for Fallback<S> {
     async fn probe(&self) -> Result<(), LimiterError> {
         self.inner.shared.probe().await
     }

@@ -1,9 +1,12 @@
 //! Limit state and the decisions made on it, behind one interface.
 //!
 //! `Store` is what every store implements: the memory store, Redis
-//! standalone and Redis Cluster. The known-refusals cache and the fallback
-//! (circuit breaker plus `on_failure`) are stores too, each wrapping another,
-//! so the proxy holds one `Arc<dyn Store>` whatever the configuration:
+//! standalone and Redis Cluster. It is limit state; a store is also its
+//! concurrency slots (`Concurrency`) and its upkeep (`Upkeep`). The
+//! known-refusals cache, the leases and the fallback (circuit breaker plus
+//! `on_failure`) are stores too, each wrapping another and implementing the
+//! roles it changes (`WrapsLimits` passes the others on), so the proxy holds
+//! one `Arc<dyn Store>` whatever the configuration:
 //!
 //! ```text
 //! memory:  MemoryStore
@@ -108,4 +111,4 @@ pub use memory::MemoryStore;
 pub use redis::{ClockSource, RedisCluster, RedisSettings, RedisStandalone};
 #[cfg(feature = "redis")]
 pub use roster::Roster;
-pub use store::{Deciding, Store};
+pub use store::{Concurrency, Deciding, Store, Upkeep, WrapsLimits};

@@ -1,4 +1,8 @@
-//! The interface every store implements, and the wrappers too.
+//! The interface every store implements, and the wrappers too, by role:
+//! limit state (`Store`), concurrency slots (`Concurrency`) and the
+//! store's upkeep (`Upkeep`). A wrapper implements the roles it changes;
+//! one that changes only limit state (`WrapsLimits`) passes the other two
+//! on to the store it wraps.
 
 use async_trait::async_trait;
 
@@ -27,7 +31,10 @@ impl Deciding {
     }
 }
 
-/// Limit state, wherever it lives.
+/// Limit state, wherever it lives: requests decided on it, and an
+/// operator's or a response's changes to it. Every store is also its
+/// slots (`Concurrency`) and its upkeep (`Upkeep`), so that the proxy
+/// holds one `Arc<dyn Store>` and calls them all.
 ///
 /// Contract for `decide`: one decision per check, in order, applied
 /// all-or-nothing: if any enforcing (non-shadow) check refuses, no layer is
@@ -35,7 +42,7 @@ impl Deciding {
 /// refused is not charged, one that admits is charged with the rest. A
 /// `peek` check is decided with the others and never charged.
 #[async_trait]
-pub trait Store: Send + Sync {
+pub trait Store: Concurrency + Upkeep {
     /// Decides and charges a request's layers.
     async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError>;
 
@@ -71,7 +78,11 @@ pub trait Store: Send + Sync {
     /// reserved. Nothing when they are there no longer (their window is
     /// over).
     async fn refund(&self, check: &Check, counted_at_us: u64) -> Result<(), LimiterError>;
+}
 
+/// Concurrency limits: each key's `max` slots, each held under a lease.
+#[async_trait]
+pub trait Concurrency: Send + Sync {
     /// Takes one of the key's `max` slots under the slot's lease; refused
     /// with the time until a held lease ends when all are taken.
     async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError>;
@@ -82,7 +93,13 @@ pub trait Store: Send + Sync {
 
     /// Gives the slot back; false when the lease was no longer held.
     async fn release(&self, slot: &Slot) -> Result<bool, LimiterError>;
+}
 
+/// The store as the process keeps it: whether it can decide and who does,
+/// readied before the first request, and what it holds for this process
+/// (leased budget, in-process keys).
+#[async_trait]
+pub trait Upkeep: Send + Sync {
     /// Whether the store can decide: a write, so that a store that answers
     /// but cannot write fails it.
     async fn probe(&self) -> Result<(), LimiterError>;
@@ -107,5 +124,55 @@ pub trait Store: Send + Sync {
     /// Drops in-process state that has gone idle; returns how many keys went.
     fn sweep(&self) -> usize {
         0
+    }
+}
+
+/// A store built on `inner` that changes only limit state (its `Store`):
+/// its slots and its upkeep are `inner`'s, passed on as they are.
+pub trait WrapsLimits: Send + Sync {
+    type Inner: Store;
+
+    fn inner(&self) -> &Self::Inner;
+}
+
+#[async_trait]
+impl<W: WrapsLimits> Concurrency for W {
+    async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
+        self.inner().acquire(slot).await
+    }
+
+    async fn renew(&self, slot: &Slot) -> Result<bool, LimiterError> {
+        self.inner().renew(slot).await
+    }
+
+    async fn release(&self, slot: &Slot) -> Result<bool, LimiterError> {
+        self.inner().release(slot).await
+    }
+}
+
+#[async_trait]
+impl<W: WrapsLimits> Upkeep for W {
+    async fn probe(&self) -> Result<(), LimiterError> {
+        self.inner().probe().await
+    }
+
+    fn deciding(&self) -> Deciding {
+        self.inner().deciding()
+    }
+
+    async fn warm(&self) -> Result<(), LimiterError> {
+        self.inner().warm().await
+    }
+
+    async fn return_leases(&self) {
+        self.inner().return_leases().await;
+    }
+
+    fn keys_held(&self) -> usize {
+        self.inner().keys_held()
+    }
+
+    fn sweep(&self) -> usize {
+        self.inner().sweep()
     }
 }

@@ -63,7 +63,7 @@ use super::check::{Check, Slot, StateKey};
 use super::deny_cache::Forget;
 use super::error::LimiterError;
 use super::instances::Instances;
-use super::store::{Deciding, Store};
+use super::store::{Concurrency, Deciding, Store, Upkeep};
 use crate::clock::{Clock, MonotonicClock};
 use crate::metrics::LeaseMetrics;
 use floodgate_algorithm::{takes_lease, Decision};
@@ -270,7 +270,12 @@ impl<S: Store + 'static> Store for Leased<S> {
     async fn refund(&self, check: &Check, counted_at_us: u64) -> Result<(), LimiterError> {
         self.0.refund(check, counted_at_us).await
     }
+}
 
+/// Leases nothing of the slots: a failed call drops every lease all the
+/// same, as any failed call below does.
+#[async_trait]
+impl<S: Store + 'static> Concurrency for Leased<S> {
     async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
         self.0.checked(self.0.inner.acquire(slot).await)
     }
@@ -282,7 +287,11 @@ impl<S: Store + 'static> Store for Leased<S> {
     async fn release(&self, slot: &Slot) -> Result<bool, LimiterError> {
         self.0.checked(self.0.inner.release(slot).await)
     }
+}
 
+/// Calls below checked, as every one is; the leases held go back whole.
+#[async_trait]
+impl<S: Store + 'static> Upkeep for Leased<S> {
     async fn probe(&self) -> Result<(), LimiterError> {
         self.0.checked(self.0.inner.probe().await)
     }

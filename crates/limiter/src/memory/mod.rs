@@ -32,7 +32,7 @@ use smallvec::SmallVec;
 
 use super::check::{Check, LeaseAsk, Slot, StateKey};
 use super::error::LimiterError;
-use super::store::{Deciding, Store};
+use super::store::{Concurrency, Deciding, Store, Upkeep};
 use crate::clock::Clock;
 use crate::log_throttle::LogThrottle;
 use crate::watch::{self, Answerer};
@@ -255,7 +255,10 @@ impl Store for MemoryStore {
         self.refund_at(check, counted_at_us, self.clock.now_us());
         Ok(())
     }
+}
 
+#[async_trait]
+impl Concurrency for MemoryStore {
     async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
         Ok(self.acquire_now(slot))
     }
@@ -267,7 +270,10 @@ impl Store for MemoryStore {
     async fn release(&self, slot: &Slot) -> Result<bool, LimiterError> {
         Ok(self.release_now(slot))
     }
+}
 
+#[async_trait]
+impl Upkeep for MemoryStore {
     async fn probe(&self) -> Result<(), LimiterError> {
         Ok(())
     }

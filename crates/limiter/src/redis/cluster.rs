@@ -39,7 +39,7 @@ use crate::check::{Check, LeaseAsk, Slot};
 use crate::clock::Clock;
 use crate::deny_cache::open_decision;
 use crate::error::LimiterError;
-use crate::store::{Deciding, Store};
+use crate::store::{Concurrency, Deciding, Store, Upkeep};
 use crate::watch;
 use floodgate_algorithm::Decision;
 
@@ -411,7 +411,10 @@ impl Store for RedisCluster {
     async fn refund(&self, check: &Check, counted_at_us: u64) -> Result<(), LimiterError> {
         self.scripted.refund(check, counted_at_us).await
     }
+}
 
+#[async_trait]
+impl Concurrency for RedisCluster {
     async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
         Ok(self.scripted.slots(SlotOp::Acquire, slot).await?.1)
     }
@@ -423,7 +426,10 @@ impl Store for RedisCluster {
     async fn release(&self, slot: &Slot) -> Result<bool, LimiterError> {
         Ok(self.scripted.slots(SlotOp::Release, slot).await?.0)
     }
+}
 
+#[async_trait]
+impl Upkeep for RedisCluster {
     async fn warm(&self) -> Result<(), LimiterError> {
         self.scripted.warm().await
     }

@@ -19,7 +19,7 @@ use super::shared_connection::Connect;
 use crate::check::{Check, LeaseAsk, Slot};
 use crate::clock::Clock;
 use crate::error::LimiterError;
-use crate::store::{Deciding, Store};
+use crate::store::{Concurrency, Deciding, Store, Upkeep};
 use crate::watch;
 use floodgate_algorithm::Decision;
 
@@ -195,7 +195,10 @@ impl Store for RedisStandalone {
             .await
             .map(drop)
     }
+}
 
+#[async_trait]
+impl Concurrency for RedisStandalone {
     async fn acquire(&self, slot: &Slot) -> Result<Decision, LimiterError> {
         Ok(self.scripted.slots(SlotOp::Acquire, slot).await?.1)
     }
@@ -207,7 +210,10 @@ impl Store for RedisStandalone {
     async fn release(&self, slot: &Slot) -> Result<bool, LimiterError> {
         Ok(self.scripted.slots(SlotOp::Release, slot).await?.0)
     }
+}
 
+#[async_trait]
+impl Upkeep for RedisStandalone {
     async fn probe(&self) -> Result<(), LimiterError> {
         self.scripted.probe().await
     }
