@@ -25,7 +25,7 @@ fn leasing(
 
 const INSTANCES: usize = 3;
 
-/// One instance's lease, as `crates/limiter/src/leases.rs` holds it.
+/// One instance's lease, as `crates/limiter/src/leases/lease.rs` holds it.
 #[derive(Clone, Copy)]
 struct Held {
     unused: u64,
