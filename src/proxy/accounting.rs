@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::ctx::RequestCtx;
 use super::strikes;
+use super::verdict::Shown;
 use crate::proxy::headers::Position;
 use crate::server::state::AppState;
 
@@ -28,16 +29,12 @@ pub(super) async fn count(state: &AppState, ctx: &RequestCtx, status: u16, took:
             ctx.request_id.as_str(),
         );
         // The status page's board, kept only where there is a page.
-        let refusing = verdict
-            .decisive
-            .and_then(|Position(i)| verdict.outcomes.get(i));
-        if let (Some(o), Some(client), true, true) = (
-            refusing,
+        if let (Shown::Refused(Position(i)), Some(client), true) = (
+            verdict.shown,
             &ctx.client,
-            verdict.refused,
             ctx.runtime.admin_token.is_some(),
         ) {
-            state.status.refused(client, &o.name);
+            state.status.refused(client, &verdict.outcomes[i].name);
         }
     }
 }

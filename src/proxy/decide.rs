@@ -24,7 +24,7 @@ use super::answer::{grpc_refusal, is_grpc, Answer};
 use super::ctx::{RequestCtx, Reservation};
 use super::slots::HeldSlots;
 use super::traced;
-use super::verdict::{Outcome, Verdict};
+use super::verdict::{Outcome, OutcomeKind, Shown, Verdict};
 use crate::proxy::headers;
 use crate::server::state::AppState;
 use floodgate_algorithm::Decision;
@@ -180,14 +180,13 @@ pub(super) async fn decide_request(
             headers::rejection(runtime.headers, &enforced, refused, ctx.request_id.as_str());
         traced::into_refusal_body(ctx.trace.as_deref(), &mut rejection.body);
         let grpc_message = is_grpc(session).then(|| grpc_refusal(refused));
-        verdict.decisive = Some(refused.position);
-        verdict.refused = true;
+        verdict.shown = Shown::Refused(refused.position);
         return Err(Answer::Refused(rejection, grpc_message));
     }
     // An admitted request's headers advertise its rates only: a slot's
     // state (free now, a lease) is no budget to pace by. Most requests
     // hold no slot: their layers are the rates.
-    let rates = if verdict.outcomes.iter().any(|o| o.concurrency) {
+    let rates = if verdict.outcomes.iter().any(|o| o.kind == OutcomeKind::Slot) {
         verdict.enforced(true)
     } else {
         enforced
@@ -196,7 +195,7 @@ pub(super) async fn decide_request(
     if let Some(shown) = shown {
         ctx.rate_headers = headers::rate_limit_headers(runtime.headers, &rates, shown);
     }
-    verdict.decisive = shown.map(|l| l.position);
+    verdict.shown = shown.map_or(Shown::Nothing, |l| Shown::Admitted(l.position));
     Ok(verdict.delay_us())
 }
 
@@ -384,7 +383,7 @@ mod tests {
         let banned = bench.decide("/");
         assert!(banned.refused());
         assert!(
-            banned.outcomes.iter().all(|o| o.banned),
+            banned.outcomes.iter().all(|o| o.kind == OutcomeKind::Ban),
             "the ban is the answer"
         );
         assert!(banned.slots_taken_at.is_none(), "no slot was taken");

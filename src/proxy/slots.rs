@@ -9,7 +9,7 @@ use std::time::Duration;
 use log::debug;
 use tokio::task::JoinHandle;
 
-use super::verdict::Outcome;
+use super::verdict::{Outcome, OutcomeKind};
 use floodgate_algorithm::Decision;
 use floodgate_limiter::{LimiterError, Slot, Store};
 use floodgate_policy::{SlotLayer, Upgrades};
@@ -53,8 +53,7 @@ impl HeldSlots {
                 quota: layer.slot.max(),
                 window_us: layer.slot.lease_us(),
                 shadow: layer.shadow,
-                concurrency: true,
-                banned: false,
+                kind: OutcomeKind::Slot,
                 identity: layer.slot.key().identity,
                 decision,
             });

@@ -3,6 +3,7 @@
 use log::warn;
 
 use super::ctx::RequestCtx;
+use super::verdict::OutcomeKind;
 use crate::proxy::headers;
 use floodgate_limiter::{Deciding, Store};
 use floodgate_policy::identity::Client;
@@ -18,7 +19,7 @@ use floodgate_policy::identity::Client;
 /// wait helps it, so its retries are a misconfigured client, not a
 /// hammering one.
 pub(super) async fn strike(store: &dyn Store, ctx: &RequestCtx) {
-    let Some(verdict) = ctx.verdict.as_ref().filter(|v| v.refused) else {
+    let Some(verdict) = ctx.verdict.as_ref().filter(|v| v.refused()) else {
         return;
     };
     // Decided without the shared store, or answered without it now (an
@@ -29,7 +30,11 @@ pub(super) async fn strike(store: &dyn Store, ctx: &RequestCtx) {
     }
     let policy = &ctx.runtime.policy;
     for o in &verdict.outcomes {
-        if o.shadow || o.banned || o.decision.allowed() || o.decision.cost_exceeds_limit() {
+        if o.shadow
+            || o.kind == OutcomeKind::Ban
+            || o.decision.allowed()
+            || o.decision.cost_exceeds_limit()
+        {
             continue;
         }
         let limit = &policy.limits[o.limit.index()];

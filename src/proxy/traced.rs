@@ -105,24 +105,21 @@ fn record<'a>(
             watched,
         };
     };
-    let decisive = verdict
-        .decisive
-        .and_then(|p| verdict.outcomes.get(p.0))
-        .map(|o| {
-            let d = &o.decision;
-            Decisive {
-                name: o.name.as_str(),
-                limit: d.limit(),
-                remaining: d.remaining(),
-                reset: std::time::Duration::from_micros(d.reset_after_us()),
-                retry_after: (!d.allowed() && !d.cost_exceeds_limit())
-                    .then(|| std::time::Duration::from_micros(d.retry_after_us())),
-            }
-        });
+    let decisive = verdict.decisive_outcome().map(|o| {
+        let d = &o.decision;
+        Decisive {
+            name: o.name.as_str(),
+            limit: d.limit(),
+            remaining: d.remaining(),
+            reset: std::time::Duration::from_micros(d.reset_after_us()),
+            retry_after: (!d.allowed() && !d.cost_exceeds_limit())
+                .then(|| std::time::Duration::from_micros(d.retry_after_us())),
+        }
+    });
     DecisionRecord {
         started,
         layers: verdict.outcomes.iter().map(|o| o.name.as_str()).collect(),
-        limited: verdict.refused,
+        limited: verdict.refused(),
         decisive,
         watched,
     }
@@ -186,7 +183,7 @@ pub(super) fn finish(
     let route = ctx
         .verdict
         .as_ref()
-        .and_then(|v| v.decisive.and_then(|p| v.outcomes.get(p.0)))
+        .and_then(Verdict::decisive_outcome)
         .and_then(|o| ctx.runtime.policy.limits.get(o.limit.index()))
         .and_then(|limit| limit.matcher.paths.iter().find(|p| p.matches(path)))
         .map(|p| p.as_str().to_owned());

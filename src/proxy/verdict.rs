@@ -11,18 +11,28 @@ use floodgate_algorithm::Decision;
 use floodgate_limiter::{Check, Deciding, LimitId, LimitName};
 use floodgate_policy::identity::Client;
 
-/// One layer's answer: a rate layer's decision or a concurrency layer's slot.
+/// What a layer's outcome answers for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum OutcomeKind {
+    /// A rate layer's decision.
+    Rate,
+    /// A concurrency layer's slot: it refuses like any layer, but its state
+    /// (slots free, a lease) is no rate to advertise in the headers.
+    Slot,
+    /// A limit's ban looked up: refusing, the limit's key is shut out on
+    /// every route.
+    Ban,
+}
+
+/// One layer's answer: a rate layer's decision, a concurrency layer's slot
+/// or a ban's lookup.
 pub(super) struct Outcome {
     pub(super) limit: LimitId,
     pub(super) name: LimitName,
     pub(super) quota: u64,
     pub(super) window_us: u64,
     pub(super) shadow: bool,
-    /// A concurrency layer's slot: it refuses like any layer, but its state
-    /// (slots free, a lease) is no rate to advertise in the headers.
-    pub(super) concurrency: bool,
-    /// A ban that refused: the limit's key is shut out on every route.
-    pub(super) banned: bool,
+    pub(super) kind: OutcomeKind,
     /// The client's identity under this limit's key: a refusal strikes it.
     pub(super) identity: u128,
     pub(super) decision: Decision,
@@ -36,8 +46,7 @@ impl Outcome {
             window_us: check.algorithm.window_us(),
             name: check.name,
             shadow: check.shadow,
-            concurrency: false,
-            banned: false,
+            kind: OutcomeKind::Rate,
             identity: check.key.identity,
             decision,
         }
@@ -47,7 +56,7 @@ impl Outcome {
     pub(super) fn of_ban(name: LimitName, check: Check, decision: Decision) -> Outcome {
         Outcome {
             name,
-            banned: true,
+            kind: OutcomeKind::Ban,
             ..Outcome::of_check(check, decision)
         }
     }
@@ -58,10 +67,18 @@ impl Outcome {
 pub(super) struct Verdict {
     pub(super) outcomes: Vec<Outcome>,
     pub(super) deciding: Deciding,
-    /// The outcome whose state the answer reported (the refusing one on a
-    /// refusal), and whether the request was refused.
-    pub(super) decisive: Option<Position>,
-    pub(super) refused: bool,
+    pub(super) shown: Shown,
+}
+
+/// The outcome whose state the answer reported: the decisive layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Shown {
+    /// Nothing yet, or an admitted request with no rate to show.
+    Nothing,
+    /// Admitted: the most constrained rate, in its headers.
+    Admitted(Position),
+    /// Refused by this layer.
+    Refused(Position),
 }
 
 impl Verdict {
@@ -69,8 +86,20 @@ impl Verdict {
         Verdict {
             outcomes,
             deciding,
-            decisive: None,
-            refused: false,
+            shown: Shown::Nothing,
+        }
+    }
+
+    /// Whether the request was refused.
+    pub(super) fn refused(&self) -> bool {
+        matches!(self.shown, Shown::Refused(_))
+    }
+
+    /// The decisive layer's outcome: the refusing one on a refusal.
+    pub(super) fn decisive_outcome(&self) -> Option<&Outcome> {
+        match self.shown {
+            Shown::Admitted(Position(i)) | Shown::Refused(Position(i)) => self.outcomes.get(i),
+            Shown::Nothing => None,
         }
     }
 
@@ -80,14 +109,14 @@ impl Verdict {
         self.outcomes
             .iter()
             .enumerate()
-            .filter(|(_, o)| !(o.shadow || (rates_only && o.concurrency)))
+            .filter(|(_, o)| !(o.shadow || (rates_only && o.kind == OutcomeKind::Slot)))
             .map(|(position, o)| Layer {
                 position: Position(position),
                 name: o.name.as_str(),
                 quota: o.quota,
                 window_us: o.window_us,
                 decision: o.decision,
-                banned: o.banned,
+                banned: o.kind == OutcomeKind::Ban,
             })
             .collect()
     }
@@ -103,7 +132,7 @@ impl Verdict {
 
     /// The decisive limit's name and what it had left, for the access log.
     pub(super) fn decisive(&self) -> Option<(&str, u64)> {
-        let o = &self.outcomes[self.decisive?.0];
+        let o = self.decisive_outcome()?;
         Some((o.name.as_str(), o.decision.remaining()))
     }
 
@@ -123,8 +152,8 @@ impl Verdict {
         for o in &self.outcomes {
             let decision = &o.decision;
             let counters = runtime.counters(o.limit);
-            match (o.shadow, decision.allowed(), self.refused) {
-                _ if o.banned => counters.banned.inc(),
+            match (o.shadow, decision.allowed(), self.refused()) {
+                _ if o.kind == OutcomeKind::Ban => counters.banned.inc(),
                 (true, false, _) => counters.shadow_refused.inc(),
                 (false, false, _) => counters.refused.inc(),
                 (_, true, false) => {
@@ -147,12 +176,16 @@ impl Verdict {
                 }
             }
         }
-        if let Some(Position(i)) = self.decisive.filter(|_| self.refused) {
+        if let Shown::Refused(Position(i)) = self.shown {
             let o = &self.outcomes[i];
             if let Some(unlogged) = due(o) {
                 info!(
                     "{}: {} limit={} retry_after_ms={}{} request_id={request_id} unlogged_since_last={unlogged}",
-                    if o.banned { "banned" } else { "rate limited" },
+                    if o.kind == OutcomeKind::Ban {
+                        "banned"
+                    } else {
+                        "rate limited"
+                    },
                     label(),
                     o.name,
                     headers::ceil_ms(o.decision.retry_after_us()),
