@@ -14,6 +14,7 @@ use super::error::IdentityError;
 /// `[clients].forwarded_header`: the one header trusted proxies write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ForwardedHeader {
+    /// `X-Forwarded-For`, the default: a list of addresses, client first.
     #[default]
     XForwardedFor,
     /// RFC 7239 `Forwarded: for=...`.
@@ -21,6 +22,7 @@ pub enum ForwardedHeader {
 }
 
 impl ForwardedHeader {
+    /// The header's name as configured and as requests carry it, lower case.
     pub fn name(&self) -> &'static str {
         match self {
             ForwardedHeader::XForwardedFor => "x-forwarded-for",

@@ -14,9 +14,13 @@ use crate::jwt::ClaimPath;
 /// What identifies the client for one limit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeySource {
+    /// The client's address (`ip`), IPv6 grouped by `ipv6_prefix`.
     Ip,
+    /// The client's listed API key (`api_key`); an unlisted key is no key.
     ApiKey,
+    /// A header's value as sent (`header:<Name>`); two values are a 400.
     Header(HeaderName),
+    /// Everyone at once (`global`): one budget for all requests.
     Global,
     /// A cookie's value (`cookie:<name>`).
     Cookie(Box<str>),
@@ -42,6 +46,8 @@ pub enum KeySource {
 }
 
 impl KeySource {
+    /// The key as the configuration spells it (`ip`, `header:x-tenant`,
+    /// `[jwt:sub, route]`), for logs, metrics and `floodgate check`.
     pub fn describe(&self) -> String {
         match self {
             KeySource::Ip => "ip".into(),
@@ -113,6 +119,7 @@ impl KeySource {
 /// What of a request a key may read, beyond the identified client.
 #[derive(Debug, Clone, Copy)]
 pub struct KeyInputs<'a> {
+    /// The request's headers, which `header:` and `cookie:` keys read.
     pub headers: &'a HeaderMap,
     /// The raw query string, if any.
     pub query: Option<&'a str>,
@@ -132,13 +139,19 @@ pub struct KeyInputs<'a> {
 /// One thing a client is known by, as an operator names it.
 #[derive(Debug, Clone, Copy)]
 pub enum KnownPart<'a> {
+    /// A client address, grouped as `ip` keys group it.
     Ip(IpAddr),
+    /// An API key in the clear, as a client would send it.
     ApiKey(&'a [u8]),
     /// An API key known by its keyed hash only (a key set at run time).
     ApiKeyHash(u128),
+    /// A header's name and value, for `header:` keys.
     Header(&'a HeaderName, &'a [u8]),
+    /// A cookie's name and value, for `cookie:` keys.
     Cookie(&'a str, &'a [u8]),
+    /// A query parameter's name and value, for `query:` keys.
     Query(&'a str, &'a [u8]),
+    /// A token claim's path and value, for `jwt:` keys.
     Claim(&'a ClaimPath, &'a [u8]),
     /// A rate limit service descriptor's entry: its key and value.
     Entry(&'a str, &'a [u8]),

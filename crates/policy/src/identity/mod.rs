@@ -32,17 +32,30 @@ pub use tiers::{Tier, Tiers, ANONYMOUS, INTERNAL};
 /// Validated `[clients]` settings.
 #[derive(Debug, Clone)]
 pub struct ClientRules {
+    /// The header a client's API key is read from (`api_key_header`, `x-api-key`
+    /// by default); two values of it are a 400.
     pub api_key_header: HeaderName,
+    /// Peers whose forwarded header is believed (`trusted_proxies`): from them,
+    /// the client is the first untrusted entry of the chain, read right to left.
     pub trusted_proxies: Vec<IpNet>,
+    /// The one header trusted proxies write the client's address in.
     pub forwarded_header: ForwardedHeader,
+    /// Prefix length (in bits) an IPv6 client is grouped by for limits and
+    /// connection caps: /64 by default.
     pub ipv6_prefix: u8,
+    /// Addresses whose requests are in the `internal` tier, whatever key or
+    /// token they send.
     pub internal: Vec<IpNet>,
+    /// `[clients.api_keys]`: each listed key, as sent, with its tier; an
+    /// unlisted key counts as no key.
     pub api_keys: HashMap<Box<[u8]>, Tier>,
     /// Keys set at run time (the admin API), which beat `api_keys`; none
     /// when the admin API is off, and then no request probes it.
     pub run_time: Option<Arc<RunTimeKeys>>,
     /// Every tier the configuration names, anonymous and internal included.
     pub tiers: Tiers,
+    /// The keyed hash that turns addresses, keys and values into the
+    /// identities limit state is kept under.
     pub hasher: IdentityHasher,
     /// `[clients.jwt]`, when set.
     pub jwt: Option<Arc<JwtRules>>,
@@ -53,6 +66,7 @@ pub struct ClientRules {
 pub struct ApiKey {
     /// Identity of the key for limit state.
     pub hash: u128,
+    /// The tier the key was listed (or set at run time) with.
     pub tier: Tier,
 }
 
@@ -78,10 +92,14 @@ pub struct Client {
     pub via: SmallVec<[IpAddr; 2]>,
     /// The client address, aggregated (IPv6 to its prefix).
     pub ip: IpAddr,
+    /// The prefix length `ip` is grouped by: 32 for IPv4, `ipv6_prefix` for IPv6.
     pub ip_prefix: u8,
     /// Identity of the (aggregated) address for limit state.
     pub ip_hash: u128,
+    /// The request's API key, when it is a known one; an unlisted key is none.
     pub api_key: Option<ApiKey>,
+    /// The client's tier: internal by address, else its verified token's, its
+    /// API key's, or anonymous; the tier whose overrides its limits take.
     pub tier: Tier,
     /// The keyed hash of a verified token's subject, when there is one.
     pub subject_hash: Option<u128>,
@@ -428,6 +446,7 @@ impl ClientRules {
         self.address_group(normalize(peer)).0
     }
 
+    /// Whether `ip` is one of `trusted_proxies`, whose forwarded header is read.
     pub fn is_trusted(&self, ip: &IpAddr) -> bool {
         self.trusted_proxies.iter().any(|n| n.contains(ip))
     }

@@ -25,6 +25,7 @@ pub struct KeyEntry {
 pub enum RunTimeKey {
     /// Listed with this tier name.
     Tier(Arc<str>),
+    /// Revoked: the key counts as no key, whatever `[clients.api_keys]` says.
     Revoked,
 }
 
@@ -41,10 +42,12 @@ impl std::fmt::Debug for RunTimeKeys {
 }
 
 impl RunTimeKeys {
+    /// How many keys the table lists, revoked ones included.
     pub fn len(&self) -> usize {
         self.table.len()
     }
 
+    /// Whether the table lists no key (then requests never probe it).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -3,7 +3,11 @@
 
 use std::sync::Arc;
 
+/// The tier of a client with neither a listed key, nor a tiered token, nor
+/// an internal address.
 pub const ANONYMOUS: &str = "anonymous";
+/// The tier of a client whose address is in `[clients].internal`, whatever
+/// it sends.
 pub const INTERNAL: &str = "internal";
 
 /// A tier ("anonymous", "internal", or one named in `[clients.api_keys]`),
@@ -16,6 +20,7 @@ pub struct Tier {
 }
 
 impl Tier {
+    /// The tier's name, as the configuration and the logs spell it.
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -64,18 +69,22 @@ impl Tiers {
         tier
     }
 
+    /// The tier of this name; none when the configuration names no such tier.
     pub fn get(&self, name: &str) -> Option<Tier> {
         self.known.iter().find(|t| t.name() == name).cloned()
     }
 
+    /// The `anonymous` tier, of clients no key, token or address places.
     pub fn anonymous(&self) -> Tier {
         self.known[0].clone()
     }
 
+    /// The `internal` tier, of clients from `[clients].internal` addresses.
     pub fn internal(&self) -> Tier {
         self.known[1].clone()
     }
 
+    /// Every tier's name, anonymous and internal first.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.known.iter().map(Tier::name)
     }
