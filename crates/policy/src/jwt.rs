@@ -32,6 +32,7 @@ impl ClaimPath {
         (!parts.iter().any(|p| p.is_empty())).then_some(ClaimPath(parts))
     }
 
+    /// The path as the configuration spells it: `org.id`.
     pub fn describe(&self) -> String {
         self.0.join(".")
     }
@@ -67,14 +68,26 @@ impl Claims {
 /// Why a token was not believed (the metric's label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rejection {
+    /// Its `exp` (plus the leeway) has passed.
     Expired,
+    /// Its `nbf` (less the leeway) is still to come.
     NotYetValid,
+    /// The signature does not verify under the key it was matched with.
     BadSignature,
+    /// No configured key verifies its `alg` (or the token names none).
     WrongAlgorithm,
+    /// Its `iss` is not the configured issuer.
     WrongIssuer,
+    /// Its `aud` does not name the configured audience.
     WrongAudience,
+    /// Its `kid` names no configured key (or, without a `kid`, more than one
+    /// key fits its algorithm).
     UnknownKey,
+    /// It lacks a claim the configuration requires (`exp`, and `iss` when an
+    /// issuer is set).
     MissingClaim,
+    /// Not a token that can be read: bad base64 or JSON, a time that is not a
+    /// number, an `iss` that is not a string, or the token's header sent twice.
     Malformed,
     /// `crit` names an extension this verifier does not implement, which
     /// RFC 7515 says must fail the token.
@@ -85,6 +98,8 @@ pub enum Rejection {
 }
 
 impl Rejection {
+    /// Every reason, in a fixed order: the metric's labels, each registered
+    /// up front.
     pub const ALL: [Rejection; 11] = [
         Rejection::Expired,
         Rejection::NotYetValid,
@@ -99,6 +114,7 @@ impl Rejection {
         Rejection::Throttled,
     ];
 
+    /// The reason as the metric's label and the logs spell it (`bad_signature`).
     pub fn as_str(self) -> &'static str {
         match self {
             Rejection::Expired => "expired",
@@ -132,15 +148,20 @@ impl Rejection {
 /// What a request's token came to.
 #[derive(Debug, Clone)]
 pub enum TokenCheck {
+    /// The request carries no token: no such header, or an `Authorization`
+    /// that is not `Bearer`.
     Absent,
     /// Verified before, and not yet expired.
     Remembered(Arc<Claims>),
     /// Verified now.
     Verified(Arc<Claims>),
+    /// Not believed, for this reason: the request counts as carrying no token.
     Rejected(Rejection),
 }
 
 impl TokenCheck {
+    /// The claims of a verified (or remembered) token; none when the token was
+    /// absent or rejected.
     pub fn claims(&self) -> Option<&Arc<Claims>> {
         match self {
             TokenCheck::Remembered(c) | TokenCheck::Verified(c) => Some(c),
@@ -151,8 +172,13 @@ impl TokenCheck {
 
 /// One public key, with the configured algorithms of its family.
 pub struct VerifyingKey {
+    /// The key id (`kid`) a token names to be verified with this key; a token
+    /// without one is matched by its algorithm.
     pub kid: Option<String>,
+    /// The public key itself.
     pub key: DecodingKey,
+    /// What a token verified with this key must meet: algorithms of the key's
+    /// family, issuer, audience, required claims and leeway.
     pub validation: Validation,
 }
 
@@ -174,6 +200,8 @@ pub struct JwtRules {
     /// The claim whose value names a tier, and the tier (its name) of each
     /// value.
     pub tier_claim: Option<ClaimPath>,
+    /// Each value of the tier claim, with the name of the tier it places a
+    /// client in; a value not listed places none.
     pub tiers: HashMap<String, String>,
     /// Under a key drawn at start: nobody can make a token that shares
     /// another's entry.
@@ -211,8 +239,11 @@ pub fn family_of(key: &DecodingKeyKind) -> &'static [Algorithm] {
 /// The kind of a public key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecodingKeyKind {
+    /// RSA: RS256/384/512 and PS256/384/512.
     Rsa,
+    /// Elliptic curve: ES256 and ES384.
     Ec,
+    /// Ed25519: EdDSA.
     Ed,
 }
 
@@ -242,6 +273,9 @@ impl JwtRules {
         )
     }
 
+    /// Rules over these keys, with the remembered and refused caches empty and
+    /// their key drawn now; `leeway_s` is the slack, in seconds, allowed to
+    /// `exp` and `nbf`.
     pub fn new(
         header: HeaderName,
         keys: Vec<VerifyingKey>,
