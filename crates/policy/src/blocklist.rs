@@ -12,18 +12,24 @@ use crate::identity::{Client, ClientRules};
 /// Why a request is blocked (the metric's label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlockReason {
+    /// The client's address is in `[block].cidrs`.
     Address,
+    /// The API key it sends is in `[block].api_keys`.
     ApiKey,
+    /// Its verified token's subject is in `[block].jwt_subjects`.
     JwtSubject,
 }
 
 impl BlockReason {
+    /// Every reason, in a fixed order: the metric's labels, each registered
+    /// up front.
     pub const ALL: [BlockReason; 3] = [
         BlockReason::Address,
         BlockReason::ApiKey,
         BlockReason::JwtSubject,
     ];
 
+    /// The reason as the metric's label and the logs spell it (`api_key`).
     pub fn as_str(self) -> &'static str {
         match self {
             BlockReason::Address => "address",
@@ -36,6 +42,8 @@ impl BlockReason {
 /// The validated `[block]` section.
 #[derive(Debug, Clone, Default)]
 pub struct Blocklist {
+    /// Addresses and networks refused (`[block].cidrs`), matched against the
+    /// client's own address, not its IPv6 group.
     pub cidrs: Vec<IpNet>,
     /// Keyed hashes of the blocked API keys (`ClientRules::api_key_hash`).
     pub api_keys: HashSet<u128>,
@@ -46,6 +54,7 @@ pub struct Blocklist {
 }
 
 impl Blocklist {
+    /// Whether nothing is blocked: then no request is asked about.
     pub fn is_empty(&self) -> bool {
         self.cidrs.is_empty() && self.api_keys.is_empty() && self.jwt_subjects.is_empty()
     }
