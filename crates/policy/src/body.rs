@@ -21,6 +21,8 @@ enum FieldValue {
 /// Why a body gives no fields.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BodyError {
+    /// The body is not JSON, or its top level is not an object: no field
+    /// can be read from it.
     #[error("the body is not a JSON object")]
     NotJson,
     /// A field read twice: the application may read either value.

@@ -39,7 +39,9 @@ pub fn remote_address(key: &str, value: &str) -> Option<IpAddr> {
 /// value only; `*` stands for any run of characters).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EntryPattern {
+    /// The entry's key, which a descriptor's entry must name exactly.
     pub key: Box<str>,
+    /// The value the entry must have (a glob); none for any value.
     pub value: Option<PathPattern>,
 }
 
@@ -71,7 +73,9 @@ impl EntryPattern {
 /// limits, as they are two leaves in envoyproxy/ratelimit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DescriptorPattern {
+    /// The domain a request must name exactly.
     pub domain: Box<str>,
+    /// The descriptor's entries, in the order it must carry them.
     pub entries: Vec<EntryPattern>,
 }
 
@@ -79,6 +83,9 @@ pub struct DescriptorPattern {
 pub type Entries<'a> = [(&'a str, &'a str)];
 
 impl DescriptorPattern {
+    /// Whether a request naming `domain` with this descriptor meets the
+    /// pattern: the same domain and, entry for entry, in order, the same keys
+    /// with values the pattern allows.
     pub fn matches(&self, domain: &str, entries: &Entries<'_>) -> bool {
         *self.domain == *domain
             && self.entries.len() == entries.len()
@@ -119,6 +126,8 @@ impl DescriptorPattern {
         self.entries.iter().any(|e| *e.key == *key)
     }
 
+    /// The pattern as `floodgate check` and the logs show it:
+    /// `domain edge descriptor [remote_address, path=/login]`.
     pub fn describe(&self) -> String {
         let entries: Vec<String> = self
             .entries

@@ -17,6 +17,8 @@ impl PathPattern {
         }
     }
 
+    /// A path pattern: a trailing slash dropped (but `/` kept), since the
+    /// pattern matches with or without one.
     pub fn new(pattern: &str) -> Self {
         let pattern = match pattern.strip_suffix('/') {
             Some(stem) if !stem.is_empty() => stem,
@@ -27,6 +29,8 @@ impl PathPattern {
         }
     }
 
+    /// Whether the (normalised) path matches, with or without one trailing
+    /// slash: `/login` matches `/login` and `/login/`.
     pub fn matches(&self, path: &str) -> bool {
         self.matches_exactly(path)
             || path
@@ -54,6 +58,7 @@ impl PathPattern {
         rest.len() >= last.len() && rest.ends_with(last)
     }
 
+    /// The glob as it is matched (a path pattern without its trailing slash).
     pub fn as_str(&self) -> &str {
         &self.pattern
     }

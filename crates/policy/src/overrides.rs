@@ -16,7 +16,10 @@ use crate::Rule;
 /// that keep its name) for one client identity under it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OverrideKey {
+    /// The limit's state id, which survives reloads that keep its name.
     pub limit: u64,
+    /// The client's identity under the limit's key: the keyed hash its
+    /// state is kept under.
     pub identity: u128,
 }
 
@@ -60,6 +63,7 @@ pub struct Override {
 }
 
 impl Override {
+    /// Whether the override is gone at `now_s` (seconds since the Unix epoch).
     pub fn expired(&self, now_s: u64) -> bool {
         self.expires_at_s.is_some_and(|at| at <= now_s)
     }
@@ -82,10 +86,13 @@ impl std::fmt::Debug for RunTimeOverrides {
 }
 
 impl RunTimeOverrides {
+    /// How many overrides the table holds, expired ones not yet dropped
+    /// by `tick` included.
     pub fn len(&self) -> usize {
         self.table.len()
     }
 
+    /// Whether the table holds none (then requests never probe it).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

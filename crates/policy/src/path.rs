@@ -35,6 +35,8 @@ pub enum EscapedSlashes {
 /// `[server]` path settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PathRules {
+    /// What `%2F`, `%5C` and a raw `\` do (`escaped_slashes`): refused,
+    /// kept or decoded.
     pub escaped_slashes: EscapedSlashes,
     /// Limits match the path ignoring ASCII case (the upstream still gets it
     /// as sent, normalised).
@@ -44,16 +46,24 @@ pub struct PathRules {
 /// Why a path cannot be normalised; the request gets a 400.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PathError {
+    /// The path does not start with `/`: the target is not a path.
     #[error("the path does not start with '/'")]
     NotAbsolute,
+    /// A `%` not followed by two hex digits.
     #[error("a '%' is not followed by two hex digits")]
     BadPercentEncoding,
+    /// `%2F`, `%5C` or a raw `\`, while `escaped_slashes` is `"reject"`
+    /// (`escaped_slash`).
     #[error("an encoded slash or backslash (%2F, %5C) or a raw backslash is ambiguous")]
     EscapedSlash,
+    /// A `..` segment above the root.
     #[error("'..' climbs above the root")]
     AboveRoot,
+    /// A segment that is empty or a dot segment once its `;` parameters are
+    /// stripped (`/x/..;/login`), which Tomcat and Spring would resolve.
     #[error("a segment is empty or a dot segment once its ';' parameters are stripped")]
     AmbiguousParameters,
+    /// A query that is not a valid URI query (characters a URI may not hold).
     #[error("the query is not a valid URI query")]
     BadQuery,
 }
