@@ -12,10 +12,14 @@ use crate::body::BodyFields;
 pub struct Statuses(Vec<(u16, u16)>);
 
 impl Statuses {
+    /// Statuses from inclusive ranges: `(401, 401)` for 401, `(500, 599)` for
+    /// `5xx`.
     pub fn new(ranges: Vec<(u16, u16)>) -> Statuses {
         Statuses(ranges)
     }
 
+    /// Whether `status` is in one of the ranges: a response that charges the
+    /// limit.
     pub fn contains(&self, status: u16) -> bool {
         self.0
             .iter()
@@ -49,6 +53,7 @@ pub enum LlmProvider {
 }
 
 impl LlmProvider {
+    /// The provider as the config spells it (`usage = "openai"`).
     pub fn name(self) -> &'static str {
         match self {
             LlmProvider::OpenAi => "openai",
@@ -65,8 +70,11 @@ pub enum CostSource {
     /// An LLM provider's usage in the body, priced: prompt tokens times
     /// `prompt_weight` plus completion tokens times `completion_weight`.
     Usage {
+        /// Whose usage format the body is read in.
         provider: LlmProvider,
+        /// Units charged per prompt (input) token.
         prompt_weight: u64,
+        /// Units charged per completion (output) token.
         completion_weight: u64,
     },
 }
@@ -94,8 +102,14 @@ impl std::fmt::Display for CostSource {
 /// when that is missing or unreadable.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResponseCost {
+    /// Where the response says what it cost: a header, or an LLM provider's
+    /// usage in the body.
     pub source: CostSource,
+    /// The most a response is charged, whatever it reports; what a reservation
+    /// from the request is capped at.
     pub max: u64,
+    /// What a response is charged when it reports no cost, or one that cannot
+    /// be read.
     pub default: u64,
     /// Taken before the request goes upstream; the response settles it.
     /// With `from_request`, what a request whose body tells nothing takes.

@@ -7,6 +7,8 @@
 //! numbers (tier overrides applied) and cost. Nothing here speaks HTTP to a
 //! client or touches a store: the proxy hands the plan to the limiter.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
+#![warn(unreachable_pub)]
 
 pub mod blocklist;
 pub mod body;

@@ -11,7 +11,9 @@ use crate::{AfterResponse, CostSource, Matcher, ResponseCost};
 /// concurrency slot for its lifetime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Upgrades {
+    /// An upgraded connection keeps its slot until it closes (the default).
     Include,
+    /// The slot is given back once the upgrade (101) is answered.
     Exclude,
 }
 
@@ -20,8 +22,12 @@ pub enum Upgrades {
 /// request lasts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Concurrency {
+    /// The most requests in flight per key.
     pub max: u64,
+    /// How long a slot is held without renewal, in microseconds: the slot of
+    /// a holder that died comes back after it.
     pub lease_us: u64,
+    /// Whether an upgraded connection keeps its slot for its lifetime.
     pub upgrades: Upgrades,
 }
 
@@ -82,12 +88,19 @@ pub struct Ban {
     /// Refusals seen: a sliding log of `after` within `within`; full means
     /// the key is banned.
     pub strikes: Algorithm,
+    /// The strikes' name (`strikes:<limit>`): what logs, metrics and Redis keys
+    /// call them.
     pub strikes_name: LimitName,
+    /// The strikes' state id, a hash of their name: their state survives a
+    /// reload that keeps the limit.
     pub strikes_id: u64,
     /// The ban itself: one token that comes back after `duration`. Taking
     /// it bans; a key whose token is gone is banned until it returns.
     pub penalty: Algorithm,
+    /// The ban's name (`ban:<limit>`): what logs, metrics and Redis keys call it.
     pub penalty_name: LimitName,
+    /// The ban's state id, a hash of its name: a ban survives a reload that
+    /// keeps the limit.
     pub penalty_id: u64,
 }
 
@@ -170,14 +183,25 @@ impl OnMissing {
 /// One `[[limits]]` entry, validated.
 #[derive(Debug, Clone)]
 pub struct Limit {
+    /// The limit's name as the config spells it: what logs, headers, metrics
+    /// and Redis keys call it.
     pub name: LimitName,
     /// Identifies this limit's state; derived from the name so that state
     /// survives a reload that keeps the limit.
     pub id: u64,
+    /// Whose budget a request spends: what the limit's key reads from the
+    /// request (`ip`, `api_key`, `header:<Name>`, a list of them...).
     pub key: KeySource,
+    /// The limit's numbers, for a client whose tier has none of its own: a rate
+    /// (its algorithm) or a concurrency limit.
     pub rule: Rule,
+    /// `[limits.tiers.<tier>]`: the numbers of clients in these tiers, in place
+    /// of `rule` (of the same kind).
     pub tiers: Vec<(Tier, Rule)>,
+    /// The limit's `match`: which requests it meets.
     pub matcher: Matcher,
+    /// A shadow limit counts and reports what it would refuse, but never
+    /// refuses.
     pub shadow: bool,
     /// What decides this limit while Redis is away: its own `on_failure`,
     /// else `[redis].on_failure`, resolved when the config is loaded.
@@ -185,7 +209,11 @@ pub struct Limit {
     /// Charged by what the response says: checked without charge when the
     /// request arrives, charged once the upstream answers.
     pub after_response: Option<AfterResponse>,
+    /// `ban`: the key refused on every route for a while after repeated
+    /// refusals by this limit; none when the limit does not ban.
     pub ban: Option<Ban>,
+    /// What a request without the limit's key meets: the limit skipped, a 400,
+    /// or the limit applied by address.
     pub on_missing: OnMissing,
     /// Header, cookie and query values compared ignoring case, as the
     /// application compares them.
@@ -234,6 +262,7 @@ impl Limit {
         }
     }
 
+    /// The numbers a client of `tier` gets: its tier's, else the limit's own.
     pub fn rule_for(&self, tier: &Tier) -> Rule {
         self.tiers
             .iter()
@@ -245,7 +274,10 @@ impl Limit {
 /// One `[[costs]]` entry.
 #[derive(Debug, Clone)]
 pub struct CostRule {
+    /// The entry's `match`: the requests it prices.
     pub matcher: Matcher,
+    /// What such a request costs each limit it prices, in the limit's units
+    /// (a request no entry prices costs 1).
     pub cost: u64,
     /// The limits (their indexes) it prices; every limit when empty.
     pub limits: Vec<usize>,

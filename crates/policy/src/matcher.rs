@@ -12,6 +12,8 @@ use crate::{DescriptorPattern, PathPattern, RequestView};
 pub struct HostPattern(String);
 
 impl HostPattern {
+    /// A pattern as `match.hosts` writes it, normalised as hosts are: lower
+    /// case, without port or final dot.
     pub fn new(pattern: &str) -> HostPattern {
         HostPattern(normalize_host(pattern))
     }
@@ -26,6 +28,7 @@ impl HostPattern {
         }
     }
 
+    /// The pattern as it is matched: `api.example.com`, `*.example.com`.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -39,10 +42,18 @@ impl HostPattern {
 /// service, which no HTTP request meets.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Matcher {
+    /// The methods the limit meets, compared ignoring case (GET also meets
+    /// HEAD); empty for every method.
     pub methods: Vec<Method>,
+    /// Path patterns, matched against the normalised path; empty for every path.
     pub paths: Vec<PathPattern>,
+    /// Host patterns; empty for every host. A request that names no host
+    /// meets them all.
     pub hosts: Vec<HostPattern>,
+    /// Headers the request must carry, each with some value the glob matches.
     pub headers: Vec<(HeaderName, PathPattern)>,
+    /// The rate limit service's domain and descriptor pattern: when set, the
+    /// limit is the service's, and no HTTP request meets it.
     pub descriptors: Option<DescriptorPattern>,
     /// Top-level fields of the JSON body, each matching one of its
     /// patterns (`body = { model = ["gpt-4o*"] }`).
@@ -130,6 +141,8 @@ impl Matcher {
         methods && paths
     }
 
+    /// The match as `floodgate check` and the logs show it:
+    /// `POST /login host api.example.com`, or `all requests`.
     pub fn describe(&self) -> String {
         if let Some(descriptors) = &self.descriptors {
             return descriptors.describe();

@@ -23,19 +23,23 @@ pub use crate::identity::KeySource;
 /// What the limits look at in a request.
 #[derive(Clone, Copy)]
 pub struct RequestView<'a> {
+    /// The request's method, as sent.
     pub method: &'a Method,
     /// Normalised (`path`), and lower-cased when `paths.case_insensitive`.
     pub path: &'a str,
+    /// The request's headers.
     pub headers: &'a HeaderMap,
     /// The raw query string.
     pub query: Option<&'a str>,
     /// The host asked for, normalised (`identity::normalize_host`).
     pub host: Option<&'a str>,
+    /// Who is asking: address, API key, tier and token, as identified.
     pub client: &'a Client,
     /// The body's fields some limit reads, when it was read.
     pub body: Option<&'a BodyFields>,
 }
 
+/// What the limits make of one request (`Policy::plan`).
 #[derive(Debug)]
 pub enum Plan {
     /// Forward untouched: no limit, no headers.
@@ -48,6 +52,8 @@ pub enum Plan {
 /// The layers that apply to one request.
 #[derive(Debug, Default)]
 pub struct Layers {
+    /// The rate layers: checks the store decides, all or none, in one call
+    /// with the bans.
     pub checks: Vec<Check>,
     /// Layers charged by the response: reserved now, settled once it is
     /// known.
@@ -60,6 +66,7 @@ pub struct Layers {
 }
 
 impl Layers {
+    /// Whether no layer applies: nothing to decide, no rate-limit headers.
     pub fn is_empty(&self) -> bool {
         self.checks.is_empty()
             && self.counted.is_empty()
@@ -71,23 +78,37 @@ impl Layers {
 /// A concurrency layer of one request.
 #[derive(Debug, Clone)]
 pub struct SlotLayer {
+    /// The limit the slot belongs to (its place in `Policy::limits`).
     pub limit: LimitId,
+    /// The slot to take: the limit's state key, its `max` and lease.
     pub slot: Slot,
+    /// Whether an upgraded connection keeps the slot for its lifetime.
     pub upgrades: Upgrades,
+    /// A shadow limit's slot: counted and reported, never refusing.
     pub shadow: bool,
 }
 
 /// Everything `[clients]`, `[exempt]`, `[[limits]]` and `[[costs]]` say.
 #[derive(Debug, Clone)]
 pub struct Policy {
+    /// `[clients]`: how a request's client is told (address, API key, token)
+    /// and its tier.
     pub clients: ClientRules,
     /// `[block]`: refused before anything else.
     pub block: Blocklist,
     /// How request paths are normalised and matched.
     pub paths: PathRules,
+    /// `[exempt].paths`: requests to these are forwarded untouched, without
+    /// rate-limit headers.
     pub exempt_paths: Vec<PathPattern>,
+    /// `[exempt].tiers`: requests from clients of these tiers are forwarded
+    /// untouched, without rate-limit headers.
     pub exempt_tiers: Vec<Tier>,
+    /// The `[[limits]]` entries, in the file's order: a layer's `LimitId` is
+    /// its place here.
     pub limits: Vec<Limit>,
+    /// The `[[costs]]` entries, in the file's order: the first that fits prices
+    /// a request.
     pub costs: Vec<CostRule>,
     /// `[redis].on_failure`, for limits that do not set their own.
     pub default_on_failure: OnFailure,
@@ -101,6 +122,8 @@ pub struct Policy {
     /// The limits that read the request's body, and the top-level fields
     /// they read among them.
     body_limits: Vec<usize>,
+    /// The top-level body fields some limit reads: all a read body is searched
+    /// for.
     pub body_fields: Vec<Box<str>>,
     /// Whether a tier can change what happens to a request: some limit has
     /// numbers per tier, or some tier is exempt.
@@ -112,6 +135,9 @@ pub struct Policy {
 }
 
 impl Policy {
+    /// The policy of these settings and limits, with what a request's plan
+    /// needs worked out once: which limits read the host, claims, descriptors
+    /// or the body. No overrides; `max_body` 1 MiB.
     pub fn new(
         clients: ClientRules,
         paths: PathRules,
