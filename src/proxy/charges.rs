@@ -113,36 +113,56 @@ pub(super) fn hide_costs(ctx: &RequestCtx, response: &mut ResponseHeader) {
     }
 }
 
+/// Why a request charged by its response got none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Unanswered {
+    /// It never reached the upstream.
+    NeverSent,
+    /// Its client hung up or reset the stream while the upstream had it.
+    ClientLeft,
+    /// The upstream ran out of time.
+    UpstreamTimedOut,
+    /// The upstream failed otherwise.
+    UpstreamFailed,
+}
+
+impl Unanswered {
+    /// Why the request in `ctx` ended with `e` and no response.
+    pub(super) fn of(ctx: &RequestCtx, e: Option<&Error>) -> Unanswered {
+        let source = e.map(|e| (e.esource(), e.etype()));
+        match source {
+            _ if ctx.upstream_sent.is_none() => Unanswered::NeverSent,
+            Some((ErrorSource::Downstream, _)) if ctx.upstream_status.is_none() => {
+                Unanswered::ClientLeft
+            }
+            Some((ErrorSource::Upstream, ErrorType::ReadTimedout)) => Unanswered::UpstreamTimedOut,
+            _ => Unanswered::UpstreamFailed,
+        }
+    }
+}
+
 /// Settles the layers charged by the response of a request that got
-/// none. `client_left` (it hung up or reset the stream while the upstream
-/// had its request) keeps a counted reservation, as if the status were
-/// listed, so that hanging up is no way to dodge the count. A cost is owed
-/// the most a response may report when the client left or the upstream
-/// ran out of time (it may have done the work: a request made to run long
-/// must not go free), its default when the upstream failed otherwise.
-/// `reached_upstream` false (the request never got there): every
-/// reservation is given back.
-pub(super) async fn charge_unanswered(
-    store: &dyn Store,
-    ctx: &mut RequestCtx,
-    reached_upstream: bool,
-    client_left: bool,
-    upstream_timed_out: bool,
-) {
+/// none. A client that left keeps a counted reservation, as if the status
+/// were listed, so that hanging up is no way to dodge the count. A cost is
+/// owed the most a response may report when the client left or the
+/// upstream ran out of time (it may have done the work: a request made to
+/// run long must not go free), its default when the upstream failed
+/// otherwise. A request that never got there is given every reservation
+/// back.
+pub(super) async fn charge_unanswered(store: &dyn Store, ctx: &mut RequestCtx, why: Unanswered) {
     let settled = std::mem::take(&mut ctx.counted)
         .into_iter()
         .map(|reservation| {
             let reserved = reservation.check.cost;
-            let outcome = match &reservation.after {
-                _ if !reached_upstream => Settled::owe(0),
-                AfterResponse::Status(_) if client_left => Settled::owe(reserved),
-                AfterResponse::Status(_) => Settled::owe(0),
-                AfterResponse::Cost(ResponseCost { max, .. })
-                    if client_left || upstream_timed_out =>
-                {
-                    Settled::owe(*max)
-                }
-                AfterResponse::Cost(ResponseCost { default, .. }) => Settled::owe(*default),
+            let outcome = match (&reservation.after, why) {
+                (_, Unanswered::NeverSent) => Settled::owe(0),
+                (AfterResponse::Status(_), Unanswered::ClientLeft) => Settled::owe(reserved),
+                (AfterResponse::Status(_), _) => Settled::owe(0),
+                (
+                    AfterResponse::Cost(ResponseCost { max, .. }),
+                    Unanswered::ClientLeft | Unanswered::UpstreamTimedOut,
+                ) => Settled::owe(*max),
+                (AfterResponse::Cost(ResponseCost { default, .. }), _) => Settled::owe(*default),
             };
             (reservation, outcome)
         })
@@ -342,25 +362,12 @@ pub(super) async fn settle_finished(state: &AppState, ctx: &mut RequestCtx, e: O
     // otherwise hanging up at once would dodge the count. Settled
     // before the slots go, so that the next request a concurrency
     // limit lets in sees it.
-    let client_left_mid_request = ctx.upstream_sent.is_some()
-        && ctx.upstream_status.is_none()
-        && e.is_some_and(|e| matches!(e.esource(), ErrorSource::Downstream));
+    let why = Unanswered::of(ctx, e);
     if !ctx.by_body.is_empty() {
         charge_by_body(state.store.as_ref(), ctx, e.is_none()).await;
     }
     if !ctx.counted.is_empty() {
-        let upstream_timed_out = e.is_some_and(|e| {
-            matches!(e.esource(), ErrorSource::Upstream)
-                && matches!(e.etype(), ErrorType::ReadTimedout)
-        });
-        charge_unanswered(
-            state.store.as_ref(),
-            ctx,
-            ctx.upstream_sent.is_some(),
-            client_left_mid_request,
-            upstream_timed_out,
-        )
-        .await;
+        charge_unanswered(state.store.as_ref(), ctx, why).await;
     }
     // Over: the upstream answered, or floodgate gave up on it (a body
     // that never came whole, the upstream's read timeout). A client
@@ -375,7 +382,7 @@ pub(super) async fn settle_finished(state: &AppState, ctx: &mut RequestCtx, e: O
             .as_ref()
             .is_some_and(H2Stream::cut_while_whole)
     };
-    if client_left_mid_request && cut_whole() {
+    if why == Unanswered::ClientLeft && cut_whole() {
         let sent = ctx.upstream_sent.unwrap_or(ctx.started);
         let until = sent + ctx.runtime.upstream.settings().read_timeout;
         let (permit, slots) = (ctx.stream_permit.take(), ctx.slots.take());
