@@ -1,4 +1,19 @@
-use super::*;
+use std::sync::Arc;
+use std::task::Waker;
+use std::time::Duration;
+
+use pingora::protocols::SocketDigest;
+use tokio::time::Instant;
+
+use super::client::ClientFrames;
+use super::h2_stream::H2Stream;
+use super::naming::{naming_frame, stream_header, STREAM_HEADER};
+use super::server::ServerFrames;
+use super::watch::{H2Watch, MOST_STREAMS};
+use super::wire::{
+    self_dependency, CONTINUATION, DATA, END_HEADERS, END_STREAM, HEADERS, PADDED, PRIORITY,
+    PRIORITY_FLAG, RST_STREAM,
+};
 
 const CANCEL: u32 = 0x8;
 
