@@ -277,6 +277,16 @@ pub fn translate(algorithm: &Algorithm, to: Kind) -> Result<Algorithm, Algorithm
     }
 }
 
+/// The chart's geometry, in pixels: the plot's width, one run's row, the
+/// room left of the plot for a row's labels and above it for the legend.
+const WIDTH: f64 = 900.0;
+const ROW: f64 = 160.0;
+const LEFT: f64 = 310.0;
+const TOP: f64 = 34.0;
+/// The most bars a row has.
+const SLICES: usize = 120;
+const BUSIEST: &str = "#e0a100";
+
 /// The chart: per time slice, arrivals admitted (green) and refused (red)
 /// stacked, one row per run, on a shared time axis that spans the arrivals
 /// (not the time before them, unless `span` is `Whole`), with each row's
@@ -285,33 +295,7 @@ pub fn translate(algorithm: &Algorithm, to: Kind) -> Result<Algorithm, Algorithm
 /// requests were admitted, later than their bars for a leaky bucket's held
 /// ones.
 pub fn svg(runs: &[Run], span: Span) -> String {
-    const WIDTH: f64 = 900.0;
-    const ROW: f64 = 160.0;
-    const LEFT: f64 = 310.0;
-    const TOP: f64 = 34.0;
-    const SLICES: usize = 120;
-    const BUSIEST: &str = "#e0a100";
-    let first = |r: &Run| r.outcomes.first().map(|o| o.at_us);
-    let last = |r: &Run| r.outcomes.last().map(|o| o.at_us);
-    let start_us = match span {
-        Span::Arrivals => runs.iter().filter_map(first).min().unwrap_or(0),
-        Span::Whole => 0,
-    };
-    let last_us = runs.iter().filter_map(last).max().unwrap_or(0);
-    // A burst at one instant still gets a second of axis to stand in.
-    let arrivals_span_us = (last_us - start_us + 1).max(SEC_US);
-    // A round slice (1, 2 or 5 times a power of ten) holds evenly spaced
-    // arrivals evenly, where an odd one would draw a comb.
-    let slice_us = round_up_to_1_2_5(arrivals_span_us.div_ceil(SLICES as u64));
-    let slices = (arrivals_span_us.div_ceil(slice_us) as usize).clamp(1, SLICES);
-    let span_us = slice_us * slices as u64;
-    // The busiest window runs on past the last arrival when its window is
-    // longer, or a leaky bucket admitted held requests later: it stops at
-    // the axis's end.
-    let x_of = |at_us: u64| {
-        let along = (at_us.saturating_sub(start_us)).min(span_us);
-        LEFT + WIDTH * along as f64 / span_us as f64
-    };
+    let axis = Axis::of(runs, span);
     let height = TOP + ROW * runs.len() as f64 + 44.0;
     let mut out = String::new();
     let _ = write!(
@@ -319,6 +303,73 @@ pub fn svg(runs: &[Run], span: Span) -> String {
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{height}" font-family="sans-serif" font-size="12">"#,
         WIDTH + LEFT + 30.0
     );
+    legend(&mut out, &axis);
+    for (row, run) in runs.iter().enumerate() {
+        let top = TOP + row as f64 * ROW;
+        run_row(&mut out, &axis, run, top);
+    }
+    time_axis(&mut out, &axis, TOP + ROW * runs.len() as f64 + 4.0);
+    out.push_str("</svg>\n");
+    out
+}
+
+/// The shared time axis: where it starts and how it is sliced into bars.
+struct Axis {
+    start_us: u64,
+    slice_us: u64,
+    slices: usize,
+    span_us: u64,
+}
+
+impl Axis {
+    fn of(runs: &[Run], span: Span) -> Axis {
+        let first = |r: &Run| r.outcomes.first().map(|o| o.at_us);
+        let last = |r: &Run| r.outcomes.last().map(|o| o.at_us);
+        let start_us = match span {
+            Span::Arrivals => runs.iter().filter_map(first).min().unwrap_or(0),
+            Span::Whole => 0,
+        };
+        let last_us = runs.iter().filter_map(last).max().unwrap_or(0);
+        // A burst at one instant still gets a second of axis to stand in.
+        let arrivals_span_us = (last_us - start_us + 1).max(SEC_US);
+        // A round slice (1, 2 or 5 times a power of ten) holds evenly spaced
+        // arrivals evenly, where an odd one would draw a comb.
+        let slice_us = round_up_to_1_2_5(arrivals_span_us.div_ceil(SLICES as u64));
+        let slices = (arrivals_span_us.div_ceil(slice_us) as usize).clamp(1, SLICES);
+        Axis {
+            start_us,
+            slice_us,
+            slices,
+            span_us: slice_us * slices as u64,
+        }
+    }
+
+    /// The busiest window runs on past the last arrival when its window is
+    /// longer, or a leaky bucket admitted held requests later: it stops at
+    /// the axis's end.
+    fn x_of(&self, at_us: u64) -> f64 {
+        let along = (at_us.saturating_sub(self.start_us)).min(self.span_us);
+        LEFT + WIDTH * along as f64 / self.span_us as f64
+    }
+
+    /// Per slice, the arrivals `run` admitted and those it refused.
+    fn counts(&self, run: &Run) -> ([usize; SLICES], [usize; SLICES]) {
+        let mut admitted = [0usize; SLICES];
+        let mut refused = [0usize; SLICES];
+        for o in &run.outcomes {
+            let slice = ((o.at_us.saturating_sub(self.start_us) / self.slice_us) as usize)
+                .min(self.slices - 1);
+            if o.admitted {
+                admitted[slice] += 1;
+            } else {
+                refused[slice] += 1;
+            }
+        }
+        (admitted, refused)
+    }
+}
+
+fn legend(out: &mut String, axis: &Axis) {
     let _ = write!(
         out,
         r##"<rect x="{LEFT}" y="8" width="12" height="12" fill="#2e9d4f"/><text x="{}" y="18">admitted</text><rect x="{}" y="8" width="12" height="12" fill="#d0453a"/><text x="{}" y="18">refused</text><line x1="{}" y1="14" x2="{}" y2="14" stroke="#555" stroke-dasharray="4 3"/><text x="{}" y="18">a window's edge</text><rect x="{}" y="8" width="12" height="12" fill="{BUSIEST}" fill-opacity="0.35" stroke="{BUSIEST}"/><text x="{}" y="18">the most admitted in any window</text><text x="{}" y="18" text-anchor="end">arrivals per {}</text>"##,
@@ -331,111 +382,116 @@ pub fn svg(runs: &[Run], span: Span) -> String {
         LEFT + 300.0,
         LEFT + 316.0,
         LEFT + WIDTH,
-        duration_text(slice_us)
+        duration_text(axis.slice_us)
     );
-    let bar = WIDTH / slices as f64;
-    for (row, run) in runs.iter().enumerate() {
-        let mut admitted = [0usize; SLICES];
-        let mut refused = [0usize; SLICES];
-        for o in &run.outcomes {
-            let slice = ((o.at_us.saturating_sub(start_us) / slice_us) as usize).min(slices - 1);
-            if o.admitted {
-                admitted[slice] += 1;
-            } else {
-                refused[slice] += 1;
-            }
-        }
-        let top = TOP + row as f64 * ROW;
-        let base = top + ROW - 30.0;
-        let tallest = (0..slices)
-            .map(|i| admitted[i] + refused[i])
-            .max()
-            .unwrap_or(1)
-            .max(1);
-        let scale = (ROW - 50.0) / tallest as f64;
-        let _ = write!(
-            out,
-            r#"<text x="10" y="{}">{}</text><text x="10" y="{}">admitted {} refused {}</text>"#,
-            top + 20.0,
-            escape(&run.algorithm.to_string().replace(' ', "\u{a0}")),
-            top + 38.0,
-            run.admitted(),
-            run.refused()
-        );
-        // Shaded under the bars, so that what it holds stays readable.
-        if let Some(busiest) = run.busiest_window() {
-            let (from, to) = (x_of(busiest.from_us), x_of(busiest.to_us));
-            let (anchor, label_x) = if from > LEFT + WIDTH * 0.6 {
-                ("end", to.max(from + 1.0) - 4.0)
-            } else {
-                ("start", from + 4.0)
-            };
+}
+
+/// One run's row, from `top` down: its name and totals, the busiest
+/// window, its count scale, its bars and its windows' edges.
+fn run_row(out: &mut String, axis: &Axis, run: &Run, top: f64) {
+    let (admitted, refused) = axis.counts(run);
+    let base = top + ROW - 30.0;
+    let tallest = (0..axis.slices)
+        .map(|i| admitted[i] + refused[i])
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let scale = (ROW - 50.0) / tallest as f64;
+    let _ = write!(
+        out,
+        r#"<text x="10" y="{}">{}</text><text x="10" y="{}">admitted {} refused {}</text>"#,
+        top + 20.0,
+        escape(&run.algorithm.to_string().replace(' ', "\u{a0}")),
+        top + 38.0,
+        run.admitted(),
+        run.refused()
+    );
+    // Shaded under the bars, so that what it holds stays readable.
+    busiest_window(out, axis, run, top, base);
+    // The count scale: 0 at the axis, the fullest slice at the top.
+    let _ = write!(
+        out,
+        r##"<line x1="{LEFT}" y1="{}" x2="{LEFT}" y2="{base}" stroke="black"/><text x="{}" y="{}" text-anchor="end">{tallest}</text><text x="{}" y="{base}" text-anchor="end">0</text>"##,
+        base - tallest as f64 * scale,
+        LEFT - 4.0,
+        base - tallest as f64 * scale + 4.0,
+        LEFT - 4.0,
+    );
+    let bar = WIDTH / axis.slices as f64;
+    for i in 0..axis.slices {
+        let x = LEFT + i as f64 * bar;
+        let a = admitted[i] as f64 * scale;
+        let r = refused[i] as f64 * scale;
+        if a > 0.0 {
             let _ = write!(
                 out,
-                r##"<rect x="{from:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{BUSIEST}" fill-opacity="0.2" stroke="{BUSIEST}"/><text x="{label_x:.1}" y="{:.1}" text-anchor="{anchor}">{} admitted in any {}</text>"##,
-                top + 4.0,
-                (to - from).max(1.0),
-                base - top - 4.0,
-                top + 16.0,
-                busiest.admitted,
-                window_text(run.algorithm.window_us())
+                r##"<rect x="{x:.1}" y="{:.1}" width="{bar:.1}" height="{a:.1}" fill="#2e9d4f"/>"##,
+                base - a
             );
         }
-        // The count scale: 0 at the axis, the fullest slice at the top.
-        let _ = write!(
-            out,
-            r##"<line x1="{LEFT}" y1="{}" x2="{LEFT}" y2="{base}" stroke="black"/><text x="{}" y="{}" text-anchor="end">{tallest}</text><text x="{}" y="{base}" text-anchor="end">0</text>"##,
-            base - tallest as f64 * scale,
-            LEFT - 4.0,
-            base - tallest as f64 * scale + 4.0,
-            LEFT - 4.0,
-        );
-        for i in 0..slices {
-            let x = LEFT + i as f64 * bar;
-            let a = admitted[i] as f64 * scale;
-            let r = refused[i] as f64 * scale;
-            if a > 0.0 {
-                let _ = write!(
-                    out,
-                    r##"<rect x="{x:.1}" y="{:.1}" width="{bar:.1}" height="{a:.1}" fill="#2e9d4f"/>"##,
-                    base - a
-                );
-            }
-            if r > 0.0 {
-                let _ = write!(
-                    out,
-                    r##"<rect x="{x:.1}" y="{:.1}" width="{bar:.1}" height="{r:.1}" fill="#d0453a"/>"##,
-                    base - a - r
-                );
-            }
-        }
-        // Where a fixed window turns over (t = 0 is aligned to every window).
-        let window_us = run.algorithm.window_us().max(1);
-        let mut edge_us = start_us.div_ceil(window_us) * window_us;
-        for _ in 0..SLICES {
-            if edge_us > start_us + span_us {
-                break;
-            }
-            let x = x_of(edge_us);
+        if r > 0.0 {
             let _ = write!(
                 out,
-                r##"<line x1="{x:.1}" y1="{}" x2="{x:.1}" y2="{base}" stroke="#555" stroke-dasharray="4 3"/>"##,
-                top + 4.0
+                r##"<rect x="{x:.1}" y="{:.1}" width="{bar:.1}" height="{r:.1}" fill="#d0453a"/>"##,
+                base - a - r
             );
-            edge_us += window_us;
         }
-        let _ = write!(
-            out,
-            r#"<line x1="{LEFT}" y1="{base}" x2="{}" y2="{base}" stroke="black"/>"#,
-            LEFT + WIDTH
-        );
     }
-    let axis = TOP + ROW * runs.len() as f64 + 4.0;
-    let span_s = span_us as f64 / SEC_US as f64;
+    window_edges(out, axis, run, top, base);
+    let _ = write!(
+        out,
+        r#"<line x1="{LEFT}" y1="{base}" x2="{}" y2="{base}" stroke="black"/>"#,
+        LEFT + WIDTH
+    );
+}
+
+fn busiest_window(out: &mut String, axis: &Axis, run: &Run, top: f64, base: f64) {
+    let Some(busiest) = run.busiest_window() else {
+        return;
+    };
+    let (from, to) = (axis.x_of(busiest.from_us), axis.x_of(busiest.to_us));
+    let (anchor, label_x) = if from > LEFT + WIDTH * 0.6 {
+        ("end", to.max(from + 1.0) - 4.0)
+    } else {
+        ("start", from + 4.0)
+    };
+    let _ = write!(
+        out,
+        r##"<rect x="{from:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{BUSIEST}" fill-opacity="0.2" stroke="{BUSIEST}"/><text x="{label_x:.1}" y="{:.1}" text-anchor="{anchor}">{} admitted in any {}</text>"##,
+        top + 4.0,
+        (to - from).max(1.0),
+        base - top - 4.0,
+        top + 16.0,
+        busiest.admitted,
+        window_text(run.algorithm.window_us())
+    );
+}
+
+/// Where a fixed window turns over (t = 0 is aligned to every window).
+fn window_edges(out: &mut String, axis: &Axis, run: &Run, top: f64, base: f64) {
+    let window_us = run.algorithm.window_us().max(1);
+    let mut edge_us = axis.start_us.div_ceil(window_us) * window_us;
+    for _ in 0..SLICES {
+        if edge_us > axis.start_us + axis.span_us {
+            break;
+        }
+        let x = axis.x_of(edge_us);
+        let _ = write!(
+            out,
+            r##"<line x1="{x:.1}" y1="{}" x2="{x:.1}" y2="{base}" stroke="#555" stroke-dasharray="4 3"/>"##,
+            top + 4.0
+        );
+        edge_us += window_us;
+    }
+}
+
+/// The time axis under the rows, at `y`: five ticks and what it measures.
+fn time_axis(out: &mut String, axis: &Axis, y: f64) {
+    let span_s = axis.span_us as f64 / SEC_US as f64;
     let decimals = if span_s >= 20.0 { 0 } else { 1 };
     for tick in 0..=4 {
-        let at_us = start_us + span_us * tick / 4;
-        let x = x_of(at_us);
+        let at_us = axis.start_us + axis.span_us * tick / 4;
+        let x = axis.x_of(at_us);
         let anchor = match tick {
             0 => "start",
             4 => "end",
@@ -444,9 +500,9 @@ pub fn svg(runs: &[Run], span: Span) -> String {
         let _ = write!(
             out,
             r#"<line x1="{x:.1}" y1="{}" x2="{x:.1}" y2="{}" stroke="black"/><text x="{x:.1}" y="{}" text-anchor="{anchor}">{:.decimals$}s</text>"#,
-            axis - 4.0,
-            axis + 2.0,
-            axis + 16.0,
+            y - 4.0,
+            y + 2.0,
+            y + 16.0,
             at_us as f64 / SEC_US as f64
         );
     }
@@ -454,10 +510,8 @@ pub fn svg(runs: &[Run], span: Span) -> String {
         out,
         r#"<text x="{}" y="{}" text-anchor="middle">time since the pattern's t = 0</text>"#,
         LEFT + WIDTH / 2.0,
-        axis + 34.0
+        y + 34.0
     );
-    out.push_str("</svg>\n");
-    out
 }
 
 /// The smallest of 1, 2 and 5 times a power of ten that is at least `us`.
