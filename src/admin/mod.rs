@@ -7,6 +7,7 @@ mod api_keys;
 pub mod auth;
 mod clients;
 pub mod constant_time;
+mod lookup;
 mod overrides;
 mod reply;
 pub mod status;
@@ -22,7 +23,7 @@ use pingora::protocols::http::ServerSession;
 use serde_json::Value;
 
 use auth::{authenticate, Credential, COOKIE_NAME, SESSION_S};
-use clients::Lookup;
+use lookup::Lookup;
 use reply::{error, html, json_reply, text, ApiError};
 
 use crate::admin::status::{unix_now, Scene};

@@ -6,7 +6,7 @@
 use serde_json::{json, Map, Value};
 
 use super::api_keys::{body_json, checked_label, field_error, rfc3339, unavailable, Changed};
-use super::clients::Lookup;
+use super::lookup::Lookup;
 use super::reply::ApiError;
 use crate::clients::{field_of, RunTimeClients, StoredOverride};
 use crate::config::overrides::OverrideRules;
