@@ -14,7 +14,7 @@ use super::token_bucket;
 /// What a credit or a refund needs of an algorithm (taken by value, so
 /// that this module does not depend on the one that validates them).
 #[derive(Debug, Clone, Copy)]
-pub struct Numbers {
+pub(crate) struct Numbers {
     pub kind: Kind,
     /// A bucket's interval in µs, or the window.
     pub period_us: u64,
@@ -30,7 +30,7 @@ pub fn takes_credit(kind: Kind) -> bool {
 /// The state with `units` given back at `now_us`, and the update that
 /// writes it; none when nothing was spent. `period_end_us` is where a
 /// quota's running period ends.
-pub fn credited(
+pub(crate) fn credited(
     algorithm: &Numbers,
     period_end_us: u64,
     state: &State,
@@ -80,7 +80,7 @@ pub fn credited(
 /// Whether a reservation of this algorithm can be refunded (`refunded`):
 /// every algorithm whose units sit somewhere a refund can find them; not a
 /// leaky bucket, whose units are departure slots already handed out.
-pub fn takes_refund(kind: Kind) -> bool {
+pub(crate) fn takes_refund(kind: Kind) -> bool {
     !matches!(kind, Kind::LeakyBucket)
 }
 
@@ -91,7 +91,7 @@ pub fn takes_refund(kind: Kind) -> bool {
 /// goes back as a credit does; a bucket's lease (`counted_at_us` is then
 /// its epoch's end in the ledger) off the ledger while its epoch holds it
 /// (`ledger::refunded`).
-pub fn refunded(
+pub(crate) fn refunded(
     algorithm: &Numbers,
     state: &State,
     now_us: u64,

@@ -14,6 +14,7 @@
 //! This crate depends on no other part of floodgate, and Cargo holds it to
 //! that: its manifest names none.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 pub mod calendar;
 pub mod concurrency;

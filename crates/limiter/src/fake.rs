@@ -14,11 +14,11 @@ use super::store::{Concurrency, Deciding, Store, Upkeep};
 use crate::clock::Clock;
 use floodgate_algorithm::{Algorithm, Decision};
 
-pub const SEC: u64 = 1_000_000;
-pub const T0: u64 = 1_800_000_000 * SEC;
+pub(crate) const SEC: u64 = 1_000_000;
+pub(crate) const T0: u64 = 1_800_000_000 * SEC;
 
 /// A token bucket of `capacity`, one token back per second.
-pub fn check(layer: usize, capacity: u64, identity: u128, cost: u64) -> Check {
+pub(crate) fn check(layer: usize, capacity: u64, identity: u128, cost: u64) -> Check {
     Check {
         limit: crate::LimitId(layer),
         name: LimitName::new(&format!("layer-{layer}")),

@@ -75,6 +75,7 @@
 //! # });
 //! ```
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 pub mod clock;
 pub mod log_throttle;

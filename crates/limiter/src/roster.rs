@@ -22,11 +22,11 @@ use super::store::Store;
 use crate::LimitName;
 
 /// How often an instance renews its slot and reads the count.
-pub const ANNOUNCE_EVERY: Duration = Duration::from_secs(2);
+pub(crate) const ANNOUNCE_EVERY: Duration = Duration::from_secs(2);
 
 /// How long a slot outlives its last renewal: an instance that died is
 /// counted this long at most.
-pub const LIVE_FOR: Duration = Duration::from_secs(6);
+pub(crate) const LIVE_FOR: Duration = Duration::from_secs(6);
 
 /// More than any deployment runs: the slots never run out.
 const MOST_INSTANCES: u64 = 1 << 20;

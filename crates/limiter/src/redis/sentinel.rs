@@ -52,7 +52,7 @@ struct Followed {
 
 /// A connection to the master the sentinels name, whichever node that is.
 #[derive(Clone)]
-pub struct SentinelMaster(Arc<Followed>);
+pub(super) struct SentinelMaster(Arc<Followed>);
 
 impl SentinelMaster {
     /// Finds the master now (a first request gets an answer or an error,

@@ -40,7 +40,7 @@ impl Connect for ConnectionManager {
 
 /// The one node: at a fixed address, or the master the sentinels name.
 #[derive(Clone)]
-pub enum NodeConnection {
+pub(super) enum NodeConnection {
     Fixed(ConnectionManager),
     Sentinel(SentinelMaster),
 }
