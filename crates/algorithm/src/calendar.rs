@@ -11,14 +11,20 @@ use chrono_tz::Tz;
 /// How long a calendar quota's period is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Period {
+    /// From one local midnight to the next (23 to 25 hours).
     Day,
+    /// Seven local days, from midnight on the calendar's `week_starts`.
     Week,
+    /// From the first of a month's local midnight to the next month's.
     Month,
 }
 
 impl Period {
+    /// The names the config gives periods (`period = "day"`), in the
+    /// enum's order.
     pub const NAMES: [&'static str; 3] = ["day", "week", "month"];
 
+    /// The period a config name (one of `NAMES`) means; none for any other.
     pub fn from_name(name: &str) -> Option<Period> {
         match name {
             "day" => Some(Period::Day),
@@ -28,6 +34,7 @@ impl Period {
         }
     }
 
+    /// The name the config gives it (`"day"`, `"week"`, `"month"`).
     pub fn name(self) -> &'static str {
         match self {
             Period::Day => "day",
@@ -50,8 +57,11 @@ impl Period {
 /// A period in a zone; weeks start on `week_starts`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Calendar {
+    /// How long each period lasts: a day, a week or a month.
     pub period: Period,
+    /// The zone whose local midnights bound the periods.
     pub timezone: Tz,
+    /// The day a week period starts on (unused by days and months).
     pub week_starts: Weekday,
 }
 

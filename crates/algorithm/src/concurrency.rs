@@ -74,6 +74,8 @@ impl Slots {
         self.leases.iter().filter(|&&(_, e)| e > now_us).count() as u64
     }
 
+    /// Whether no lease is kept, live or expired (not yet pruned): the key's
+    /// state may then be dropped.
     pub fn is_empty(&self) -> bool {
         self.leases.is_empty()
     }

@@ -5,11 +5,14 @@
 /// admission never does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
+    /// The request may go (a leaky bucket's after `delay_us`); its cost is
+    /// charged once the state change is applied.
     Admitted {
+        /// The quota: a bucket's capacity, a window's limit, in units.
         limit: u64,
         /// Units left after this request.
         remaining: u64,
-        /// Until the quota is whole again.
+        /// µs until the quota is whole again.
         reset_after_us: u64,
         /// Leaky bucket only: how long the request waits for its slot.
         delay_us: u64,
@@ -19,23 +22,32 @@ pub enum Decision {
         /// place.
         counted_at_us: u64,
     },
+    /// The request must wait: its cost is more than the units left now.
+    /// Nothing is charged.
     Refused {
+        /// The quota: a bucket's capacity, a window's limit, in units.
         limit: u64,
         /// Units left before this request.
         remaining: u64,
+        /// µs until the quota is whole again.
         reset_after_us: u64,
-        /// Until the same request would be admitted.
+        /// µs until the same request would be admitted.
         retry_after_us: u64,
     },
     /// The request can never be admitted: its cost exceeds the limit itself.
     NeverPassable {
+        /// The quota the cost exceeds, in units.
         limit: u64,
+        /// Units left now.
         remaining: u64,
+        /// µs until the quota is whole again.
         reset_after_us: u64,
     },
 }
 
 impl Decision {
+    /// Admitted at once, its units counted nowhere a refund looks (set
+    /// that with `counted_at`).
     pub fn admitted(limit: u64, remaining: u64, reset_after_us: u64) -> Decision {
         Decision::Admitted {
             limit,
@@ -62,6 +74,7 @@ impl Decision {
         }
     }
 
+    /// Refused: the same request is admitted after `retry_after_us`.
     pub fn refused(
         limit: u64,
         remaining: u64,
@@ -76,6 +89,8 @@ impl Decision {
         }
     }
 
+    /// Refused for good: the request costs more than `limit`, so no wait
+    /// would help.
     pub fn never_passable(limit: u64, remaining: u64, reset_after_us: u64) -> Decision {
         Decision::NeverPassable {
             limit,
@@ -84,6 +99,7 @@ impl Decision {
         }
     }
 
+    /// Whether the request is admitted (perhaps with a delay).
     pub fn allowed(&self) -> bool {
         matches!(self, Decision::Admitted { .. })
     }
@@ -93,6 +109,8 @@ impl Decision {
         matches!(self, Decision::NeverPassable { .. })
     }
 
+    /// The quota the request was decided against: a bucket's capacity, a
+    /// window's limit, in units (`RateLimit-Limit`).
     pub fn limit(&self) -> u64 {
         match *self {
             Decision::Admitted { limit, .. }
@@ -110,7 +128,7 @@ impl Decision {
         }
     }
 
-    /// Until the quota is whole again.
+    /// µs until the quota is whole again.
     pub fn reset_after_us(&self) -> u64 {
         match *self {
             Decision::Admitted { reset_after_us, .. }
@@ -119,7 +137,7 @@ impl Decision {
         }
     }
 
-    /// Until the same request would be admitted: 0 when admitted or when
+    /// µs until the same request would be admitted: 0 when admitted or when
     /// waiting would not help.
     pub fn retry_after_us(&self) -> u64 {
         match *self {
@@ -128,7 +146,8 @@ impl Decision {
         }
     }
 
-    /// How long an admitted request waits before it is sent.
+    /// How long an admitted request waits before it is sent, in µs (a
+    /// leaky bucket's; 0 for every other algorithm and for a refusal).
     pub fn delay_us(&self) -> u64 {
         match *self {
             Decision::Admitted { delay_us, .. } => delay_us,
@@ -156,7 +175,10 @@ impl Decision {
 /// A decision plus the state change it implies and when the state goes stale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Evaluation {
+    /// What the limit says about the request.
     pub decision: Decision,
+    /// The change to write to the state when every layer admits the
+    /// request (`State::apply`); `Unchanged` for a refusal.
     pub update: Update,
     /// From this instant on, the (updated) state is indistinguishable from a
     /// fresh one and may be dropped.
@@ -238,42 +260,65 @@ pub struct Ledger {
     pub end_us: u64,
     /// An epoch's length: at least the life of every lease it counts.
     pub epoch_us: u64,
+    /// Units leased in the running epoch and not yet returned.
     pub current: u64,
+    /// Units leased in the epoch before and not yet returned; they lapse
+    /// at the running epoch's end.
     pub previous: u64,
 }
 
 /// The change an admitted request makes to its state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Update {
+    /// Nothing to write: a refusal, a peek or a cost of 0.
     Unchanged,
+    /// A bucket's new theoretical arrival time (see `State::Gcra`).
     Gcra {
+        /// The new tat, in µs since the epoch.
         tat_us: u64,
         /// Picoseconds past `tat_us` (see `State::Gcra`).
         tat_ps: u64,
         /// A token bucket's leases outstanding (see `crate::ledger`).
         ledger: Ledger,
     },
+    /// A fixed window's count, replaced whole.
     Window {
+        /// The running window's start, µs since the epoch.
         start_us: u64,
+        /// Units counted in it, this request's included.
         count: u64,
     },
+    /// A sliding window's two counts, replaced whole.
     TwoWindows {
+        /// The current window's start, µs since the epoch.
         start_us: u64,
+        /// Units counted in the current window.
         current: u64,
+        /// Units counted in the window before it.
         previous: u64,
     },
+    /// A calendar quota's count, replaced whole.
     Period {
+        /// Where the running period ends, µs since the epoch.
         end_us: u64,
+        /// Units counted in it, this request's included.
         count: u64,
     },
+    /// A stamp added to a sliding log (stamps older than the window are
+    /// dropped as it is written).
     LogAppend {
+        /// The stamp, µs since the epoch.
         now_us: u64,
+        /// Units admitted at it.
         cost: u64,
+        /// The log's window in µs, which says what has left it.
         window_us: u64,
     },
     /// Units taken off a sliding log's stamp (a refund).
     LogRemove {
+        /// The stamp they were admitted at (`Decision::counted_at_us`).
         stamp_us: u64,
+        /// Units to take off it.
         units: u64,
     },
 }

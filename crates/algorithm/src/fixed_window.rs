@@ -4,6 +4,9 @@
 
 use super::decision::{Evaluation, Update};
 
+/// A request of `cost` units at `now_us` against `limit` units per aligned
+/// window of `window_us`, on the stored window (its start and count); the
+/// admitted units are counted at the window's start.
 pub fn evaluate(
     limit: u64,
     window_us: u64,

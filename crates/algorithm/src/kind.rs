@@ -4,11 +4,20 @@
 /// Which algorithm a limit uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
+    /// `token_bucket`: a burst of `capacity`, refilled at `refill_rate`.
     TokenBucket,
+    /// `sliding_window`: `limit` per `window`, the previous window weighed
+    /// by its share still in view.
     SlidingWindow,
+    /// `fixed_window`: `limit` per window aligned to multiples of `window`.
     FixedWindow,
+    /// `sliding_log`: exactly at most `limit` in any `window`, one stamp
+    /// kept per admission.
     SlidingLog,
+    /// `leaky_bucket`: requests delayed to leave at `rate`, up to
+    /// `capacity` waiting.
     LeakyBucket,
+    /// `quota`: `limit` per calendar `period` in a time zone.
     Quota,
 }
 
@@ -40,6 +49,7 @@ impl Parameter {
         Parameter::Rate,
     ];
 
+    /// The key the config gives it (`"refill_rate"`).
     pub fn name(self) -> &'static str {
         match self {
             Parameter::Capacity => "capacity",
@@ -55,6 +65,7 @@ impl Parameter {
 /// One row of the table.
 #[derive(Debug)]
 pub struct Spec {
+    /// The algorithm this row describes.
     pub kind: Kind,
     /// As the config spells it.
     pub name: &'static str,
@@ -143,19 +154,24 @@ pub const ALGORITHM_NAMES: [&str; ALGORITHMS.len()] = {
 };
 
 impl Kind {
+    /// Its row of `ALGORITHMS`.
     pub fn spec(self) -> &'static Spec {
         // The table is in the enum's order (checked by a test).
         &ALGORITHMS[self as usize]
     }
 
+    /// As the config spells it (`"token_bucket"`).
     pub fn name(self) -> &'static str {
         self.spec().name
     }
 
+    /// As the Redis script knows it.
     pub fn code(self) -> u8 {
         self.spec().code
     }
 
+    /// The algorithm a config name (one of `ALGORITHM_NAMES`) means; none
+    /// for any other.
     pub fn from_name(name: &str) -> Option<Kind> {
         ALGORITHMS.iter().find(|s| s.name == name).map(|s| s.kind)
     }

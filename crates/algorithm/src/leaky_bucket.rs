@@ -6,6 +6,10 @@
 
 use super::decision::{Evaluation, Ledger, Update};
 
+/// A request of `cost` units at `now_us` against a bucket that holds up
+/// to `capacity` units waiting and lets one leave every `interval_us`,
+/// its next free departure slot at `next_us`: admitted, the request's
+/// delay is the wait for its slot.
 pub fn evaluate(
     capacity: u64,
     interval_us: u64,

@@ -36,6 +36,8 @@ use super::decision::{Evaluation, Update};
 use super::token_bucket::{self, Interval};
 
 impl Ledger {
+    /// Units leased and neither returned nor lapsed, both epochs together:
+    /// what the bucket may not refill into.
     pub fn outstanding(&self) -> u64 {
         self.current + self.previous
     }

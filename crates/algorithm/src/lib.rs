@@ -14,6 +14,7 @@
 //! This crate depends on no other part of floodgate, and Cargo holds it to
 //! that: its manifest names none.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 #![warn(unreachable_pub)]
 
 pub mod calendar;

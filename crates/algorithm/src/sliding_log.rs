@@ -8,6 +8,8 @@ use std::collections::VecDeque;
 
 use super::decision::{Evaluation, Update};
 
+/// A sliding log's state: the stamps admitted within the window, with the
+/// units at each. Its memory grows with the limit (`len`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LogState {
     /// (stamp, units admitted at that stamp), oldest first.
@@ -69,11 +71,15 @@ impl LogState {
         self.entries.len()
     }
 
+    /// Whether no stamp is held: the key's state may then be dropped.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 }
 
+/// A request of `cost` units at `now_us` against at most `limit` units in
+/// any window of `window_us`, on the stored log; the admitted units are
+/// counted at their stamp.
 pub fn evaluate(limit: u64, window_us: u64, log: &LogState, now_us: u64, cost: u64) -> Evaluation {
     // A clock that stepped back is held at the newest stamp: no stamp may be
     // forgotten early.

@@ -39,6 +39,10 @@ pub fn steps(limit: u64, window_us: u64) -> (u64, u64) {
     (step_us, window_us.div_ceil(step_us))
 }
 
+/// A request of `cost` units at `now_us` against `limit` units per
+/// `window_us`, weighed over the stored current window (its start and
+/// count) and the previous one's count; the admitted units are counted
+/// at the current window's start.
 pub fn evaluate(
     limit: u64,
     window_us: u64,

@@ -10,21 +10,37 @@ pub enum State {
     /// the fraction of a µs past it in picoseconds (below 10^6; 0 but for a
     /// token bucket whose interval is a fraction of a µs).
     Gcra {
+        /// The theoretical arrival time, µs since the epoch: when a token
+        /// bucket is full again, when a leaky bucket's next slot is free.
         tat_us: u64,
+        /// Picoseconds past `tat_us`.
         tat_ps: u64,
         /// A token bucket's leases outstanding (`crate::ledger`).
         ledger: Ledger,
     },
     /// Fixed window: the window's start and its count.
-    Window { start_us: u64, count: u64 },
+    Window {
+        /// The window's start, µs since the epoch.
+        start_us: u64,
+        /// Units admitted in it.
+        count: u64,
+    },
     /// Sliding window counter.
     TwoWindows {
+        /// The current window's start, µs since the epoch.
         start_us: u64,
+        /// Units admitted in the current window.
         current: u64,
+        /// Units admitted in the window before it.
         previous: u64,
     },
     /// Calendar quota: the period's end and its count.
-    Period { end_us: u64, count: u64 },
+    Period {
+        /// Where the period ends, µs since the epoch.
+        end_us: u64,
+        /// Units admitted in it.
+        count: u64,
+    },
     /// Sliding log: admitted stamps inside the window.
     Log(LogState),
 }

@@ -27,6 +27,7 @@ const MAX_DEBT: u64 = 1 << 52;
 /// One token every `units` of `1 / per_us` µs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Interval {
+    /// The interval's length, in units of `1 / per_us` µs.
     pub units: u64,
     /// 1, or a power of ten up to `PS_PER_US`.
     pub per_us: u64,

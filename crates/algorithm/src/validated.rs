@@ -17,24 +17,60 @@ use super::{
 /// the arithmetic counts in are no concern of the person who wrote it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum AlgorithmError {
+    /// The quota (a capacity or a limit) is 0.
     #[error("must be a whole number of at least 1")]
     ZeroQuota,
+    /// The period (an interval or a window) is 0.
     #[error("must be at least 1ms")]
     ZeroPeriod,
+    /// A window's limit is past what its arithmetic keeps exact.
     #[error("at most {} per window (got {})", grouped(*most), grouped(*got))]
-    TooManyPerWindow { most: u64, got: u64 },
+    TooManyPerWindow {
+        /// The largest limit this algorithm takes per window.
+        most: u64,
+        /// The limit given.
+        got: u64,
+    },
+    /// A calendar quota's limit is past what its arithmetic keeps exact.
     #[error("at most {} per period (got {})", grouped(*most), grouped(*got))]
-    TooManyPerPeriod { most: u64, got: u64 },
+    TooManyPerPeriod {
+        /// The largest limit a calendar quota takes (`MAX_COUNT`).
+        most: u64,
+        /// The limit given.
+        got: u64,
+    },
+    /// A sliding log's limit is past `MAX_SLIDING_LOG`, the stamps one
+    /// key may keep.
     #[error("sliding_log keeps one stamp per request: at most {} per window (got {}); use sliding_window for more", grouped(MAX_SLIDING_LOG), grouped(*got))]
-    LogTooLong { got: u64 },
+    LogTooLong {
+        /// The limit given.
+        got: u64,
+    },
+    /// A window is longer than `MAX_WINDOW_DAYS`.
     #[error("must be at most {MAX_WINDOW_DAYS}d (71 years)")]
     WindowTooLong,
+    /// A bucket's rate is not a positive number up to `most` a second.
     #[error("must be more than 0 and at most {} per second", grouped(*most))]
-    RateOutOfRange { most: u64 },
+    RateOutOfRange {
+        /// The fastest rate this algorithm takes, per second.
+        most: u64,
+    },
+    /// A bucket's interval between two units is more than 71 years.
     #[error("too slow: one unit would take more than 71 years")]
     RateTooSlow,
+    /// A bucket's capacity is more than its rate refills (or drains)
+    /// within 71 years.
     #[error("at most {} at this {} (got {}): {} within 71 years", grouped(*most), rate_name(*kind), grouped(*got), span_name(*kind))]
-    TooLargeForRate { kind: Kind, most: u64, got: u64 },
+    TooLargeForRate {
+        /// The bucket: token or leaky.
+        kind: Kind,
+        /// The largest capacity its rate allows.
+        most: u64,
+        /// The capacity given.
+        got: u64,
+    },
+    /// `Algorithm::new` was asked for a calendar quota, which needs its
+    /// calendar.
     #[error("a calendar quota is made with its calendar (Algorithm::calendar_quota)")]
     NeedsCalendar,
 }
@@ -157,6 +193,10 @@ fn check(kind: Kind, quota: u64, period: u64, per_us: u64) -> Result<(), Algorit
 }
 
 impl Algorithm {
+    /// `kind` with `quota` (a bucket's capacity, a window's limit) and
+    /// `period_us` (a bucket's interval between two units, a window's
+    /// length) in whole µs. Errs when the numbers are out of the ranges
+    /// `kind` takes, and for a calendar quota (`calendar_quota`).
     pub fn new(kind: Kind, quota: u64, period_us: u64) -> Result<Algorithm, AlgorithmError> {
         check(kind, quota, period_us, 1)?;
         Ok(Algorithm {
@@ -273,10 +313,12 @@ impl Algorithm {
         Algorithm::new(Kind::SlidingLog, limit, window_us)
     }
 
+    /// Which algorithm it is.
     pub fn kind(&self) -> Kind {
         self.kind
     }
 
+    /// The algorithm's name as the config spells it (`"token_bucket"`).
     pub fn name(&self) -> &'static str {
         self.kind.name()
     }
@@ -322,6 +364,7 @@ impl Algorithm {
         }
     }
 
+    /// A calendar quota's calendar; none for every other algorithm.
     pub fn calendar(&self) -> Option<&Calendar> {
         self.calendar.as_ref()
     }
