@@ -9,7 +9,11 @@ use floodgate_algorithm::{Algorithm, Decision};
 /// client's identity (never the raw value).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StateKey {
+    /// The limit's state id, derived from its name so that its state
+    /// survives a reload that keeps the limit.
     pub limit: u64,
+    /// The keyed hash of the client's identity (its key, address, token
+    /// claim) under this limit.
     pub identity: u128,
 }
 
@@ -27,10 +31,12 @@ impl StateKey {
 pub struct LimitName(Arc<str>);
 
 impl LimitName {
+    /// The name, copied once; clones share it.
     pub fn new(name: &str) -> LimitName {
         LimitName(Arc::from(name))
     }
 
+    /// The name as the config spells it.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -72,6 +78,7 @@ impl OnFailure {
 pub struct LimitId(pub usize);
 
 impl LimitId {
+    /// Its place in `Policy::limits`, for indexing what is kept beside them.
     pub fn index(self) -> usize {
         self.0
     }
@@ -82,10 +89,18 @@ impl LimitId {
 pub struct Check {
     /// The limit this layer is of.
     pub limit: LimitId,
+    /// The limit's name: what refusals are logged, counted and keyed in
+    /// Redis by.
     pub name: LimitName,
+    /// The limit's algorithm and numbers, for this client's tier.
     pub algorithm: Algorithm,
+    /// Where this client's state of the limit lives.
     pub key: StateKey,
+    /// Units the request spends of the limit (1 unless the limit sets a
+    /// cost); 0 decides without charging.
     pub cost: u64,
+    /// Decided, logged and counted, never refusing: a shadow layer's
+    /// refusal leaves the request admitted.
     pub shadow: bool,
     /// Decided like any layer (an enforcing one can refuse the request) and
     /// never charged: a ban looked up, a limit charged by the response
@@ -103,7 +118,10 @@ pub struct Check {
 /// (`algorithm::lease_units`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseAsk {
+    /// The most units the lease may take.
     pub max: u64,
+    /// What the request leaves is divided by this (twice the instances
+    /// sharing the budget), so that no instance leases it all.
     pub divisor: u64,
     /// The longest the lease will be used, from when it was asked for: a
     /// token bucket's ledger counts its units until then (in epochs this
@@ -126,8 +144,10 @@ pub const MAX_LEASE_US: u64 = 1 << 40;
 /// Why numbers do not make a slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum SlotError {
+    /// `max` is 0.
     #[error("a concurrency limit needs at least 1 slot")]
     NoSlots,
+    /// The lease is 0 µs or longer than `MAX_LEASE_US`.
     #[error("a lease must last from 1µs to {MAX_LEASE_US}µs")]
     Lease,
 }
@@ -172,22 +192,27 @@ impl Slot {
         })
     }
 
+    /// The concurrency limit's name.
     pub fn name(&self) -> &LimitName {
         &self.name
     }
 
+    /// Where this client's slots of the limit live.
     pub fn key(&self) -> &StateKey {
         &self.key
     }
 
+    /// Requests this client may have in flight under the limit.
     pub fn max(&self) -> u64 {
         self.max
     }
 
+    /// How long the slot is held, in µs, unless renewed or released.
     pub fn lease_us(&self) -> u64 {
         self.lease_us
     }
 
+    /// Tells this holder's slot from the others' (random per request).
     pub fn lease_id(&self) -> u64 {
         self.lease_id
     }

@@ -9,6 +9,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// A source of "now" for the algorithms; injected so tests control time.
 pub trait Clock: Send + Sync {
+    /// Now, in whole µs since the Unix epoch (or since the clock's own
+    /// origin, for `MonotonicClock`).
     fn now_us(&self) -> u64;
 }
 
@@ -56,16 +58,19 @@ pub struct ManualClock {
 }
 
 impl ManualClock {
+    /// A clock that reads `start_us` until told otherwise.
     pub fn new(start_us: u64) -> Self {
         Self {
             now_us: AtomicU64::new(start_us),
         }
     }
 
+    /// Moves it to `now_us`, backwards as well as forwards.
     pub fn set(&self, now_us: u64) {
         self.now_us.store(now_us, Ordering::SeqCst);
     }
 
+    /// Moves it `by_us` forwards.
     pub fn advance(&self, by_us: u64) {
         self.now_us.fetch_add(by_us, Ordering::SeqCst);
     }
@@ -86,6 +91,7 @@ pub struct OffsetClock<C> {
 }
 
 impl<C: Clock> OffsetClock<C> {
+    /// `inner`'s time plus `offset_us` (negative: behind it).
     pub fn new(inner: C, offset_us: i64) -> Self {
         Self { inner, offset_us }
     }
@@ -100,8 +106,11 @@ impl<C: Clock> Clock for OffsetClock<C> {
 /// Why a clock file cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ClockFileError {
+    /// The file cannot be read.
     #[error("cannot read it: {0}")]
     Read(#[from] std::io::Error),
+    /// The file holds something other than a whole number of ms; the text
+    /// it holds.
     #[error("it must hold a whole number of milliseconds, got {0:?}")]
     NotMilliseconds(String),
 }

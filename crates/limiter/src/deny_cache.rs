@@ -34,6 +34,8 @@ struct Refusal {
     algorithm: Algorithm,
 }
 
+/// The refusal cache: a store wrapping `S` that answers a layer's known
+/// refusal itself, until its retry time, without a store call.
 pub struct KnownRefusals<S> {
     inner: S,
     remembered: Arc<Remembered>,
@@ -62,6 +64,7 @@ impl Remembered {
 /// What an instance holds of keys that an operator may change through
 /// another instance: remembered refusals, leases.
 pub trait Forget: Send + Sync {
+    /// An operator reset the keys' state: drop what is held of them.
     fn forget(&self, keys: &[StateKey]);
 
     /// An operator gave units back to the keys' state (which, unlike a
@@ -115,12 +118,16 @@ impl Forgetter {
         self
     }
 
+    /// An operator reset the keys' state: every store drops what it holds
+    /// of them.
     pub fn forget(&self, keys: &[StateKey]) {
         for held in &self.0 {
             held.forget(keys);
         }
     }
 
+    /// An operator gave units back to the keys' state: every store drops
+    /// what the credit makes stale.
     pub fn credited(&self, keys: &[StateKey]) {
         for held in &self.0 {
             held.credited(keys);
@@ -134,12 +141,16 @@ impl Forgetter {
         }
     }
 
+    /// Operators' changes are heard from now on (after the `forget_all`
+    /// of a new subscription).
     pub fn listening(&self) {
         for held in &self.0 {
             held.listening();
         }
     }
 
+    /// The subscription to operators' changes is lost: until `listening`
+    /// again, what a store holds may be stale.
     pub fn not_listening(&self) {
         for held in &self.0 {
             held.not_listening();
@@ -172,6 +183,8 @@ impl<S: Store> KnownRefusals<S> {
         self.remembered.shard(key)
     }
 
+    /// What reaches this cache's refusals when another instance announces
+    /// an operator's change (join others with `Forgetter::and`).
     pub fn forgetter(&self) -> Forgetter {
         Forgetter(vec![self.remembered.clone()])
     }

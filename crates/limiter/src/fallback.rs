@@ -55,6 +55,8 @@ struct Inner<S> {
     clock: Arc<dyn Clock>,
 }
 
+/// The fallback: a store that decides on `S` while it answers, and as each
+/// layer's `on_failure` says while it does not (a circuit breaker between).
 pub struct Fallback<S> {
     inner: Arc<Inner<S>>,
 }

@@ -31,6 +31,7 @@ impl Instances {
         }
     }
 
+    /// The instances sharing the budget now (at least 1).
     pub fn get(&self) -> u64 {
         self.count.load(Ordering::Relaxed)
     }

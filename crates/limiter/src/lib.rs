@@ -18,7 +18,7 @@
 //!
 //! The crate needs no proxy: a Rust service builds a `Check` per limit its
 //! request meets and asks a store. The same calls work on every store, so
-//! the memory store below can become Redis (`RedisStandalone::connect`)
+//! the memory store below can become Redis (`RedisStandalone::new`)
 //! without touching the code that decides. Redis is the `redis` feature, on
 //! by default; without it the crate is the memory store and the wrappers.
 //!
@@ -75,6 +75,7 @@
 //! # });
 //! ```
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 #![warn(unreachable_pub)]
 
 pub mod clock;

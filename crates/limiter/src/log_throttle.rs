@@ -19,6 +19,7 @@ pub struct LogThrottle {
 }
 
 impl LogThrottle {
+    /// At most one line per `every`; the first is due at once.
     pub const fn new(every: Duration) -> LogThrottle {
         LogThrottle {
             every_us: every.as_micros() as u64,
@@ -67,6 +68,8 @@ struct KeyLines {
 }
 
 impl<K: Hash + Eq> KeyedLogThrottle<K> {
+    /// At most one line per `every` for each key and one per `overall` in
+    /// all, remembering at most `capacity` keys (at least 1).
     pub fn new(capacity: usize, every: Duration, overall: Duration) -> KeyedLogThrottle<K> {
         let capacity = std::num::NonZeroUsize::new(capacity).unwrap_or(std::num::NonZeroUsize::MIN);
         KeyedLogThrottle {

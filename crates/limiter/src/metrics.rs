@@ -6,9 +6,16 @@ use prometheus::{Histogram, IntCounter, IntGauge};
 /// What the Redis store reports.
 #[derive(Clone)]
 pub struct RedisMetrics {
+    /// Each call to Redis, in seconds
+    /// (`floodgate_redis_call_duration_seconds`).
     pub call_seconds: Histogram,
+    /// Calls and probes that failed: a timeout, a lost connection, an error
+    /// reply (`floodgate_redis_failures_total`).
     pub failures: IntCounter,
+    /// Requests decided without Redis, as `on_failure` says
+    /// (`floodgate_fallback_decisions_total`).
     pub fallback_decisions: IntCounter,
+    /// What the leases of the shared budget do.
     pub leases: LeaseMetrics,
     /// The instances sharing Redis, as the fallback's share divides by.
     pub instances: IntGauge,

@@ -35,6 +35,8 @@ const MOST_INSTANCES: u64 = 1 << 20;
 /// words), `{prefix}:slots:floodgate instances:{0…0}` in Redis.
 const ROSTER_NAME: &str = "floodgate instances";
 
+/// This instance's place in the count of live instances
+/// (`[redis].instances = "auto"`): a slot it renews, and the count it reads.
 pub struct Roster {
     store: Arc<dyn Store>,
     instances: Instances,

@@ -15,13 +15,17 @@ use floodgate_algorithm::Decision;
 /// Which store makes the decisions right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Deciding {
+    /// The memory store: no Redis is configured.
     Memory,
+    /// Redis answers and decides.
     Redis,
     /// Redis is configured but away: `on_failure` decides.
     Fallback,
 }
 
 impl Deciding {
+    /// Its name in the admin API's answers: `"memory"`, `"redis"`,
+    /// `"fallback"`.
     pub fn as_str(self) -> &'static str {
         match self {
             Deciding::Memory => "memory",
@@ -104,6 +108,8 @@ pub trait Upkeep: Send + Sync {
     /// but cannot write fails it.
     async fn probe(&self) -> Result<(), LimiterError>;
 
+    /// Which store decides right now; the fallback's answer changes as
+    /// its breaker opens and closes.
     fn deciding(&self) -> Deciding;
 
     /// Makes what the first decision needs (a connection, a loaded script)
@@ -130,8 +136,10 @@ pub trait Upkeep: Send + Sync {
 /// A store built on `inner` that changes only limit state (its `Store`):
 /// its slots and its upkeep are `inner`'s, passed on as they are.
 pub trait WrapsLimits: Send + Sync {
+    /// The store wrapped.
     type Inner: Store;
 
+    /// The store wrapped, whose slots and upkeep are this one's.
     fn inner(&self) -> &Self::Inner;
 }
 

@@ -41,6 +41,8 @@ impl Answerer {
         Answerer::RefusalCache,
     ];
 
+    /// Its name in a trace's `floodgate.decided_by` attribute: `"memory"`,
+    /// `"redis"`, `"lease"`, `"fallback"`, `"refusal_cache"`.
     pub fn as_str(self) -> &'static str {
         match self {
             Answerer::Memory => "memory",
@@ -64,7 +66,9 @@ pub struct RedisCall {
     pub command: &'static str,
     /// What the script did: `decide`, `peek`, `slot acquire`...
     pub operation: &'static str,
+    /// When the call was queued.
     pub started: SystemTime,
+    /// From its queueing to its answer (or its failure).
     pub took: Duration,
     /// The error's text when it failed (a timeout, a refused connection).
     pub failed: Option<String>,
@@ -74,6 +78,7 @@ pub struct RedisCall {
 #[derive(Debug, Default)]
 pub struct Watched {
     answerers: u8,
+    /// The Redis calls the decision waited on, in the order they ended.
     pub redis_calls: SmallVec<[RedisCall; 2]>,
 }
 

@@ -82,7 +82,9 @@ pub struct LeaseSettings {
 }
 
 impl LeaseSettings {
+    /// `lease_max` when the config leaves it out: 100 units.
     pub const DEFAULT_MAX: u64 = 100;
+    /// `lease_ttl` when the config leaves it out: 1 s, in µs.
     pub const DEFAULT_TTL_US: u64 = 1_000_000;
 }
 
@@ -110,6 +112,9 @@ struct Core<S> {
 pub struct Leased<S>(Arc<Core<S>>);
 
 impl<S: Store + 'static> Leased<S> {
+    /// Leases from `inner` as `settings` say, each lease sized by the
+    /// `instances` sharing the budget; a request waits at most `wait` (the
+    /// store's deadline) for a lease another request is fetching.
     pub fn new(
         inner: S,
         settings: LeaseSettings,

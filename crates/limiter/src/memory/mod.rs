@@ -50,6 +50,8 @@ struct Entry {
 
 type Shard = LruCache<StateKey, Entry>;
 
+/// The memory store: limit state and slots in this process, at most
+/// `max_keys` keys, decided without a call out.
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     /// One entry per limit id, for identities that found no room. Locked
@@ -204,10 +206,13 @@ impl MemoryStore {
             .sum()
     }
 
+    /// Keys held in the shards, idle ones not yet swept included (the
+    /// overflow entries and the slots left out); locks every shard in turn.
     pub fn len(&self) -> usize {
         (0..self.shards.len()).map(|i| self.lock(i).len()).sum()
     }
 
+    /// Whether the shards hold no key (as `len`).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

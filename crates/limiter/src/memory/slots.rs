@@ -21,18 +21,24 @@ impl MemoryStore {
         result
     }
 
+    /// Takes one of `slot`'s slots for its lease id at the clock's time
+    /// (`Slots::acquire`): refused with the wait until one frees when all
+    /// are held. Never fails: nothing is called out.
     pub fn acquire_now(&self, slot: &Slot) -> Decision {
         self.with_slots(slot, |slots, now_us| {
             slots.acquire(slot.lease_id(), slot.max(), slot.lease_us(), now_us)
         })
     }
 
+    /// Extends the lease's slot to `slot.lease_us()` from now; false when
+    /// it is no longer held (expired or released).
     pub fn renew_now(&self, slot: &Slot) -> bool {
         self.with_slots(slot, |slots, now_us| {
             slots.renew(slot.lease_id(), slot.lease_us(), now_us)
         })
     }
 
+    /// Gives the lease's slot back; false when it was not held.
     pub fn release_now(&self, slot: &Slot) -> bool {
         self.with_slots(slot, |slots, now_us| slots.release(slot.lease_id(), now_us))
     }

@@ -14,7 +14,9 @@ use super::settings::{RedisSettings, Topology};
 /// A connection to the node that takes writes, or to a whole cluster
 /// (calls routed by their first key).
 pub enum TopologyConnection {
+    /// To the one node (standalone) or the master the sentinels name.
     Node(MultiplexedConnection),
+    /// To a cluster, each call routed to the node serving its key's slot.
     Cluster(ClusterConnection),
 }
 

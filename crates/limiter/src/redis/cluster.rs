@@ -208,6 +208,8 @@ fn slot_of(layers: &[ScriptLayer]) -> Option<HashSlot> {
     layers.first().map(|l| HashSlot::for_key(l.key()))
 }
 
+/// The Redis Cluster store: a request's layers grouped by identity (each
+/// group's keys share a hash slot), one script run per group.
 pub struct RedisCluster {
     scripted: Arc<Scripted<ClusterConnection>>,
     /// Decisions whose slot had another in progress, run together by slot;
@@ -226,6 +228,9 @@ pub struct RedisCluster {
 const REMAP_AT_LEAST_EVERY: Duration = Duration::from_secs(2);
 
 impl RedisCluster {
+    /// A store on the cluster `settings` name, deciding at `clock`'s time
+    /// when `settings.clock` is local. Connects before the proxy listens
+    /// (`Store::warm`) or on first use, not here.
     pub fn new(settings: RedisSettings, clock: Arc<dyn Clock>) -> Self {
         RedisCluster {
             scripted: Arc::new(Scripted::new(settings, clock)),

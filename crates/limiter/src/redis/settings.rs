@@ -95,11 +95,21 @@ impl std::fmt::Display for InstanceCount {
 /// `[redis]`, validated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RedisSettings {
+    /// Where Redis is: one node (`url`), a master the sentinels name, or a
+    /// cluster.
     pub topology: Topology,
+    /// A call's deadline (`timeout`): slower counts as a failure, and the
+    /// request is decided as `on_failure` says.
     pub timeout: Duration,
+    /// Whose "now" the scripts decide at (`clock`).
     pub clock: ClockSource,
+    /// What every key written begins with (`key_prefix`, `"floodgate"`).
     pub key_prefix: String,
+    /// What decides a limit that names no `on_failure` of its own while
+    /// Redis is away.
     pub on_failure: OnFailure,
+    /// How many proxies share the budget: the fallback's share and the
+    /// lease size follow it.
     pub instances: InstanceCount,
     /// PEM certificates to trust for rediss:// instead of the system's roots.
     pub tls_ca: Option<Vec<u8>>,

@@ -89,6 +89,8 @@ impl ConnectionLike for NodeConnection {
     }
 }
 
+/// The Redis store on one node (or the master the sentinels name):
+/// concurrent decisions share script runs.
 pub struct RedisStandalone {
     scripted: Arc<Scripted<NodeConnection>>,
     /// Started on first use, on the proxy's runtime.
@@ -96,6 +98,9 @@ pub struct RedisStandalone {
 }
 
 impl RedisStandalone {
+    /// A store on the node `settings` name, deciding at `clock`'s time
+    /// when `settings.clock` is local. Connects before the proxy listens
+    /// (`Store::warm`) or on first use, not here.
     pub fn new(settings: RedisSettings, clock: Arc<dyn Clock>) -> Self {
         RedisStandalone {
             scripted: Arc::new(Scripted::new(settings, clock)),
