@@ -8,7 +8,8 @@ use smallvec::SmallVec;
 use tokio::sync::Notify;
 
 use super::lease::Now;
-use super::returns::{send, Return};
+use super::lease::Return;
+use super::returns::send;
 use super::table::Fetching;
 use super::take::{Taken, Took};
 use super::Core;

@@ -1,7 +1,6 @@
 //! One lease: the units leased beside a layer, how long they may be used
 //! by either clock, and what goes back of them when it ends.
 
-use super::returns::Return;
 use crate::check::Check;
 use floodgate_algorithm::{Decision, Kind};
 
@@ -155,4 +154,12 @@ pub(super) fn returned(lease: Lease, now: Now) -> Option<Return> {
         counted_at_us: lease.counted_at_us,
         generation: lease.generation,
     })
+}
+
+/// A lease's units on their way back to the shared store.
+pub(super) struct Return {
+    pub(super) check: Check,
+    pub(super) counted_at_us: u64,
+    /// The lease's: sent only if no forgetting came since.
+    pub(super) generation: u64,
 }

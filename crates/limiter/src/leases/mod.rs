@@ -68,7 +68,7 @@ use crate::clock::{Clock, MonotonicClock};
 use crate::metrics::LeaseMetrics;
 use floodgate_algorithm::{takes_lease, Decision};
 use lease::Now;
-use returns::{send, Return};
+use lease::Return;
 use table::{Fetching, Table};
 
 /// `[redis].leases`: how large a lease may be and how long it lives.
@@ -262,13 +262,7 @@ impl<S: Store + 'static> Store for Leased<S> {
     /// the credit.
     async fn credit(&self, check: &Check) -> Result<Decision, LimiterError> {
         let backs = self.0.take_back(std::slice::from_ref(&check.key));
-        send(
-            &*self.0.inner,
-            &self.0.table,
-            self.0.metrics.as_ref(),
-            backs,
-        )
-        .await;
+        self.0.send_back(backs).await;
         self.0.checked(self.0.inner.credit(check).await)
     }
 

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::lease::{returned, Lease, Now};
+use super::lease::{returned, Lease, Now, Return};
 use super::table::{Fetching, Table};
 use super::Core;
-use crate::check::{Check, StateKey};
+use crate::check::StateKey;
 use crate::clock::Clock;
 use crate::deny_cache::Forget;
 use crate::metrics::LeaseMetrics;
@@ -19,14 +19,6 @@ use crate::store::Store;
 
 /// Returns sent together at most.
 const RETURNS_AT_ONCE: usize = 64;
-
-/// A lease's units on their way back to the shared store.
-pub(super) struct Return {
-    pub(super) check: Check,
-    pub(super) counted_at_us: u64,
-    /// The lease's: sent only if no forgetting came since.
-    pub(super) generation: u64,
-}
 
 impl<S: Store + 'static> Core<S> {
     /// The queue of returns, and the task that sends them and ends expired
@@ -102,6 +94,13 @@ impl<S: Store + 'static> Core<S> {
             }
             shard.retain(|_, e| e.fetching.is_some());
         }
+        send(&*self.inner, &self.table, self.metrics.as_ref(), backs).await;
+    }
+}
+
+impl<S: Store + 'static> Core<S> {
+    /// Sends `backs` now, as `send` does, rather than through the queue.
+    pub(super) async fn send_back(&self, backs: Vec<(Return, Option<Fetching>)>) {
         send(&*self.inner, &self.table, self.metrics.as_ref(), backs).await;
     }
 }

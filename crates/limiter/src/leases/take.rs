@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use tokio::sync::Notify;
 
+use super::lease::Return;
 use super::lease::{returned, Lease, Now};
-use super::returns::Return;
 use super::table::{Fetching, MAX_KEYS, SHARDS};
 use super::Core;
 use crate::check::{Check, LeaseAsk};

@@ -8,6 +8,7 @@
 
 mod batch;
 pub mod beside_limits;
+pub mod change_message;
 pub mod changes;
 mod cluster;
 mod script;

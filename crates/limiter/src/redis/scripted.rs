@@ -9,7 +9,7 @@ use prometheus::Histogram;
 use redis::Script;
 
 use super::batch::{RunBatch, Wanted};
-use super::changes::{changes_channel, encode_change, Change};
+use super::change_message::{changes_channel, encode_change, Change};
 use super::script::{
     self, parse_slots_reply, probe_algorithm, script_source, Decided, Mode, ScriptLayer, SlotOp,
     SLOTS_SCRIPT,
