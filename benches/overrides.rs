@@ -15,7 +15,7 @@ use floodgate::config::{Config, Inputs};
 use floodgate_algorithm::Algorithm;
 use floodgate_policy::identity::{KeyEntry, KnownPart, RunTimeKeys};
 use floodgate_policy::overrides::{Override, OverrideKey, RunTimeOverrides};
-use floodgate_policy::{Plan, RequestView, Rule};
+use floodgate_policy::{Plan, Policy, RequestView, Rule};
 use http::{HeaderMap, HeaderValue, Method};
 
 const KEYS: u64 = 1_000_000;
@@ -48,14 +48,16 @@ fn config(tables: Option<(Arc<RunTimeKeys>, Arc<RunTimeOverrides>)>) -> Config {
     Config::parse(Path::new("bench.toml"), &text, &inputs).expect("config")
 }
 
-fn plan(c: &mut Criterion) {
-    let keys = Arc::new(RunTimeKeys::default());
-    let overrides = Arc::new(RunTimeOverrides::default());
-    let full = config(Some((keys.clone(), overrides.clone())));
-    let policy = &full.policy;
+/// The run-time key of client `i`.
+fn key_of(i: u64) -> String {
+    format!("run-time-key-{i:07}")
+}
+
+/// A million run-time keys, every tenth overridden under the per-key
+/// limit; prints what the overrides hold in memory.
+fn fill(keys: &RunTimeKeys, overrides: &RunTimeOverrides, policy: &Policy) {
     let rules = &policy.clients;
     let tier: Arc<str> = Arc::from("pro");
-    let key_of = |i: u64| format!("run-time-key-{i:07}");
     keys.replace_all((0..KEYS).map(|i| {
         (
             rules.api_key_hash(key_of(i).as_bytes()),
@@ -100,6 +102,13 @@ fn plan(c: &mut Criterion) {
             after.saturating_sub(before) / OVERRIDES
         );
     }
+}
+
+fn plan(c: &mut Criterion) {
+    let keys = Arc::new(RunTimeKeys::default());
+    let overrides = Arc::new(RunTimeOverrides::default());
+    let full = config(Some((keys.clone(), overrides.clone())));
+    fill(&keys, &overrides, &full.policy);
     let off = config(None);
     let empty = config(Some((Arc::default(), Arc::default())));
     let peer: IpAddr = "203.0.113.9".parse().expect("ip");

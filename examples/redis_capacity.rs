@@ -66,20 +66,10 @@ fn spent(redis: &mut redis::Connection) -> (f64, u64) {
     (usec, calls)
 }
 
-fn main() {
-    let url = std::env::args()
-        .nth(1)
-        .unwrap_or_else(|| "redis://127.0.0.1:6379".into());
-    let mut admin = redis::Client::open(url.as_str())
-        .and_then(|c| c.get_connection())
-        .unwrap_or_else(|e| panic!("cannot reach {url}: {e}"));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+/// The store under measure: the standalone Redis store, leasing or not.
+fn store_at(url: &str, leasing: bool) -> Arc<dyn Store> {
     let settings = |leases: bool| RedisSettings {
-        topology: Topology::Standalone(url.clone()),
+        topology: Topology::Standalone(url.to_owned()),
         timeout: Duration::from_secs(2),
         clock: ClockSource::Redis,
         key_prefix: "capacity".into(),
@@ -91,8 +81,25 @@ fn main() {
             ttl_us: LeaseSettings::DEFAULT_TTL_US,
         }),
     };
+    let clock = Arc::new(SystemClock);
+    let plain = RedisStandalone::new(settings(leasing), clock.clone());
+    if leasing {
+        Arc::new(Leased::new(
+            plain,
+            settings(true).leases.expect("leases"),
+            Instances::fixed(1),
+            Duration::from_secs(2),
+            clock,
+        ))
+    } else {
+        Arc::new(plain)
+    }
+}
+
+/// Each algorithm at numbers no client of the run comes near.
+fn algorithms() -> [(&'static str, Algorithm); 5] {
     let minute = 60_000_000;
-    let cases = [
+    [
         (
             "token_bucket",
             Algorithm::token_bucket(1 << 20, 1_000).expect("valid"),
@@ -113,10 +120,53 @@ fn main() {
             "leaky_bucket",
             Algorithm::leaky_bucket(1 << 20, 1).expect("valid"),
         ),
-    ];
+    ]
+}
+
+/// `DECISIONS` decisions of `count` layers each, `AT_ONCE` in flight.
+fn drive(
+    runtime: &tokio::runtime::Runtime,
+    store: &Arc<dyn Store>,
+    algorithm: Algorithm,
+    count: usize,
+    leasing: bool,
+) {
+    runtime.block_on(async {
+        let mut tasks = Vec::new();
+        for worker in 0..AT_ONCE {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in (worker..DECISIONS).step_by(AT_ONCE) {
+                    let client = (i as u128) % CLIENTS + 1;
+                    let decided = store
+                        .decide(&layers(algorithm, count, client, leasing))
+                        .await
+                        .expect("decided");
+                    assert!(decided.iter().all(|d| d.allowed()), "far from the limit");
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.expect("task");
+        }
+    });
+}
+
+fn main() {
+    let url = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "redis://127.0.0.1:6379".into());
+    let mut admin = redis::Client::open(url.as_str())
+        .and_then(|c| c.get_connection())
+        .unwrap_or_else(|e| panic!("cannot reach {url}: {e}"));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
     println!("| algorithm | layers | leases | Redis µs per decision | script calls per decision | decisions/s one Redis core could make |");
     println!("|---|---|---|---|---|---|");
-    for (name, algorithm) in cases {
+    for (name, algorithm) in algorithms() {
         for count in [1, 3] {
             for leasing in [false, true] {
                 let leasable = !matches!(name, "sliding_log" | "leaky_bucket");
@@ -124,19 +174,7 @@ fn main() {
                     continue;
                 }
                 let _: () = redis::cmd("FLUSHALL").query(&mut admin).expect("FLUSHALL");
-                let clock = Arc::new(SystemClock);
-                let plain = RedisStandalone::new(settings(leasing), clock.clone());
-                let store: Arc<dyn Store> = if leasing {
-                    Arc::new(Leased::new(
-                        plain,
-                        settings(true).leases.expect("leases"),
-                        Instances::fixed(1),
-                        Duration::from_secs(2),
-                        clock,
-                    ))
-                } else {
-                    Arc::new(plain)
-                };
+                let store = store_at(&url, leasing);
                 // The script loaded, the connection made: not counted.
                 runtime
                     .block_on(store.decide(&layers(algorithm, count, 0, leasing)))
@@ -146,25 +184,7 @@ fn main() {
                     .query(&mut admin)
                     .expect("RESETSTAT");
                 let started = Instant::now();
-                runtime.block_on(async {
-                    let mut tasks = Vec::new();
-                    for worker in 0..AT_ONCE {
-                        let store = store.clone();
-                        tasks.push(tokio::spawn(async move {
-                            for i in (worker..DECISIONS).step_by(AT_ONCE) {
-                                let client = (i as u128) % CLIENTS + 1;
-                                let decided = store
-                                    .decide(&layers(algorithm, count, client, leasing))
-                                    .await
-                                    .expect("decided");
-                                assert!(decided.iter().all(|d| d.allowed()), "far from the limit");
-                            }
-                        }));
-                    }
-                    for task in tasks {
-                        task.await.expect("task");
-                    }
-                });
+                drive(&runtime, &store, algorithm, count, leasing);
                 let elapsed = started.elapsed();
                 let (usec, calls) = spent(&mut admin);
                 let per = usec / DECISIONS as f64;

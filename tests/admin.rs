@@ -68,6 +68,10 @@ fn admin(proxy: &Proxy) -> SocketAddr {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario against real processes, read in the order it happens"
+)]
 fn a_refused_client_is_seen_reset_and_credited_and_nobody_else_can() {
     let upstream = Upstream::start();
     let token = TokenFile::new();

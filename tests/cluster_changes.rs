@@ -65,6 +65,10 @@ fn back_on_redis(proxies: &[Proxy]) -> Option<Instant> {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario against real processes, read in the order it happens"
+)]
 fn a_master_killed_and_slots_moved_under_load_keep_the_limit_exact() {
     let mut cluster = RedisCluster::start_with_replicas(1);
     let upstream = Upstream::start();

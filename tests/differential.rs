@@ -180,6 +180,10 @@ fn unledgered(client: u128) -> bool {
 /// `steps` random requests (credits, refunds and leases among them) of
 /// `layers` through Redis and through the memory store, which must decide
 /// each alike.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one random sequence, each kind of step beside the others"
+)]
 fn compare(
     redis: &RedisServer,
     runtime: &tokio::runtime::Runtime,

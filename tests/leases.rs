@@ -493,6 +493,10 @@ fn a_stop_and_a_reload_give_the_unused_units_back() {
 /// the leases are back a fixed window counts exactly what was admitted,
 /// less what died in leases.
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario against real processes, read in the order it happens"
+)]
 fn three_stores_leasing_from_one_redis_never_admit_past_the_limit() {
     use std::sync::Arc;
 

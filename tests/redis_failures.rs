@@ -85,6 +85,10 @@ enum Outage {
     Freeze,
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario against real processes, read in the order it happens"
+)]
 fn outage_under_load(kind: Outage, name: &str) {
     let mut redis = RedisServer::start();
     let upstream = Upstream::start();

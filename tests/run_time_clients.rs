@@ -89,6 +89,10 @@ fn assert_never_shown(proxy: &Proxy) {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario against real processes, read in the order it happens"
+)]
 fn a_key_set_on_one_instance_is_served_by_the_other_within_a_second_and_revoked_the_same_way() {
     let redis = RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
     let upstream = Upstream::start();
@@ -472,6 +476,10 @@ enum Write {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario against real processes, read in the order it happens"
+)]
 fn sixty_concurrent_changes_under_load_fail_no_request_and_the_last_write_wins() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();

@@ -41,6 +41,10 @@ fn await_both(proxies: &[&Proxy], line: &str, times: usize, what: &str) -> Durat
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario against real processes, read in the order it happens"
+)]
 fn two_proxies_follow_the_master_through_a_kill_and_a_manual_failover() {
     let mut group = SentinelGroup::start();
     let upstream = Upstream::start();

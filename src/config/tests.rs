@@ -67,6 +67,10 @@ fn full_example_resolves_every_key() {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a table of cases, one or two lines each"
+)]
 fn errors_name_line_and_key() {
     let cases: &[(&str, &str)] = &[
         (
@@ -896,6 +900,10 @@ fn descriptor_limit(lines: &str) -> String {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a table of cases, one or two lines each"
+)]
 fn descriptor_limits_read_like_the_others_and_refuse_what_envoy_cannot_give() {
     let entries =
         r#"match = { domain = "edge", descriptors = [["remote_address"], ["path", "/login"]] }"#;

@@ -499,6 +499,10 @@ fn the_table_gives_the_ranges_the_constructors_check() {
 /// Each range, tight: its last number is taken, the next one refused, in
 /// the config's own terms.
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a table of cases, one or two lines each"
+)]
 fn ranges_end_exactly_where_they_say() {
     let year = 366 * DAY;
     // Windows: the count, then the window's length.
@@ -1098,6 +1102,10 @@ fn month() -> Calendar {
 /// Every refusal in the config's own words, and the number of the limit's
 /// config it is about (the one config names in its error).
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a table of cases, one or two lines each"
+)]
 fn each_refusal_says_what_is_wrong_and_with_which_number() {
     let tb = Kind::TokenBucket;
     let lb = Kind::LeakyBucket;
