@@ -1,14 +1,17 @@
 //! floodgate: an edge rate-limiting reverse proxy on Pingora.
 #![forbid(unsafe_code)]
+// The library's surface is what the binary, tests, benches and examples
+// use; everything else is the crate's own.
+#![warn(unreachable_pub)]
 
-pub mod admin;
+mod admin;
 pub mod cli;
 pub mod clients;
 pub mod config;
-pub mod connection;
+mod connection;
 pub mod protection;
 pub mod proxy;
-pub mod rls;
+mod rls;
 pub mod server;
-pub mod tracing;
+mod tracing;
 pub mod usage;

@@ -18,7 +18,7 @@ const MAX_KEY_BYTES: usize = 256;
 const MAX_LABEL_CHARS: usize = 128;
 
 /// What one call changed, for its log line and counter.
-pub struct Changed {
+pub(super) struct Changed {
     /// `api_key_set`, `api_key_revoked` or `api_keys_imported`.
     pub what: &'static str,
     /// The log line's detail (key labels, tiers: never a key).
@@ -33,7 +33,7 @@ pub(super) fn field_error(field: &str, reason: impl std::fmt::Display) -> ApiErr
     }
 }
 
-pub fn unavailable(e: ClientsError) -> ApiError {
+pub(super) fn unavailable(e: ClientsError) -> ApiError {
     match e {
         ClientsError::Unavailable(_) => ApiError::unavailable(e.to_string()),
         ClientsError::File { .. } => ApiError {
@@ -183,7 +183,7 @@ fn described(hash: u128, entry: &KeyEntry, kept_in: &str) -> Value {
 }
 
 /// `PUT /v1/api_keys`: one key's tier (and label), new or changed.
-pub async fn put(
+pub(super) async fn put(
     clients: &RunTimeClients,
     policy: &Policy,
     body: &[u8],
@@ -271,7 +271,7 @@ fn named_hash(
 }
 
 /// `GET /v1/api_keys?key_hash=`: what a key is, and where that comes from.
-pub fn get(
+pub(super) fn get(
     clients: &RunTimeClients,
     policy: &Policy,
     params: &[(String, String)],
@@ -303,7 +303,7 @@ pub fn get(
 /// `DELETE /v1/api_keys?key=|key_hash=`: the key counts as no key from now
 /// on, on every instance, whatever the file says. Kept as a revocation (a
 /// `PUT` gives it a tier again).
-pub async fn revoke(
+pub(super) async fn revoke(
     clients: &RunTimeClients,
     policy: &Policy,
     params: &[(String, String)],
@@ -331,7 +331,7 @@ pub async fn revoke(
 /// `POST /v1/api_keys/import`: `{"keys": [{"key", "tier", "label"}, ...]}`,
 /// up to `MAX_IMPORT`, every one set or none (the first bad entry is named,
 /// and nothing changes).
-pub async fn import(
+pub(super) async fn import(
     clients: &RunTimeClients,
     policy: &Policy,
     body: &[u8],

@@ -14,10 +14,10 @@ use siphasher::sip128::{Hasher128, SipHasher13};
 
 /// The status page's session cookie: the token itself, HttpOnly and
 /// SameSite=Strict, so that no script and no other site can use it.
-pub const COOKIE_NAME: &str = "floodgate_admin";
+pub(crate) const COOKIE_NAME: &str = "floodgate_admin";
 
 /// How long a status page session lasts: 12 hours.
-pub const SESSION_S: u64 = 12 * 3600;
+pub(crate) const SESSION_S: u64 = 12 * 3600;
 
 /// The admin token; never printed.
 #[derive(Clone, PartialEq, Eq)]
@@ -71,7 +71,7 @@ impl AdminToken {
 
 /// How a request proved itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Credential {
+pub(crate) enum Credential {
     /// `Authorization: Bearer <token>`: any call.
     Bearer,
     /// The status page's cookie: reads only. A call that changes state
@@ -81,7 +81,7 @@ pub enum Credential {
 }
 
 /// The credential the request carries, if its token is right.
-pub fn authenticate(token: &AdminToken, headers: &HeaderMap, now_s: u64) -> Option<Credential> {
+pub(crate) fn authenticate(token: &AdminToken, headers: &HeaderMap, now_s: u64) -> Option<Credential> {
     // The scheme's name is case-insensitive (RFC 9110).
     let bearer = headers
         .get_all(AUTHORIZATION)

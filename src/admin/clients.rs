@@ -99,7 +99,7 @@ fn override_in_force(policy: &Policy, limit: &Limit, identity: u128) -> Value {
 
 /// `GET /v1/clients`: per limit keyed on the client, what is left, when it
 /// resets, how long a request waits, and the ban state; one store call.
-pub async fn show(
+pub(super) async fn show(
     store: &dyn Store,
     policy: &Policy,
     lookup: &Lookup,
@@ -179,7 +179,7 @@ pub async fn show(
 /// `DELETE /v1/clients`: the client starts afresh under the chosen limits
 /// (bans and strikes included), on the store that holds the state; with
 /// Redis, every instance forgets the refusals it remembered.
-pub async fn reset(
+pub(super) async fn reset(
     store: &dyn Store,
     policy: &Policy,
     lookup: &Lookup,
@@ -212,7 +212,7 @@ pub async fn reset(
 
 /// `POST /v1/clients/credit`: `units` given back under one limit (a token
 /// bucket, a fixed window or a quota), up to a full budget.
-pub async fn credit(
+pub(super) async fn credit(
     store: &dyn Store,
     policy: &Policy,
     lookup: &Lookup,
@@ -276,7 +276,7 @@ pub async fn credit(
 }
 
 /// `GET /v1/limits`: the running limits, with their numbers per tier.
-pub fn limits(policy: &Policy) -> Value {
+pub(super) fn limits(policy: &Policy) -> Value {
     let limits: Vec<Value> = policy
         .limits
         .iter()

@@ -2,7 +2,7 @@
 //! guess learns nothing from how long it took to be refused.
 
 /// Whether `candidate` is `expected`.
-pub fn same(expected: &[u8], candidate: &[u8]) -> bool {
+pub(crate) fn same(expected: &[u8], candidate: &[u8]) -> bool {
     expected.len() == candidate.len()
         && expected
             .iter()

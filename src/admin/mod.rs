@@ -4,13 +4,13 @@
 //! `/v1/` and the status page at `/`.
 
 mod api_keys;
-pub mod auth;
+pub(crate) mod auth;
 mod clients;
-pub mod constant_time;
+pub(crate) mod constant_time;
 mod lookup;
 mod overrides;
 mod reply;
-pub mod status;
+pub(crate) mod status;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,13 +45,13 @@ const MAX_BODY: usize = 16 * 1024;
 /// their tier and label.
 const MAX_IMPORT_BODY: usize = 8 * 1024 * 1024;
 
-pub struct Admin {
+pub(crate) struct Admin {
     state: Arc<AppState>,
     refusals: RefusalLog,
 }
 
 impl Admin {
-    pub fn new(state: Arc<AppState>) -> Self {
+    pub(crate) fn new(state: Arc<AppState>) -> Self {
         Admin {
             state,
             refusals: RefusalLog::default(),

@@ -131,7 +131,7 @@ fn expiry(value: &Value, now_s: u64) -> Result<Option<u64>, ApiError> {
 /// is called `limit` (`"capacity": 5000, "refill_rate": 100`): at the top,
 /// `limit` names the limit. Every field is checked before anything
 /// changes.
-pub async fn put(
+pub(super) async fn put(
     clients: &RunTimeClients,
     policy: &Policy,
     rules: &OverrideRules,
@@ -239,7 +239,7 @@ pub async fn put(
 
 /// `GET /v1/overrides[?limit=][&<client>=]`: the overrides (of one limit,
 /// of one client), the newest first, at most `MAX_LISTED`.
-pub fn list(
+pub(super) fn list(
     clients: &RunTimeClients,
     policy: &Policy,
     params: &[(String, String)],
@@ -301,7 +301,7 @@ pub fn list(
 
 /// `DELETE /v1/overrides?limit=&<client>=`: the client's numbers are its
 /// tier's again, on every instance.
-pub async fn remove(
+pub(super) async fn remove(
     clients: &RunTimeClients,
     policy: &Policy,
     params: &[(String, String)],

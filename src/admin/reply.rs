@@ -7,14 +7,14 @@ use serde_json::{json, Value};
 /// A call that cannot be carried out: its status, a stable code and what
 /// to do about it.
 #[derive(Debug)]
-pub struct ApiError {
+pub(super) struct ApiError {
     pub status: u16,
     pub code: &'static str,
     pub reason: String,
 }
 
 impl ApiError {
-    pub fn bad_request(reason: impl Into<String>) -> ApiError {
+    pub(super) fn bad_request(reason: impl Into<String>) -> ApiError {
         ApiError {
             status: 400,
             code: "bad_request",
@@ -22,7 +22,7 @@ impl ApiError {
         }
     }
 
-    pub fn not_found(code: &'static str, reason: impl Into<String>) -> ApiError {
+    pub(super) fn not_found(code: &'static str, reason: impl Into<String>) -> ApiError {
         ApiError {
             status: 404,
             code,
@@ -30,7 +30,7 @@ impl ApiError {
         }
     }
 
-    pub fn conflict(reason: impl Into<String>) -> ApiError {
+    pub(super) fn conflict(reason: impl Into<String>) -> ApiError {
         ApiError {
             status: 409,
             code: "not_creditable",
@@ -38,7 +38,7 @@ impl ApiError {
         }
     }
 
-    pub fn unavailable(reason: impl Into<String>) -> ApiError {
+    pub(super) fn unavailable(reason: impl Into<String>) -> ApiError {
         ApiError {
             status: 503,
             code: "store_unavailable",
@@ -46,16 +46,16 @@ impl ApiError {
         }
     }
 
-    pub fn to_json(&self) -> Value {
+    pub(super) fn to_json(&self) -> Value {
         json!({"error": self.code, "reason": self.reason})
     }
 }
 
-pub fn reply(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
+pub(super) fn reply(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
     reply_with(status, content_type, body, &[])
 }
 
-pub fn reply_with(
+pub(super) fn reply_with(
     status: u16,
     content_type: &str,
     body: Vec<u8>,
@@ -76,7 +76,7 @@ pub fn reply_with(
         .unwrap_or_else(|_| Response::new(Vec::new()))
 }
 
-pub fn text(status: u16, body: &str) -> Response<Vec<u8>> {
+pub(super) fn text(status: u16, body: &str) -> Response<Vec<u8>> {
     reply(
         status,
         "text/plain; charset=utf-8",
@@ -84,13 +84,13 @@ pub fn text(status: u16, body: &str) -> Response<Vec<u8>> {
     )
 }
 
-pub fn json_reply(status: u16, body: &Value) -> Response<Vec<u8>> {
+pub(super) fn json_reply(status: u16, body: &Value) -> Response<Vec<u8>> {
     let mut bytes = serde_json::to_vec_pretty(body).unwrap_or_default();
     bytes.push(b'\n');
     reply(status, "application/json", bytes)
 }
 
-pub fn error(e: &ApiError) -> Response<Vec<u8>> {
+pub(super) fn error(e: &ApiError) -> Response<Vec<u8>> {
     let mut response = json_reply(e.status, &e.to_json());
     if e.status == 401 {
         response.headers_mut().insert(
@@ -106,7 +106,7 @@ pub fn error(e: &ApiError) -> Response<Vec<u8>> {
 const PAGE_POLICY: &str =
     "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
-pub fn html(status: u16, body: &str, headers: &[(&str, &str)]) -> Response<Vec<u8>> {
+pub(super) fn html(status: u16, body: &str, headers: &[(&str, &str)]) -> Response<Vec<u8>> {
     let mut all = vec![
         ("Content-Security-Policy", PAGE_POLICY),
         ("X-Frame-Options", "DENY"),

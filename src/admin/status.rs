@@ -14,7 +14,7 @@ use floodgate_policy::identity::Client;
 use floodgate_policy::Limit;
 
 /// One point of a chart per this long.
-pub const STEP: Duration = Duration::from_secs(5);
+pub(crate) const STEP: Duration = Duration::from_secs(5);
 /// How far back the charts go: 15 minutes.
 const POINTS: usize = 180;
 /// Clients the refusal board keeps at most (the least refused go first).
@@ -26,7 +26,7 @@ const BOARD_WINDOW_S: u64 = 15 * 60;
 /// Reloads remembered.
 const RELOADS_KEPT: usize = 20;
 
-pub fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

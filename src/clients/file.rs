@@ -26,7 +26,7 @@ struct Document {
 
 /// What the file keeps.
 #[derive(Debug, Default)]
-pub struct Kept {
+pub(super) struct Kept {
     pub api_keys: Vec<(u128, KeyEntry)>,
     pub overrides: Vec<(OverrideKey, StoredOverride)>,
 }
@@ -57,7 +57,7 @@ pub enum LoadError {
 }
 
 /// The entries in `path`; none when there is no file yet.
-pub fn load(path: &Path) -> Result<Kept, LoadError> {
+pub(super) fn load(path: &Path) -> Result<Kept, LoadError> {
     let shown = || path.display().to_string();
     let bytes = match std::fs::read(path) {
         Ok(bytes) => bytes,
@@ -115,7 +115,7 @@ pub fn load(path: &Path) -> Result<Kept, LoadError> {
 /// Writes `entries` and `overrides` (a later one of a hash or a key beats
 /// an earlier) to `path`: to a temporary file beside it, flushed to disk,
 /// then renamed over it.
-pub fn save(
+pub(super) fn save(
     path: &Path,
     entries: Vec<(u128, KeyEntry)>,
     overrides: Vec<(OverrideKey, Override)>,

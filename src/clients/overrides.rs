@@ -57,7 +57,7 @@ pub fn field_of(key: &OverrideKey) -> String {
 }
 
 /// A field as `field_of` writes it.
-pub fn parse_field(text: &str) -> Result<OverrideKey, EntryError> {
+pub(super) fn parse_field(text: &str) -> Result<OverrideKey, EntryError> {
     let bad = || EntryError::Hash(text.chars().take(60).collect());
     let (limit, identity) = text.split_once(':').ok_or_else(bad)?;
     let hex = |s: &str, len: usize| s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit());

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-pub fn parse(text: &str) -> Result<Duration, String> {
+pub(super) fn parse(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())

@@ -36,7 +36,7 @@ pub fn render_path(path: &[Segment]) -> String {
 }
 
 /// 1-based line of a byte offset.
-pub fn line_of(text: &str, offset: usize) -> usize {
+pub(super) fn line_of(text: &str, offset: usize) -> usize {
     text.as_bytes()[..offset.min(text.len())]
         .iter()
         .filter(|&&b| b == b'\n')
@@ -45,7 +45,7 @@ pub fn line_of(text: &str, offset: usize) -> usize {
 }
 
 /// The line where the value (or table) at `path` is written.
-pub fn line_of_path(text: &str, path: &[Segment]) -> Option<usize> {
+pub(super) fn line_of_path(text: &str, path: &[Segment]) -> Option<usize> {
     let root = DeTable::parse(text).ok()?;
     let mut span = root.span();
     let mut current: Option<&Spanned<DeValue>> = None;
@@ -72,7 +72,7 @@ pub fn line_of_path(text: &str, path: &[Segment]) -> Option<usize> {
 }
 
 /// The deepest key path whose key or value covers `at`.
-pub fn path_at(text: &str, at: Range<usize>) -> Vec<Segment> {
+pub(super) fn path_at(text: &str, at: Range<usize>) -> Vec<Segment> {
     let mut path = Vec::new();
     let Ok(root) = DeTable::parse(text) else {
         return path;

@@ -15,17 +15,17 @@ use crate::server::state::AppState;
 
 /// The address a connection from `peer` counts against under the
 /// per-address cap: grouped as limits group it, none for a trusted proxy.
-pub fn counted_as(state: &AppState, peer: Option<IpAddr>) -> Option<IpAddr> {
+pub(crate) fn counted_as(state: &AppState, peer: Option<IpAddr>) -> Option<IpAddr> {
     peer.and_then(|ip| state.runtime.load().policy.clients.connection_group(ip))
 }
 
-pub struct AcceptFilter {
+pub(crate) struct AcceptFilter {
     caps: Arc<ConnectionCaps>,
     state: Arc<AppState>,
 }
 
 impl AcceptFilter {
-    pub fn new(caps: Arc<ConnectionCaps>, state: Arc<AppState>) -> Arc<Self> {
+    pub(crate) fn new(caps: Arc<ConnectionCaps>, state: Arc<AppState>) -> Arc<Self> {
         Arc::new(AcceptFilter { caps, state })
     }
 }

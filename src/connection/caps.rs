@@ -15,7 +15,7 @@ use floodgate_limiter::log_throttle::KeyedLogThrottle;
 
 /// `[server]` connection settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConnectionSettings {
+pub(crate) struct ConnectionSettings {
     pub header_timeout: Duration,
     pub keepalive_timeout: Duration,
     pub max_connections: usize,
@@ -30,7 +30,7 @@ const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);
 const REFUSAL_LOG_MEMORY: usize = 10_000;
 
 /// Open connections, in all and per client address.
-pub struct ConnectionCaps {
+pub(crate) struct ConnectionCaps {
     /// Which listener's connections the refusal log names ("" for the
     /// gateway's, whose log came first).
     listener: &'static str,
@@ -48,7 +48,7 @@ struct PerIp {
 }
 
 /// One open connection's place under the caps, given back on drop.
-pub struct Permit {
+pub(crate) struct Permit {
     caps: Arc<ConnectionCaps>,
     /// The address counted against the per-address cap (none for trusted
     /// proxies, which hold many clients' connections).
@@ -78,19 +78,19 @@ impl Drop for Permit {
 
 /// Why a connection was closed at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CapReached {
+pub(crate) enum CapReached {
     Total,
     PerAddress,
 }
 
 impl ConnectionCaps {
-    pub fn new(settings: &ConnectionSettings, metrics: ConnectionMetrics) -> Arc<Self> {
+    pub(crate) fn new(settings: &ConnectionSettings, metrics: ConnectionMetrics) -> Arc<Self> {
         ConnectionCaps::of_listener("", settings, metrics)
     }
 
     /// Caps whose refusals the log tells apart by `listener` (e.g. "rate
     /// limit service ", written before "connection from ...").
-    pub fn of_listener(
+    pub(crate) fn of_listener(
         listener: &'static str,
         settings: &ConnectionSettings,
         metrics: ConnectionMetrics,
@@ -118,7 +118,7 @@ impl ConnectionCaps {
     /// A place for a new connection from `address` (already grouped: an
     /// IPv6 client by its prefix), or which cap it hit. `None` counts
     /// against the total only.
-    pub fn admit(self: &Arc<Self>, address: Option<IpAddr>) -> Result<Permit, CapReached> {
+    pub(crate) fn admit(self: &Arc<Self>, address: Option<IpAddr>) -> Result<Permit, CapReached> {
         // Both caps under the one lock, the address's first: a flood that its
         // own cap refuses never takes places from the total meanwhile.
         let mut per_ip = self.lock();
@@ -148,7 +148,7 @@ impl ConnectionCaps {
     /// connections draw on one table of descriptors, which the total is
     /// sized from. Not shown in these caps' `open` series, nor counted as
     /// a refusal here.
-    pub fn admit_elsewhere(self: &Arc<Self>) -> Result<Permit, CapReached> {
+    pub(crate) fn admit_elsewhere(self: &Arc<Self>) -> Result<Permit, CapReached> {
         // The lock orders this against `admit`'s check of the total.
         let per_ip = self.lock();
         if self.total.load(Ordering::Acquire) >= self.max_total {
@@ -167,7 +167,7 @@ impl ConnectionCaps {
     /// taking one: the accept loop's check, before a task exists. A
     /// connection that passes still takes its place with `admit`, which
     /// stays the exact count (connections accepted at once may all pass here).
-    pub fn has_room(&self, address: Option<IpAddr>) -> Result<(), CapReached> {
+    pub(crate) fn has_room(&self, address: Option<IpAddr>) -> Result<(), CapReached> {
         if let Some(ip) = address {
             if self
                 .lock()
@@ -188,7 +188,7 @@ impl ConnectionCaps {
     /// last minute.
     /// `group` is the address as the per-address cap counts it (an IPv6
     /// client by its prefix), so that a /64 cannot write a line per address.
-    pub fn refused(&self, group: Option<IpAddr>, reason: CapReached) {
+    pub(crate) fn refused(&self, group: Option<IpAddr>, reason: CapReached) {
         let (label, cap) = match reason {
             CapReached::Total => ("total", self.max_total),
             CapReached::PerAddress => ("per_ip", self.max_per_ip),

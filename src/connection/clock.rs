@@ -8,14 +8,14 @@ use tokio::time::Instant;
 
 /// The largest request head read: Pingora would buffer up to a megabyte per
 /// connection. 64 KiB is 8 times what browsers send with many cookies.
-pub const MAX_HEAD_BYTES: u64 = 64 * 1024;
+pub(crate) const MAX_HEAD_BYTES: u64 = 64 * 1024;
 
 /// The slowest average a request body may arrive at, after a grace of
 /// `header_timeout`: a phone on a bad link does 10 times better.
-pub const MIN_BODY_RATE: u64 = 1024;
+pub(crate) const MIN_BODY_RATE: u64 = 1024;
 
 /// When the next request head must have arrived on one connection.
-pub struct HeadClock {
+pub(crate) struct HeadClock {
     header_timeout: Duration,
     pub(super) keepalive_timeout: Duration,
     state: Mutex<ClockState>,
@@ -58,7 +58,7 @@ impl HeadClock {
     /// The clock of a connection accepted now: its first head is due within
     /// `header_timeout`, counted from the accept (a connection that sends
     /// nothing is as slow as one that trickles).
-    pub fn new(header_timeout: Duration, keepalive_timeout: Duration) -> Arc<Self> {
+    pub(crate) fn new(header_timeout: Duration, keepalive_timeout: Duration) -> Arc<Self> {
         Arc::new(HeadClock {
             header_timeout,
             keepalive_timeout,
@@ -78,12 +78,12 @@ impl HeadClock {
     }
 
     /// A whole head was parsed.
-    pub fn head_arrived(&self) {
+    pub(crate) fn head_arrived(&self) {
         *self.lock() = ClockState::InRequest;
     }
 
     /// The request has a body to come: it must keep up MIN_BODY_RATE.
-    pub fn body_expected(&self) {
+    pub(crate) fn body_expected(&self) {
         *self.lock() = ClockState::Body {
             since: Instant::now(),
             bytes: 0,
@@ -93,14 +93,14 @@ impl HeadClock {
 
     /// The body still to come must be in by `until` (a request that holds
     /// a slot: no body floor lets it keep one for hours).
-    pub fn body_due_by(&self, until: Instant) {
+    pub(crate) fn body_due_by(&self, until: Instant) {
         if let ClockState::Body { by, .. } = &mut *self.lock() {
             *by = Some(by.map_or(until, |b| b.min(until)));
         }
     }
 
     /// The whole body is in.
-    pub fn body_arrived(&self) {
+    pub(crate) fn body_arrived(&self) {
         let mut state = self.lock();
         if let ClockState::Body { .. } = *state {
             *state = ClockState::InRequest;
@@ -108,7 +108,7 @@ impl HeadClock {
     }
 
     /// A response is over: the connection idles until the next head starts.
-    pub fn await_next_head(&self) {
+    pub(crate) fn await_next_head(&self) {
         *self.lock() = ClockState::Idle {
             until: Instant::now() + self.keepalive_timeout,
         };

@@ -32,7 +32,7 @@ enum Protocol {
 
 /// Serves each accepted connection: caps, then HTTP/1 sessions one after the
 /// other under the connection's `HeadClock`.
-pub struct FrontDoor {
+pub(crate) struct FrontDoor {
     proxy: Arc<HttpProxy<Gateway>>,
     state: Arc<AppState>,
     caps: Arc<ConnectionCaps>,
@@ -44,7 +44,7 @@ pub struct FrontDoor {
 }
 
 impl FrontDoor {
-    pub fn new(
+    pub(crate) fn new(
         proxy: Arc<HttpProxy<Gateway>>,
         state: Arc<AppState>,
         caps: Arc<ConnectionCaps>,
@@ -222,7 +222,7 @@ impl ServerApp for FrontDoor {
 /// Serves the admin listener: its own small connection cap, and a lifetime
 /// per connection, so that idle or slow clients there can neither hold the
 /// process's descriptors nor stay for ever (admin answers take milliseconds).
-pub struct AdminDoor<A> {
+pub(crate) struct AdminDoor<A> {
     app: Arc<A>,
     caps: Arc<ConnectionCaps>,
     lifetime: Duration,
@@ -232,20 +232,20 @@ pub struct AdminDoor<A> {
 }
 
 /// The group a peer address is counted in.
-pub type AddressGroup = Box<dyn Fn(IpAddr) -> IpAddr + Send + Sync>;
+pub(super) type AddressGroup = Box<dyn Fn(IpAddr) -> IpAddr + Send + Sync>;
 
 /// Admin connections open at once, out of the descriptors the proxy keeps
 /// back from its own cap.
-pub const ADMIN_CONNECTIONS: usize = 32;
+pub(crate) const ADMIN_CONNECTIONS: usize = 32;
 
 /// Admin connections one address may hold: a browser on the status page,
 /// a scraper and a health check fit, and one address holding them all
 /// leaves three quarters of the listener to everyone else (an
 /// orchestrator's probe above all).
-pub const ADMIN_CONNECTIONS_PER_ADDRESS: usize = 8;
+pub(super) const ADMIN_CONNECTIONS_PER_ADDRESS: usize = 8;
 
 impl<A> AdminDoor<A> {
-    pub fn new(
+    pub(crate) fn new(
         app: A,
         metrics: ConnectionMetrics,
         lifetime: Duration,

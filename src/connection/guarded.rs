@@ -30,7 +30,7 @@ const REQUEST_TIMEOUT: &[u8] = b"HTTP/1.1 408 Request Timeout\r\nContent-Type: a
 const HEAD_TOO_LARGE: &[u8] = b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: 34\r\n\r\n{\"error\":\"request_head_too_large\"}";
 
 /// The client's stream, read under the connection's `HeadClock`.
-pub struct GuardedStream {
+pub(crate) struct GuardedStream {
     inner: Stream,
     clock: Arc<HeadClock>,
     timer: Pin<Box<Sleep>>,
@@ -77,7 +77,7 @@ impl fmt::Debug for GuardedStream {
 }
 
 impl GuardedStream {
-    pub fn new(
+    pub(crate) fn new(
         inner: Stream,
         clock: Arc<HeadClock>,
         metrics: ConnectionMetrics,
@@ -100,7 +100,7 @@ impl GuardedStream {
     /// An HTTP/2 connection's stream, its frames followed by `watch` (see
     /// `h2_watch`), `replay` (bytes already read from `inner`: the preface
     /// read off a TLS stream) read first.
-    pub fn watching(
+    pub(crate) fn watching(
         inner: Stream,
         replay: Vec<u8>,
         watch: Arc<H2Watch>,
@@ -121,7 +121,7 @@ impl GuardedStream {
 
     /// `inner` with `replay` read back first, under no head deadline (the
     /// stream below keeps its own clock).
-    pub fn replaying(inner: Stream, replay: Vec<u8>, metrics: ConnectionMetrics) -> Self {
+    pub(crate) fn replaying(inner: Stream, replay: Vec<u8>, metrics: ConnectionMetrics) -> Self {
         let clock = HeadClock::new(Duration::ZERO, Duration::ZERO);
         clock.head_arrived();
         let mut stream = GuardedStream::new(inner, clock, metrics, false);

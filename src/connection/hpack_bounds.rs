@@ -33,7 +33,7 @@ struct Integer {
 
 /// A header block's reading so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct HpackBounds {
+pub(super) struct HpackBounds {
     integer: Option<Integer>,
     /// Strings the current literal still owes (its name and value, or its
     /// value).
@@ -45,18 +45,18 @@ pub struct HpackBounds {
 
 impl HpackBounds {
     /// Whether the block read so far ends where a field ends.
-    pub fn at_field_boundary(&self) -> bool {
+    pub(super) fn at_field_boundary(&self) -> bool {
         !self.broken && self.integer.is_none() && self.strings_owed == 0 && self.string_left == 0
     }
 
     /// The block is refused for what surrounds it (a frame the h2 server
     /// refuses): no field may follow it.
-    pub fn refuse(&mut self) {
+    pub(super) fn refuse(&mut self) {
         self.broken = true;
     }
 
     /// Reads the next bytes of the block.
-    pub fn read(&mut self, mut bytes: &[u8]) {
+    pub(super) fn read(&mut self, mut bytes: &[u8]) {
         while let Some((&byte, rest)) = bytes.split_first() {
             if self.broken {
                 return;

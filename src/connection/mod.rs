@@ -28,15 +28,13 @@
 //! user context that Pingora hands to `ProxyHttp::on_connection_reuse`.
 
 mod accept;
-pub mod caps;
-pub mod clock;
+pub(crate) mod caps;
+pub(crate) mod clock;
 mod door;
 mod guarded;
-pub mod h2_watch;
+pub(crate) mod h2_watch;
 mod hpack_bounds;
 
-pub use accept::{counted_as, AcceptFilter};
-pub use caps::{CapReached, ConnectionCaps, ConnectionSettings, Permit, StreamCaps, StreamPermit};
-pub use clock::{HeadClock, MAX_HEAD_BYTES, MIN_BODY_RATE};
-pub use door::{AdminDoor, FrontDoor, ADMIN_CONNECTIONS};
-pub use guarded::GuardedStream;
+pub(crate) use accept::{counted_as, AcceptFilter};
+pub(crate) use caps::{CapReached, ConnectionCaps, ConnectionSettings, Permit};
+pub(crate) use door::{AdminDoor, FrontDoor};

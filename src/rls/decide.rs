@@ -18,20 +18,20 @@ use floodgate_policy::identity::KeySource;
 use floodgate_policy::{remote_address, Limit, Policy, Rule};
 
 /// A call, as Envoy sent it (checked for size by the service).
-pub struct Ask<'a> {
+pub(crate) struct Ask<'a> {
     pub domain: &'a str,
     pub descriptors: Vec<Descriptor<'a>>,
 }
 
 /// One descriptor: its entries in order, and what it costs.
-pub struct Descriptor<'a> {
+pub(crate) struct Descriptor<'a> {
     pub entries: Vec<(&'a str, &'a str)>,
     pub cost: u64,
 }
 
 /// The cost of a descriptor: its own `hits_addend` when set (0 looks
 /// without charging), else the call's, where 0 means "not set" and so 1.
-pub fn cost_of(descriptor_hits: Option<u64>, call_hits: u32) -> u64 {
+pub(crate) fn cost_of(descriptor_hits: Option<u64>, call_hits: u32) -> u64 {
     descriptor_hits
         .unwrap_or(u64::from(call_hits.max(1)))
         // Beyond any quota: refused as a cost no limit can hold.
@@ -40,7 +40,7 @@ pub fn cost_of(descriptor_hits: Option<u64>, call_hits: u32) -> u64 {
 
 /// Why a descriptor met no limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unmatched {
+pub(crate) enum Unmatched {
     /// No limit is on the call's domain.
     Domain,
     /// None is on this descriptor.
@@ -49,7 +49,7 @@ pub enum Unmatched {
 
 /// The checks a call makes, and which of them each descriptor met.
 #[derive(Debug, Default)]
-pub struct Planned {
+pub(crate) struct Planned {
     pub checks: Vec<Check>,
     /// Per descriptor, in order: the checks (indexes into `checks`) it met.
     pub met: Vec<SmallVec<[usize; 2]>>,
@@ -61,7 +61,7 @@ pub struct Planned {
 /// that meet one limit
 /// with one identity are one check of their summed cost: two checks of
 /// one state in one decision would each see it before the other's charge.
-pub fn plan(policy: &Policy, ask: &Ask<'_>) -> Planned {
+pub(crate) fn plan(policy: &Policy, ask: &Ask<'_>) -> Planned {
     let mut planned = Planned::default();
     let domain_known = policy.descriptor_limits().any(|(_, l)| {
         l.matcher
@@ -145,7 +145,7 @@ pub fn plan(policy: &Policy, ask: &Ask<'_>) -> Planned {
 
 /// The limit a descriptor's status reports.
 #[derive(Debug, Clone)]
-pub struct Shown {
+pub(crate) struct Shown {
     pub name: String,
     pub quota: u64,
     pub window_us: u64,
@@ -154,7 +154,7 @@ pub struct Shown {
 
 /// One descriptor's answer.
 #[derive(Debug, Clone)]
-pub struct Status {
+pub(crate) struct Status {
     pub over_limit: bool,
     /// None when the descriptor met no limit.
     pub shown: Option<Shown>,
@@ -162,7 +162,7 @@ pub struct Status {
 
 /// The whole answer.
 #[derive(Debug)]
-pub struct Answer {
+pub(crate) struct Answer {
     pub over_limit: bool,
     pub statuses: Vec<Status>,
     /// The rate-limit headers `[response].headers` asks for (and
@@ -172,7 +172,7 @@ pub struct Answer {
 
 /// Why a call got no answer.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// The store could not decide, or a limit that fails closed could not
     /// be decided on it (`on_failure = "deny"` while Redis is away).
     Unavailable(String),
@@ -201,7 +201,7 @@ fn shown(layer: &Layer<'_>) -> Shown {
 /// The answer to a call whose checks were decided: a descriptor is over
 /// the limit when an enforcing check it met refuses (shadow checks never
 /// refuse), and reports the refusing layer, or else its most constrained.
-pub fn answer(style: headers::HeaderStyle, planned: &Planned, decisions: &[Decision]) -> Answer {
+pub(crate) fn answer(style: headers::HeaderStyle, planned: &Planned, decisions: &[Decision]) -> Answer {
     let layers: Vec<Layer<'_>> = planned
         .checks
         .iter()
@@ -270,7 +270,7 @@ pub fn answer(style: headers::HeaderStyle, planned: &Planned, decisions: &[Decis
 
 /// Plans, decides on `store` and answers one call; counts it and logs a
 /// refusal as the gateway does.
-pub async fn decide(
+pub(crate) async fn decide(
     runtime: &Runtime,
     store: &Arc<dyn Store>,
     metrics: &RlsMetrics,

@@ -46,7 +46,7 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 
 /// The deadlines the service's connections live by (`[server]`'s).
 #[derive(Debug, Clone, Copy)]
-pub struct Deadlines {
+pub(super) struct Deadlines {
     /// The TLS handshake and the HTTP/2 preface, from the accept.
     pub header_timeout: Duration,
     /// A connection without a call for this long is closed.
@@ -55,7 +55,7 @@ pub struct Deadlines {
 
 /// Accepts the service's connections and lets through those that keep to
 /// the caps and the deadlines.
-pub struct Door {
+pub(super) struct Door {
     /// The service's own caps: `[rls]`'s, else `[server]`'s numbers.
     caps: Arc<ConnectionCaps>,
     /// The process's total, which the gateway's connections count in too.
@@ -73,7 +73,7 @@ struct Places {
 }
 
 impl Door {
-    pub fn new(
+    pub(super) fn new(
         caps: Arc<ConnectionCaps>,
         process: Arc<ConnectionCaps>,
         state: Arc<AppState>,
@@ -105,7 +105,7 @@ impl Door {
     /// The connections of `listener` that are in their places and sent
     /// their preface in time, in the order they did: each one is read in a
     /// task of its own, so one that dawdles delays no other.
-    pub fn incoming(
+    pub(super) fn incoming(
         self: Arc<Self>,
         listener: TcpListener,
     ) -> impl Stream<Item = std::io::Result<RlsConnection>> {
@@ -210,7 +210,7 @@ impl Door {
 /// A connection's calls: how many are in flight, and when the last one
 /// began or ended.
 #[derive(Debug)]
-pub struct Calls {
+pub(super) struct Calls {
     in_flight: AtomicUsize,
     /// Milliseconds from `opened` to the last call's start or end.
     last_ms: AtomicU64,
@@ -232,7 +232,7 @@ impl Calls {
     }
 
     /// A call begins; it ends when what this returns is dropped.
-    pub fn begin(self: &Arc<Self>) -> CallInFlight {
+    pub(super) fn begin(self: &Arc<Self>) -> CallInFlight {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.touch();
         CallInFlight(self.clone())
@@ -250,7 +250,7 @@ impl Calls {
 
 /// One call in flight on its connection, for as long as it lives.
 #[derive(Debug)]
-pub struct CallInFlight(Arc<Calls>);
+pub(super) struct CallInFlight(Arc<Calls>);
 
 impl Drop for CallInFlight {
     fn drop(&mut self) {
@@ -263,14 +263,14 @@ impl Drop for CallInFlight {
 /// puts it there from `Connected`): where the connection's calls are
 /// counted.
 #[derive(Debug, Clone)]
-pub struct ConnectionInfo {
+pub(super) struct ConnectionInfo {
     pub remote: SocketAddr,
     pub calls: Arc<Calls>,
 }
 
 /// A connection let through: its preface given back first, and read as
 /// ended once it has had no call for the idle timeout.
-pub struct RlsConnection {
+pub(super) struct RlsConnection {
     io: Box<dyn Io>,
     replay: [u8; PREFACE.len()],
     replayed: usize,

@@ -6,8 +6,8 @@
 //! `decide` is the call apart from gRPC; `service` (the `rls` cargo
 //! feature) serves it.
 
-pub mod auth;
-pub mod decide;
+pub(crate) mod auth;
+pub(crate) mod decide;
 #[cfg(feature = "rls")]
 mod door;
 #[cfg(feature = "rls")]
@@ -15,7 +15,7 @@ mod service;
 mod settings;
 mod traced;
 
-pub use auth::RlsTokens;
+pub(crate) use auth::RlsTokens;
 #[cfg(feature = "rls")]
-pub use service::{per_unit, RlsService, MAX_DESCRIPTORS};
-pub use settings::{RlsSettings, DEFAULT_MAX_MESSAGE_BYTES, MESSAGE_BYTES_RANGE};
+pub(crate) use service::RlsService;
+pub(crate) use settings::{RlsSettings, DEFAULT_MAX_MESSAGE_BYTES, MESSAGE_BYTES_RANGE};

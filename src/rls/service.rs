@@ -37,7 +37,7 @@ use floodgate_policy::MAX_ENTRIES;
 
 /// The most descriptors one call may carry: Envoy sends one per
 /// `rate_limits` action that applies, a handful.
-pub const MAX_DESCRIPTORS: usize = 64;
+pub(crate) const MAX_DESCRIPTORS: usize = 64;
 
 /// Calls at once on one connection, and streams Envoy may open on it:
 /// HTTP/2's advice (RFC 9113, 6.5.2: no fewer than 100). A client may open
@@ -111,7 +111,7 @@ fn ask_of<'a>(state: &AppState, call: &'a RateLimitRequest) -> Result<Ask<'a>, S
 
 /// The unit of time nearest a limit's window (on a log scale), and the
 /// quota expressed per that unit: what Envoy's `current_limit` can say.
-pub fn per_unit(quota: u64, window_us: u64) -> (Unit, u32) {
+pub(crate) fn per_unit(quota: u64, window_us: u64) -> (Unit, u32) {
     const UNITS: [(Unit, f64); 5] = [
         (Unit::Second, 1e6),
         (Unit::Minute, 60e6),
@@ -249,7 +249,7 @@ impl RateLimitService for Limiter {
 /// The listener, bound when the server is built (an address in use stops
 /// the start, as the gateway's listeners do), served once Pingora runs its
 /// background services.
-pub struct RlsService {
+pub(crate) struct RlsService {
     listener: std::sync::Mutex<Option<std::net::TcpListener>>,
     door: Arc<Door>,
     tls: bool,
@@ -318,7 +318,7 @@ impl RlsService {
     /// caps whose total every listener's connections count in, and
     /// `connections` the gateway's settings, whose caps apply where
     /// `[rls]` sets none and whose deadlines apply.
-    pub fn bind(
+    pub(crate) fn bind(
         settings: &RlsSettings,
         certificates: Option<Arc<CertResolver>>,
         state: Arc<AppState>,

@@ -13,8 +13,8 @@ mod sampler;
 mod settings;
 mod tracer;
 
-pub use export::{TracingError, TracingMetrics};
-pub use propagation::{HeaderExtractor, MetadataExtractor};
-pub use request::{bounded, DecisionRecord, Decisive, RequestTrace};
-pub use settings::{Protocol, TracingSettings, TrustParent};
-pub use tracer::Tracing;
+pub(crate) use export::{TracingError, TracingMetrics};
+pub(crate) use propagation::{HeaderExtractor, MetadataExtractor};
+pub(crate) use request::{bounded, DecisionRecord, Decisive, RequestTrace};
+pub(crate) use settings::{Protocol, TracingSettings, TrustParent};
+pub(crate) use tracer::Tracing;

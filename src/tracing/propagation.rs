@@ -5,7 +5,7 @@
 use opentelemetry::propagation::Extractor;
 
 /// An HTTP request's headers, for the propagator.
-pub struct HeaderExtractor<'a>(pub &'a http::HeaderMap);
+pub(crate) struct HeaderExtractor<'a>(pub &'a http::HeaderMap);
 
 impl Extractor for HeaderExtractor<'_> {
     fn get(&self, key: &str) -> Option<&str> {
@@ -18,7 +18,7 @@ impl Extractor for HeaderExtractor<'_> {
 }
 
 /// A gRPC call's metadata (the rate limit service's callers).
-pub struct MetadataExtractor<'a>(pub &'a tonic::metadata::MetadataMap);
+pub(crate) struct MetadataExtractor<'a>(pub &'a tonic::metadata::MetadataMap);
 
 impl Extractor for MetadataExtractor<'_> {
     fn get(&self, key: &str) -> Option<&str> {

@@ -15,7 +15,7 @@ use super::propagation::Headers;
 use super::tracer::Tracing;
 
 /// What the decision came to, for its span.
-pub struct DecisionRecord<'a> {
+pub(crate) struct DecisionRecord<'a> {
     pub started: SystemTime,
     /// The limits decided, by name.
     pub layers: Vec<&'a str>,
@@ -29,7 +29,7 @@ pub struct DecisionRecord<'a> {
 }
 
 /// The decisive limit's numbers.
-pub struct Decisive<'a> {
+pub(crate) struct Decisive<'a> {
     pub name: &'a str,
     pub limit: u64,
     pub remaining: u64,
@@ -41,7 +41,7 @@ pub struct Decisive<'a> {
 
 /// At most `MAX_ATTRIBUTE_BYTES` of a text a client wrote (a path may be
 /// 64 KiB): a span stays small, and an export within a collector's limit.
-pub fn bounded(text: &str) -> String {
+pub(crate) fn bounded(text: &str) -> String {
     let mut end = text.len().min(MAX_ATTRIBUTE_BYTES);
     while !text.is_char_boundary(end) {
         end -= 1;
@@ -52,7 +52,7 @@ pub fn bounded(text: &str) -> String {
 const MAX_ATTRIBUTE_BYTES: usize = 256;
 
 /// A request's trace, from its head on.
-pub struct RequestTrace {
+pub(crate) struct RequestTrace {
     server: Context,
     upstream: Option<Context>,
     /// For the span's final name, once its route is known (kept only when
@@ -63,7 +63,7 @@ pub struct RequestTrace {
 impl RequestTrace {
     /// The server span named `name` (an HTTP request's method, a gRPC
     /// call's method), continuing the caller's trace when `honour_parent`.
-    pub fn start(
+    pub(crate) fn start(
         tracing: &Tracing,
         carrier: &dyn Extractor,
         honour_parent: bool,
@@ -93,21 +93,21 @@ impl RequestTrace {
     }
 
     /// Whether this request's spans are kept (and so worth describing).
-    pub fn sampled(&self) -> bool {
+    pub(crate) fn sampled(&self) -> bool {
         self.server.span().span_context().is_sampled()
     }
 
-    pub fn trace_id(&self) -> TraceId {
+    pub(crate) fn trace_id(&self) -> TraceId {
         self.server.span().span_context().trace_id()
     }
 
     /// The decision's span and its Redis calls', after the fact.
-    pub fn decided(&self, tracing: &Tracing, record: &DecisionRecord<'_>) {
+    pub(crate) fn decided(&self, tracing: &Tracing, record: &DecisionRecord<'_>) {
         record_decision(tracing, &self.server, record, Vec::new);
     }
 
     /// `decided`, with attributes of the caller's own.
-    pub fn decided_with(
+    pub(crate) fn decided_with(
         &self,
         tracing: &Tracing,
         record: &DecisionRecord<'_>,
@@ -117,7 +117,7 @@ impl RequestTrace {
     }
 
     /// A leaky bucket's wait, `since` until now.
-    pub fn waited(&self, tracing: &Tracing, since: SystemTime) {
+    pub(crate) fn waited(&self, tracing: &Tracing, since: SystemTime) {
         if !self.sampled() {
             return;
         }
@@ -132,7 +132,7 @@ impl RequestTrace {
 
     /// The upstream exchange begins (again, on a retry): its span, and the
     /// headers that tell the upstream its parent.
-    pub fn upstream_started(
+    pub(crate) fn upstream_started(
         &mut self,
         tracing: &Tracing,
         method: &'static str,
@@ -165,7 +165,7 @@ impl RequestTrace {
     }
 
     /// The upstream's answer's status.
-    pub fn upstream_answered(&self, status: u16) {
+    pub(crate) fn upstream_answered(&self, status: u16) {
         if let Some(upstream) = &self.upstream {
             upstream.span().set_attribute(KeyValue::new(
                 "http.response.status_code",
@@ -179,7 +179,7 @@ impl RequestTrace {
 
     /// The request is over: its status, what it was (a route, its client),
     /// and any error that ended it.
-    pub fn finish(
+    pub(crate) fn finish(
         self,
         status: u16,
         route: Option<&str>,

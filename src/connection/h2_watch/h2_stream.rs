@@ -15,7 +15,7 @@ use super::stream::Stream;
 use super::watch::H2Watch;
 
 /// A request's stream on its connection's watch.
-pub struct H2Stream {
+pub(crate) struct H2Stream {
     pub(super) watch: Arc<H2Watch>,
     pub(super) id: u32,
 }
@@ -24,7 +24,7 @@ impl H2Stream {
     /// The stream a request's `STREAM_HEADER` value (`stream_header`) names,
     /// if it is a stream of the request's own connection (`socket`, its
     /// digest's) that no other request holds.
-    pub fn named(
+    pub(crate) fn named(
         value: &http::HeaderValue,
         socket: Option<&Arc<SocketDigest>>,
     ) -> Option<H2Stream> {
@@ -52,7 +52,7 @@ impl H2Stream {
     /// before the answer came (its connection torn down, or reset by the h2
     /// server for an error the client provoked): the upstream may still be
     /// working on it.
-    pub fn cut_while_whole(&self) -> bool {
+    pub(crate) fn cut_while_whole(&self) -> bool {
         self.watch
             .shared()
             .streams
@@ -62,12 +62,12 @@ impl H2Stream {
 
     /// The route's body may rightly be slow and long (a client-streaming
     /// gRPC call): no floor.
-    pub fn exempt_from_body_floor(&self) {
+    pub(crate) fn exempt_from_body_floor(&self) {
         self.watch.with_stream(self.id, |s| s.floor = false);
     }
 
     /// The whole body must have come by `until` (a request holding slots).
-    pub fn body_deadline(&self, until: Instant) {
+    pub(crate) fn body_deadline(&self, until: Instant) {
         self.watch.with_stream(self.id, |s| {
             s.deadline = Some(s.deadline.map_or(until, |d| d.min(until)));
         });

@@ -39,10 +39,10 @@ mod watch;
 mod wire;
 
 pub(super) use client::ClientFrames;
-pub use h2_stream::H2Stream;
-pub use naming::{stream_header, STREAM_HEADER, STREAM_HEADER_NAME};
+pub(crate) use h2_stream::H2Stream;
+pub(crate) use naming::{stream_header, STREAM_HEADER_NAME};
 pub(super) use server::ServerFrames;
-pub use watch::H2Watch;
+pub(crate) use watch::H2Watch;
 
 #[cfg(test)]
 mod tests;

@@ -10,14 +10,14 @@
 use super::wire::{CONTINUATION, END_HEADERS};
 
 /// The header a stream's first header block carries to its request.
-pub const STREAM_HEADER: &str = "floodgate-h2-stream";
+pub(crate) const STREAM_HEADER: &str = "floodgate-h2-stream";
 /// The same, as a name a header map looks up without parsing it again.
-pub static STREAM_HEADER_NAME: http::HeaderName = http::HeaderName::from_static(STREAM_HEADER);
+pub(crate) static STREAM_HEADER_NAME: http::HeaderName = http::HeaderName::from_static(STREAM_HEADER);
 
 /// The value of `STREAM_HEADER` that names a request's stream: the last,
 /// the one the watch appended (a client's own go before it; the gateway
 /// removes them all).
-pub fn stream_header(headers: &http::HeaderMap) -> Option<&http::HeaderValue> {
+pub(crate) fn stream_header(headers: &http::HeaderMap) -> Option<&http::HeaderValue> {
     headers.get_all(&STREAM_HEADER_NAME).iter().next_back()
 }
 

@@ -45,7 +45,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// One connection's streams, shared by its stream (which reads and writes
 /// the frames) and its requests (which say what their bodies owe).
-pub struct H2Watch {
+pub(crate) struct H2Watch {
     pub(super) id: u64,
     /// The connection's socket as Pingora describes it to each of its
     /// requests: a request names a stream of this watch only if it came on
@@ -82,7 +82,7 @@ pub(super) struct Shared {
 }
 
 impl H2Watch {
-    pub fn new(
+    pub(crate) fn new(
         socket: Option<Arc<SocketDigest>>,
         header_timeout: Duration,
         hold_limit: Duration,
