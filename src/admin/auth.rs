@@ -81,7 +81,11 @@ pub(crate) enum Credential {
 }
 
 /// The credential the request carries, if its token is right.
-pub(crate) fn authenticate(token: &AdminToken, headers: &HeaderMap, now_s: u64) -> Option<Credential> {
+pub(crate) fn authenticate(
+    token: &AdminToken,
+    headers: &HeaderMap,
+    now_s: u64,
+) -> Option<Credential> {
     // The scheme's name is case-insensitive (RFC 9110).
     let bearer = headers
         .get_all(AUTHORIZATION)

@@ -9,8 +9,7 @@ use super::lookup::{Applying, Lookup};
 use super::reply::ApiError;
 use crate::clients::StoredOverride;
 use floodgate_algorithm::{Algorithm, Decision};
-use floodgate_limiter::StateKey;
-use floodgate_limiter::{Check, LimitId, LimitName, OnFailure, Store};
+use floodgate_limiter::{Check, LimitId, Store};
 use floodgate_policy::overrides::OverrideKey;
 use floodgate_policy::Limit;
 use floodgate_policy::{Policy, Rule};
@@ -19,29 +18,20 @@ fn seconds(us: u64) -> f64 {
     (us / 1_000) as f64 / 1_000.0
 }
 
-fn on_failure(policy: &Policy, limit: LimitId) -> OnFailure {
-    policy.limits[limit.index()].on_failure
-}
-
-/// A lookup of one key's state: decided, never charged.
+/// A lookup of one key's state under `limit`: decided, never charged, and
+/// answered by the shared store itself (no lease, no shadow).
 fn peek_check(
-    policy: &Policy,
-    limit: LimitId,
-    name: &LimitName,
+    limit: &Limit,
+    id: LimitId,
     algorithm: Algorithm,
-    key: StateKey,
+    identity: u128,
     cost: u64,
 ) -> Check {
     Check {
-        limit,
-        name: name.clone(),
-        algorithm,
-        key,
-        cost,
         shadow: false,
         peek: true,
-        on_failure: on_failure(policy, limit),
         lease: false,
+        ..limit.check(id, algorithm, identity, cost)
     }
 }
 
@@ -51,18 +41,7 @@ fn state_checks(policy: &Policy, lookup: &Lookup, a: &Applying, cost: u64) -> Ve
     let limit = &policy.limits[a.limit.index()];
     let mut checks = Vec::new();
     if let Rule::Rate(algorithm) = policy.rule_in_force(limit, &lookup.tier, a.identity) {
-        let key = StateKey {
-            limit: limit.id,
-            identity: a.identity,
-        };
-        checks.push(peek_check(
-            policy,
-            a.limit,
-            &limit.name,
-            algorithm,
-            key,
-            cost,
-        ));
+        checks.push(peek_check(limit, a.limit, algorithm, a.identity, cost));
     }
     if let Some(ban) = &limit.ban {
         // As requests look bans up: without the store, no ban is known.
@@ -246,11 +225,7 @@ pub(super) async fn credit(
             )))
         }
     };
-    let key = StateKey {
-        limit: limit.id,
-        identity: a.identity,
-    };
-    let check = peek_check(policy, a.limit, &limit.name, algorithm, key, units);
+    let check = peek_check(limit, a.limit, algorithm, a.identity, units);
     let unavailable = |e| {
         ApiError::unavailable(format!(
             "the store cannot answer, nothing was credited: {e}"
@@ -295,7 +270,7 @@ pub(super) fn limits(policy: &Policy) -> Value {
                 "quota": limit.rule.quota(),
                 "tiers": tiers,
                 "shadow": limit.shadow,
-                "on_failure": on_failure(policy, LimitId(layer)).as_str(),
+                "on_failure": policy.limits[layer].on_failure.as_str(),
                 "on_missing": limit.on_missing.as_str(),
                 "ban": limit.ban.as_ref().map(|b| json!({
                     "strikes": b.strikes.to_string(),

@@ -213,7 +213,10 @@ fn by_subject(clients: &ClientRules, value: &str) -> Named {
 impl Lookup {
     /// The client named by `params` (exactly one selector, and an optional
     /// `tier` that overrides the one the selector implies).
-    pub(super) fn from_params(policy: &Policy, params: &[(String, String)]) -> Result<Lookup, ApiError> {
+    pub(super) fn from_params(
+        policy: &Policy,
+        params: &[(String, String)],
+    ) -> Result<Lookup, ApiError> {
         let clients = &policy.clients;
         let mut named = params
             .iter()
@@ -343,7 +346,11 @@ impl Lookup {
 
     /// The limit named `name` and the client's identity under it (the
     /// state an override of its numbers applies to).
-    pub(super) fn identity_under(&self, policy: &Policy, name: &str) -> Result<(LimitId, u128), ApiError> {
+    pub(super) fn identity_under(
+        &self,
+        policy: &Policy,
+        name: &str,
+    ) -> Result<(LimitId, u128), ApiError> {
         let (chosen, _) = self.chosen(policy, Some(name))?;
         let a = chosen.first().ok_or_else(|| {
             ApiError::bad_request(format!("limit {name:?} is not keyed on {}", self.label))

@@ -109,20 +109,9 @@ pub(crate) fn plan(policy: &Policy, ask: &Ask<'_>) -> Planned {
                         index
                     }
                     None => {
-                        planned.checks.push(Check {
-                            limit: id,
-                            name: limit.name.clone(),
-                            algorithm,
-                            key: floodgate_limiter::StateKey {
-                                limit: limit.id,
-                                identity,
-                            },
-                            cost: descriptor.cost,
-                            shadow: limit.shadow,
-                            peek: false,
-                            on_failure: limit.on_failure,
-                            lease: limit.leases,
-                        });
+                        planned
+                            .checks
+                            .push(limit.check(id, algorithm, identity, descriptor.cost));
                         planned.checks.len() - 1
                     }
                 };
@@ -201,7 +190,11 @@ fn shown(layer: &Layer<'_>) -> Shown {
 /// The answer to a call whose checks were decided: a descriptor is over
 /// the limit when an enforcing check it met refuses (shadow checks never
 /// refuse), and reports the refusing layer, or else its most constrained.
-pub(crate) fn answer(style: headers::HeaderStyle, planned: &Planned, decisions: &[Decision]) -> Answer {
+pub(crate) fn answer(
+    style: headers::HeaderStyle,
+    planned: &Planned,
+    decisions: &[Decision],
+) -> Answer {
     let layers: Vec<Layer<'_>> = planned
         .checks
         .iter()

@@ -223,6 +223,26 @@ pub struct Limit {
 }
 
 impl Limit {
+    /// The limit's rate layer on `identity`, at `algorithm`'s numbers (its
+    /// own, its tier's or an override's) and `cost`: how a request's plan,
+    /// the rate limit service and the admin API each make one.
+    pub fn check(&self, id: LimitId, algorithm: Algorithm, identity: u128, cost: u64) -> Check {
+        Check {
+            limit: id,
+            name: self.name.clone(),
+            algorithm,
+            key: StateKey {
+                limit: self.id,
+                identity,
+            },
+            cost,
+            shadow: self.shadow,
+            peek: false,
+            on_failure: self.on_failure,
+            lease: self.leases,
+        }
+    }
+
     /// Whether the limit reads the request's body: a key or a match on a
     /// field, or a reservation from the request.
     pub fn reads_body(&self) -> bool {

@@ -434,17 +434,7 @@ impl Policy {
         };
         match self.rule_in_force(limit, &request.client.tier, identity) {
             Rule::Rate(algorithm) => {
-                let mut check = Check {
-                    limit: id,
-                    name: limit.name.clone(),
-                    algorithm,
-                    key,
-                    cost: self.cost_of(id, request),
-                    shadow: limit.shadow,
-                    peek: false,
-                    on_failure: limit.on_failure,
-                    lease: limit.leases,
-                };
+                let mut check = limit.check(id, algorithm, identity, self.cost_of(id, request));
                 match &limit.after_response {
                     Some(charge) => {
                         // Reserved now, with the other layers; settled once

@@ -12,7 +12,8 @@ use super::wire::{CONTINUATION, END_HEADERS};
 /// The header a stream's first header block carries to its request.
 pub(crate) const STREAM_HEADER: &str = "floodgate-h2-stream";
 /// The same, as a name a header map looks up without parsing it again.
-pub(crate) static STREAM_HEADER_NAME: http::HeaderName = http::HeaderName::from_static(STREAM_HEADER);
+pub(crate) static STREAM_HEADER_NAME: http::HeaderName =
+    http::HeaderName::from_static(STREAM_HEADER);
 
 /// The value of `STREAM_HEADER` that names a request's stream: the last,
 /// the one the watch appended (a client's own go before it; the gateway
