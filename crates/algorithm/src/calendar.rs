@@ -140,6 +140,28 @@ mod tests {
     }
 
     #[test]
+    fn a_period_is_read_from_its_name_and_has_a_nominal_length() {
+        const DAY_US: u64 = 86_400_000_000;
+        for (name, period, days) in [
+            ("day", Period::Day, 1),
+            ("week", Period::Week, 7),
+            ("month", Period::Month, 30),
+        ] {
+            assert_eq!(Period::from_name(name), Some(period));
+            assert_eq!(period.name(), name);
+            assert_eq!(period.nominal_us(), days * DAY_US);
+        }
+        assert_eq!(
+            Period::NAMES
+                .map(Period::from_name)
+                .map(|p| p.map(Period::name)),
+            Period::NAMES.map(Some)
+        );
+        assert_eq!(Period::from_name("year"), None);
+        assert_eq!(Period::from_name("Day"), None);
+    }
+
+    #[test]
     fn months_end_at_their_real_length() {
         let utc = calendar(Period::Month, "UTC");
         // January has 31 days, February 2027 28, February 2028 29.
