@@ -979,3 +979,433 @@ fn a_route_keyed_ban_is_found_on_every_route() {
     // Without its key, nothing to look up.
     assert!(get("/about").layers(&policy).is_empty());
 }
+
+// What the config check, the admin API and the logs read of a policy:
+// pinned here so that a wrong line in them fails in this crate
+// (scripts/mutants.sh).
+
+#[test]
+fn a_host_pattern_is_a_name_or_the_subdomains_of_a_domain() {
+    let exact = HostPattern::new("API.Example.com.");
+    assert_eq!(exact.as_str(), "api.example.com");
+    assert!(exact.matches("api.example.com"));
+    assert!(!exact.matches("www.api.example.com"));
+    let subdomains = HostPattern::new("*.example.org");
+    assert!(subdomains.matches("a.example.org"));
+    assert!(subdomains.matches("a.b.example.org"));
+    // Not the domain itself, nor a name that only ends like it.
+    for host in [
+        "example.org",
+        ".example.org",
+        "aexample.org",
+        "example.org.evil",
+    ] {
+        assert!(!subdomains.matches(host), "{host}");
+    }
+}
+
+fn descriptors(domain: &str) -> Matcher {
+    Matcher {
+        descriptors: Some(DescriptorPattern {
+            domain: domain.into(),
+            entries: vec![EntryPattern {
+                key: "remote_address".into(),
+                value: None,
+            }],
+        }),
+        ..Matcher::default()
+    }
+}
+
+#[test]
+fn a_matcher_describes_each_of_its_parts() {
+    assert_eq!(Matcher::default().describe(), "all requests");
+    let mut matcher = matching(&["get", "post"], &["/api/*", "/login"]);
+    matcher.hosts = vec![
+        HostPattern::new("a.example.com"),
+        HostPattern::new("*.example.org"),
+    ];
+    matcher.headers = vec![(
+        HeaderName::from_static("content-type"),
+        PathPattern::new("text/*"),
+    )];
+    matcher.body = vec![(
+        "model".into(),
+        vec![PathPattern::new("gpt-4o*"), PathPattern::new("o1")],
+    )];
+    assert_eq!(
+        matcher.describe(),
+        "GET|POST /api/* /login host a.example.com *.example.org \
+         with content-type: text/* with body model: gpt-4o*|o1"
+    );
+    assert_eq!(
+        descriptors("edge").describe(),
+        "domain edge descriptor [remote_address]"
+    );
+}
+
+#[test]
+fn matchers_overlap_when_some_request_could_meet_both() {
+    let m = |methods: &[&str], paths: &[&str]| matching(methods, paths);
+    let overlap = |a: &Matcher, b: &Matcher| (a.may_overlap(b), b.may_overlap(a));
+    assert_eq!(overlap(&m(&[], &[]), &m(&["get"], &["/a"])), (true, true));
+    assert_eq!(
+        overlap(&m(&["get"], &[]), &m(&["get", "post"], &[])),
+        (true, true)
+    );
+    assert_eq!(
+        overlap(&m(&["get"], &[]), &m(&["post"], &[])),
+        (false, false)
+    );
+    // A pattern against the other's text, either way round.
+    assert_eq!(
+        overlap(&m(&[], &["/api/*"]), &m(&[], &["/api/orders"])),
+        (true, true)
+    );
+    assert_eq!(overlap(&m(&[], &["/a"]), &m(&[], &["/b"])), (false, false));
+    // Both must overlap: the methods and the paths.
+    assert_eq!(
+        overlap(&m(&["get"], &["/a"]), &m(&["post"], &["/a"])),
+        (false, false)
+    );
+    assert_eq!(
+        overlap(&m(&["get"], &["/a"]), &m(&["get"], &["/b"])),
+        (false, false)
+    );
+    // A limit of the rate limit service meets only those of its domain.
+    assert_eq!(
+        overlap(&descriptors("edge"), &descriptors("edge")),
+        (true, true)
+    );
+    assert_eq!(
+        overlap(&descriptors("edge"), &descriptors("other")),
+        (false, false)
+    );
+    assert_eq!(overlap(&descriptors("edge"), &m(&[], &[])), (false, false));
+}
+
+#[test]
+fn a_rule_is_shown_compared_and_quoted_by_its_quota() {
+    let fixed = window(10);
+    assert_eq!(fixed.to_string(), per_minute(10).to_string());
+    assert_eq!(fixed.quota(), 10);
+    assert_eq!(concurrency(3).quota(), 3);
+    let slow = Rule::Concurrency(Concurrency {
+        max: 3,
+        lease_us: 1_500_000,
+        upgrades: Upgrades::Exclude,
+    });
+    assert_eq!(
+        slow.to_string(),
+        "concurrency max=3 lease=1.5s upgrades=exclude"
+    );
+    assert_eq!(concurrency(2).to_string(), "concurrency max=2 lease=60s");
+    // Same kind: the same algorithm whatever its numbers, or concurrency.
+    assert!(fixed.same_kind(&window(99)));
+    assert!(concurrency(1).same_kind(&slow));
+    let bucket = Rule::Rate(Algorithm::token_bucket(10, SEC).unwrap());
+    assert!(!fixed.same_kind(&bucket));
+    assert!(!fixed.same_kind(&concurrency(10)));
+    assert!(!concurrency(10).same_kind(&fixed));
+}
+
+#[test]
+fn statuses_contain_their_ranges_bounds_included() {
+    let statuses = Statuses::new(vec![(401, 401), (500, 599)]);
+    for status in [401, 500, 503, 599] {
+        assert!(statuses.contains(status), "{status}");
+    }
+    for status in [400, 402, 499, 600, 200] {
+        assert!(!statuses.contains(status), "{status}");
+    }
+    assert_eq!(statuses.to_string(), "401, 5xx");
+    assert_eq!(Statuses::new(vec![(429, 429)]).to_string(), "429");
+}
+
+#[test]
+fn cost_sources_and_on_missing_are_named_as_the_config_names_them() {
+    assert_eq!(LlmProvider::OpenAi.name(), "openai");
+    assert_eq!(LlmProvider::Anthropic.name(), "anthropic");
+    let header = CostSource::Header(HeaderName::from_static("x-cost"));
+    assert_eq!(header.to_string(), "x-cost");
+    let usage = CostSource::Usage {
+        provider: LlmProvider::Anthropic,
+        prompt_weight: 1,
+        completion_weight: 4,
+    };
+    assert_eq!(
+        usage.to_string(),
+        "anthropic usage (1 per prompt token, 4 per completion token)"
+    );
+    let names = [OnMissing::Skip, OnMissing::Deny, OnMissing::Ip].map(OnMissing::as_str);
+    assert_eq!(names, ["skip", "deny", "ip"]);
+}
+
+#[test]
+fn layers_are_empty_only_with_nothing_of_any_kind() {
+    assert!(Layers::default().is_empty());
+    let check = ban("x", 3).penalty_check(LimitId(0), 1, true);
+    let key = StateKey {
+        limit: 1,
+        identity: 1,
+    };
+    let slot = Slot::new(LimitName::new("x"), key, 1, SEC, 1, OnFailure::Allow).unwrap();
+    let one_of_each = [
+        Layers {
+            checks: vec![check.clone()],
+            ..Layers::default()
+        },
+        Layers {
+            counted: vec![(check.clone(), AfterResponse::Status(Statuses::new(vec![])))],
+            ..Layers::default()
+        },
+        Layers {
+            bans: vec![check],
+            ..Layers::default()
+        },
+        Layers {
+            slots: vec![SlotLayer {
+                limit: LimitId(0),
+                slot,
+                upgrades: Upgrades::Include,
+                shadow: false,
+            }],
+            ..Layers::default()
+        },
+    ];
+    for layers in one_of_each {
+        assert!(!layers.is_empty(), "{layers:?}");
+    }
+}
+
+/// `cost_from_response` priced by usage.
+fn usage_cost(from_request: bool, include_usage: bool) -> AfterResponse {
+    AfterResponse::Cost(ResponseCost {
+        source: CostSource::Usage {
+            provider: LlmProvider::OpenAi,
+            prompt_weight: 1,
+            completion_weight: 1,
+        },
+        max: 100,
+        default: 1,
+        reserve: 10,
+        from_request,
+        include_usage,
+        expose: false,
+    })
+}
+
+#[test]
+fn the_body_is_read_for_the_fields_some_limit_reads_once_each() {
+    let mut by_user = limit(
+        "by-user",
+        KeySource::Composite(vec![KeySource::Ip, KeySource::Body("user".into())]),
+        window(10),
+    );
+    by_user.matcher = matching(&[], &["/v1/*"]);
+    let mut by_model = limit("by-model", KeySource::Body("model".into()), window(10));
+    by_model.matcher.body = vec![("user".into(), vec![PathPattern::new("*")])];
+    let mut reserved = limit("reserved", KeySource::Ip, window(10));
+    reserved.after_response = Some(usage_cost(true, false));
+    let mut streamed = limit("streamed", KeySource::Ip, window(10));
+    streamed.after_response = Some(usage_cost(false, true));
+    let mut fixed = limit("fixed", KeySource::Ip, window(10));
+    fixed.after_response = Some(usage_cost(false, false));
+    for (l, reads) in [
+        (&by_user, true),
+        (&by_model, true),
+        (&reserved, true),
+        (&streamed, true),
+        (&fixed, false),
+    ] {
+        assert_eq!(l.reads_body(), reads, "{}", l.name);
+    }
+    let policy = policy(vec![by_user, fixed.clone(), by_model, reserved]);
+    let fields: Vec<&str> = policy.body_fields.iter().map(|f| &**f).collect();
+    assert_eq!(
+        fields,
+        ["user", "model", "max_completion_tokens", "max_tokens"]
+    );
+    // Read for a request some reading limit's head matches, only.
+    let view = |r: &Request, client: &Client| -> bool {
+        policy.reads_body(&RequestView {
+            method: &r.method,
+            path: r.path,
+            headers: &r.headers,
+            query: None,
+            host: r.host,
+            client,
+            body: None,
+        })
+    };
+    let request = get("/v1/chat");
+    assert!(view(&request, &request.client(&policy)));
+    let only_fixed = super::tests::policy(vec![fixed]);
+    let request = get("/v1/chat");
+    assert!(!only_fixed.reads_body(&RequestView {
+        method: &request.method,
+        path: request.path,
+        headers: &request.headers,
+        query: None,
+        host: None,
+        client: &request.client(&only_fixed),
+        body: None,
+    }));
+}
+
+#[test]
+fn the_host_is_worked_out_only_when_a_limit_or_cost_reads_it() {
+    assert!(!policy(vec![limit("per-ip", KeySource::Ip, window(10))]).reads_host);
+    assert!(policy(vec![limit("per-host", KeySource::Host, window(10))]).reads_host);
+    let mut on_host = limit("on-host", KeySource::Ip, window(10));
+    on_host.matcher.hosts = vec![HostPattern::new("a.example.com")];
+    assert!(policy(vec![on_host]).reads_host);
+    let cost = CostRule {
+        matcher: Matcher {
+            hosts: vec![HostPattern::new("a.example.com")],
+            ..Matcher::default()
+        },
+        cost: 2,
+        limits: Vec::new(),
+    };
+    let priced = policy_with(
+        vec![limit("per-ip", KeySource::Ip, window(10))],
+        vec![cost],
+        &[],
+        &[],
+    );
+    assert!(priced.reads_host);
+}
+
+#[test]
+fn the_limits_of_the_rate_limit_service_are_listed_with_their_places() {
+    let mut rls = limit("rls", KeySource::Entry("remote_address".into()), window(10));
+    rls.matcher = descriptors("edge");
+    let policy = policy(vec![limit("per-ip", KeySource::Ip, window(10)), rls]);
+    let listed: Vec<(LimitId, &str)> = policy
+        .descriptor_limits()
+        .map(|(id, l)| (id, l.name.as_str()))
+        .collect();
+    assert_eq!(listed, [(LimitId(1), "rls")]);
+}
+
+#[test]
+fn the_bans_of_address_limits_are_looked_up_by_the_address() {
+    let mut by_ip = limit("by-ip", KeySource::Ip, window(10));
+    by_ip.ban = Some(ban("by-ip", 3));
+    let mut by_key = limit("by-key", header_key("x-user"), window(10));
+    by_key.ban = Some(ban("by-key", 3));
+    let plain = limit("plain", KeySource::Ip, window(10));
+    let policy = policy(vec![plain, by_key, by_ip]);
+    let client = get("/").client(&policy);
+    let bans = policy.address_bans(&client);
+    assert_eq!(bans.len(), 1);
+    let banned = &bans[0];
+    assert_eq!(
+        (banned.limit, banned.name.as_str(), banned.peek),
+        (LimitId(2), "ban:by-ip", true)
+    );
+    assert_eq!(banned.key.identity, client.ip_hash);
+}
+
+/// `[clients.jwt]` with no key (none is verified here), its tier read
+/// from claim `plan` when `tier_claim`.
+fn with_jwt(mut policy: Policy, tier_claim: bool) -> Policy {
+    let tier_claim = tier_claim.then(|| crate::jwt::ClaimPath::parse("plan").unwrap());
+    policy.clients.jwt = Some(Arc::new(crate::jwt::JwtRules::new(
+        HeaderName::from_static("authorization"),
+        Vec::new(),
+        0,
+        tier_claim,
+        HashMap::new(),
+    )));
+    policy
+}
+
+#[test]
+fn a_token_is_needed_only_where_a_claim_can_change_the_outcome() {
+    let needs = |policy: &Policy, r: Request| {
+        let client = r.client(policy);
+        policy.needs_token(&RequestView {
+            method: &r.method,
+            path: r.path,
+            headers: &r.headers,
+            query: None,
+            host: None,
+            client: &client,
+            body: None,
+        })
+    };
+    let per_ip = || limit("per-ip", KeySource::Ip, window(10));
+    // No [clients.jwt]: never.
+    assert!(!needs(&policy(vec![per_ip()]), get("/")));
+    // A tier claim matters only where tiers do.
+    assert!(!needs(&with_jwt(policy(vec![per_ip()]), true), get("/")));
+    let mut tiered = per_ip();
+    tiered.tiers = vec![(clients().tiers.get("pro").unwrap(), window(100))];
+    assert!(needs(
+        &with_jwt(policy(vec![tiered.clone()]), true),
+        get("/")
+    ));
+    assert!(!needs(&with_jwt(policy(vec![tiered]), false), get("/")));
+    let exempt_tier = policy_with(vec![per_ip()], Vec::new(), &[], &["pro"]);
+    assert!(needs(&with_jwt(exempt_tier, true), get("/")));
+    // A blocked subject is looked for on every request.
+    let mut blocking = with_jwt(policy(vec![per_ip()]), false);
+    blocking.block.jwt_subjects.insert(7);
+    assert!(needs(&blocking, get("/")));
+    // A limit keyed on a claim: where it applies, or everywhere if it bans.
+    let claim = KeySource::Jwt(crate::jwt::ClaimPath::parse("sub").unwrap());
+    let mut by_sub = limit("by-sub", claim, window(10));
+    by_sub.matcher = matching(&[], &["/api/*"]);
+    let keyed = with_jwt(policy(vec![per_ip(), by_sub.clone()]), false);
+    assert!(needs(&keyed, get("/api/orders")));
+    assert!(!needs(&keyed, get("/about")));
+    by_sub.ban = Some(ban("by-sub", 3));
+    let banning = with_jwt(policy(vec![by_sub]), false);
+    assert!(needs(&banning, get("/about")));
+}
+
+/// A run-time override of `rule` for `identity` under `limit`.
+fn overrides(limit: &Limit, identity: u128, rule: Rule) -> Arc<RunTimeOverrides> {
+    let table = RunTimeOverrides::default();
+    let entry = crate::overrides::Override {
+        limit_name: limit.name.as_str().into(),
+        rule: Ok(rule),
+        numbers: "{}".into(),
+        expires_at_s: None,
+        set_at_s: 0,
+        client: "ip=203.0.113.7".into(),
+        label: None,
+    };
+    let key = crate::overrides::OverrideKey {
+        limit: limit.id,
+        identity,
+    };
+    table.set([(key, Some(entry))]);
+    Arc::new(table)
+}
+
+#[test]
+fn a_clients_own_numbers_replace_its_tiers_for_the_same_algorithm_only() {
+    let per_ip = limit("per-ip", KeySource::Ip, window(10));
+    let mut policy = policy(vec![per_ip.clone()]);
+    let client = get("/").client(&policy);
+    let anonymous = client.tier.clone();
+    let in_force = |policy: &Policy, identity| policy.rule_in_force(&per_ip, &anonymous, identity);
+    assert_eq!(in_force(&policy, client.ip_hash), window(10));
+    // An empty table is no table.
+    policy.overrides = Some(Arc::new(RunTimeOverrides::default()));
+    assert_eq!(in_force(&policy, client.ip_hash), window(10));
+    policy.overrides = Some(overrides(&per_ip, client.ip_hash, window(500)));
+    assert_eq!(in_force(&policy, client.ip_hash), window(500));
+    assert_eq!(in_force(&policy, client.ip_hash ^ 1), window(10));
+    assert_eq!(names(&get("/").layers(&policy).checks), ["per-ip"]);
+    assert_eq!(
+        get("/").layers(&policy).checks[0].algorithm,
+        per_minute(500)
+    );
+    // Numbers checked for another algorithm mean nothing to this one.
+    policy.overrides = Some(overrides(&per_ip, client.ip_hash, concurrency(5)));
+    assert_eq!(in_force(&policy, client.ip_hash), window(10));
+}

@@ -514,3 +514,102 @@ fn a_run_time_key_beats_the_file_and_a_revoked_one_is_no_key() {
     assert_eq!(tier_of(&r, b"gone"), "anonymous");
     assert!(r.known_key(b"gone").is_some());
 }
+
+#[test]
+fn a_clients_log_label_shows_its_address_group_key_label_and_tier() {
+    let r = rules();
+    let key = r.api_key_hash(b"k-pro");
+    assert_eq!(ApiKey::label_of(key), format!("key#{:08x}", key >> 96));
+    assert_eq!(ApiKey::label_of(0xabcd_ef01 << 96), "key#abcdef01");
+    assert_eq!(ApiKey::label_of(0x1 << 96 | 0xffff), "key#00000001");
+    let pro = r
+        .identify(ip("1.1.1.1"), &headers(&[("x-api-key", b"k-pro")]))
+        .unwrap();
+    assert_eq!(
+        pro.log_label(),
+        format!("ip=1.1.1.1 {} tier=pro", ApiKey::label_of(key))
+    );
+    let v6 = r.identify(ip("2001:db8:1:2::9"), &headers(&[])).unwrap();
+    assert_eq!(v6.address_label(), "2001:db8:1:2::/64");
+    assert_eq!(v6.log_label(), "ip=2001:db8:1:2::/64 tier=anonymous");
+}
+
+#[test]
+fn an_address_alone_is_internal_or_anonymous_and_a_trusted_proxy_is_no_group() {
+    let r = rules();
+    assert_eq!(r.tier_of_address(ip("192.168.1.1")).name(), INTERNAL);
+    assert_eq!(r.tier_of_address(ip("::ffff:192.168.1.1")).name(), INTERNAL);
+    assert_eq!(r.tier_of_address(ip("1.1.1.1")).name(), ANONYMOUS);
+    assert!(r.is_trusted(&ip("10.9.8.7")));
+    assert!(!r.is_trusted(&ip("11.0.0.1")));
+    assert_eq!(r.connection_group(ip("10.9.8.7")), None);
+    assert_eq!(r.connection_group(ip("::ffff:10.9.8.7")), None);
+    assert_eq!(r.connection_group(ip("1.1.1.1")), Some(ip("1.1.1.1")));
+    assert_eq!(
+        r.connection_group(ip("2001:db8:1:2:aaaa::1")),
+        Some(ip("2001:db8:1:2::"))
+    );
+}
+
+/// `[clients.jwt]` with one HMAC key (any key the verifier takes), the
+/// tier named by claim `plan` (`gold` is tier pro), and a token of
+/// `claims` signed with it, verified.
+fn verified(r: &mut ClientRules, claims: &str) -> TokenCheck {
+    use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+    let key = crate::jwt::VerifyingKey {
+        kid: None,
+        key: DecodingKey::from_secret(b"a test key"),
+        validation: Validation::new(Algorithm::HS256),
+    };
+    let tiers = HashMap::from([("gold".to_string(), "pro".to_string())]);
+    let jwt = JwtRules::new(
+        HeaderName::from_static("authorization"),
+        vec![key],
+        0,
+        ClaimPath::parse("plan"),
+        tiers,
+    );
+    let claims: serde_json::Value = serde_json::from_str(claims).unwrap();
+    let token = jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        &claims,
+        &EncodingKey::from_secret(b"a test key"),
+    )
+    .unwrap();
+    let check = jwt.verify_fresh(&token, ip("1.1.1.1"), 1_000);
+    r.jwt = Some(Arc::new(jwt));
+    check
+}
+
+#[test]
+fn a_verified_token_names_the_tier_and_subject_and_an_internal_address_stays_internal() {
+    let mut r = rules();
+    let gold = verified(&mut r, r#"{"sub":"alice","plan":"gold","exp":9999999999}"#);
+    assert!(gold.claims().is_some(), "{gold:?}");
+    let mut client = r.identify(ip("1.1.1.1"), &headers(&[])).unwrap();
+    r.apply_token(&mut client, gold.clone());
+    assert_eq!(client.tier.name(), "pro");
+    assert_eq!(client.subject_hash, Some(r.subject_hash(b"alice")));
+    assert_ne!(r.subject_hash(b"alice"), r.subject_hash(b"bob"));
+    assert!(client.token.as_ref().is_some_and(|t| t.claims().is_some()));
+    let mut internal = r.identify(ip("192.168.1.1"), &headers(&[])).unwrap();
+    r.apply_token(&mut internal, gold);
+    assert_eq!(internal.tier.name(), INTERNAL);
+    assert_eq!(internal.subject_hash, Some(r.subject_hash(b"alice")));
+    // A plan no tier is named for leaves the tier as it was.
+    let bronze = verified(&mut r, r#"{"sub":"bob","plan":"bronze","exp":9999999999}"#);
+    let mut client = r.identify(ip("1.1.1.1"), &headers(&[])).unwrap();
+    r.apply_token(&mut client, bronze.clone());
+    assert_eq!(client.tier.name(), ANONYMOUS);
+    assert_eq!(client.subject_hash, Some(r.subject_hash(b"bob")));
+    // No token, or no [clients.jwt]: nothing but the token's outcome.
+    let mut client = r.identify(ip("1.1.1.1"), &headers(&[])).unwrap();
+    r.apply_token(&mut client, TokenCheck::Absent);
+    assert_eq!((client.tier.name(), client.subject_hash), (ANONYMOUS, None));
+    assert!(matches!(client.token, Some(TokenCheck::Absent)));
+    r.jwt = None;
+    let mut client = r.identify(ip("1.1.1.1"), &headers(&[])).unwrap();
+    r.apply_token(&mut client, bronze);
+    assert_eq!((client.tier.name(), client.subject_hash), (ANONYMOUS, None));
+    assert!(client.token.is_some());
+}
