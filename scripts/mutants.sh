@@ -13,7 +13,8 @@
 #   scripts/mutants.sh                      algorithm and policy
 #   scripts/mutants.sh policy memory        the policy, the limiter's memory store
 #   scripts/mutants.sh algorithm -- -f crates/algorithm/src/credit.rs
-#   scripts/mutants.sh policy -- --iterate  only what was not caught last time
+#   scripts/mutants.sh --missed policy      only last run's missed mutants,
+#                                           against the tests as they are now
 #
 # Arguments after `--` go to cargo-mutants. Results land in
 # $CARGO_TARGET_DIR/mutants/<crate>/mutants.out (missed.txt, caught.txt, ...).
@@ -25,9 +26,11 @@ command -v cargo-mutants >/dev/null || {
 }
 
 crates=()
+missed=false
 while [ $# -gt 0 ]; do
     case "$1" in
         --) shift; break ;;
+        --missed) missed=true; shift ;;
         algorithm | policy | memory) crates+=("$1"); shift ;;
         *) echo "unknown crate '$1' (algorithm, policy, memory)" >&2; exit 1 ;;
     esac
@@ -41,12 +44,27 @@ for crate in "${crates[@]}"; do
         policy) scope=(-p floodgate-policy) ;;
         memory) scope=(-p floodgate-limiter -f crates/limiter/src/memory.rs) ;;
     esac
-    mkdir -p "$target/mutants/$crate"
+    out="$target/mutants/$crate"
+    if $missed; then
+        # Each missed mutant by its exact name (file:line:col: what): its
+        # file is unchanged since, only the tests are new.
+        [ -s "$out/mutants.out/missed.txt" ] || { echo "$crate: no missed.txt in $out" >&2; continue; }
+        while IFS= read -r name; do
+            scope+=(--re "^$(printf '%s' "$name" | sed 's/[][\\.*^$()+?{}|]/\\&/g')\$")
+        done <"$out/mutants.out/missed.txt"
+        # cargo-mutants 27 lets its "delete field" mutants past --re: the
+        # files too, so that only those of these files come along.
+        while IFS= read -r file; do
+            scope+=(-f "$file")
+        done < <(cut -d: -f1 "$out/mutants.out/missed.txt" | sort -u)
+        out="$out-missed"
+    fi
+    mkdir -p "$out"
     # Exit status 2 is "some mutants missed", 3 "some timed out": the
     # counts below say so; anything else is a failure of the run itself.
     status=0
     cargo mutants "${scope[@]}" \
-        --output "$target/mutants/$crate" \
+        --output "$out" \
         --jobs 1 \
         --cargo-test-arg=--lib \
         --cargo-arg=--config=profile.dev.opt-level=1 \
@@ -60,11 +78,12 @@ for crate in "${crates[@]}"; do
     esac
 done
 
-count() { [ -f "$1" ] && grep -c . "$1" || echo 0; }
+count() { [ -s "$1" ] && grep -c . "$1" || echo 0; }
 echo
 printf '%-10s %7s %7s %9s %8s\n' crate caught missed unviable timeout
 for crate in "${crates[@]}"; do
     out="$target/mutants/$crate/mutants.out"
+    $missed && out="$target/mutants/$crate-missed/mutants.out"
     printf '%-10s %7s %7s %9s %8s\n' "$crate" \
         "$(count "$out/caught.txt")" "$(count "$out/missed.txt")" \
         "$(count "$out/unviable.txt")" "$(count "$out/timeout.txt")"
