@@ -104,6 +104,7 @@ mod tests {
             "the earliest lease's end"
         );
         assert!(slots.release(2, T0 + SEC));
+        assert_eq!(slots.held(T0 + SEC), 2, "the other two kept");
         assert!(!slots.release(2, T0 + SEC), "released once");
         assert!(slots.acquire(4, 3, 60 * SEC, T0 + SEC).allowed());
     }
@@ -111,9 +112,11 @@ mod tests {
     #[test]
     fn a_lease_not_renewed_comes_back_at_its_expiry_and_not_before() {
         let mut slots = Slots::default();
+        assert!(slots.is_empty());
         assert!(slots.acquire(1, 1, 10 * SEC, T0).allowed());
         assert!(!slots.acquire(2, 1, 10 * SEC, T0 + 10 * SEC - 1).allowed());
         assert!(slots.acquire(2, 1, 10 * SEC, T0 + 10 * SEC).allowed());
+        assert!(!slots.is_empty());
         assert!(!slots.renew(1, 10 * SEC, T0 + 10 * SEC), "lease 1 is gone");
     }
 
