@@ -1446,3 +1446,65 @@ fn each_algorithm_displays_its_numbers_as_config_writes_them() {
         assert_eq!(alg.expect(text).to_string(), text);
     }
 }
+
+/// A credit gives back the running window's or period's count only, down
+/// to zero, and nothing where nothing is counted (cost-0 decisions write
+/// nothing, so any update there is the credit's).
+#[test]
+fn a_credit_lowers_the_running_count_and_no_other() {
+    let window = Algorithm::fixed_window(10, 60 * SEC).expect("valid numbers");
+    let mut key = Key::new(window);
+    assert!(key.request(T0 + SEC, 4).allowed());
+    let now = T0 + 2 * SEC;
+    let credited = window.credit(&key.state, now, 3);
+    assert_eq!(
+        credited.update,
+        Update::Window {
+            start_us: T0,
+            count: 1
+        }
+    );
+    assert_eq!(credited.decision.remaining(), 9);
+    let all = window.credit(&key.state, now, 100);
+    assert_eq!(
+        all.update,
+        Update::Window {
+            start_us: T0,
+            count: 0
+        }
+    );
+    // The next window's count is another: the old one is spent anyway.
+    let next = T0 + 60 * SEC + 1;
+    assert_eq!(window.credit(&key.state, next, 3).update, Update::Unchanged);
+    let zero = State::Window {
+        start_us: T0,
+        count: 0,
+    };
+    assert_eq!(window.credit(&zero, now, 3).update, Update::Unchanged);
+
+    let day = Calendar {
+        period: Period::Day,
+        timezone: chrono_tz::UTC,
+        week_starts: chrono::Weekday::Mon,
+    };
+    let quota = Algorithm::calendar_quota(10, day).expect("valid numbers");
+    let end = day.period_end_us(now);
+    let mut key = Key::new(quota);
+    assert!(key.request(now, 4).allowed());
+    let credited = quota.credit(&key.state, now + SEC, 3);
+    assert_eq!(
+        credited.update,
+        Update::Period {
+            end_us: end,
+            count: 1
+        }
+    );
+    assert_eq!(credited.decision.remaining(), 9);
+    // The next day's count is another.
+    assert_eq!(quota.credit(&key.state, end, 3).update, Update::Unchanged);
+    let zero = State::Period {
+        end_us: end,
+        count: 0,
+    };
+    assert_eq!(quota.credit(&zero, now, 3).update, Update::Unchanged);
+}
