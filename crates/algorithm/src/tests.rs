@@ -1508,3 +1508,75 @@ fn a_credit_lowers_the_running_count_and_no_other() {
     };
     assert_eq!(quota.credit(&zero, now, 3).update, Update::Unchanged);
 }
+
+/// A refund lowers the count its units were counted in, and only while
+/// that window or period runs: another's count is not its to lower.
+#[test]
+fn a_refund_lowers_only_the_count_its_units_are_in() {
+    let window = Algorithm::fixed_window(10, 60 * SEC).expect("valid numbers");
+    let mut key = Key::new(window);
+    let reserved = key.request(T0 + SEC, 4);
+    assert_eq!(reserved.counted_at_us(), T0);
+    let refunded = window.refund(&key.state, T0 + 2 * SEC, 4, T0);
+    assert_eq!(
+        refunded.update,
+        Update::Window {
+            start_us: T0,
+            count: 0
+        }
+    );
+    let next = T0 + 60 * SEC;
+    assert!(key.request(next, 5).allowed());
+    assert_eq!(
+        window.refund(&key.state, next + 1, 4, T0).update,
+        Update::Unchanged
+    );
+
+    let day = Calendar {
+        period: Period::Day,
+        timezone: chrono_tz::UTC,
+        week_starts: chrono::Weekday::Mon,
+    };
+    let quota = Algorithm::calendar_quota(10, day).expect("valid numbers");
+    let end = day.period_end_us(T0);
+    let mut key = Key::new(quota);
+    assert_eq!(key.request(T0, 4).counted_at_us(), end);
+    let refunded = quota.refund(&key.state, T0 + SEC, 4, end);
+    assert_eq!(
+        refunded.update,
+        Update::Period {
+            end_us: end,
+            count: 0
+        }
+    );
+    assert!(key.request(end, 5).allowed());
+    assert_eq!(
+        quota.refund(&key.state, end + 1, 4, end).update,
+        Update::Unchanged
+    );
+}
+
+/// A token bucket's lease, given back through `refund`, leaves the
+/// ledger: the bucket has the leased units again at once.
+#[test]
+fn a_refunded_lease_is_the_buckets_again() {
+    let bucket = Algorithm::token_bucket(1_000, 1_000).expect("valid numbers");
+    let key = Key::new(bucket);
+    let (e, units) = bucket.evaluate_leasing(&key.state, T0, 1, (100, 2, SEC));
+    assert_eq!(units, 100);
+    let counted_at = e.decision.counted_at_us();
+    assert_ne!(counted_at, 0, "a lease is counted at its epoch's end");
+    let mut state = key.state.clone();
+    state.apply(&e.update);
+    let later = T0 + 900_000;
+    assert_eq!(
+        bucket.evaluate(&state, later, 0).decision.remaining(),
+        1_000 - 101
+    );
+    let refunded = bucket.refund(&state, later, 100, counted_at);
+    state.apply(&refunded.update);
+    assert_eq!(
+        bucket.evaluate(&state, later, 0).decision.remaining(),
+        1_000 - 1
+    );
+}
