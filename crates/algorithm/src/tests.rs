@@ -1580,3 +1580,74 @@ fn a_refunded_lease_is_the_buckets_again() {
         1_000 - 1
     );
 }
+
+/// A sliding window's refund: from the running window's count, or from
+/// the previous one's while it still weighs; nothing from a count of zero
+/// or a window gone by.
+#[test]
+fn a_sliding_windows_refund_finds_its_window() {
+    let alg = Algorithm::sliding_window(10, 60 * SEC).expect("valid numbers");
+    let two = |start_us, current, previous| Update::TwoWindows {
+        start_us,
+        current,
+        previous,
+    };
+    let mut key = Key::new(alg);
+    assert_eq!(key.request(T0 + SEC, 4).counted_at_us(), T0);
+    assert_eq!(
+        alg.refund(&key.state, T0 + 2 * SEC, 3, T0).update,
+        two(T0, 1, 0)
+    );
+    let next = T0 + 60 * SEC;
+    assert!(key.request(next, 5).allowed());
+    assert_eq!(
+        alg.refund(&key.state, next + 1, 3, T0).update,
+        two(next, 5, 1)
+    );
+    assert_eq!(
+        alg.refund(&key.state, next + 1, 3, next).update,
+        two(next, 2, 4)
+    );
+    let gone = T0 + 120 * SEC;
+    assert!(key.request(gone, 1).allowed());
+    assert_eq!(
+        alg.refund(&key.state, gone + 1, 3, T0).update,
+        Update::Unchanged
+    );
+    let zeros = State::TwoWindows {
+        start_us: next,
+        current: 0,
+        previous: 0,
+    };
+    for counted_at in [T0, next] {
+        assert_eq!(
+            alg.refund(&zeros, next + 1, 3, counted_at).update,
+            Update::Unchanged
+        );
+    }
+    // A fixed window's or a quota's count of zero: nothing to give back.
+    let window = Algorithm::fixed_window(10, 60 * SEC).expect("valid numbers");
+    let zero = State::Window {
+        start_us: T0,
+        count: 0,
+    };
+    assert_eq!(
+        window.refund(&zero, T0 + 1, 3, T0).update,
+        Update::Unchanged
+    );
+    let day = Calendar {
+        period: Period::Day,
+        timezone: chrono_tz::UTC,
+        week_starts: chrono::Weekday::Mon,
+    };
+    let quota = Algorithm::calendar_quota(10, day).expect("valid numbers");
+    let end = day.period_end_us(T0);
+    let zero = State::Period {
+        end_us: end,
+        count: 0,
+    };
+    assert_eq!(
+        quota.refund(&zero, T0 + 1, 3, end).update,
+        Update::Unchanged
+    );
+}
