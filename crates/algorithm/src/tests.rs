@@ -1481,6 +1481,11 @@ fn a_credit_lowers_the_running_count_and_no_other() {
         count: 0,
     };
     assert_eq!(window.credit(&zero, now, 3).update, Update::Unchanged);
+    // The window before, however short: a second's window a second on.
+    let second = Algorithm::fixed_window(10, SEC).expect("valid numbers");
+    let mut key = Key::new(second);
+    assert!(key.request(T0, 4).allowed());
+    assert_eq!(second.credit(&key.state, T0 + SEC, 3).update, Update::Unchanged);
 
     let day = Calendar {
         period: Period::Day,
