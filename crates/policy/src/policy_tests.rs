@@ -1409,3 +1409,22 @@ fn a_clients_own_numbers_replace_its_tiers_for_the_same_algorithm_only() {
     policy.overrides = Some(overrides(&per_ip, client.ip_hash, concurrency(5)));
     assert_eq!(in_force(&policy, client.ip_hash), window(10));
 }
+
+#[test]
+fn a_key_of_the_route_alone_is_the_pattern_the_path_matched() {
+    let mut per_route = limit("per-route", KeySource::Route, window(10));
+    per_route.matcher = matching(&[], &["/users/*", "/orders/*"]);
+    let policy = policy(vec![per_route]);
+    let identity = |path| get(path).layers(&policy).checks[0].key.identity;
+    assert_eq!(identity("/users/1"), identity("/users/2"));
+    assert_ne!(identity("/users/1"), identity("/orders/1"));
+}
+
+#[test]
+fn a_limit_on_no_host_applies_whatever_host_a_request_names() {
+    let policy = policy(vec![limit("per-ip", KeySource::Ip, window(10))]);
+    assert_eq!(
+        get("/").host("api.example.com").checked(&policy),
+        ["per-ip"]
+    );
+}
