@@ -1485,7 +1485,10 @@ fn a_credit_lowers_the_running_count_and_no_other() {
     let second = Algorithm::fixed_window(10, SEC).expect("valid numbers");
     let mut key = Key::new(second);
     assert!(key.request(T0, 4).allowed());
-    assert_eq!(second.credit(&key.state, T0 + SEC, 3).update, Update::Unchanged);
+    assert_eq!(
+        second.credit(&key.state, T0 + SEC, 3).update,
+        Update::Unchanged
+    );
 
     let day = Calendar {
         period: Period::Day,
