@@ -17,6 +17,7 @@
 #![warn(missing_docs)]
 #![warn(unreachable_pub)]
 
+mod algorithm_error;
 pub mod calendar;
 pub mod concurrency;
 mod credit;
@@ -34,6 +35,7 @@ mod state;
 pub mod token_bucket;
 mod validated;
 
+pub use algorithm_error::{grouped, AlgorithmError};
 pub use calendar::{Calendar, Period};
 pub use concurrency::Slots;
 pub use credit::takes_credit;
@@ -47,7 +49,7 @@ pub use ranges::{
 };
 pub use sliding_log::LogState;
 pub use state::State;
-pub use validated::{grouped, Algorithm, AlgorithmError};
+pub use validated::Algorithm;
 
 #[cfg(test)]
 mod tests;
