@@ -152,18 +152,10 @@ impl Verdict {
         for o in &self.outcomes {
             let decision = &o.decision;
             let counters = runtime.counters(o.limit);
-            match (o.shadow, decision.allowed(), self.refused()) {
-                _ if o.kind == OutcomeKind::Ban => counters.banned.inc(),
-                (true, false, _) => counters.shadow_refused.inc(),
-                (false, false, _) => counters.refused.inc(),
-                (_, true, false) => {
-                    counters.admitted.inc();
-                    if decision.remaining().saturating_mul(10) < decision.limit() {
-                        counters.near_limit.inc();
-                    }
-                }
-                // Admitted by this layer, refused by another: not charged.
-                (_, true, true) => {}
+            if o.kind == OutcomeKind::Ban {
+                counters.banned.inc();
+            } else {
+                counters.count(o.shadow, decision, self.refused());
             }
             if o.shadow && !decision.allowed() {
                 if let Some(unlogged) = due(o) {

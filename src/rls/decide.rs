@@ -329,19 +329,9 @@ fn account(
     refused: bool,
 ) {
     for (check, decision) in planned.checks.iter().zip(decisions) {
-        let counters = runtime.counters(check.limit);
-        match (check.shadow, decision.allowed(), refused) {
-            (true, false, _) => counters.shadow_refused.inc(),
-            (false, false, _) => counters.refused.inc(),
-            (_, true, false) => {
-                counters.admitted.inc();
-                if decision.remaining().saturating_mul(10) < decision.limit() {
-                    counters.near_limit.inc();
-                }
-            }
-            // Admitted by this limit, refused by another: not charged.
-            (_, true, true) => {}
-        }
+        runtime
+            .counters(check.limit)
+            .count(check.shadow, decision, refused);
     }
     let logged = planned
         .checks

@@ -6,6 +6,7 @@
 
 mod groups;
 
+use floodgate_algorithm::Decision;
 pub use floodgate_limiter::metrics::{LeaseMetrics, RedisMetrics};
 use groups::{
     client_change_counters, connection_metrics, counters, protection_metrics, redis_metrics,
@@ -31,6 +32,27 @@ pub struct LayerCounters {
     /// default), and above `max` (charged `max`).
     pub cost_unread: IntCounter,
     pub cost_above_max: IntCounter,
+}
+
+impl LayerCounters {
+    /// One layer's decision on a request: refused (or a shadow limit's
+    /// would-be refusal), or admitted, and near the limit when it leaves
+    /// less than a tenth of it. A layer that admitted a request another
+    /// refused counts nothing: nothing was charged. The proxy and the rate
+    /// limit service count alike.
+    pub fn count(&self, shadow: bool, decision: &Decision, request_refused: bool) {
+        match (shadow, decision.allowed(), request_refused) {
+            (true, false, _) => self.shadow_refused.inc(),
+            (false, false, _) => self.refused.inc(),
+            (_, true, false) => {
+                self.admitted.inc();
+                if decision.remaining().saturating_mul(10) < decision.limit() {
+                    self.near_limit.inc();
+                }
+            }
+            (_, true, true) => {}
+        }
+    }
 }
 
 pub struct Metrics {
