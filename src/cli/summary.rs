@@ -284,7 +284,12 @@ fn cost_warnings(out: &mut String, policy: &Policy, layer: usize, limit: &Limit)
         if !cost.limits.is_empty() && !cost.limits.contains(&layer) {
             continue;
         }
-        if cost.cost > algorithm.quota() && cost.matcher.may_overlap(&limit.matcher) {
+        if cost.cost > algorithm.quota()
+            && limit
+                .matcher
+                .http()
+                .is_some_and(|m| cost.matcher.may_overlap(m))
+        {
             let _ = writeln!(
                 out,
                 "  warning: cost {} on {} exceeds this limit's quota {}: such requests are always refused",
@@ -318,7 +323,7 @@ fn skip_warnings(out: &mut String, policy: &Policy, layer: usize, limit: &Limit)
             limit.matcher.describe()
         );
     }
-    if !limit.shadow && !limit.matcher.body.is_empty() && limit.on_missing == OnMissing::Skip {
+    if !limit.shadow && !limit.matcher.body().is_empty() && limit.on_missing == OnMissing::Skip {
         let _ = writeln!(
             out,
             "  warning: a body that cannot be read (past max_body, chunked, not JSON) skips this limit: set on_missing = \"deny\" or \"ip\""

@@ -5,7 +5,7 @@ use super::file::CostSection;
 use super::matcher::validate_match;
 use super::{at, AsSegment, Invalid};
 use floodgate_algorithm::MAX_EXACT;
-use floodgate_policy::{AfterResponse, CostRule, Limit, PathPattern, Rule};
+use floodgate_policy::{AfterResponse, CostRule, Limit, LimitMatch, PathPattern, Rule};
 
 /// Every `[[costs]]` table, in order (for each limit, the first that
 /// matches and prices it applies).
@@ -37,7 +37,7 @@ pub(super) fn validate_costs(
             };
             let limit = &limits[layer];
             let why_not = match (&limit.rule, &limit.after_response) {
-                _ if limit.matcher.descriptors.is_some() => {
+                _ if limit.matcher.descriptors().is_some() => {
                     Some("is charged the hits_addend Envoy sends")
                 }
                 (Rule::Concurrency(_), _) => Some("counts requests in flight"),
@@ -52,17 +52,18 @@ pub(super) fn validate_costs(
             }
             priced.push(layer);
         }
-        let matcher = validate_match(&c.matcher, &[&"costs", &i, &"match"], compile_pattern)?;
+        let matcher =
+            match validate_match(&c.matcher, &[&"costs", &i, &"match"], compile_pattern)? {
+                LimitMatch::Http(matcher) => matcher,
+                LimitMatch::Descriptors(_) => return Err(at(
+                    &[&"costs", &i, &"match", &"domain"],
+                    "[[costs]] price HTTP requests; a descriptor costs the hits_addend Envoy sends",
+                )),
+            };
         if let Some((field, _)) = matcher.body.first() {
             return Err(at(
                 &[&"costs", &i, &"match", &"body", &field.as_ref()],
                 "[[costs]] price by the request's head; a limit of its own (`match = { body = ... }`) prices by its body",
-            ));
-        }
-        if matcher.descriptors.is_some() {
-            return Err(at(
-                &[&"costs", &i, &"match", &"domain"],
-                "[[costs]] price HTTP requests; a descriptor costs the hits_addend Envoy sends",
             ));
         }
         costs.push(CostRule {

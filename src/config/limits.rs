@@ -17,7 +17,7 @@ use super::{at, key_path, AsSegment, Invalid};
 use floodgate_algorithm::{takes_lease, Algorithm, Kind, MAX_SLIDING_LOG};
 use floodgate_limiter::{LimitName, OnFailure};
 use floodgate_policy::identity::{Tier, Tiers};
-use floodgate_policy::{Ban, KeySource, Limit, Matcher, OnMissing, PathPattern, Rule};
+use floodgate_policy::{Ban, KeySource, Limit, LimitMatch, OnMissing, PathPattern, Rule};
 
 /// The known tiers' names, in order, for a message that lists them.
 pub(super) fn sorted(tiers: &Tiers) -> String {
@@ -110,12 +110,12 @@ fn limit_matcher(
     s: &LimitSection,
     key: &KeySource,
     compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,
-) -> Result<Matcher, Invalid> {
+) -> Result<LimitMatch, Invalid> {
     let matcher = match &s.matcher {
         Some(m) => validate_match(m, &[&"limits", &i, &"match"], compile_pattern)?,
-        None => Matcher::default(),
+        None => LimitMatch::default(),
     };
-    if let Some(pattern) = &matcher.descriptors {
+    if let Some(pattern) = matcher.descriptors() {
         descriptor_limit(i, s, key, pattern)?;
     } else if key.reads_descriptor() {
         return Err(at(

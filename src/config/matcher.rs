@@ -9,7 +9,7 @@ use super::file::{MatchSection, OneOrMany};
 use super::source::Segment;
 use super::{AsSegment, Invalid};
 use floodgate_policy::path::{EscapedSlashes, PathRules};
-use floodgate_policy::{HostPattern, Matcher, PathPattern};
+use floodgate_policy::{HostPattern, LimitMatch, Matcher, PathPattern};
 
 /// A pattern is matched against normalised paths, so it is normalised too
 /// (`/%7euser/*` is `/~user/*`); one that cannot be is refused rather than
@@ -46,12 +46,9 @@ pub(super) fn validate_match(
     m: &MatchSection,
     path: &[&dyn AsSegment],
     compile_pattern: &dyn Fn(&str) -> Result<PathPattern, String>,
-) -> Result<Matcher, Invalid> {
+) -> Result<LimitMatch, Invalid> {
     if m.domain.is_some() || !m.descriptors.is_empty() {
-        return Ok(Matcher {
-            descriptors: Some(descriptor_match(m, path)?),
-            ..Matcher::default()
-        });
+        return Ok(LimitMatch::Descriptors(descriptor_match(m, path)?));
     }
     let methods = methods(m, path)?;
     let paths = m
@@ -65,14 +62,13 @@ pub(super) fn validate_match(
     let hosts = hosts(m, path)?;
     let headers = headers(m, path)?;
     let body = body(m, path)?;
-    Ok(Matcher {
+    Ok(LimitMatch::Http(Matcher {
         methods,
         paths,
         hosts,
         headers,
-        descriptors: None,
         body,
-    })
+    }))
 }
 
 /// `path`, then `key`, then `entry`: where an error about one entry of a

@@ -10,7 +10,7 @@ use super::{at, duration, key_path, AsSegment, Invalid};
 use crate::protection::controller::ControllerSettings;
 use crate::protection::{PriorityClass, ProtectionSettings, QueueSettings};
 use floodgate_policy::identity::Tiers;
-use floodgate_policy::PathPattern;
+use floodgate_policy::{LimitMatch, Matcher, PathPattern};
 
 pub(super) fn validate_protection(
     p: &ProtectionSection,
@@ -151,13 +151,15 @@ fn priority_class(
         }
         PriorityEntry::Match { name, matcher } => {
             let path: [&dyn AsSegment; 5] = [&"upstream", &"protection", &"priority", &i, &"match"];
-            let matcher = validate_match(matcher, &path, compile_pattern)?;
-            if matcher.descriptors.is_some() || !matcher.body.is_empty() {
-                return Err(at(
-                    &path,
-                    "a class is matched by the request's head: methods, paths, hosts, headers",
-                ));
-            }
+            let head_only = |matcher: &Matcher| matcher.body.is_empty();
+            let matcher =
+                match validate_match(matcher, &path, compile_pattern)? {
+                    LimitMatch::Http(matcher) if head_only(&matcher) => matcher,
+                    _ => return Err(at(
+                        &path,
+                        "a class is matched by the request's head: methods, paths, hosts, headers",
+                    )),
+                };
             if name.is_empty() || tiers.get(name).is_some() {
                 return Err(at(
                     &[&"upstream", &"protection", &"priority", &i, &"name"],

@@ -63,7 +63,10 @@ pub(super) fn validate_rls(
     let Some(section) = section else {
         // A limit only the service could apply, with no service: it would
         // limit nothing, and say nothing of it.
-        if let Some(i) = limits.iter().position(|l| l.matcher.descriptors.is_some()) {
+        if let Some(i) = limits
+            .iter()
+            .position(|l| l.matcher.descriptors().is_some())
+        {
             return Err(at(
                 &[&"limits", &i, &"match", &"domain"],
                 "limits on descriptors are served to Envoy by the rate limit service: set [rls].listen",

@@ -60,7 +60,10 @@ fn full_example_resolves_every_key() {
         OnFailure::Local,
         "[redis].on_failure, resolved when the config is loaded"
     );
-    assert_eq!(login.matcher.methods, vec![Method::POST]);
+    assert_eq!(
+        login.matcher.http().expect("on HTTP").methods,
+        vec![Method::POST]
+    );
     assert!(c.policy.limits[6].shadow);
     assert_eq!(c.policy.costs[0].cost, 10);
     assert_eq!(c.headers, HeaderStyle::Both);
@@ -900,10 +903,6 @@ fn descriptor_limit(lines: &str) -> String {
 }
 
 #[test]
-#[expect(
-    clippy::too_many_lines,
-    reason = "a table of cases, one or two lines each"
-)]
 fn descriptor_limits_read_like_the_others_and_refuse_what_envoy_cannot_give() {
     let entries =
         r#"match = { domain = "edge", descriptors = [["remote_address"], ["path", "/login"]] }"#;
@@ -912,11 +911,7 @@ fn descriptor_limits_read_like_the_others_and_refuse_what_envoy_cannot_give() {
     )))
     .unwrap_or_else(|e| panic!("{e}"));
     let limit = &valid.policy.limits[0];
-    let pattern = limit
-        .matcher
-        .descriptors
-        .as_ref()
-        .expect("a descriptor limit");
+    let pattern = limit.matcher.descriptors().expect("a descriptor limit");
     assert!(pattern.matches(
         "edge",
         &[("remote_address", "10.0.0.1"), ("path", "/login")]

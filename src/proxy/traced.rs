@@ -185,7 +185,7 @@ pub(super) fn finish(
         .as_ref()
         .and_then(Verdict::decisive_outcome)
         .and_then(|o| ctx.runtime.policy.limits.get(o.limit.index()))
-        .and_then(|limit| limit.matcher.paths.iter().find(|p| p.matches(path)))
+        .and_then(|limit| limit.matcher.paths().iter().find(|p| p.matches(path)))
         .map(|p| p.as_str().to_owned());
     let client = ctx.client.as_ref().map(|c| c.address.to_string());
     let request_id = ctx.request_id.as_str().to_owned();

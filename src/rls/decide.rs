@@ -65,8 +65,7 @@ pub(crate) fn plan(policy: &Policy, ask: &Ask<'_>) -> Planned {
     let mut planned = Planned::default();
     let domain_known = policy.descriptor_limits().any(|(_, l)| {
         l.matcher
-            .descriptors
-            .as_ref()
+            .descriptors()
             .is_some_and(|d| *d.domain == *ask.domain)
     });
     for descriptor in &ask.descriptors {
@@ -75,7 +74,7 @@ pub(crate) fn plan(policy: &Policy, ask: &Ask<'_>) -> Planned {
             let matching: SmallVec<[(LimitId, &Limit, u64); 4]> = policy
                 .descriptor_limits()
                 .filter_map(|(id, limit)| {
-                    let pattern = limit.matcher.descriptors.as_ref()?;
+                    let pattern = limit.matcher.descriptors()?;
                     pattern
                         .matches(ask.domain, &descriptor.entries)
                         .then(|| (id, limit, pattern.specificity()))
@@ -375,7 +374,7 @@ fn account(
 /// `remote_address` that is no address) as a short keyed hash, never in
 /// full.
 fn entries_label(policy: &Policy, limit: LimitId, entries: &[(&str, &str)]) -> String {
-    let pattern = policy.limits[limit.index()].matcher.descriptors.as_ref();
+    let pattern = policy.limits[limit.index()].matcher.descriptors();
     let mut out = Vec::with_capacity(entries.len());
     for (k, &(key, value)) in entries.iter().enumerate() {
         let pinned = pattern

@@ -5,7 +5,7 @@ use floodgate_algorithm::Algorithm;
 use floodgate_limiter::{Check, LimitId, LimitName, OnFailure, StateKey};
 
 use crate::identity::{KeySource, Tier};
-use crate::{AfterResponse, CostSource, Matcher, ResponseCost};
+use crate::{AfterResponse, CostSource, LimitMatch, Matcher, ResponseCost};
 
 /// Whether an upgraded connection (a WebSocket) keeps its request's
 /// concurrency slot for its lifetime.
@@ -199,7 +199,7 @@ pub struct Limit {
     /// of `rule` (of the same kind).
     pub tiers: Vec<(Tier, Rule)>,
     /// The limit's `match`: which requests it meets.
-    pub matcher: Matcher,
+    pub matcher: LimitMatch,
     /// A shadow limit counts and reports what it would refuse, but never
     /// refuses.
     pub shadow: bool,
@@ -246,7 +246,7 @@ impl Limit {
     /// Whether the limit reads the request's body: a key or a match on a
     /// field, or a reservation from the request.
     pub fn reads_body(&self) -> bool {
-        !self.matcher.body.is_empty()
+        !self.matcher.body().is_empty()
             || self.key.any_part(|p| matches!(p, KeySource::Body(_)))
             || matches!(&self.after_response, Some(AfterResponse::Cost(c)) if c.from_request || c.include_usage)
     }
@@ -258,7 +258,7 @@ impl Limit {
                 fields.push(field.into());
             }
         };
-        for (field, _) in &self.matcher.body {
+        for (field, _) in self.matcher.body() {
             add(field);
         }
         if let KeySource::Composite(parts) = &self.key {

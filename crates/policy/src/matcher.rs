@@ -38,8 +38,6 @@ impl HostPattern {
 /// A limit on GET also limits HEAD, which routers answer with the GET handler;
 /// methods match ignoring case. A header matches when any of its values
 /// matches its glob (`*` for any run of characters).
-/// `match = { domain, descriptors }` instead: a limit of the rate limit
-/// service, which no HTTP request meets.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Matcher {
     /// The methods the limit meets, compared ignoring case (GET also meets
@@ -52,9 +50,6 @@ pub struct Matcher {
     pub hosts: Vec<HostPattern>,
     /// Headers the request must carry, each with some value the glob matches.
     pub headers: Vec<(HeaderName, PathPattern)>,
-    /// The rate limit service's domain and descriptor pattern: when set, the
-    /// limit is the service's, and no HTTP request meets it.
-    pub descriptors: Option<DescriptorPattern>,
     /// Top-level fields of the JSON body, each matching one of its
     /// patterns (`body = { model = ["gpt-4o*"] }`).
     pub body: Vec<(Box<str>, Vec<PathPattern>)>,
@@ -103,9 +98,6 @@ impl Matcher {
 
     /// Method and path only.
     pub fn matches(&self, method: &Method, path: &str) -> bool {
-        if self.descriptors.is_some() {
-            return false;
-        }
         // Methods are case-sensitive in HTTP, but some frameworks (Werkzeug)
         // route `post` as POST.
         let listed = |m: &str| {
@@ -122,11 +114,6 @@ impl Matcher {
     /// Whether some request could match both (approximate: a path pattern is
     /// tested against the other's text).
     pub fn may_overlap(&self, other: &Matcher) -> bool {
-        match (&self.descriptors, &other.descriptors) {
-            (None, None) => {}
-            (Some(a), Some(b)) => return a.domain == b.domain,
-            _ => return false,
-        }
         let methods = self.methods.is_empty()
             || other.methods.is_empty()
             || self.methods.iter().any(|m| other.methods.contains(m));
@@ -144,9 +131,6 @@ impl Matcher {
     /// The match as `floodgate check` and the logs show it:
     /// `POST /login host api.example.com`, or `all requests`.
     pub fn describe(&self) -> String {
-        if let Some(descriptors) = &self.descriptors {
-            return descriptors.describe();
-        }
         let mut parts = Vec::new();
         if !self.methods.is_empty() {
             let m: Vec<&str> = self.methods.iter().map(|m| m.as_str()).collect();
@@ -171,6 +155,93 @@ impl Matcher {
             "all requests".into()
         } else {
             parts.join(" ")
+        }
+    }
+}
+
+/// What a limit meets: HTTP requests (`match = { methods, paths, ... }`),
+/// or the rate limit service's descriptors (`match = { domain,
+/// descriptors }`), which no HTTP request meets. Never both.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LimitMatch {
+    /// HTTP requests, as the matcher says.
+    Http(Matcher),
+    /// Calls of the rate limit service with this domain and descriptors.
+    Descriptors(DescriptorPattern),
+}
+
+impl Default for LimitMatch {
+    /// Every HTTP request.
+    fn default() -> LimitMatch {
+        LimitMatch::Http(Matcher::default())
+    }
+}
+
+/// No body fields: what a match on descriptors reads of a body.
+const NO_FIELDS: &[(Box<str>, Vec<PathPattern>)] = &[];
+
+impl LimitMatch {
+    /// The HTTP matcher, for a limit on HTTP requests.
+    pub fn http(&self) -> Option<&Matcher> {
+        match self {
+            LimitMatch::Http(matcher) => Some(matcher),
+            LimitMatch::Descriptors(_) => None,
+        }
+    }
+
+    /// The descriptor pattern, for a limit of the rate limit service.
+    pub fn descriptors(&self) -> Option<&DescriptorPattern> {
+        match self {
+            LimitMatch::Descriptors(pattern) => Some(pattern),
+            LimitMatch::Http(_) => None,
+        }
+    }
+
+    /// The path patterns a limit on HTTP requests names (none otherwise).
+    pub fn paths(&self) -> &[PathPattern] {
+        self.http().map_or(&[], |m| &m.paths)
+    }
+
+    /// The body fields a limit on HTTP requests matches (none otherwise).
+    pub fn body(&self) -> &[(Box<str>, Vec<PathPattern>)] {
+        self.http().map_or(NO_FIELDS, |m| &m.body)
+    }
+
+    /// Whether the limit names hosts.
+    pub fn names_hosts(&self) -> bool {
+        self.http().is_some_and(|m| !m.hosts.is_empty())
+    }
+
+    /// Whether the request is one the limit meets.
+    pub fn applies(&self, request: &RequestView<'_>) -> bool {
+        self.http().is_some_and(|m| m.applies(request))
+    }
+
+    /// Whether the request is one the limit meets, as far as its head tells.
+    pub fn applies_but_for_body(&self, request: &RequestView<'_>) -> bool {
+        self.http().is_some_and(|m| m.applies_but_for_body(request))
+    }
+
+    /// The path pattern a matching path matched ("" when any path does, or
+    /// for descriptors): what a `route` key names.
+    pub fn route(&self, path: &str) -> &str {
+        self.http().map_or("", |m| m.route(path))
+    }
+
+    /// Whether some request (or call of the service) could meet both.
+    pub fn may_overlap(&self, other: &LimitMatch) -> bool {
+        match (self, other) {
+            (LimitMatch::Http(a), LimitMatch::Http(b)) => a.may_overlap(b),
+            (LimitMatch::Descriptors(a), LimitMatch::Descriptors(b)) => a.domain == b.domain,
+            _ => false,
+        }
+    }
+
+    /// The match as `floodgate check` and the logs show it.
+    pub fn describe(&self) -> String {
+        match self {
+            LimitMatch::Http(matcher) => matcher.describe(),
+            LimitMatch::Descriptors(pattern) => pattern.describe(),
         }
     }
 }

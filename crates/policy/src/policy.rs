@@ -149,7 +149,7 @@ impl Policy {
     ) -> Policy {
         let reads_host = limits
             .iter()
-            .any(|l| !l.matcher.hosts.is_empty() || l.key.any_part(|p| *p == KeySource::Host))
+            .any(|l| l.matcher.names_hosts() || l.key.any_part(|p| *p == KeySource::Host))
             || costs.iter().any(|c| !c.matcher.hosts.is_empty());
         let claim_limits = limits
             .iter()
@@ -161,7 +161,7 @@ impl Policy {
         let descriptor_limits = limits
             .iter()
             .enumerate()
-            .filter(|(_, l)| l.matcher.descriptors.is_some())
+            .filter(|(_, l)| l.matcher.descriptors().is_some())
             .map(|(i, _)| i)
             .collect();
         let mut body_fields: Vec<Box<str>> = Vec::new();
@@ -304,7 +304,7 @@ impl Policy {
         // no JSON object) leaves a body match undecided: the limit's
         // on_missing says, as for a missing key, so that padding or
         // chunking a body is no way around it.
-        let unread = !limit.matcher.body.is_empty()
+        let unread = !limit.matcher.body().is_empty()
             && request.body.is_none()
             && limit.matcher.applies_but_for_body(request);
         if unread && !limit.shadow && limit.on_missing == OnMissing::Deny {
@@ -397,7 +397,7 @@ impl Policy {
                 bans.push(ban.penalty_check(id, identity, true));
             }
         };
-        let routes = &limit.matcher.paths;
+        let routes = limit.matcher.paths();
         if limit.key.any_part(|p| *p == KeySource::Route) && !routes.is_empty() {
             // The key's other parts are the same on every route: where
             // they gave an identity on this one, they give one on each.

@@ -13,8 +13,8 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use super::*;
 use crate::identity::{ForwardedHeader, IdentityHasher, KnownPart, Tiers};
 use crate::{
-    Ban, Concurrency, CostRule, CostSource, HostPattern, Limit, LlmProvider, Matcher, OnMissing,
-    PathPattern, ResponseCost, Rule, Statuses, Upgrades, PROMPT_BYTES_PER_TOKEN,
+    Ban, Concurrency, CostRule, CostSource, HostPattern, Limit, LimitMatch, LlmProvider, Matcher,
+    OnMissing, PathPattern, ResponseCost, Rule, Statuses, Upgrades, PROMPT_BYTES_PER_TOKEN,
 };
 use floodgate_algorithm::Algorithm;
 use floodgate_limiter::LimitName;
@@ -68,7 +68,7 @@ fn limit(name: &str, key: KeySource, rule: Rule) -> Limit {
         key,
         rule,
         tiers: Vec::new(),
-        matcher: Matcher::default(),
+        matcher: LimitMatch::default(),
         shadow: false,
         on_failure: OnFailure::Local,
         after_response: None,
@@ -117,6 +117,14 @@ fn ban(limit: &str, after: u64) -> Ban {
         penalty: Algorithm::token_bucket(1, 3_600 * SEC).unwrap(),
         penalty_name,
         penalty_id,
+    }
+}
+
+/// A limit's HTTP match, to set a part of it.
+fn http(limit: &mut Limit) -> &mut Matcher {
+    match &mut limit.matcher {
+        LimitMatch::Http(matcher) => matcher,
+        LimitMatch::Descriptors(_) => panic!("{} is matched by descriptors", limit.name),
     }
 }
 
@@ -410,7 +418,7 @@ fn an_enforcing_limit_refuses_a_key_it_cannot_tell() {
 fn a_limit_asks_for_its_key_only_on_the_requests_it_matches() {
     let mut tenant = limit("per-tenant", header_key("x-tenant"), window(10));
     tenant.on_missing = OnMissing::Deny;
-    tenant.matcher = matching(&[], &["/api/*"]);
+    tenant.matcher = LimitMatch::Http(matching(&[], &["/api/*"]));
     let policy = policy(vec![tenant]);
     assert!(get("/about").layers(&policy).is_empty());
     let twice = get("/about")
@@ -427,7 +435,7 @@ fn a_limit_asks_for_its_key_only_on_the_requests_it_matches() {
 fn an_unread_body_is_to_a_limit_matching_on_it_as_a_missing_key() {
     let on = |on_missing| {
         let mut gpt4 = limit("gpt-4", KeySource::ApiKey, window(10));
-        gpt4.matcher.body = vec![("model".into(), vec![PathPattern::glob("gpt-4*")])];
+        http(&mut gpt4).body = vec![("model".into(), vec![PathPattern::glob("gpt-4*")])];
         gpt4.on_missing = on_missing;
         policy(vec![gpt4])
     };
@@ -729,7 +737,7 @@ fn a_limit_that_bans_looks_its_ban_up_on_the_requests_identity() {
 #[test]
 fn a_ban_applies_on_every_route_not_only_the_limits() {
     let mut login = limit("login", KeySource::Ip, window(5));
-    login.matcher = matching(&["POST"], &["/login"]);
+    login.matcher = LimitMatch::Http(matching(&["POST"], &["/login"]));
     login.ban = Some(ban("login", 3));
     let policy = policy(vec![login]);
     let on_login = get("/login").method("POST").layers(&policy);
@@ -749,7 +757,7 @@ fn a_ban_applies_on_every_route_not_only_the_limits() {
 fn a_ban_is_not_looked_up_without_its_key_unless_on_missing_is_ip() {
     let on = |on_missing| {
         let mut per_key = limit("per-key", KeySource::ApiKey, window(5));
-        per_key.matcher = matching(&[], &["/api/*"]);
+        per_key.matcher = LimitMatch::Http(matching(&[], &["/api/*"]));
         per_key.ban = Some(ban("per-key", 3));
         per_key.on_missing = on_missing;
         policy(vec![per_key])
@@ -779,7 +787,7 @@ fn a_ban_is_not_looked_up_without_its_key_unless_on_missing_is_ip() {
 #[test]
 fn only_limits_that_ban_are_looked_up_on_every_route() {
     let mut login = limit("login", KeySource::Ip, window(5));
-    login.matcher = matching(&["POST"], &["/login"]);
+    login.matcher = LimitMatch::Http(matching(&["POST"], &["/login"]));
     let policy = policy(vec![login]);
     assert!(get("/account").layers(&policy).is_empty());
     assert!(get("/login").method("POST").layers(&policy).bans.is_empty());
@@ -788,9 +796,9 @@ fn only_limits_that_ban_are_looked_up_on_every_route() {
 #[test]
 fn a_limit_on_get_also_limits_head_and_methods_match_ignoring_case() {
     let mut reads = limit("reads", KeySource::Ip, window(10));
-    reads.matcher = matching(&["get"], &[]);
+    reads.matcher = LimitMatch::Http(matching(&["get"], &[]));
     let mut writes = limit("writes", KeySource::Ip, window(10));
-    writes.matcher = matching(&["POST", "PUT"], &[]);
+    writes.matcher = LimitMatch::Http(matching(&["POST", "PUT"], &[]));
     let policy = policy(vec![reads, writes]);
     for (method, limits) in [
         ("GET", &["reads"][..]),
@@ -810,7 +818,7 @@ fn a_limit_on_get_also_limits_head_and_methods_match_ignoring_case() {
 #[test]
 fn a_limit_on_post_does_not_limit_head() {
     let mut writes = limit("writes", KeySource::Ip, window(10));
-    writes.matcher = matching(&["POST"], &[]);
+    writes.matcher = LimitMatch::Http(matching(&["POST"], &[]));
     let policy = policy(vec![writes]);
     assert!(get("/").method("HEAD").layers(&policy).is_empty());
 }
@@ -818,7 +826,7 @@ fn a_limit_on_post_does_not_limit_head() {
 #[test]
 fn a_limit_applies_to_the_paths_it_names_only() {
     let mut api = limit("api", KeySource::Ip, window(10));
-    api.matcher = matching(&[], &["/api/*", "/login"]);
+    api.matcher = LimitMatch::Http(matching(&[], &["/api/*", "/login"]));
     let policy = policy(vec![api]);
     for path in ["/api/orders", "/api/orders/7", "/login", "/login/"] {
         assert_eq!(get(path).checked(&policy), ["api"], "{path}");
@@ -831,7 +839,7 @@ fn a_limit_applies_to_the_paths_it_names_only() {
 #[test]
 fn a_limit_on_hosts_applies_to_its_hosts_and_to_a_request_that_names_none() {
     let mut hosts = limit("hosts", KeySource::Ip, window(10));
-    hosts.matcher.hosts = vec![
+    http(&mut hosts).hosts = vec![
         HostPattern::new("API.example.com"),
         HostPattern::new("*.example.org"),
     ];
@@ -849,7 +857,7 @@ fn a_limit_on_hosts_applies_to_its_hosts_and_to_a_request_that_names_none() {
 #[test]
 fn a_limit_on_a_header_applies_when_one_of_its_values_matches() {
     let mut json = limit("json", KeySource::Ip, window(10));
-    json.matcher.headers = vec![(
+    http(&mut json).headers = vec![(
         HeaderName::from_static("content-type"),
         PathPattern::glob("application/json*"),
     )];
@@ -869,8 +877,8 @@ fn a_limit_on_a_header_applies_when_one_of_its_values_matches() {
 #[test]
 fn every_part_of_a_match_must_hold() {
     let mut narrow = limit("narrow", KeySource::Ip, window(10));
-    narrow.matcher = matching(&["POST"], &["/api/*"]);
-    narrow.matcher.hosts = vec![HostPattern::new("api.example.com")];
+    narrow.matcher = LimitMatch::Http(matching(&["POST"], &["/api/*"]));
+    http(&mut narrow).hosts = vec![HostPattern::new("api.example.com")];
     let policy = policy(vec![narrow]);
     let request = || get("/api/orders").method("POST").host("api.example.com");
     assert_eq!(request().checked(&policy), ["narrow"]);
@@ -890,16 +898,13 @@ fn every_part_of_a_match_must_hold() {
 #[test]
 fn a_limit_on_descriptors_meets_no_http_request() {
     let mut rls = limit("rls", KeySource::Entry("remote_address".into()), window(10));
-    rls.matcher = Matcher {
-        descriptors: Some(DescriptorPattern {
-            domain: "edge".into(),
-            entries: vec![EntryPattern {
-                key: "remote_address".into(),
-                value: None,
-            }],
-        }),
-        ..Matcher::default()
-    };
+    rls.matcher = LimitMatch::Descriptors(DescriptorPattern {
+        domain: "edge".into(),
+        entries: vec![EntryPattern {
+            key: "remote_address".into(),
+            value: None,
+        }],
+    });
     let policy = policy(vec![rls, limit("per-ip", KeySource::Ip, window(10))]);
     assert_eq!(get("/").checked(&policy), ["per-ip"]);
 }
@@ -908,7 +913,7 @@ fn a_limit_on_descriptors_meets_no_http_request() {
 fn a_route_key_is_the_pattern_the_path_matched() {
     let key = KeySource::Composite(vec![KeySource::Ip, KeySource::Route]);
     let mut per_route = limit("per-route", key, window(10));
-    per_route.matcher = matching(&[], &["/users/*", "/orders/*"]);
+    per_route.matcher = LimitMatch::Http(matching(&[], &["/users/*", "/orders/*"]));
     let policy = policy(vec![per_route]);
     let identity = |path| get(path).layers(&policy).checks[0].key.identity;
     assert_eq!(identity("/users/1"), identity("/users/2"));
@@ -935,7 +940,7 @@ fn a_shadow_limit_keys_a_request_without_its_key_as_the_enforcing_one_would() {
 fn a_key_banned_by_a_limit_on_the_body_is_found_when_its_body_goes_unread() {
     let on = |on_missing| {
         let mut gpt4 = limit("gpt-4", KeySource::ApiKey, window(10));
-        gpt4.matcher.body = vec![("model".into(), vec![PathPattern::glob("gpt-4*")])];
+        http(&mut gpt4).body = vec![("model".into(), vec![PathPattern::glob("gpt-4*")])];
         gpt4.ban = Some(ban("gpt-4", 3));
         gpt4.on_missing = on_missing;
         policy(vec![gpt4])
@@ -963,7 +968,7 @@ fn a_key_banned_by_a_limit_on_the_body_is_found_when_its_body_goes_unread() {
 fn a_route_keyed_ban_is_found_on_every_route() {
     let key = KeySource::Composite(vec![KeySource::ApiKey, KeySource::Route]);
     let mut per_route = limit("per-route", key, window(10));
-    per_route.matcher = matching(&[], &["/users/*", "/orders/*"]);
+    per_route.matcher = LimitMatch::Http(matching(&[], &["/users/*", "/orders/*"]));
     per_route.ban = Some(ban("per-route", 3));
     let policy = policy(vec![per_route]);
     let on_users = get("/users/1").key("k-pro").layers(&policy);
@@ -1004,17 +1009,14 @@ fn a_host_pattern_is_a_name_or_the_subdomains_of_a_domain() {
     }
 }
 
-fn descriptors(domain: &str) -> Matcher {
-    Matcher {
-        descriptors: Some(DescriptorPattern {
-            domain: domain.into(),
-            entries: vec![EntryPattern {
-                key: "remote_address".into(),
-                value: None,
-            }],
-        }),
-        ..Matcher::default()
-    }
+fn descriptors(domain: &str) -> LimitMatch {
+    LimitMatch::Descriptors(DescriptorPattern {
+        domain: domain.into(),
+        entries: vec![EntryPattern {
+            key: "remote_address".into(),
+            value: None,
+        }],
+    })
 }
 
 #[test]
@@ -1046,8 +1048,8 @@ fn a_matcher_describes_each_of_its_parts() {
 
 #[test]
 fn matchers_overlap_when_some_request_could_meet_both() {
-    let m = |methods: &[&str], paths: &[&str]| matching(methods, paths);
-    let overlap = |a: &Matcher, b: &Matcher| (a.may_overlap(b), b.may_overlap(a));
+    let m = |methods: &[&str], paths: &[&str]| LimitMatch::Http(matching(methods, paths));
+    let overlap = |a: &LimitMatch, b: &LimitMatch| (a.may_overlap(b), b.may_overlap(a));
     assert_eq!(overlap(&m(&[], &[]), &m(&["get"], &["/a"])), (true, true));
     assert_eq!(
         overlap(&m(&["get"], &[]), &m(&["get", "post"], &[])),
@@ -1202,9 +1204,9 @@ fn the_body_is_read_for_the_fields_some_limit_reads_once_each() {
         KeySource::Composite(vec![KeySource::Ip, KeySource::Body("user".into())]),
         window(10),
     );
-    by_user.matcher = matching(&[], &["/v1/*"]);
+    by_user.matcher = LimitMatch::Http(matching(&[], &["/v1/*"]));
     let mut by_model = limit("by-model", KeySource::Body("model".into()), window(10));
-    by_model.matcher.body = vec![("user".into(), vec![PathPattern::new("*")])];
+    http(&mut by_model).body = vec![("user".into(), vec![PathPattern::new("*")])];
     let mut reserved = limit("reserved", KeySource::Ip, window(10));
     reserved.after_response = Some(usage_cost(true, false));
     let mut streamed = limit("streamed", KeySource::Ip, window(10));
@@ -1258,7 +1260,7 @@ fn the_host_is_worked_out_only_when_a_limit_or_cost_reads_it() {
     assert!(!policy(vec![limit("per-ip", KeySource::Ip, window(10))]).reads_host);
     assert!(policy(vec![limit("per-host", KeySource::Host, window(10))]).reads_host);
     let mut on_host = limit("on-host", KeySource::Ip, window(10));
-    on_host.matcher.hosts = vec![HostPattern::new("a.example.com")];
+    http(&mut on_host).hosts = vec![HostPattern::new("a.example.com")];
     assert!(policy(vec![on_host]).reads_host);
     let cost = CostRule {
         matcher: Matcher {
@@ -1357,7 +1359,7 @@ fn a_token_is_needed_only_where_a_claim_can_change_the_outcome() {
     // A limit keyed on a claim: where it applies, or everywhere if it bans.
     let claim = KeySource::Jwt(crate::jwt::ClaimPath::parse("sub").unwrap());
     let mut by_sub = limit("by-sub", claim, window(10));
-    by_sub.matcher = matching(&[], &["/api/*"]);
+    by_sub.matcher = LimitMatch::Http(matching(&[], &["/api/*"]));
     let keyed = with_jwt(policy(vec![per_ip(), by_sub.clone()]), false);
     assert!(needs(&keyed, get("/api/orders")));
     assert!(!needs(&keyed, get("/about")));
@@ -1413,7 +1415,7 @@ fn a_clients_own_numbers_replace_its_tiers_for_the_same_algorithm_only() {
 #[test]
 fn a_key_of_the_route_alone_is_the_pattern_the_path_matched() {
     let mut per_route = limit("per-route", KeySource::Route, window(10));
-    per_route.matcher = matching(&[], &["/users/*", "/orders/*"]);
+    per_route.matcher = LimitMatch::Http(matching(&[], &["/users/*", "/orders/*"]));
     let policy = policy(vec![per_route]);
     let identity = |path| get(path).layers(&policy).checks[0].key.identity;
     assert_eq!(identity("/users/1"), identity("/users/2"));
