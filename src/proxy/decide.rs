@@ -128,17 +128,28 @@ pub(super) async fn decide(
 }
 
 /// The bans among looked-up bans that refuse, as the limits that ban name
-/// them.
+/// them: one per limit, the one that lasts longest. A limit may look its
+/// ban up on several identities (each of its routes, or the key and the
+/// address), and a request it bans is one banned request.
 pub(super) fn ban_refusals(
     policy: &Policy,
     bans: impl Iterator<Item = (Check, Decision)>,
 ) -> Vec<Outcome> {
-    bans.filter(|(_, decision)| !decision.allowed())
-        .map(|(check, decision)| {
-            let name = policy.limits[check.limit.index()].name.clone();
-            Outcome::of_ban(name, check, decision)
-        })
-        .collect()
+    let mut refusing: Vec<Outcome> = Vec::new();
+    for (check, decision) in bans.filter(|(_, decision)| !decision.allowed()) {
+        match refusing.iter_mut().find(|o| o.limit == check.limit) {
+            Some(o) if o.decision.retry_after_us() >= decision.retry_after_us() => {}
+            Some(o) => {
+                let name = o.name.clone();
+                *o = Outcome::of_ban(name, check, decision);
+            }
+            None => {
+                let name = policy.limits[check.limit.index()].name.clone();
+                refusing.push(Outcome::of_ban(name, check, decision));
+            }
+        }
+    }
+    refusing
 }
 
 /// The decision on the planned layers (`decide`), kept in the context
@@ -363,6 +374,28 @@ mod tests {
         let fourth_slot = bench.layers("/", &[]).slots;
         let acquired = block_on(bench.store.acquire(&fourth_slot[0].slot)).expect("acquire");
         assert!(acquired.allowed(), "the slot is free again");
+    }
+
+    #[test]
+    fn a_key_banned_on_two_routes_is_one_banned_request() {
+        let banning = window(10)
+            + "\nmatch = { paths = [\"/a\", \"/b\"] }"
+            + "\nban = { after = 1, within = \"1m\", duration = \"1h\" }";
+        let bench = Bench::new(
+            &limit("per-route", &banning).replace("key = \"ip\"", "key = [\"ip\", \"route\"]"),
+        );
+        let layers = bench.layers("/a", &[]);
+        assert_eq!(layers.bans.len(), 2, "looked up on both routes");
+        let ban = bench.policy.limits[0].ban.as_ref().expect("the limit bans");
+        for looked_up in &layers.bans {
+            let penalty =
+                ban.penalty_check(floodgate_limiter::LimitId(0), looked_up.key.identity, false);
+            assert!(block_on(bench.store.decide(&[penalty])).expect("ban")[0].allowed());
+        }
+        let banned = bench.decide("/");
+        assert!(banned.refused());
+        assert_eq!(banned.outcomes.len(), 1, "one banned request, counted once");
+        assert_eq!(banned.outcomes[0].kind, OutcomeKind::Ban);
     }
 
     #[test]
