@@ -19,10 +19,16 @@ pub(crate) const T0: u64 = 1_800_000_000 * SEC;
 
 /// A token bucket of `capacity`, one token back per second.
 pub(crate) fn check(layer: usize, capacity: u64, identity: u128, cost: u64) -> Check {
+    let bucket = Algorithm::token_bucket(capacity, SEC).expect("valid numbers");
+    check_of(layer, bucket, identity, cost)
+}
+
+/// Layer `layer` of `algorithm` on `identity`, enforcing, decided in full.
+pub(crate) fn check_of(layer: usize, algorithm: Algorithm, identity: u128, cost: u64) -> Check {
     Check {
         limit: crate::LimitId(layer),
         name: LimitName::new(&format!("layer-{layer}")),
-        algorithm: Algorithm::token_bucket(capacity, SEC).expect("valid numbers"),
+        algorithm,
         key: StateKey {
             limit: layer as u64 + 100,
             identity,

@@ -909,15 +909,18 @@ fn a_limit_on_descriptors_meets_no_http_request() {
     assert_eq!(get("/").checked(&policy), ["per-ip"]);
 }
 
+/// Alone or in a list: a key of the route alone once hid a `==` made `!=`.
 #[test]
 fn a_route_key_is_the_pattern_the_path_matched() {
-    let key = KeySource::Composite(vec![KeySource::Ip, KeySource::Route]);
-    let mut per_route = limit("per-route", key, window(10));
-    per_route.matcher = LimitMatch::Http(matching(&[], &["/users/*", "/orders/*"]));
-    let policy = policy(vec![per_route]);
-    let identity = |path| get(path).layers(&policy).checks[0].key.identity;
-    assert_eq!(identity("/users/1"), identity("/users/2"));
-    assert_ne!(identity("/users/1"), identity("/orders/1"));
+    let beside_the_address = KeySource::Composite(vec![KeySource::Ip, KeySource::Route]);
+    for key in [beside_the_address, KeySource::Route] {
+        let mut per_route = limit("per-route", key, window(10));
+        per_route.matcher = LimitMatch::Http(matching(&[], &["/users/*", "/orders/*"]));
+        let policy = policy(vec![per_route]);
+        let identity = |path| get(path).layers(&policy).checks[0].key.identity;
+        assert_eq!(identity("/users/1"), identity("/users/2"));
+        assert_ne!(identity("/users/1"), identity("/orders/1"));
+    }
 }
 
 #[test]
@@ -1410,16 +1413,6 @@ fn a_clients_own_numbers_replace_its_tiers_for_the_same_algorithm_only() {
     // Numbers checked for another algorithm mean nothing to this one.
     policy.overrides = Some(overrides(&per_ip, client.ip_hash, concurrency(5)));
     assert_eq!(in_force(&policy, client.ip_hash), window(10));
-}
-
-#[test]
-fn a_key_of_the_route_alone_is_the_pattern_the_path_matched() {
-    let mut per_route = limit("per-route", KeySource::Route, window(10));
-    per_route.matcher = LimitMatch::Http(matching(&[], &["/users/*", "/orders/*"]));
-    let policy = policy(vec![per_route]);
-    let identity = |path| get(path).layers(&policy).checks[0].key.identity;
-    assert_eq!(identity("/users/1"), identity("/users/2"));
-    assert_ne!(identity("/users/1"), identity("/orders/1"));
 }
 
 #[test]

@@ -1,29 +1,10 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::check::{admitted, LimitName, OnFailure};
+use crate::check::admitted;
 use crate::clock::ManualClock;
+use crate::fake::{check_of as check, SEC, T0};
 use floodgate_algorithm::Algorithm;
-
-const SEC: u64 = 1_000_000;
-const T0: u64 = 1_800_000_000 * SEC;
-
-fn check(layer: usize, algorithm: Algorithm, identity: u128, cost: u64) -> Check {
-    Check {
-        limit: crate::LimitId(layer),
-        name: LimitName::new(&format!("layer-{layer}")),
-        algorithm,
-        key: StateKey {
-            limit: layer as u64 + 100,
-            identity,
-        },
-        cost,
-        shadow: false,
-        peek: false,
-        on_failure: OnFailure::Local,
-        lease: false,
-    }
-}
 
 fn bucket(capacity: u64) -> Algorithm {
     Algorithm::token_bucket(capacity, SEC).expect("valid numbers")
