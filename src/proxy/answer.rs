@@ -1,6 +1,7 @@
 //! Answers floodgate writes itself: 400s, 429s, 503s and their gRPC forms,
-//! each with the request id. `Answer` says why a request is answered here;
-//! `Gateway::answer` writes it.
+//! each with the request id. An `Answer` says why a request is answered
+//! here and owns what it is answered with (its status, headers and body);
+//! `write_answer` logs, counts and writes any of them.
 
 use std::borrow::Cow;
 
@@ -20,7 +21,7 @@ use floodgate_limiter::clock::{Clock, SystemClock};
 use floodgate_limiter::LimiterError;
 use floodgate_policy::blocklist::BlockReason;
 
-pub(super) async fn respond(
+async fn respond(
     session: &mut Session,
     ctx: &RequestCtx,
     status: u16,
@@ -85,14 +86,14 @@ pub(super) fn is_grpc(session: &Session) -> bool {
 
 /// The gRPC status codes floodgate answers with.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum GrpcStatus {
+enum GrpcStatus {
     ResourceExhausted = 8,
     Unavailable = 14,
 }
 
 /// A gRPC answer with no messages: HTTP 200 and the outcome in the trailers
 /// (`grpc-status`, `grpc-message`), where gRPC clients read it.
-pub(super) async fn respond_grpc(
+async fn respond_grpc(
     session: &mut Session,
     ctx: &RequestCtx,
     status: GrpcStatus,
@@ -124,7 +125,7 @@ pub(super) async fn respond_grpc(
 
 /// `grpc-message` is percent-encoded: every byte outside printable ASCII,
 /// and `%` itself.
-pub(super) fn grpc_message(text: &str) -> String {
+fn grpc_message(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for b in text.bytes() {
         if (0x20..0x7f).contains(&b) && b != b'%' {
@@ -134,48 +135,6 @@ pub(super) fn grpc_message(text: &str) -> String {
         }
     }
     out
-}
-
-/// 400 with `{"error":"<code>","reason":"<reason>"}`; `reason` is our own
-/// text, never the client's.
-pub(super) async fn bad_request(
-    session: &mut Session,
-    ctx: &RequestCtx,
-    code: &str,
-    reason: &str,
-) -> Result<bool> {
-    debug!("400 {code}: {reason} request_id={}", ctx.request_id);
-    session.set_keepalive(None);
-    let body = format!("{{\"error\":\"{code}\",\"reason\":\"{reason}\"}}");
-    respond(session, ctx, 400, headers::json_headers(), body).await?;
-    Ok(true)
-}
-
-/// The answer to a client `[block]` refuses: no reason given beyond that.
-pub(super) async fn blocked(session: &mut Session, ctx: &RequestCtx, status: u16) -> Result<bool> {
-    let body = format!(
-        "{{\"error\":\"blocked\",\"request_id\":\"{}\"}}",
-        ctx.request_id
-    );
-    session.set_keepalive(None);
-    respond(session, ctx, status, headers::json_headers(), body).await?;
-    Ok(true)
-}
-
-/// 400 for a request without what a limit with `on_missing = "deny"` is
-/// keyed on.
-pub(super) async fn missing_key(
-    session: &mut Session,
-    ctx: &RequestCtx,
-    limit: &str,
-) -> Result<bool> {
-    debug!("400 missing_key for {limit} request_id={}", ctx.request_id);
-    let body = format!(
-        "{{\"error\":\"missing_key\",\"limit\":\"{limit}\",\"request_id\":\"{}\"}}",
-        ctx.request_id
-    );
-    respond(session, ctx, 400, headers::json_headers(), body).await?;
-    Ok(true)
 }
 
 /// What a gRPC client is told when a limit refuses it.
@@ -200,130 +159,84 @@ pub(super) fn grpc_refusal(refused: &Layer<'_>) -> String {
     }
 }
 
-/// An address with as many HTTP/2 requests in flight as it may hold
-/// connections: this one waits its turn.
-pub(super) async fn too_many_in_flight(session: &mut Session, ctx: &RequestCtx) -> Result<bool> {
-    debug!(
-        "429 too many requests in flight request_id={}",
-        ctx.request_id
-    );
-    let mut headers = headers::json_headers();
-    headers.push((&headers::RETRY_AFTER, HeaderValue::from_static("1")));
-    respond(
-        session,
-        ctx,
-        429,
-        headers,
-        "{\"error\":\"too_many_requests_in_flight\"}".into(),
-    )
-    .await?;
-    Ok(true)
+/// How the exchange failed, as the client is told: the status and the
+/// JSON body's `error`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ExchangeFailure {
+    pub(super) status: u16,
+    error: &'static str,
 }
 
-/// Refused to protect the upstream (`[upstream.protection]`): the server's
-/// own state, not the client's quota, so a 503 (gRPC: UNAVAILABLE).
-pub(super) async fn shed(
-    session: &mut Session,
-    ctx: &RequestCtx,
-    shed: crate::protection::Shed,
-) -> Result<bool> {
-    debug!(
-        "503 upstream protected (limit {}) request_id={}",
-        shed.limit, ctx.request_id
-    );
-    let retry_after = shed.retry_after.as_secs().max(1);
-    let headers = vec![(&headers::RETRY_AFTER, HeaderValue::from(retry_after))];
-    if is_grpc(session) {
-        respond_grpc(
-            session,
-            ctx,
-            GrpcStatus::Unavailable,
-            "the upstream is at its limit of requests in flight",
-            headers,
-        )
-        .await?;
-        return Ok(true);
+impl ExchangeFailure {
+    /// What a failed exchange is answered; none when there is nobody to
+    /// answer.
+    pub(super) fn of(e: &Error) -> Option<ExchangeFailure> {
+        let (status, error) = match (e.esource(), e.etype()) {
+            (_, ErrorType::HTTPStatus(code)) => (*code, "bad_request"),
+            (ErrorSource::Upstream, ErrorType::ReadTimedout | ErrorType::ConnectTimedout) => {
+                (504, "upstream_timeout")
+            }
+            (ErrorSource::Upstream, _) => (502, "upstream_unavailable"),
+            // The client went away or broke its stream.
+            (
+                ErrorSource::Downstream,
+                ErrorType::WriteError
+                | ErrorType::ReadError
+                | ErrorType::ConnectionClosed
+                | ErrorType::H2Error,
+            ) => return None,
+            (ErrorSource::Downstream, _) => (400, "bad_request"),
+            _ => (500, "internal_error"),
+        };
+        Some(ExchangeFailure { status, error })
     }
-    let mut headers = headers;
-    headers.extend(headers::json_headers());
-    respond(
-        session,
-        ctx,
-        503,
-        headers,
-        format!(
-            "{{\"error\":\"upstream_protected\",\"reason\":\"the upstream is at its limit of {} requests in flight\",\"retry_after\":{retry_after}}}",
-            shed.limit
-        ),
-    )
-    .await?;
-    Ok(true)
 }
 
-/// A limiter that cannot decide and has no fallback (the Redis store is
-/// always wrapped in one) refuses with 503 rather than guessing.
-pub(super) async fn limiter_failed(
-    session: &mut Session,
-    ctx: &RequestCtx,
-    e: LimiterError,
-) -> Result<bool> {
-    warn!("limiter failed: {e} request_id={}", ctx.request_id);
-    let mut headers = headers::json_headers();
-    headers.push((&headers::RETRY_AFTER, HeaderValue::from_static("1")));
-    respond(
-        session,
-        ctx,
-        503,
-        headers,
-        "{\"error\":\"limiter_unavailable\"}".into(),
-    )
-    .await?;
-    Ok(true)
-}
-
-/// What a failed exchange is answered: the status and the JSON body's
-/// `error`; none when there is nobody to answer.
-pub(super) fn failure_answer(e: &Error) -> Option<(u16, &'static str)> {
-    Some(match (e.esource(), e.etype()) {
-        (_, ErrorType::HTTPStatus(code)) => (*code, "bad_request"),
-        (ErrorSource::Upstream, ErrorType::ReadTimedout | ErrorType::ConnectTimedout) => {
-            (504, "upstream_timeout")
-        }
-        (ErrorSource::Upstream, _) => (502, "upstream_unavailable"),
-        // The client went away or broke its stream.
-        (
-            ErrorSource::Downstream,
-            ErrorType::WriteError
-            | ErrorType::ReadError
-            | ErrorType::ConnectionClosed
-            | ErrorType::H2Error,
-        ) => return None,
-        (ErrorSource::Downstream, _) => (400, "bad_request"),
-        _ => (500, "internal_error"),
-    })
-}
-
-/// Why a request is answered here rather than forwarded; `Gateway::answer`
-/// writes each.
+/// Why a request is answered here rather than forwarded. Each owns what it
+/// is answered with (`Answer::reply`); `write_answer` writes any of them.
 pub(super) enum Answer {
-    /// 400 with the error's code and our own reason.
+    /// 400 with the error's code and our own reason, never the client's
+    /// text.
     BadRequest {
         code: &'static str,
         reason: Cow<'static, str>,
     },
-    /// An address with its HTTP/2 requests in flight all taken.
+    /// An address with as many HTTP/2 requests in flight as it may hold
+    /// connections: this one waits its turn.
     TooManyInFlight,
+    /// A client `[block]` refuses: no reason given beyond that.
     Blocked(BlockReason),
     /// A limit with `on_missing = "deny"` found nothing to key on.
     MissingKey(Box<str>),
-    /// The store failed with no fallback to decide instead.
+    /// The store failed with no fallback to decide instead (the Redis
+    /// store is always wrapped in one): refused rather than guessed.
     LimiterFailed(LimiterError),
     /// A limit refused: the 429, or a gRPC status with this message.
     Refused(headers::Rejection, Option<String>),
+    /// Refused to protect the upstream (`[upstream.protection]`): the
+    /// server's own state, not the client's quota, so a 503 (gRPC:
+    /// UNAVAILABLE).
+    Shed(crate::protection::Shed),
+    /// The exchange failed after the request was let through.
+    ExchangeFailed(ExchangeFailure),
     /// Reading the request failed: nobody to answer, or nothing to send on.
     Failed(Box<Error>),
-    /// Refused to protect the upstream.
-    Shed(crate::protection::Shed),
+}
+
+/// An answer as it goes on the wire.
+enum Reply {
+    /// A status, headers and a JSON body.
+    Http {
+        status: u16,
+        headers: Vec<Header>,
+        body: String,
+    },
+    /// A gRPC call's: HTTP 200, no messages, the outcome in the trailers.
+    Grpc {
+        status: GrpcStatus,
+        message: String,
+        headers: Vec<Header>,
+    },
 }
 
 impl Answer {
@@ -333,60 +246,171 @@ impl Answer {
             reason: reason.into(),
         }
     }
+
+    /// Whether the connection ends with this answer: a client that sent
+    /// what cannot be read, or that is blocked, gets no next request on it.
+    fn closes(&self) -> bool {
+        matches!(
+            self,
+            Answer::BadRequest { .. } | Answer::Blocked(_) | Answer::ExchangeFailed(_)
+        )
+    }
+
+    /// What it is answered with: its status, headers and body, or for a
+    /// gRPC call (`grpc`) the status its client reads, where it has one. A
+    /// failed read has nothing to answer: its error goes back to Pingora.
+    fn reply(self, ctx: &RequestCtx, grpc: bool) -> Result<Reply> {
+        let request_id = &ctx.request_id;
+        Ok(match self {
+            Answer::BadRequest { code, reason } => Reply::json(
+                400,
+                format!("{{\"error\":\"{code}\",\"reason\":\"{reason}\"}}"),
+            ),
+            Answer::TooManyInFlight => Reply::json_retry(
+                429,
+                "{\"error\":\"too_many_requests_in_flight\"}".into(),
+            ),
+            Answer::Blocked(_) => Reply::json(
+                ctx.runtime.policy.block.status,
+                format!("{{\"error\":\"blocked\",\"request_id\":\"{request_id}\"}}"),
+            ),
+            Answer::MissingKey(limit) => Reply::json(
+                400,
+                format!(
+                    "{{\"error\":\"missing_key\",\"limit\":\"{limit}\",\"request_id\":\"{request_id}\"}}"
+                ),
+            ),
+            Answer::LimiterFailed(_) => {
+                Reply::json_retry(503, "{\"error\":\"limiter_unavailable\"}".into())
+            }
+            Answer::Refused(rejection, Some(message)) => Reply::Grpc {
+                status: GrpcStatus::ResourceExhausted,
+                message,
+                headers: rejection
+                    .headers
+                    .into_iter()
+                    .filter(|(name, _)| **name != headers::CONTENT_TYPE)
+                    .collect(),
+            },
+            Answer::Refused(rejection, None) => Reply::Http {
+                status: rejection.status,
+                headers: rejection.headers,
+                body: rejection.body,
+            },
+            Answer::Shed(shed) => {
+                let retry_after = shed.retry_after.as_secs().max(1);
+                let mut headers = vec![(&headers::RETRY_AFTER, HeaderValue::from(retry_after))];
+                if grpc {
+                    return Ok(Reply::Grpc {
+                        status: GrpcStatus::Unavailable,
+                        message: "the upstream is at its limit of requests in flight".into(),
+                        headers,
+                    });
+                }
+                headers.extend(headers::json_headers());
+                let body = format!(
+                    "{{\"error\":\"upstream_protected\",\"reason\":\"the upstream is at its limit of {} requests in flight\",\"retry_after\":{retry_after}}}",
+                    shed.limit
+                );
+                Reply::Http {
+                    status: 503,
+                    headers,
+                    body,
+                }
+            }
+            Answer::ExchangeFailed(ExchangeFailure { status, error }) => {
+                if grpc && status >= 500 {
+                    Reply::Grpc {
+                        status: GrpcStatus::Unavailable,
+                        message: format!(
+                            "the service behind the gateway is unavailable ({error})"
+                        ),
+                        headers: Vec::new(),
+                    }
+                } else {
+                    Reply::json(status, format!("{{\"error\":\"{error}\"}}"))
+                }
+            }
+            Answer::Failed(e) => return Err(e),
+        })
+    }
+
+    /// Its line in the log, and its count.
+    fn record(&self, state: &AppState, ctx: &RequestCtx) {
+        let request_id = &ctx.request_id;
+        match self {
+            Answer::BadRequest { code, reason } => {
+                debug!("400 {code}: {reason} request_id={request_id}");
+            }
+            Answer::TooManyInFlight => {
+                debug!("429 too many requests in flight request_id={request_id}");
+            }
+            Answer::Blocked(reason) => blocked(state, ctx, *reason),
+            Answer::MissingKey(limit) => {
+                debug!("400 missing_key for {limit} request_id={request_id}");
+            }
+            Answer::LimiterFailed(e) => warn!("limiter failed: {e} request_id={request_id}"),
+            Answer::Shed(shed) => debug!(
+                "503 upstream protected (limit {}) request_id={request_id}",
+                shed.limit
+            ),
+            // Counted and logged where they are decided.
+            Answer::Refused(..) | Answer::ExchangeFailed(_) | Answer::Failed(_) => {}
+        }
+    }
+}
+
+impl Reply {
+    fn json(status: u16, body: String) -> Reply {
+        Reply::Http {
+            status,
+            headers: headers::json_headers(),
+            body,
+        }
+    }
+
+    /// A JSON answer the client may retry in a second.
+    fn json_retry(status: u16, body: String) -> Reply {
+        let mut headers = headers::json_headers();
+        headers.push((&headers::RETRY_AFTER, HeaderValue::from_static("1")));
+        Reply::Http {
+            status,
+            headers,
+            body,
+        }
+    }
 }
 
 /// Writes the answer a phase gave: `true`, the upstream never touched.
 pub(super) async fn write_answer(
     state: &AppState,
     session: &mut Session,
-    ctx: &mut RequestCtx,
+    ctx: &RequestCtx,
     answer: Answer,
 ) -> Result<bool> {
-    match answer {
-        Answer::BadRequest { code, reason } => bad_request(session, ctx, code, &reason).await,
-        Answer::TooManyInFlight => too_many_in_flight(session, ctx).await,
-        Answer::Blocked(reason) => answer_blocked(state, session, ctx, reason).await,
-        Answer::MissingKey(limit) => missing_key(session, ctx, &limit).await,
-        Answer::LimiterFailed(e) => limiter_failed(session, ctx, e).await,
-        Answer::Refused(rejection, Some(grpc_message)) => {
-            let headers = rejection
-                .headers
-                .into_iter()
-                .filter(|(name, _)| **name != headers::CONTENT_TYPE)
-                .collect();
-            respond_grpc(
-                session,
-                ctx,
-                GrpcStatus::ResourceExhausted,
-                &grpc_message,
-                headers,
-            )
-            .await?;
-            Ok(true)
-        }
-        Answer::Failed(e) => Err(e),
-        Answer::Shed(refusal) => shed(session, ctx, refusal).await,
-        Answer::Refused(rejection, None) => {
-            respond(
-                session,
-                ctx,
-                rejection.status,
-                rejection.headers,
-                rejection.body,
-            )
-            .await?;
-            Ok(true)
-        }
+    answer.record(state, ctx);
+    if answer.closes() {
+        session.set_keepalive(None);
     }
+    let grpc = is_grpc(session);
+    match answer.reply(ctx, grpc)? {
+        Reply::Http {
+            status,
+            headers,
+            body,
+        } => respond(session, ctx, status, headers, body).await?,
+        Reply::Grpc {
+            status,
+            message,
+            headers,
+        } => respond_grpc(session, ctx, status, &message, headers).await?,
+    }
+    Ok(true)
 }
 
-/// Answers a request `[block]` refuses (logged once a minute per client).
-async fn answer_blocked(
-    state: &AppState,
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-    reason: BlockReason,
-) -> Result<bool> {
+/// Counts a request `[block]` refuses, and logs it once a minute per
+/// client.
+fn blocked(state: &AppState, ctx: &RequestCtx, reason: BlockReason) {
     state.metrics.blocked[reason as usize].inc();
     if let Some(client) = &ctx.client {
         if state
@@ -402,6 +426,4 @@ async fn answer_blocked(
             );
         }
     }
-    let status = ctx.runtime.policy.block.status;
-    blocked(session, ctx, status).await
 }

@@ -17,10 +17,7 @@ use pingora::{Error, ErrorSource, ErrorType, Result};
 
 use super::access::access_line;
 use super::accounting::count;
-use super::answer::{
-    add_request_id, failure_answer, is_grpc, respond, respond_grpc, write_answer, write_headers,
-    Answer, GrpcStatus,
-};
+use super::answer::{add_request_id, write_answer, write_headers, Answer, ExchangeFailure};
 use super::charges::{self, settle_finished};
 use super::ctx::{peer_ip, RequestCtx};
 use super::decide::decide_request;
@@ -32,7 +29,6 @@ use super::request_body::is_plain_event_stream;
 use super::request_id::RequestId;
 use super::traced;
 use crate::connection::clock::HeadClock;
-use crate::proxy::headers;
 use crate::server::state::AppState;
 use floodgate_limiter::watch;
 
@@ -398,32 +394,25 @@ impl ProxyHttp for Gateway {
         e: &Error,
         ctx: &mut Self::CTX,
     ) -> FailToProxy {
-        let answer = failure_answer(e);
+        let failure = ExchangeFailure::of(e);
         if matches!(e.esource(), ErrorSource::Upstream) {
             let request = session.req_header();
             warn!(
                 "upstream failed: {} {} -> {} after {} attempt(s): {}",
                 request.method,
                 request.uri.path(),
-                answer.map_or(0, |(status, _)| status),
+                failure.map_or(0, |f| f.status),
                 ctx.tries,
                 e.etype().as_str()
             );
         }
         // After the answer began (an upgraded connection, a response cut
         // off), nothing more can be said on this connection.
-        let answer = answer.filter(|_| session.response_written().is_none());
-        let status = answer.map_or(0, |(status, _)| status);
-        if let Some((status, error)) = answer {
-            session.set_keepalive(None);
-            let written = if is_grpc(session) && status >= 500 {
-                let message = format!("the service behind the gateway is unavailable ({error})");
-                respond_grpc(session, ctx, GrpcStatus::Unavailable, &message, Vec::new()).await
-            } else {
-                let body = format!("{{\"error\":\"{error}\"}}");
-                respond(session, ctx, status, headers::json_headers(), body).await
-            };
-            if let Err(write_error) = written {
+        let failure = failure.filter(|_| session.response_written().is_none());
+        let status = failure.map_or(0, |f| f.status);
+        if let Some(failure) = failure {
+            let answer = Answer::ExchangeFailed(failure);
+            if let Err(write_error) = write_answer(&self.state, session, ctx, answer).await {
                 // The client is gone: its doing, and one line per request.
                 debug!("could not send the {status} answer: {write_error}");
             }
