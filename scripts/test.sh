@@ -10,6 +10,8 @@ cargo clippy --workspace --all-targets -- -D warnings
 # The limiter without its Redis stores, as a service that limits in process
 # would take it.
 cargo clippy -p floodgate-limiter --no-default-features --all-targets -- -D warnings
+# The gateway without the rate limit service (`--no-default-features`).
+cargo clippy --no-default-features --lib --bins -- -D warnings
 # Dependencies: licenses deny.toml allows, no banned crate, crates.io only (advisories would need the network).
 cargo deny --offline check --hide-inclusion-graph licenses bans sources
 # The API documentation builds without a broken link or a warning.

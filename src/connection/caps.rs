@@ -148,6 +148,7 @@ impl ConnectionCaps {
     /// connections draw on one table of descriptors, which the total is
     /// sized from. Not shown in these caps' `open` series, nor counted as
     /// a refusal here.
+    #[cfg(feature = "rls")]
     pub(crate) fn admit_elsewhere(self: &Arc<Self>) -> Result<Permit, CapReached> {
         // The lock orders this against `admit`'s check of the total.
         let per_ip = self.lock();

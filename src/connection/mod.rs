@@ -35,6 +35,11 @@ mod guarded;
 pub(crate) mod h2_watch;
 mod hpack_bounds;
 
-pub(crate) use accept::{counted_as, AcceptFilter};
-pub(crate) use caps::{CapReached, ConnectionCaps, ConnectionSettings, Permit};
+pub(crate) use accept::AcceptFilter;
+// The rate limit service's listener counts its connections in these caps too.
+#[cfg(feature = "rls")]
+pub(crate) use accept::counted_as;
+#[cfg(feature = "rls")]
+pub(crate) use caps::{CapReached, Permit};
+pub(crate) use caps::{ConnectionCaps, ConnectionSettings};
 pub(crate) use door::{AdminDoor, FrontDoor};

@@ -7,12 +7,14 @@
 //! feature) serves it.
 
 pub(crate) mod auth;
+#[cfg(feature = "rls")]
 pub(crate) mod decide;
 #[cfg(feature = "rls")]
 mod door;
 #[cfg(feature = "rls")]
 mod service;
 mod settings;
+#[cfg(feature = "rls")]
 mod traced;
 
 pub(crate) use auth::RlsTokens;

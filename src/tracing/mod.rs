@@ -14,7 +14,9 @@ mod settings;
 mod tracer;
 
 pub(crate) use export::{TracingError, TracingMetrics};
-pub(crate) use propagation::{HeaderExtractor, MetadataExtractor};
+pub(crate) use propagation::HeaderExtractor;
+#[cfg(feature = "rls")]
+pub(crate) use propagation::MetadataExtractor;
 pub(crate) use request::{bounded, DecisionRecord, Decisive, RequestTrace};
 pub(crate) use settings::{Protocol, TracingSettings, TrustParent};
 pub(crate) use tracer::Tracing;

@@ -18,8 +18,10 @@ impl Extractor for HeaderExtractor<'_> {
 }
 
 /// A gRPC call's metadata (the rate limit service's callers).
+#[cfg(feature = "rls")]
 pub(crate) struct MetadataExtractor<'a>(pub &'a tonic::metadata::MetadataMap);
 
+#[cfg(feature = "rls")]
 impl Extractor for MetadataExtractor<'_> {
     fn get(&self, key: &str) -> Option<&str> {
         self.0.get(key).and_then(|v| v.to_str().ok())

@@ -107,6 +107,7 @@ impl RequestTrace {
     }
 
     /// `decided`, with attributes of the caller's own.
+    #[cfg(feature = "rls")]
     pub(crate) fn decided_with(
         &self,
         tracing: &Tracing,
