@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::admin_token::{TokenFile, TOKEN};
+use common::load::ClientLoad;
 use common::redis_server::RedisServer;
 use common::{
     burst, count_status, request, temp_dir, wait_until, ConfigBuilder, Limit, Proxy, Response,
@@ -454,12 +455,7 @@ fn an_override_set_on_one_instance_moves_the_429_point_on_the_other_and_outlives
 }
 
 #[test]
-#[expect(
-    clippy::too_many_lines,
-    reason = "one scenario against real processes, read in the order it happens"
-)]
 fn sixty_concurrent_override_changes_under_load_fail_no_request_and_the_last_write_wins() {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
     use std::thread;
 
@@ -482,28 +478,8 @@ fn sixty_concurrent_override_changes_under_load_fail_no_request_and_the_last_wri
     let accounts: Vec<String> = (0..60).map(|i| format!("account-{i:02}")).collect();
 
     // 64 connections' worth of requests from those accounts.
-    let stop = Arc::new(AtomicBool::new(false));
-    let (sent, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let load: Vec<_> = (0..64)
-        .map(|i| {
-            let (stop, sent, failed) = (stop.clone(), sent.clone(), failed.clone());
-            let addr = if i % 2 == 0 { a.addr } else { b.addr };
-            let account = accounts[i % accounts.len()].clone();
-            thread::spawn(move || {
-                while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
-                    let r = request(addr, "GET", "/", &[("X-Account", &account)], b"");
-                    sent.fetch_add(1, Ordering::SeqCst);
-                    if r.status != 200 {
-                        failed.fetch_add(1, Ordering::SeqCst);
-                    }
-                }
-            })
-        })
-        .collect();
-    assert!(wait_until(Duration::from_secs(10), || sent
-        .load(Ordering::SeqCst)
-        > 200));
+    let load = ClientLoad::start(&[a.addr, b.addr], 64, "X-Account", &accounts);
+    assert!(wait_until(Duration::from_secs(10), || load.sent() > 200));
 
     // Sixty changers at once, each owning an account, writing three times
     // through alternating instances: 2,000,000, 3,000,000, then either of
@@ -572,17 +548,9 @@ fn sixty_concurrent_override_changes_under_load_fail_no_request_and_the_last_wri
             );
         }
     }
-    stop.store(true, Ordering::SeqCst);
-    for thread in load {
-        thread.join().expect("load");
-    }
-    assert!(sent.load(Ordering::SeqCst) > 500);
-    assert_eq!(
-        failed.load(Ordering::SeqCst),
-        0,
-        "of {}",
-        sent.load(Ordering::SeqCst)
-    );
+    let (sent, failed) = load.finish();
+    assert!(sent > 500, "{sent}");
+    assert_eq!(failed, 0, "of {sent}");
     assert_eq!(listed(&a, "")["total"], 40);
     assert_eq!(listed(&b, "")["total"], 40);
 }

@@ -7,12 +7,12 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::admin_token::{TokenFile, TOKEN};
+use common::load::ClientLoad;
 use common::redis_server::{RedisCluster, RedisServer};
 use common::{request, temp_dir, wait_until, ConfigBuilder, Limit, Proxy, Response, Upstream};
 use serde_json::Value;
@@ -476,10 +476,6 @@ enum Write {
 }
 
 #[test]
-#[expect(
-    clippy::too_many_lines,
-    reason = "one scenario against real processes, read in the order it happens"
-)]
 fn sixty_concurrent_changes_under_load_fail_no_request_and_the_last_write_wins() {
     let redis = RedisServer::start();
     let upstream = Upstream::start();
@@ -490,28 +486,8 @@ fn sixty_concurrent_changes_under_load_fail_no_request_and_the_last_write_wins()
     let keys: Vec<String> = (0..60).map(|i| format!("concurrent-key-{i:02}")).collect();
 
     // 64 connections' worth of requests, with and without those keys.
-    let stop = Arc::new(AtomicBool::new(false));
-    let (sent, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let load: Vec<_> = (0..64)
-        .map(|i| {
-            let (stop, sent, failed) = (stop.clone(), sent.clone(), failed.clone());
-            let addr = if i % 2 == 0 { a.addr } else { b.addr };
-            let key = keys[i % keys.len()].clone();
-            thread::spawn(move || {
-                while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
-                    let r = request(addr, "GET", "/", &[("X-API-Key", &key)], b"");
-                    sent.fetch_add(1, Ordering::SeqCst);
-                    if r.status != 200 {
-                        failed.fetch_add(1, Ordering::SeqCst);
-                    }
-                }
-            })
-        })
-        .collect();
-    assert!(wait_until(Duration::from_secs(10), || sent
-        .load(Ordering::SeqCst)
-        > 200));
+    let load = ClientLoad::start(&[a.addr, b.addr], 64, "X-API-Key", &keys);
+    assert!(wait_until(Duration::from_secs(10), || load.sent() > 200));
 
     // Sixty changers at once, each owning a key, writing three times
     // through alternating instances; the last write is the one that counts.
@@ -579,21 +555,9 @@ fn sixty_concurrent_changes_under_load_fail_no_request_and_the_last_write_wins()
             );
         }
     }
-    stop.store(true, Ordering::SeqCst);
-    for thread in load {
-        thread.join().expect("load");
-    }
-    assert!(
-        sent.load(Ordering::SeqCst) > 500,
-        "{}",
-        sent.load(Ordering::SeqCst)
-    );
-    assert_eq!(
-        failed.load(Ordering::SeqCst),
-        0,
-        "of {}",
-        sent.load(Ordering::SeqCst)
-    );
+    let (sent, failed) = load.finish();
+    assert!(sent > 500, "{sent}");
+    assert_eq!(failed, 0, "of {sent}");
     assert_eq!(a.metric("floodgate_run_time_keys"), 60.0);
     assert_eq!(b.metric("floodgate_run_time_keys"), 60.0);
 }
