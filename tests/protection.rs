@@ -229,7 +229,8 @@ fn client(proxy: SocketAddr, key: &str, stop: &AtomicBool) -> Seen {
         let answer = stream
             .write_all(request.as_bytes())
             .ok()
-            .and_then(|()| read_answer(&mut reader));
+            .and_then(|()| read_response(&mut reader))
+            .map(|(status, _)| status);
         match answer {
             Some(200) => seen.latencies.push(sent.elapsed()),
             Some(503) => {
@@ -248,29 +249,6 @@ fn client(proxy: SocketAddr, key: &str, stop: &AtomicBool) -> Seen {
         }
     }
     seen
-}
-
-fn read_answer(reader: &mut impl BufRead) -> Option<u16> {
-    let mut line = String::new();
-    reader.read_line(&mut line).ok()?;
-    let status = line.split_whitespace().nth(1)?.parse().ok()?;
-    let mut length = 0;
-    loop {
-        line.clear();
-        reader.read_line(&mut line).ok()?;
-        let header = line.trim_end();
-        if header.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = header.split_once(':') {
-            if k.eq_ignore_ascii_case("content-length") {
-                length = v.trim().parse().ok()?;
-            }
-        }
-    }
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body).ok()?;
-    Some(status)
 }
 
 fn tiers(config: ConfigBuilder) -> ConfigBuilder {

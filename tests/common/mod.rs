@@ -715,6 +715,32 @@ pub fn request(
     raw_request(addr, &raw)
 }
 
+/// Reads one response (status and body) off a kept-alive connection.
+pub fn read_response(reader: &mut impl BufRead) -> Option<(u16, String)> {
+    let mut status_line = String::new();
+    if reader.read_line(&mut status_line).ok()? == 0 {
+        return None;
+    }
+    let status = status_line.split_whitespace().nth(1)?.parse().ok()?;
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).ok()?;
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = line.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                length = v.trim().parse().ok()?;
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok()?;
+    Some((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
 /// Sends bytes as they are and reads one response.
 pub fn raw_request(addr: SocketAddr, raw: &[u8]) -> Response {
     let failed = Response {
