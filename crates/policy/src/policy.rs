@@ -327,12 +327,10 @@ impl Policy {
         if !applies {
             return Ok(());
         }
-        // Undecided by its body: counted by the address, whatever its key.
-        let identity = if unread {
-            Some(request.client.ip_hash)
-        } else {
-            own
-        };
+        // Undecided by its body: counted by the address, whatever its key;
+        // but a shadow limit that could not tell its key skips the request
+        // as it does with the body read (enforcing, it would refuse it).
+        let identity = own.map(|own| if unread { request.client.ip_hash } else { own });
         if let Some(identity) = identity {
             self.add_layer(id, limit, identity, request, layers);
         }
@@ -366,6 +364,10 @@ impl Policy {
             // enforcing one (it shows what enforcing would do), and banned
             // by it on every route.
             Ok(None) if limit.on_missing == OnMissing::Ip => Ok(Some(request.client.ip_hash)),
+            // A key the limit cannot tell is refused wherever its ban is
+            // looked up, on every route: else sending it twice would slip
+            // the ban (the upstream reads one of them).
+            Err(e) if !applies && limit.ban.is_some() => Err(e),
             // A key this route's limit never reads (only its ban looks it
             // up), or a shadow limit's, is no reason to refuse the request.
             Ok(None) | Err(_) if !applies || limit.shadow => Ok(None),

@@ -968,6 +968,46 @@ fn a_key_banned_by_a_limit_on_the_body_is_found_when_its_body_goes_unread() {
 }
 
 #[test]
+fn a_shadow_limit_skips_a_key_it_cannot_tell_with_its_body_read_or_not() {
+    let mut trial = limit("trial", header_key("x-tenant"), window(10));
+    http(&mut trial).body = vec![("model".into(), vec![PathPattern::glob("gpt-4*")])];
+    trial.shadow = true;
+    trial.on_missing = OnMissing::Ip;
+    let policy = policy(vec![trial]);
+    let twice = || {
+        get("/v1/chat")
+            .header("x-tenant", "acme")
+            .header("x-tenant", "globex")
+    };
+    let read = twice().body(r#"{"model":"gpt-4o"}"#, &policy);
+    assert!(read.layers(&policy).is_empty());
+    assert!(twice().layers(&policy).is_empty(), "body unread");
+    // Told once, the unread body keys it by the address.
+    let once = get("/v1/chat").header("x-tenant", "acme");
+    let layers = once.layers(&policy);
+    assert_eq!(names(&layers.checks), ["trial"]);
+    assert_eq!(layers.checks[0].key.identity, once.client(&policy).ip_hash);
+}
+
+#[test]
+fn a_key_a_banning_limit_cannot_tell_is_refused_on_every_route() {
+    let mut tenant = limit("per-tenant", header_key("x-tenant"), window(10));
+    tenant.matcher = LimitMatch::Http(matching(&[], &["/api/*"]));
+    tenant.ban = Some(ban("per-tenant", 3));
+    let policy = policy(vec![tenant]);
+    let twice = get("/about")
+        .header("x-tenant", "acme")
+        .header("x-tenant", "acme");
+    assert_eq!(
+        twice.plan(&policy).unwrap_err(),
+        IdentityError::AmbiguousKeyHeader(HeaderName::from_static("x-tenant"))
+    );
+    // Told once, its ban is looked up there.
+    let once = get("/about").header("x-tenant", "acme").layers(&policy);
+    assert_eq!(once.bans.len(), 1);
+}
+
+#[test]
 fn a_route_keyed_ban_is_found_on_every_route() {
     let key = KeySource::Composite(vec![KeySource::ApiKey, KeySource::Route]);
     let mut per_route = limit("per-route", key, window(10));
