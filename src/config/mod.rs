@@ -360,6 +360,4 @@ fn duration(
 }
 
 #[cfg(test)]
-mod reference_tests;
-#[cfg(test)]
 mod tests;

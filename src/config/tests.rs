@@ -1,3 +1,6 @@
+// The configuration reference against the parser.
+mod reference;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

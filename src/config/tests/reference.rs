@@ -6,14 +6,14 @@
 use serde::de::{Error as _, Visitor};
 use serde::Deserialize;
 
-use super::file::{
+use crate::config::file::{
     AdminSection, BanSection, BlockSection, CertSection, ClientsSection, CostSection, CountSection,
     ExemptSection, FileConfig, JwtSection, LimitSection, LogSection, MatchSection, MemorySection,
     Numbers, ProtectionSection, RedisSection, ResponseCostSection, ResponseSection, RlsSection,
     SentinelSection, ServerSection, TlsSection, TracingSection, UpstreamSection,
 };
 
-const REFERENCE: &str = include_str!("../../docs/book/configuration.md");
+const REFERENCE: &str = include_str!("../../../docs/book/configuration.md");
 
 /// A deserializer that only listens: a derived `Deserialize` for a struct
 /// hands it the struct's field names (as renamed) before anything else.
@@ -403,7 +403,7 @@ fn example_sets(text: &str, key: &str) -> bool {
 
 #[test]
 fn the_full_example_shows_every_key_the_parser_takes() {
-    let example = include_str!("../../examples/full.toml");
+    let example = include_str!("../../../examples/full.toml");
     let sections: Vec<(&str, Vec<&str>, &[&str])> = vec![
         ("[server]", keys_of::<ServerSection>(), &["tls"]),
         ("[server.tls]", keys_of::<TlsSection>(), &["certs"]),
