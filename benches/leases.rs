@@ -10,7 +10,10 @@ use floodgate_algorithm::Algorithm;
 use floodgate_limiter::clock::SystemClock;
 use floodgate_limiter::redis::LeaseSettings;
 use floodgate_limiter::StateKey;
-use floodgate_limiter::{Check, Instances, Leased, LimitName, MemoryStore, OnFailure, Store};
+use floodgate_limiter::{
+    Check, Enforcement, Instances, Leased, Leasing, LimitName, MemoryStore, OnFailure, Spending,
+    Store,
+};
 
 fn check(algorithm: Algorithm) -> Check {
     Check {
@@ -22,10 +25,10 @@ fn check(algorithm: Algorithm) -> Check {
             identity: 7,
         },
         cost: 1,
-        shadow: false,
-        peek: false,
+        enforcement: Enforcement::Enforce,
+        spending: Spending::Charge,
         on_failure: OnFailure::Local,
-        lease: true,
+        leasing: Leasing::Allowed,
     }
 }
 

@@ -8,7 +8,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use floodgate_algorithm::Algorithm;
 use floodgate_limiter::clock::SystemClock;
 use floodgate_limiter::StateKey;
-use floodgate_limiter::{Check, LimitName, MemoryStore, OnFailure};
+use floodgate_limiter::{Check, Enforcement, Leasing, LimitName, MemoryStore, OnFailure, Spending};
 
 const SEC: u64 = 1_000_000;
 
@@ -21,10 +21,10 @@ fn checks(identity: u128) -> [Check; 2] {
         algorithm,
         key: StateKey { limit, identity },
         cost: 1,
-        shadow: false,
-        peek: false,
+        enforcement: Enforcement::Enforce,
+        spending: Spending::Charge,
         on_failure: OnFailure::Local,
-        lease: false,
+        leasing: Leasing::Never,
     };
     [
         check(

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use floodgate_algorithm::Algorithm;
 use floodgate_limiter::clock::ManualClock;
 use floodgate_limiter::StateKey;
-use floodgate_limiter::{Check, LimitName, MemoryStore, OnFailure};
+use floodgate_limiter::{Check, Enforcement, Leasing, LimitName, MemoryStore, OnFailure, Spending};
 
 const KEYS: usize = 1_000_000;
 
@@ -67,10 +67,10 @@ fn measure(which: usize) {
                     identity: identity.wrapping_mul(0x9E37_79B9_7F4A_7C15),
                 },
                 cost: 1,
-                shadow: false,
-                peek: false,
+                enforcement: Enforcement::Enforce,
+                spending: Spending::Charge,
                 on_failure: OnFailure::Local,
-                lease: false,
+                leasing: Leasing::Never,
             };
             store.decide_now(std::slice::from_ref(&check));
         }

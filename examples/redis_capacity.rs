@@ -14,8 +14,8 @@ use floodgate_limiter::clock::SystemClock;
 use floodgate_limiter::redis::{InstanceCount, LeaseSettings, Topology};
 use floodgate_limiter::StateKey;
 use floodgate_limiter::{
-    Check, ClockSource, Instances, Leased, LimitName, OnFailure, RedisSettings, RedisStandalone,
-    Store,
+    Check, ClockSource, Enforcement, Instances, Leased, Leasing, LimitName, OnFailure,
+    RedisSettings, RedisStandalone, Spending, Store,
 };
 
 const DECISIONS: usize = 20_000;
@@ -33,10 +33,14 @@ fn layers(algorithm: Algorithm, count: usize, client: u128, lease: bool) -> Vec<
                 identity: client,
             },
             cost: 1,
-            shadow: false,
-            peek: false,
+            enforcement: Enforcement::Enforce,
+            spending: Spending::Charge,
             on_failure: OnFailure::Local,
-            lease,
+            leasing: if lease {
+                Leasing::Allowed
+            } else {
+                Leasing::Never
+            },
         })
         .collect()
 }

@@ -19,7 +19,8 @@ use floodgate_limiter::clock::SystemClock;
 use floodgate_limiter::redis::{InstanceCount, Topology};
 use floodgate_limiter::StateKey;
 use floodgate_limiter::{
-    Check, ClockSource, LimitName, OnFailure, RedisCluster, RedisSettings, Store,
+    Check, ClockSource, Enforcement, Leasing, LimitName, OnFailure, RedisCluster, RedisSettings,
+    Spending, Store,
 };
 
 const DECISIONS: usize = 60_000;
@@ -38,10 +39,10 @@ fn layers(count: usize, client: u128) -> Vec<Check> {
                 identity: client.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835),
             },
             cost: 1,
-            shadow: false,
-            peek: false,
+            enforcement: Enforcement::Enforce,
+            spending: Spending::Charge,
             on_failure: OnFailure::Local,
-            lease: false,
+            leasing: Leasing::Never,
         })
         .collect()
 }

@@ -17,8 +17,8 @@ use floodgate_limiter::clock::ManualClock;
 use floodgate_limiter::redis::{InstanceCount, Topology};
 use floodgate_limiter::StateKey;
 use floodgate_limiter::{
-    Check, ClockSource, LeaseAsk, LimitName, MemoryStore, OnFailure, RedisSettings,
-    RedisStandalone, Store,
+    Check, ClockSource, Enforcement, LeaseAsk, Leasing, LimitName, MemoryStore, OnFailure,
+    RedisSettings, RedisStandalone, Spending, Store,
 };
 
 fn settings(url: String) -> RedisSettings {
@@ -92,12 +92,20 @@ fn request(rng: &mut Rng, name: &str, layers: &[Algorithm], client: u128, cost: 
                 identity: client,
             },
             cost,
-            shadow: layer == 1 && rng.below(4) == 0,
+            enforcement: if layer == 1 && rng.below(4) == 0 {
+                Enforcement::Shadow
+            } else {
+                Enforcement::Enforce
+            },
             // A layer looked up with the others (a ban, a limit charged by
             // the response): decided, never charged.
-            peek: rng.below(6) == 0,
+            spending: if rng.below(6) == 0 {
+                Spending::Peek
+            } else {
+                Spending::Charge
+            },
             on_failure: OnFailure::Deny,
-            lease: false,
+            leasing: Leasing::Never,
         })
         .collect()
 }
@@ -259,7 +267,7 @@ fn compare(
                     checks.truncate(1);
                     checks[0].algorithm = checks[0].algorithm.without_ceiling();
                     checks[0].cost = rng.below(3 * layers[0].quota() + 1);
-                    checks[0].peek = false;
+                    checks[0].spending = Spending::Charge;
                 }
                 checks
             }
@@ -287,7 +295,7 @@ fn compare(
             let before = local.peek_at(
                 &[Check {
                     cost: 0,
-                    peek: true,
+                    spending: Spending::Peek,
                     ..credit.clone()
                 }],
                 clock_now(&clock),
@@ -313,7 +321,7 @@ fn compare(
             refund.cost = 1 + rng.below(refund.cost);
             let peek = [Check {
                 cost: 0,
-                peek: true,
+                spending: Spending::Peek,
                 ..refund.clone()
             }];
             let before = local.peek_at(&peek, clock_now(&clock))[0].remaining();
@@ -389,8 +397,8 @@ fn compare(
         seen.admitted += usize::from(all_allowed);
         let first = &checks[0];
         if all_allowed
-            && !first.peek
-            && !first.shadow
+            && first.spending == Spending::Charge
+            && first.enforcement == Enforcement::Enforce
             && first.cost > 0
             && first.cost <= first.algorithm.quota()
         {

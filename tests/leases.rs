@@ -505,8 +505,8 @@ fn three_stores_leasing_from_one_redis_never_admit_past_the_limit() {
     use floodgate_limiter::redis::{InstanceCount, LeaseSettings, Topology};
     use floodgate_limiter::StateKey;
     use floodgate_limiter::{
-        Check, ClockSource, Instances, Leased, LimitName, MemoryStore, OnFailure, RedisSettings,
-        RedisStandalone, Store,
+        Check, ClockSource, Enforcement, Instances, Leased, Leasing, LimitName, MemoryStore,
+        OnFailure, RedisSettings, RedisStandalone, Spending, Store,
     };
 
     let redis = RedisServer::start();
@@ -558,13 +558,13 @@ fn three_stores_leasing_from_one_redis_never_admit_past_the_limit() {
                 identity: 1,
             },
             cost,
-            shadow: false,
-            peek: false,
+            enforcement: Enforcement::Enforce,
+            spending: Spending::Charge,
             on_failure: OnFailure::Deny,
-            lease: true,
+            leasing: Leasing::Allowed,
         };
         let exact = |cost| Check {
-            lease: false,
+            leasing: Leasing::Never,
             ..check(cost)
         };
         let instance = || {
@@ -647,7 +647,7 @@ fn three_stores_leasing_from_one_redis_never_admit_past_the_limit() {
             let now = clock.now_us();
             let look = Check {
                 cost: 0,
-                peek: true,
+                spending: Spending::Peek,
                 ..check(0)
             };
             let left = stores[0]

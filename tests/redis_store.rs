@@ -433,10 +433,10 @@ fn per_client(identity: u128, capacity: u64) -> floodgate_limiter::Check {
             .expect("valid numbers"),
         key: floodgate_limiter::StateKey { limit: 0, identity },
         cost: 1,
-        shadow: false,
-        peek: false,
+        enforcement: floodgate_limiter::Enforcement::Enforce,
+        spending: floodgate_limiter::Spending::Charge,
         on_failure: floodgate_limiter::OnFailure::Deny,
-        lease: false,
+        leasing: floodgate_limiter::Leasing::Never,
     }
 }
 

@@ -14,8 +14,8 @@ use floodgate_limiter::clock::ManualClock;
 use floodgate_limiter::redis::{InstanceCount, Topology};
 use floodgate_limiter::StateKey;
 use floodgate_limiter::{
-    Check, ClockSource, LimitName, MemoryStore, OnFailure, RedisCluster, RedisSettings,
-    RedisStandalone, Store,
+    Check, ClockSource, Enforcement, Leasing, LimitName, MemoryStore, OnFailure, RedisCluster,
+    RedisSettings, RedisStandalone, Spending, Store,
 };
 
 const SEC: u64 = 1_000_000;
@@ -31,10 +31,10 @@ fn check(name: &str, limit: u64, identity: u128, cost: u64) -> Check {
             identity,
         },
         cost,
-        shadow: false,
-        peek: false,
+        enforcement: Enforcement::Enforce,
+        spending: Spending::Charge,
         on_failure: OnFailure::Deny,
-        lease: false,
+        leasing: Leasing::Never,
     }
 }
 
@@ -111,7 +111,7 @@ async fn holds_the_contract(store: &dyn Store) {
         .await
         .expect("decide");
     let lookup = Check {
-        peek: true,
+        spending: Spending::Peek,
         ..spent
     };
     let victim = check("per-account", 2, 10, 1);

@@ -9,7 +9,7 @@ use super::lookup::{Applying, Lookup};
 use super::reply::ApiError;
 use crate::clients::StoredOverride;
 use floodgate_algorithm::{Algorithm, Decision};
-use floodgate_limiter::{Check, LimitId, Store};
+use floodgate_limiter::{Check, Enforcement, Leasing, LimitId, Spending, Store};
 use floodgate_policy::overrides::OverrideKey;
 use floodgate_policy::Limit;
 use floodgate_policy::{Policy, Rule};
@@ -28,9 +28,9 @@ fn peek_check(
     cost: u64,
 ) -> Check {
     Check {
-        shadow: false,
-        peek: true,
-        lease: false,
+        enforcement: Enforcement::Enforce,
+        spending: Spending::Peek,
+        leasing: Leasing::Never,
         ..limit.check(id, algorithm, identity, cost)
     }
 }
@@ -47,11 +47,11 @@ fn state_checks(policy: &Policy, lookup: &Lookup, a: &Applying, cost: u64) -> Ve
         // As requests look bans up: without the store, no ban is known.
         for check in [
             ban.strike_check(a.limit, a.identity),
-            ban.penalty_check(a.limit, a.identity, true),
+            ban.penalty_check(a.limit, a.identity, Spending::Peek),
         ] {
             checks.push(Check {
                 cost,
-                peek: true,
+                spending: Spending::Peek,
                 ..check
             });
         }

@@ -14,7 +14,7 @@ use super::ctx::{BodyCharge, RequestCtx, Reservation};
 use crate::connection::h2_watch::H2Stream;
 use crate::server::state::AppState;
 use crate::usage::{Provider, Read, UsageReader};
-use floodgate_limiter::{Check, Store};
+use floodgate_limiter::{Check, Leasing, Spending, Store};
 use floodgate_policy::{AfterResponse, CostSource, LlmProvider, ResponseCost};
 
 /// What a reservation comes to: the units owed in all, against the units
@@ -346,11 +346,11 @@ fn reported_cost(values: http::header::GetAll<'_, http::HeaderValue>) -> Reporte
 fn owed_check(mut check: Check, cost: u64) -> Check {
     check.algorithm = check.algorithm.without_ceiling();
     check.cost = cost;
-    check.peek = false;
+    check.spending = Spending::Charge;
     // A debt is charged where the budget is, never from or into a lease:
     // without a ceiling, a lease taken beside it would be as large as the
     // most a lease takes, whatever the limit.
-    check.lease = false;
+    check.leasing = Leasing::Never;
     check
 }
 

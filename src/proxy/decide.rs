@@ -221,6 +221,7 @@ mod tests {
     use crate::config::{Config, Inputs};
     use floodgate_limiter::clock::ManualClock;
     use floodgate_limiter::MemoryStore;
+    use floodgate_limiter::Spending;
     use floodgate_policy::{Plan, RequestView};
 
     const HEAD: &str =
@@ -388,8 +389,11 @@ mod tests {
         assert_eq!(layers.bans.len(), 2, "looked up on both routes");
         let ban = bench.policy.limits[0].ban.as_ref().expect("the limit bans");
         for looked_up in &layers.bans {
-            let penalty =
-                ban.penalty_check(floodgate_limiter::LimitId(0), looked_up.key.identity, false);
+            let penalty = ban.penalty_check(
+                floodgate_limiter::LimitId(0),
+                looked_up.key.identity,
+                Spending::Charge,
+            );
             assert!(block_on(bench.store.decide(&[penalty])).expect("ban")[0].allowed());
         }
         let banned = bench.decide("/");
@@ -410,7 +414,7 @@ mod tests {
         let layers = bench.layers("/", &[]);
         let ban = bench.policy.limits[0].ban.as_ref().expect("the limit bans");
         let identity = layers.bans[0].key.identity;
-        let penalty = ban.penalty_check(floodgate_limiter::LimitId(0), identity, false);
+        let penalty = ban.penalty_check(floodgate_limiter::LimitId(0), identity, Spending::Charge);
         assert!(block_on(bench.store.decide(&[penalty])).expect("ban")[0].allowed());
 
         let banned = bench.decide("/");

@@ -5,7 +5,7 @@ use log::warn;
 use super::ctx::RequestCtx;
 use super::verdict::OutcomeKind;
 use crate::proxy::headers;
-use floodgate_limiter::{Deciding, Store};
+use floodgate_limiter::{Deciding, Spending, Store};
 use floodgate_policy::identity::Client;
 
 /// After a refusal by limits that ban: one strike on each refused key,
@@ -54,7 +54,7 @@ pub(super) async fn strike(store: &dyn Store, ctx: &RequestCtx) {
         if away() || (struck.allowed() && struck.remaining() > 0) {
             continue;
         }
-        let penalty = ban.penalty_check(o.limit, o.identity, false);
+        let penalty = ban.penalty_check(o.limit, o.identity, Spending::Charge);
         match store.decide(std::slice::from_ref(&penalty)).await {
             Ok(d) if d[0].allowed() && !away() => {
                 ctx.runtime.counters(o.limit).bans.inc();

@@ -8,7 +8,7 @@ use crate::proxy::headers::{self, Layer, Position};
 use crate::proxy::refusal_log::RefusalLog;
 use crate::server::state::Runtime;
 use floodgate_algorithm::Decision;
-use floodgate_limiter::{Check, Deciding, LimitId, LimitName};
+use floodgate_limiter::{Check, Deciding, Enforcement, LimitId, LimitName};
 use floodgate_policy::identity::Client;
 
 /// What a layer's outcome answers for.
@@ -45,7 +45,7 @@ impl Outcome {
             quota: check.algorithm.quota(),
             window_us: check.algorithm.window_us(),
             name: check.name,
-            shadow: check.shadow,
+            shadow: check.enforcement == Enforcement::Shadow,
             kind: OutcomeKind::Rate,
             identity: check.key.identity,
             decision,

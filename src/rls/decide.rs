@@ -13,7 +13,7 @@ use crate::proxy::refusal_log::RefusalLog;
 use crate::server::metrics::RlsMetrics;
 use crate::server::state::Runtime;
 use floodgate_algorithm::{Decision, MAX_EXACT};
-use floodgate_limiter::{Check, Deciding, LimitId, OnFailure, Store};
+use floodgate_limiter::{Check, Deciding, Enforcement, LimitId, OnFailure, Store};
 use floodgate_policy::identity::KeySource;
 use floodgate_policy::{remote_address, Limit, Policy, Rule};
 
@@ -201,7 +201,7 @@ pub(crate) fn answer(
         .enumerate()
         .map(|(i, (check, &decision))| layer(check, decision, i))
         .collect();
-    let enforcing = |i: &usize| !planned.checks[*i].shadow;
+    let enforcing = |i: &usize| planned.checks[*i].enforcement == Enforcement::Enforce;
     let statuses: Vec<Status> = planned
         .met
         .iter()
@@ -290,11 +290,9 @@ pub(crate) async fn decide(
         // Refused because a limit fails closed while the shared store is
         // away: that is Redis's state, not the client's, and Envoy's own
         // `failure_mode_deny` is the choice of what then happens.
-        let closed = planned
-            .checks
-            .iter()
-            .zip(&decisions)
-            .find(|(c, d)| !c.shadow && !d.allowed() && c.on_failure == OnFailure::Deny);
+        let closed = planned.checks.iter().zip(&decisions).find(|(c, d)| {
+            c.enforcement == Enforcement::Enforce && !d.allowed() && c.on_failure == OnFailure::Deny
+        });
         if let Some((check, _)) = closed {
             return Err(Failure::Unavailable(format!(
                 "the shared store is away and limit {} fails closed (on_failure = \"deny\")",
@@ -328,9 +326,11 @@ fn account(
     refused: bool,
 ) {
     for (check, decision) in planned.checks.iter().zip(decisions) {
-        runtime
-            .counters(check.limit)
-            .count(check.shadow, decision, refused);
+        runtime.counters(check.limit).count(
+            check.enforcement == Enforcement::Shadow,
+            decision,
+            refused,
+        );
     }
     let logged = planned
         .checks
@@ -351,7 +351,7 @@ fn account(
             });
         info!(
             "{}: rls domain={} descriptor=[{descriptor}] limit={} retry_after_ms={}{} unlogged_since_last={unlogged}",
-            if check.shadow {
+            if check.enforcement == Enforcement::Shadow {
                 "shadow limit would refuse"
             } else {
                 "rate limited"

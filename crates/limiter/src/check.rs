@@ -99,18 +99,46 @@ pub struct Check {
     /// Units the request spends of the limit (1 unless the limit sets a
     /// cost); 0 decides without charging.
     pub cost: u64,
+    /// Whether the layer's refusal refuses the request.
+    pub enforcement: Enforcement,
+    /// Whether deciding the layer charges it.
+    pub spending: Spending,
+    /// What decides this layer when the shared store cannot.
+    pub on_failure: OnFailure,
+    /// Whether the layer may be decided from a lease this instance holds.
+    pub leasing: Leasing,
+}
+
+/// Whether a layer's refusal refuses the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Enforcement {
+    /// A refusal refuses the request.
+    Enforce,
     /// Decided, logged and counted, never refusing: a shadow layer's
     /// refusal leaves the request admitted.
-    pub shadow: bool,
+    Shadow,
+}
+
+/// Whether deciding a layer charges it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spending {
+    /// Decided and, when allowed, charged its cost.
+    Charge,
     /// Decided like any layer (an enforcing one can refuse the request) and
     /// never charged: a ban looked up, a limit charged by the response
     /// checked before it.
-    pub peek: bool,
-    /// What decides this layer when the shared store cannot.
-    pub on_failure: OnFailure,
-    /// May be decided from a lease this instance holds (`Leased`): the
-    /// limit leases and its algorithm can be leased.
-    pub lease: bool,
+    Peek,
+}
+
+/// Whether a layer may be decided from a lease this instance holds
+/// (`Leased`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leasing {
+    /// May be decided from a lease: the limit leases and its algorithm can
+    /// be leased.
+    Allowed,
+    /// Always decided where the budget is, never from or into a lease.
+    Never,
 }
 
 /// A lease asked for beside a layer's decision: at most `max` units, and
@@ -134,7 +162,7 @@ pub fn admitted(checks: &[Check], decisions: &[Decision]) -> bool {
     checks
         .iter()
         .zip(decisions)
-        .all(|(c, d)| c.shadow || d.allowed())
+        .all(|(c, d)| c.enforcement == Enforcement::Shadow || d.allowed())
 }
 
 /// The longest lease a slot may have: about 12 days, so that an expiry

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use smallvec::SmallVec;
 
-use super::check::{Check, LeaseAsk, StateKey};
+use super::check::{Check, Enforcement, LeaseAsk, Leasing, Spending, StateKey};
 use super::error::LimiterError;
 use super::store::{Store, WrapsLimits};
 use crate::clock::Clock;
@@ -191,7 +191,7 @@ impl<S: Store> KnownRefusals<S> {
 
     /// The refusal the store would give `check` at `now_us`, if one is known.
     fn refusal(&self, check: &Check, now_us: u64) -> Option<Decision> {
-        if check.shadow {
+        if check.enforcement == Enforcement::Shadow {
             return None;
         }
         let shard = self.shard(&check.key).lock().ok()?;
@@ -219,10 +219,11 @@ impl<S: Store> KnownRefusals<S> {
             .enumerate()
             .find_map(|(i, c)| Some((i, self.refusal(c, now_us)?)))?;
         let limit = checks[at].limit;
-        if checks[..at]
-            .iter()
-            .any(|c| c.peek && !c.shadow && c.limit == limit)
-        {
+        if checks[..at].iter().any(|c| {
+            c.spending == Spending::Peek
+                && c.enforcement == Enforcement::Enforce
+                && c.limit == limit
+        }) {
             return None;
         }
         Some(
@@ -243,7 +244,7 @@ impl<S: Store> KnownRefusals<S> {
     /// Records the store's refusals among `decisions`.
     fn remember(&self, checks: &[Check], decisions: &[Decision], now_us: u64) {
         for (check, d) in checks.iter().zip(decisions) {
-            if check.shadow || d.retry_after_us() == 0 {
+            if check.enforcement == Enforcement::Shadow || d.retry_after_us() == 0 {
                 continue;
             }
             let Ok(mut shard) = self.shard(&check.key).lock() else {
@@ -258,7 +259,7 @@ impl<S: Store> KnownRefusals<S> {
                 }
             }
             let trusted_us = match self.lease_ttl_us {
-                Some(ttl_us) if check.lease => d.retry_after_us().min(ttl_us),
+                Some(ttl_us) if check.leasing == Leasing::Allowed => d.retry_after_us().min(ttl_us),
                 _ => d.retry_after_us(),
             };
             shard.insert(
@@ -402,7 +403,7 @@ mod tests {
         let cache = KnownRefusals::new(store.clone(), 1000, clock.clone()).with_lease_ttl(SEC);
         // One token back every second; 100 s to wait once both are spent.
         let login = [Check {
-            lease: true,
+            leasing: Leasing::Allowed,
             algorithm: Algorithm::token_bucket(2, 100 * SEC).expect("valid numbers"),
             ..check(0, 2, 7, 1)
         }];
@@ -475,7 +476,10 @@ mod tests {
             .decide(std::slice::from_ref(&ban))
             .await
             .expect("banned");
-        let lookup = Check { peek: true, ..ban };
+        let lookup = Check {
+            spending: Spending::Peek,
+            ..ban
+        };
         let request = [lookup.clone(), login.clone()];
         let calls = store.decisions();
         let answer = cache.decide(&request).await.expect("decided");

@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use smallvec::SmallVec;
 
-use super::check::{Check, LeaseAsk, LimitName, OnFailure, Slot, StateKey};
+use super::check::{
+    Check, Enforcement, LeaseAsk, Leasing, LimitName, OnFailure, Slot, Spending, StateKey,
+};
 use super::error::LimiterError;
 use super::memory::MemoryStore;
 use super::store::{Concurrency, Deciding, Store, Upkeep};
@@ -34,10 +36,10 @@ pub(crate) fn check_of(layer: usize, algorithm: Algorithm, identity: u128, cost:
             identity,
         },
         cost,
-        shadow: false,
-        peek: false,
+        enforcement: Enforcement::Enforce,
+        spending: Spending::Charge,
         on_failure: OnFailure::Local,
-        lease: false,
+        leasing: Leasing::Never,
     }
 }
 

@@ -19,7 +19,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use log::{debug, info, warn};
 
-use super::check::{Check, OnFailure, Slot};
+use super::check::{Check, Enforcement, OnFailure, Slot};
 use super::deny_cache::open_decision;
 use super::error::LimiterError;
 use super::instances::Instances;
@@ -179,7 +179,7 @@ impl<S: Store + 'static> Inner<S> {
         watch::answered_by(Answerer::Fallback);
         let closed = checks
             .iter()
-            .any(|c| !c.shadow && c.on_failure == OnFailure::Deny);
+            .any(|c| c.enforcement == Enforcement::Enforce && c.on_failure == OnFailure::Deny);
         let local_checks = self.local_share(checks);
         let local_decisions = if closed {
             // Nothing is charged when the request is refused anyway.

@@ -27,7 +27,10 @@
 //!
 //! use floodgate_algorithm::Algorithm;
 //! use floodgate_limiter::clock::ManualClock;
-//! use floodgate_limiter::{Check, LimitId, LimitName, MemoryStore, OnFailure, StateKey, Store};
+//! use floodgate_limiter::{
+//!     Check, Enforcement, Leasing, LimitId, LimitName, MemoryStore, OnFailure, Spending, StateKey,
+//!     Store,
+//! };
 //!
 //! const SEC: u64 = 1_000_000;
 //!
@@ -41,10 +44,10 @@
 //!         algorithm,
 //!         key: StateKey { limit: limit as u64, identity: client },
 //!         cost: 1,
-//!         shadow: false,
-//!         peek: false,
+//!         enforcement: Enforcement::Enforce,
+//!         spending: Spending::Charge,
 //!         on_failure: OnFailure::Local,
-//!         lease: false,
+//!         leasing: Leasing::Never,
 //!     }
 //! }
 //!
@@ -100,8 +103,8 @@ pub mod watch;
 mod fake;
 
 pub use check::{
-    admitted, Check, LeaseAsk, LimitId, LimitName, OnFailure, Slot, SlotError, StateKey,
-    MAX_LEASE_US,
+    admitted, Check, Enforcement, LeaseAsk, Leasing, LimitId, LimitName, OnFailure, Slot,
+    SlotError, Spending, StateKey, MAX_LEASE_US,
 };
 pub use deny_cache::{Forget, Forgetter, KnownRefusals};
 pub use error::LimiterError;

@@ -2,7 +2,9 @@
 //! which key, what it does with a request that lacks the key, and its ban.
 
 use floodgate_algorithm::Algorithm;
-use floodgate_limiter::{Check, LimitId, LimitName, OnFailure, StateKey};
+use floodgate_limiter::{
+    Check, Enforcement, Leasing, LimitId, LimitName, OnFailure, Spending, StateKey,
+};
 
 use crate::identity::{KeySource, Tier};
 use crate::{AfterResponse, CostSource, LimitMatch, Matcher, ResponseCost};
@@ -105,15 +107,16 @@ pub struct Ban {
 }
 
 impl Ban {
-    /// The ban of `identity` looked up (`peek`) or taken, for limit `layer`.
-    pub fn penalty_check(&self, limit: LimitId, identity: u128, peek: bool) -> Check {
+    /// The ban of `identity` looked up (`Spending::Peek`) or taken
+    /// (`Spending::Charge`), for limit `layer`.
+    pub fn penalty_check(&self, limit: LimitId, identity: u128, spending: Spending) -> Check {
         self.check(
             limit,
             &self.penalty_name,
             self.penalty,
             self.penalty_id,
             identity,
-            peek,
+            spending,
         )
     }
 
@@ -125,7 +128,7 @@ impl Ban {
             self.strikes,
             self.strikes_id,
             identity,
-            false,
+            Spending::Charge,
         )
     }
 
@@ -136,7 +139,7 @@ impl Ban {
         algorithm: Algorithm,
         id: u64,
         identity: u128,
-        peek: bool,
+        spending: Spending,
     ) -> Check {
         Check {
             limit,
@@ -147,12 +150,12 @@ impl Ban {
                 identity,
             },
             cost: 1,
-            shadow: false,
-            peek,
+            enforcement: Enforcement::Enforce,
+            spending,
             // Without the store, no ban is known: a ban never fails closed
             // (every route would answer "banned").
             on_failure: OnFailure::Allow,
-            lease: false,
+            leasing: Leasing::Never,
         }
     }
 }
@@ -236,10 +239,18 @@ impl Limit {
                 identity,
             },
             cost,
-            shadow: self.shadow,
-            peek: false,
+            enforcement: if self.shadow {
+                Enforcement::Shadow
+            } else {
+                Enforcement::Enforce
+            },
+            spending: Spending::Charge,
             on_failure: self.on_failure,
-            lease: self.leases,
+            leasing: if self.leases {
+                Leasing::Allowed
+            } else {
+                Leasing::Never
+            },
         }
     }
 

@@ -10,7 +10,7 @@ use crate::overrides::RunTimeOverrides;
 use crate::path::PathRules;
 use crate::request_id::lease_id;
 use crate::{AfterResponse, Ban, CostRule, Limit, OnMissing, Rule, Upgrades};
-use floodgate_limiter::{Check, LimitId, OnFailure, Slot, StateKey};
+use floodgate_limiter::{Check, LimitId, OnFailure, Slot, Spending, StateKey};
 use std::sync::Arc;
 
 pub use crate::descriptors::{
@@ -259,7 +259,7 @@ impl Policy {
                 Some(
                     l.ban
                         .as_ref()?
-                        .penalty_check(LimitId(i), client.ip_hash, true),
+                        .penalty_check(LimitId(i), client.ip_hash, Spending::Peek),
                 )
             })
             .collect()
@@ -396,7 +396,7 @@ impl Policy {
         let first = bans.len();
         let mut look_up = |identity: u128| {
             if !bans[first..].iter().any(|b| b.key.identity == identity) {
-                bans.push(ban.penalty_check(id, identity, true));
+                bans.push(ban.penalty_check(id, identity, Spending::Peek));
             }
         };
         let routes = limit.matcher.paths();

@@ -17,7 +17,7 @@ use crate::{
     OnMissing, PathPattern, ResponseCost, Rule, Statuses, Upgrades, PROMPT_BYTES_PER_TOKEN,
 };
 use floodgate_algorithm::Algorithm;
-use floodgate_limiter::LimitName;
+use floodgate_limiter::{Enforcement, Leasing, LimitName, Spending};
 
 const SEC: u64 = 1_000_000;
 
@@ -507,7 +507,7 @@ fn a_shadow_limits_layers_are_marked_shadow_and_an_enforcing_ones_are_not() {
     let checks: Vec<(&str, bool)> = layers
         .checks
         .iter()
-        .map(|c| (c.name.as_str(), c.shadow))
+        .map(|c| (c.name.as_str(), c.enforcement == Enforcement::Shadow))
         .collect();
     assert_eq!(checks, [("trial", true), ("per-ip", false)]);
     let slots: Vec<(&str, bool)> = layers
@@ -546,8 +546,13 @@ fn a_rate_limit_gives_a_check_of_its_numbers_on_the_clients_identity() {
         }
     );
     assert_eq!(
-        (per_ip.cost, per_ip.shadow, per_ip.peek, per_ip.lease),
-        (1, false, false, false)
+        (
+            per_ip.cost,
+            per_ip.enforcement,
+            per_ip.spending,
+            per_ip.leasing
+        ),
+        (1, Enforcement::Enforce, Spending::Charge, Leasing::Never)
     );
     assert_eq!(per_ip.on_failure, OnFailure::Local, "the store's");
     assert_eq!((strict.limit, strict.name.as_str()), (LimitId(1), "strict"));
@@ -559,7 +564,7 @@ fn a_rate_limit_gives_a_check_of_its_numbers_on_the_clients_identity() {
         }
     );
     assert_eq!(strict.on_failure, OnFailure::Deny, "its own");
-    assert!(strict.lease);
+    assert_eq!(strict.leasing, Leasing::Allowed);
 }
 
 #[test]
@@ -611,7 +616,11 @@ fn a_limit_charged_by_the_response_is_reserved_at_its_reservation_not_checked() 
     assert_eq!(check.name.as_str(), "credits");
     assert_eq!(check.limit, LimitId(0));
     assert_eq!(check.cost, 50, "the reservation, not the request's cost");
-    assert!(!check.peek, "taken now, settled once the response is known");
+    assert_eq!(
+        check.spending,
+        Spending::Charge,
+        "taken now, settled once the response is known"
+    );
     assert_eq!(check.key.identity, policy.clients.api_key_hash(b"k-pro"));
     assert_eq!(*charge, AfterResponse::Cost(priced));
 }
@@ -729,8 +738,8 @@ fn a_limit_that_bans_looks_its_ban_up_on_the_requests_identity() {
         }
     );
     assert_eq!(banned.key.identity, layers.checks[1].key.identity);
-    assert!(banned.peek, "looked up, not taken");
-    assert_eq!((banned.cost, banned.shadow), (1, false));
+    assert_eq!(banned.spending, Spending::Peek, "looked up, not taken");
+    assert_eq!((banned.cost, banned.enforcement), (1, Enforcement::Enforce));
     assert_eq!(banned.on_failure, OnFailure::Allow, "no store, no ban");
 }
 
@@ -932,7 +941,7 @@ fn a_shadow_limit_keys_a_request_without_its_key_as_the_enforcing_one_would() {
     let request = get("/");
     let layers = request.layers(&policy);
     assert_eq!(names(&layers.checks), ["trial"]);
-    assert!(layers.checks[0].shadow);
+    assert_eq!(layers.checks[0].enforcement, Enforcement::Shadow);
     assert_eq!(
         layers.checks[0].key.identity,
         request.client(&policy).ip_hash
@@ -1189,7 +1198,7 @@ fn cost_sources_and_on_missing_are_named_as_the_config_names_them() {
 #[test]
 fn layers_are_empty_only_with_nothing_of_any_kind() {
     assert!(Layers::default().is_empty());
-    let check = ban("x", 3).penalty_check(LimitId(0), 1, true);
+    let check = ban("x", 3).penalty_check(LimitId(0), 1, Spending::Peek);
     let key = StateKey {
         limit: 1,
         identity: 1,
@@ -1347,8 +1356,8 @@ fn the_bans_of_address_limits_are_looked_up_by_the_address() {
     assert_eq!(bans.len(), 1);
     let banned = &bans[0];
     assert_eq!(
-        (banned.limit, banned.name.as_str(), banned.peek),
-        (LimitId(2), "ban:by-ip", true)
+        (banned.limit, banned.name.as_str(), banned.spending),
+        (LimitId(2), "ban:by-ip", Spending::Peek)
     );
     assert_eq!(banned.key.identity, client.ip_hash);
 }

@@ -59,7 +59,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::mpsc;
 
-use super::check::{Check, Slot, StateKey};
+use super::check::{Check, Enforcement, Leasing, Slot, Spending, StateKey};
 use super::deny_cache::Forget;
 use super::error::LimiterError;
 use super::instances::Instances;
@@ -198,9 +198,9 @@ impl<S: Store + 'static> Core<S> {
     /// Whether `check` may be decided from a lease.
     fn leasable(&self, check: &Check) -> bool {
         self.table.listening.load(Ordering::Acquire)
-            && check.lease
-            && !check.peek
-            && !check.shadow
+            && check.leasing == Leasing::Allowed
+            && check.spending == Spending::Charge
+            && check.enforcement == Enforcement::Enforce
             && check.cost > 0
             && takes_lease(check.algorithm.kind())
     }

@@ -4,7 +4,7 @@ use proptest::prelude::*;
 
 use super::take::Taken;
 use super::*;
-use crate::check::{LimitName, OnFailure};
+use crate::check::{Enforcement, Leasing, LimitName, OnFailure, Spending};
 use crate::clock::ManualClock;
 use crate::fake::{FakeStore, SEC, T0};
 use crate::memory::MemoryStore;
@@ -20,10 +20,10 @@ fn leasing(algorithm: Algorithm, identity: u128, cost: u64) -> Check {
         algorithm,
         key: StateKey { limit: 7, identity },
         cost,
-        shadow: false,
-        peek: false,
+        enforcement: Enforcement::Enforce,
+        spending: Spending::Charge,
         on_failure: OnFailure::Deny,
-        lease: true,
+        leasing: Leasing::Allowed,
     }
 }
 
@@ -75,7 +75,7 @@ fn setup() -> (Arc<ManualClock>, FakeStore) {
 fn shared_remaining(store: &FakeStore, check: &Check, now_us: u64) -> u64 {
     let look = Check {
         cost: 0,
-        peek: true,
+        spending: Spending::Peek,
         ..check.clone()
     };
     store.memory().peek_at(std::slice::from_ref(&look), now_us)[0].remaining()
@@ -177,7 +177,7 @@ async fn a_refused_layer_elsewhere_puts_the_units_taken_from_a_lease_back() {
     let hot = leasing(Algorithm::fixed_window(1_000, 60 * SEC).unwrap(), 1, 1);
     gate.decide(std::slice::from_ref(&hot)).await.unwrap();
     let spent = Check {
-        lease: false,
+        leasing: Leasing::Never,
         key: StateKey {
             limit: 8,
             identity: 1,
@@ -204,7 +204,7 @@ async fn a_failed_store_call_takes_nothing_and_no_lease_outlives_it() {
     let hot = leasing(Algorithm::fixed_window(1_000, 60 * SEC).unwrap(), 1, 1);
     gate.decide(std::slice::from_ref(&hot)).await.unwrap();
     let other = Check {
-        lease: false,
+        leasing: Leasing::Never,
         ..leasing(Algorithm::fixed_window(5, 60 * SEC).unwrap(), 2, 1)
     };
     store.fail_with(LimiterError::Timeout(Duration::ZERO));
@@ -267,7 +267,7 @@ async fn a_buckets_take_undone_never_frees_a_slot_taken_after_it() {
         ..hot.clone()
     };
     let spent = Check {
-        lease: false,
+        leasing: Leasing::Never,
         key: StateKey {
             limit: 9,
             identity: 1,
@@ -397,7 +397,7 @@ fn conformant(algorithm: Algorithm, admitted: &[(u64, u64)]) -> Result<(), Strin
     let reference = MemoryStore::new(16, Arc::new(ManualClock::new(T0)));
     for (i, &(at, cost)) in admitted.iter().enumerate() {
         let check = Check {
-            lease: false,
+            leasing: Leasing::Never,
             ..leasing(algorithm, 1, cost)
         };
         if !reference.decide_at(std::slice::from_ref(&check), at)[0].allowed() {
@@ -654,7 +654,7 @@ async fn a_failed_return_drops_every_lease_so_none_is_spent_or_given_back_on_a_f
     // Z's traffic elsewhere in the new state; Z's old lease comes back
     // nowhere, and Z's next request is the store's.
     let elsewhere = Check {
-        lease: false,
+        leasing: Leasing::Never,
         ..z.clone()
     };
     store

@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 
 use super::room::{could_make_room, make_room};
 use super::{update, Entry, MemoryStore, Shard};
-use crate::check::{admitted, Check, LeaseAsk};
+use crate::check::{admitted, Check, Enforcement, LeaseAsk, Spending};
 use floodgate_algorithm::{Decision, Evaluation, State, Update};
 
 /// Where one check's state lives for this decision.
@@ -100,7 +100,7 @@ impl MemoryStore {
                 if guard.contains(&check.key) {
                     return Home::Shard(slot);
                 }
-                if check.peek {
+                if check.spending == Spending::Peek {
                     return Home::Absent;
                 }
                 if make_room(guard, pending[slot] + 1, now_us, checks) {
@@ -198,13 +198,17 @@ impl Placed<'_> {
     ) -> SmallVec<[u64; 4]> {
         let mut leased: SmallVec<[u64; 4]> = SmallVec::new();
         for (i, (check, evaluation)) in checks.iter().zip(evaluations).enumerate() {
-            if check.peek || !evaluation.decision.allowed() {
+            if check.spending == Spending::Peek || !evaluation.decision.allowed() {
                 continue;
             }
             let home = self.homes[i];
             let leasing;
             // A shadow layer refuses nobody: it takes no lease either.
-            let ask = asks.get(i).copied().flatten().filter(|_| !check.shadow);
+            let ask = asks
+                .get(i)
+                .copied()
+                .flatten()
+                .filter(|_| check.enforcement == Enforcement::Enforce);
             let evaluation = match ask {
                 Some(ask) => {
                     let units;

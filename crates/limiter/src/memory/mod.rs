@@ -30,7 +30,7 @@ use lru::LruCache;
 use prometheus::IntCounter;
 use smallvec::SmallVec;
 
-use super::check::{Check, LeaseAsk, Slot, StateKey};
+use super::check::{Check, LeaseAsk, Slot, Spending, StateKey};
 use super::error::LimiterError;
 use super::store::{Concurrency, Deciding, Store, Upkeep};
 use crate::clock::Clock;
@@ -137,7 +137,7 @@ impl MemoryStore {
             drop(shard);
             let as_is = Check {
                 cost: 0,
-                peek: true,
+                spending: Spending::Peek,
                 ..check.clone()
             };
             return self.peek_at(std::slice::from_ref(&as_is), now_us)[0];

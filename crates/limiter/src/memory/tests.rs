@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::check::admitted;
+use crate::check::{admitted, Enforcement};
 use crate::clock::ManualClock;
 use crate::fake::{check_of as check, SEC, T0};
 use floodgate_algorithm::Algorithm;
@@ -37,7 +37,7 @@ fn a_refusal_by_one_layer_charges_no_layer() {
 fn shadow_layers_never_refuse_and_are_charged_only_when_they_admit() {
     let (_, l) = limiter(1000);
     let mut shadow = check(0, bucket(1), 1, 1);
-    shadow.shadow = true;
+    shadow.enforcement = Enforcement::Shadow;
     let real = check(1, bucket(5), 1, 1);
     let both = [shadow.clone(), real];
     for i in 0..4 {
@@ -235,7 +235,7 @@ fn a_lookup_without_room_reads_fresh_never_the_shared_overflow() {
     );
     // Another newcomer's lookup is not answered by that shared token.
     let lookup = Check {
-        peek: true,
+        spending: Spending::Peek,
         ..in_shard_5(132)
     };
     let looked = l.decide_now(std::slice::from_ref(&lookup));

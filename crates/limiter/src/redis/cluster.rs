@@ -35,7 +35,7 @@ use super::script::{Decided, ScriptLayer, SlotOp};
 use super::scripted::{connection_error, install_tls_provider, Scripted};
 use super::settings::{RedisSettings, Topology};
 use super::shared_connection::Connect;
-use crate::check::{Check, LeaseAsk, Slot};
+use crate::check::{Check, Enforcement, LeaseAsk, Slot, Spending};
 use crate::clock::Clock;
 use crate::deny_cache::open_decision;
 use crate::error::LimiterError;
@@ -299,7 +299,7 @@ impl RedisCluster {
     async fn run_grouped(
         &self,
         checks: &[Check],
-        peek: bool,
+        spending: Spending,
     ) -> Result<Vec<Decision>, LimiterError> {
         let mut groups: HashMap<u128, Vec<usize>> = HashMap::new();
         for (i, check) in checks.iter().enumerate() {
@@ -311,7 +311,7 @@ impl RedisCluster {
         // as well as the run.
         let deadline = scripted.settings.timeout;
         let calls = groups.iter().map(|(&identity, indices)| {
-            let layers = scripted.layers(indices.iter().map(|&i| &checks[i]), peek);
+            let layers = scripted.layers(indices.iter().map(|&i| &checks[i]), spending);
             self.on_slot(identity, layers)
         });
         let call = async {
@@ -319,7 +319,10 @@ impl RedisCluster {
                 .await
                 .map_err(|_| LimiterError::Timeout(deadline))
         };
-        let operation = if peek { "peek" } else { "decide" };
+        let operation = match spending {
+            Spending::Peek => "peek",
+            Spending::Charge => "decide",
+        };
         let results = watch::redis_call(operation, call).await?;
         let mut decisions = vec![None; checks.len()];
         for (indices, result) in groups.values().zip(results) {
@@ -360,7 +363,7 @@ impl Store for RedisCluster {
             return Ok((self.decide(checks).await?, SmallVec::new()));
         }
         let scripted = &self.scripted;
-        let layers = scripted.layers_leasing(checks, asks, false);
+        let layers = scripted.layers_leasing(checks, asks, Spending::Charge);
         let _timer = scripted.call_timer();
         let call = scripted.within_deadline(|mut connection| async move {
             let mut decided = scripted.run(&mut connection, &[&layers]).await?;
@@ -376,23 +379,23 @@ impl Store for RedisCluster {
         let identities_differ = checks
             .iter()
             .any(|c| c.key.identity != checks[0].key.identity);
-        if !identities_differ || !checks.iter().any(|c| c.peek) {
-            return self.run_grouped(checks, false).await;
+        if !identities_differ || !checks.iter().any(|c| c.spending == Spending::Peek) {
+            return self.run_grouped(checks, Spending::Charge).await;
         }
         let (lookups, rest): (Vec<usize>, Vec<usize>) =
-            (0..checks.len()).partition(|&i| checks[i].peek);
+            (0..checks.len()).partition(|&i| checks[i].spending == Spending::Peek);
         let pick = |indices: &[usize]| -> Vec<Check> {
             indices.iter().map(|&i| checks[i].clone()).collect()
         };
-        let looked = self.run_grouped(&pick(&lookups), true).await?;
+        let looked = self.run_grouped(&pick(&lookups), Spending::Peek).await?;
         let refused = lookups
             .iter()
             .zip(&looked)
-            .any(|(&i, d)| !checks[i].shadow && !d.allowed());
+            .any(|(&i, d)| checks[i].enforcement == Enforcement::Enforce && !d.allowed());
         let decided = if refused || rest.is_empty() {
             rest.iter().map(|&i| open_decision(&checks[i])).collect()
         } else {
-            self.run_grouped(&pick(&rest), false).await?
+            self.run_grouped(&pick(&rest), Spending::Charge).await?
         };
         let mut decisions = vec![None; checks.len()];
         for (&i, d) in lookups.iter().zip(looked).chain(rest.iter().zip(decided)) {
@@ -402,7 +405,7 @@ impl Store for RedisCluster {
     }
 
     async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
-        self.run_grouped(checks, true).await
+        self.run_grouped(checks, Spending::Peek).await
     }
 
     async fn reset(&self, checks: &[Check]) -> Result<(), LimiterError> {

@@ -16,7 +16,7 @@ use super::script::{
 };
 use super::settings::{ClockSource, RedisSettings};
 use super::shared_connection::{Connect, SharedConnection, CONNECT_WITHIN};
-use crate::check::{Check, LeaseAsk, LimitName, Slot, StateKey};
+use crate::check::{Check, Enforcement, LeaseAsk, LimitName, Slot, Spending, StateKey};
 use crate::clock::Clock;
 use crate::error::LimiterError;
 use crate::watch;
@@ -104,18 +104,19 @@ impl<C: Connect> Scripted<C> {
     pub(super) fn layers<'a>(
         &self,
         checks: impl IntoIterator<Item = &'a Check>,
-        peek: bool,
+        spending: Spending,
     ) -> Vec<ScriptLayer> {
-        self.layers_leasing(checks, &[], peek)
+        self.layers_leasing(checks, &[], spending)
     }
 
     /// `layers`, each enforced layer with an ask in `asks` (by position)
-    /// taking a lease beside its charge.
+    /// taking a lease beside its charge. `Spending::Peek` peeks at every
+    /// layer; `Spending::Charge` spends as each layer says.
     pub(super) fn layers_leasing<'a>(
         &self,
         checks: impl IntoIterator<Item = &'a Check>,
         asks: &[Option<LeaseAsk>],
-        peek: bool,
+        spending: Spending,
     ) -> Vec<ScriptLayer> {
         // A calendar quota's period ends where the proxy's calendar says:
         // read once, for all the layers.
@@ -130,6 +131,10 @@ impl<C: Connect> Scripted<C> {
             .enumerate()
             .map(|(i, check)| {
                 let ask = asks.get(i).copied().flatten();
+                let spending = match spending {
+                    Spending::Peek => Spending::Peek,
+                    Spending::Charge => check.spending,
+                };
                 ScriptLayer {
                     key: self.key(check),
                     code: check.algorithm.kind().code(),
@@ -142,12 +147,12 @@ impl<C: Connect> Scripted<C> {
                         None => check.algorithm.period(),
                     },
                     cost: check.cost,
-                    mode: match (peek || check.peek, check.shadow, ask) {
-                        (true, false, _) => Mode::Peek,
-                        (true, true, _) => Mode::ShadowPeek,
-                        (false, true, _) => Mode::Shadow,
-                        (false, false, Some(_)) => Mode::Lease,
-                        (false, false, None) => Mode::Enforce,
+                    mode: match (spending, check.enforcement, ask) {
+                        (Spending::Peek, Enforcement::Enforce, _) => Mode::Peek,
+                        (Spending::Peek, Enforcement::Shadow, _) => Mode::ShadowPeek,
+                        (Spending::Charge, Enforcement::Shadow, _) => Mode::Shadow,
+                        (Spending::Charge, Enforcement::Enforce, Some(_)) => Mode::Lease,
+                        (Spending::Charge, Enforcement::Enforce, None) => Mode::Enforce,
                     },
                     refund_at: 0,
                     lease: ask.unwrap_or(no_lease),
@@ -369,7 +374,7 @@ impl<C: Connect> Scripted<C> {
     /// then tells the other instances; the layer as a request of cost 0
     /// sees it after.
     pub(super) async fn credit(&self, check: &Check) -> Result<Decision, LimiterError> {
-        let mut layers = self.layers([check], true);
+        let mut layers = self.layers([check], Spending::Peek);
         for layer in &mut layers {
             layer.mode = Mode::Credit;
         }
@@ -411,7 +416,7 @@ impl<C: Connect> Scripted<C> {
 
     /// The script's layer that gives a reservation back (`refund`).
     pub(super) fn refund_layers(&self, check: &Check, counted_at_us: u64) -> Vec<ScriptLayer> {
-        let mut layers = self.layers([check], true);
+        let mut layers = self.layers([check], Spending::Peek);
         for layer in &mut layers {
             layer.mode = Mode::Refund;
             layer.refund_at = counted_at_us;
@@ -462,7 +467,7 @@ pub(super) fn install_tls_provider() {
 mod tests {
     use super::super::settings::{InstanceCount, Topology};
     use super::*;
-    use crate::check::OnFailure;
+    use crate::check::{Leasing, OnFailure};
     use crate::clock::SystemClock;
     use floodgate_algorithm::Algorithm;
     use redis::aio::ConnectionManager;
@@ -495,10 +500,10 @@ mod tests {
                 algorithm: Algorithm::fixed_window(1, 1).expect("valid numbers"),
                 key: StateKey { limit: 0, identity },
                 cost: 1,
-                shadow: false,
-                peek: false,
+                enforcement: Enforcement::Enforce,
+                spending: Spending::Charge,
                 on_failure: OnFailure::Deny,
-                lease: false,
+                leasing: Leasing::Never,
             };
             assert_eq!(store.key(&check), format!("fg:per-ip:{{{identity:032x}}}"));
         }

@@ -16,7 +16,7 @@ use super::scripted::{connection_error, install_tls_provider, Scripted};
 use super::sentinel::SentinelMaster;
 use super::settings::{RedisSettings, Topology};
 use super::shared_connection::Connect;
-use crate::check::{Check, LeaseAsk, Slot};
+use crate::check::{Check, LeaseAsk, Slot, Spending};
 use crate::clock::Clock;
 use crate::error::LimiterError;
 use crate::store::{Concurrency, Deciding, Store, Upkeep};
@@ -125,7 +125,7 @@ impl RedisStandalone {
     ) -> Result<Vec<Vec<Decision>>, LimiterError> {
         let layers: Vec<Vec<ScriptLayer>> = requests
             .iter()
-            .map(|checks| self.scripted.layers(*checks, false))
+            .map(|checks| self.scripted.layers(*checks, Spending::Charge))
             .collect();
         let borrowed: Vec<&[ScriptLayer]> = layers.iter().map(Vec::as_slice).collect();
         let decided = self.scripted.run_batch(&borrowed, &|_| true).await?;
@@ -164,7 +164,7 @@ impl RedisStandalone {
 impl Store for RedisStandalone {
     async fn decide(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
         Ok(self
-            .queued("decide", self.scripted.layers(checks, false))
+            .queued("decide", self.scripted.layers(checks, Spending::Charge))
             .await?
             .0)
     }
@@ -174,13 +174,16 @@ impl Store for RedisStandalone {
         checks: &[Check],
         asks: &[Option<LeaseAsk>],
     ) -> Result<(Vec<Decision>, SmallVec<[u64; 4]>), LimiterError> {
-        self.queued("decide", self.scripted.layers_leasing(checks, asks, false))
-            .await
+        self.queued(
+            "decide",
+            self.scripted.layers_leasing(checks, asks, Spending::Charge),
+        )
+        .await
     }
 
     async fn peek(&self, checks: &[Check]) -> Result<Vec<Decision>, LimiterError> {
         Ok(self
-            .queued("peek", self.scripted.layers(checks, true))
+            .queued("peek", self.scripted.layers(checks, Spending::Peek))
             .await?
             .0)
     }
