@@ -1,5 +1,6 @@
-//! Limits counted by response: checked without charge when a request
-//! arrives, charged only when the upstream answers with a listed status.
+//! Limits charged by the response for a listed status (`count`): checked
+//! without charge when a request arrives, charged only when the upstream
+//! answers with a listed status.
 
 mod common;
 

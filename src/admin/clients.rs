@@ -276,7 +276,7 @@ pub(super) fn limits(policy: &Policy) -> Value {
                     "strikes": b.strikes.to_string(),
                     "penalty": b.penalty.to_string(),
                 })),
-                "charged_after_response": limit.after_response.is_some(),
+                "charged_after_response": limit.charged_by_response.is_some(),
             })
         })
         .collect();

@@ -4,7 +4,7 @@ use std::fmt::Write;
 use std::time::Duration;
 
 use floodgate_algorithm::ALGORITHMS;
-use floodgate_policy::{AfterResponse, KeySource, Limit, OnMissing, Policy, Rule};
+use floodgate_policy::{ChargedByResponse, KeySource, Limit, OnMissing, Policy, Rule};
 
 use crate::config::Config;
 use floodgate_limiter::redis::InstanceCount;
@@ -243,9 +243,9 @@ fn flags(policy: &Policy, limit: &Limit) -> Vec<String> {
     if limit.on_failure != policy.default_on_failure {
         flags.push(format!("on_failure={}", limit.on_failure.as_str()));
     }
-    match &limit.after_response {
-        Some(AfterResponse::Status(statuses)) => flags.push(format!("counted on {statuses}")),
-        Some(AfterResponse::Cost(priced)) => flags.push(format!(
+    match &limit.charged_by_response {
+        Some(ChargedByResponse::Status(statuses)) => flags.push(format!("counted on {statuses}")),
+        Some(ChargedByResponse::Cost(priced)) => flags.push(format!(
             "cost from {} (at most {}, default {}; reserving {}{})",
             priced.source,
             priced.max,

@@ -5,7 +5,7 @@ use super::file::CostSection;
 use super::matcher::validate_match;
 use super::{at, AsSegment, Invalid};
 use floodgate_algorithm::MAX_EXACT;
-use floodgate_policy::{AfterResponse, CostRule, Limit, LimitMatch, PathPattern, Rule};
+use floodgate_policy::{ChargedByResponse, CostRule, Limit, LimitMatch, PathPattern, Rule};
 
 /// Every `[[costs]]` table, in order (for each limit, the first that
 /// matches and prices it applies).
@@ -36,12 +36,12 @@ pub(super) fn validate_costs(
                 ));
             };
             let limit = &limits[layer];
-            let why_not = match (&limit.rule, &limit.after_response) {
+            let why_not = match (&limit.rule, &limit.charged_by_response) {
                 _ if limit.matcher.descriptors().is_some() => {
                     Some("is charged the hits_addend Envoy sends")
                 }
                 (Rule::Concurrency(_), _) => Some("counts requests in flight"),
-                (_, Some(AfterResponse::Cost(_))) => Some("is charged what the response says"),
+                (_, Some(ChargedByResponse::Cost(_))) => Some("is charged what the response says"),
                 _ => None,
             };
             if let Some(why) = why_not {

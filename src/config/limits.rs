@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use super::after_response::after_response;
+use super::charged_by_response::charged_by_response;
 use super::descriptors::descriptor_limit;
 use super::duration;
 use super::file::{BanSection, LeasesMode, LimitSection, Numbers, OnMissingName, CONCURRENCY};
@@ -42,7 +42,7 @@ fn validate_limit(
     let rule = rule_of(&frame, &own, None, &[&"limits", &i])?;
     let tiers = tier_rules(i, s, &frame, &own, known_tiers)?;
     let matcher = limit_matcher(i, s, &key, compile_pattern)?;
-    let after_response = after_response(i, s, rule, &tiers, instances)?;
+    let charged_by_response = charged_by_response(i, s, rule, &tiers, instances)?;
     let ban = limit_ban(i, s, &key)?;
     check_case_insensitive_values(i, s, &key)?;
     let on_missing = on_missing(i, s)?;
@@ -55,7 +55,7 @@ fn validate_limit(
         matcher,
         shadow: s.shadow,
         on_failure: s.on_failure.map_or(default_on_failure, Into::into),
-        after_response,
+        charged_by_response,
         ban,
         on_missing,
         case_insensitive_values: s.case_insensitive_values,
@@ -226,7 +226,7 @@ fn leases_for(i: usize, s: &LimitSection, limit: &Limit, redis: bool) -> Result<
         )),
         // A bucket's refund moves its schedule back, which would free
         // tokens that another instance holds leased.
-        Some(Kind::TokenBucket) if limit.after_response.is_some() => Some(
+        Some(Kind::TokenBucket) if limit.charged_by_response.is_some() => Some(
             "a token bucket charged by the response takes no leases: its refunds would free tokens another instance holds leased".to_string(),
         ),
         Some(_) => None,

@@ -4,8 +4,8 @@
 //! line and the key.
 
 mod admin;
-mod after_response;
 mod block;
+mod charged_by_response;
 mod clients;
 mod costs;
 mod descriptors;

@@ -609,7 +609,8 @@ fn quotas_response_costs_bans_and_per_layer_costs_resolve() {
     assert_eq!(calendar.period, floodgate_algorithm::Period::Month);
     assert_eq!(calendar.timezone, chrono_tz::Europe::Paris);
     assert_eq!(monthly.quota(), 1_000_000);
-    let Some(floodgate_policy::AfterResponse::Cost(priced)) = &limits[0].after_response else {
+    let Some(floodgate_policy::ChargedByResponse::Cost(priced)) = &limits[0].charged_by_response
+    else {
         panic!("a response cost")
     };
     assert_eq!(

@@ -1,10 +1,10 @@
-//! Limits charged once the response is known: a layer counted by status,
-//! a cost the response reports. Each reserves before the request goes
-//! upstream, in the same store call as the other layers (so requests that
-//! arrive together never pass a limit already spent), and is settled
-//! here: what was reserved and is not owed is refunded, what is owed
-//! beyond it is charged. `Gateway::settle` does so for a finished request,
-//! and gives its slots back.
+//! Limits charged by the response: by its status (`count`), or by the
+//! cost it reports (`cost_from_response`). Each reserves before the
+//! request goes upstream, in the same store call as the other layers (so
+//! requests that arrive together never pass a limit already spent), and
+//! is settled here: what was reserved and is not owed is refunded, what is
+//! owed beyond it is charged. `Gateway::settle` does so for a finished
+//! request, and gives its slots back.
 
 use log::warn;
 use pingora::http::ResponseHeader;
@@ -15,7 +15,7 @@ use crate::connection::h2_watch::H2Stream;
 use crate::server::state::AppState;
 use crate::usage::{Provider, Read, UsageReader};
 use floodgate_limiter::{Check, Leasing, Spending, Store};
-use floodgate_policy::{AfterResponse, CostSource, LlmProvider, ResponseCost};
+use floodgate_policy::{ChargedByResponse, CostSource, LlmProvider, ResponseCost};
 
 /// What a reservation comes to: the units owed in all, against the units
 /// reserved.
@@ -42,12 +42,14 @@ pub(super) async fn charge_by_response(
     let status = response.status.as_u16();
     let mut settled = Vec::new();
     let mut hidden = Vec::new();
-    for reservation in std::mem::take(&mut ctx.counted) {
+    for reservation in std::mem::take(&mut ctx.reservations) {
         let reserved = reservation.check.cost;
-        let outcome = match &reservation.after {
-            AfterResponse::Status(statuses) if statuses.contains(status) => Settled::owe(reserved),
-            AfterResponse::Status(_) => Settled::owe(0),
-            AfterResponse::Cost(ResponseCost {
+        let outcome = match &reservation.charged_by {
+            ChargedByResponse::Status(statuses) if statuses.contains(status) => {
+                Settled::owe(reserved)
+            }
+            ChargedByResponse::Status(_) => Settled::owe(0),
+            ChargedByResponse::Cost(ResponseCost {
                 source: CostSource::Usage { provider, .. },
                 ..
             }) => {
@@ -66,7 +68,7 @@ pub(super) async fn charge_by_response(
                 });
                 continue;
             }
-            AfterResponse::Cost(
+            ChargedByResponse::Cost(
                 priced @ ResponseCost {
                     source: CostSource::Header(header),
                     ..
@@ -101,12 +103,12 @@ pub(super) async fn charge_by_response(
 /// Removes the cost headers the client must not see from an answer that
 /// charges nothing itself (an interim 1xx).
 pub(super) fn hide_costs(ctx: &RequestCtx, response: &mut ResponseHeader) {
-    for reservation in &ctx.counted {
-        if let AfterResponse::Cost(ResponseCost {
+    for reservation in &ctx.reservations {
+        if let ChargedByResponse::Cost(ResponseCost {
             source: CostSource::Header(header),
             expose: false,
             ..
-        }) = &reservation.after
+        }) = &reservation.charged_by
         {
             response.remove_header(header);
         }
@@ -142,27 +144,29 @@ impl Unanswered {
 }
 
 /// Settles the layers charged by the response of a request that got
-/// none. A client that left keeps a counted reservation, as if the status
-/// were listed, so that hanging up is no way to dodge the count. A cost is
-/// owed the most a response may report when the client left or the
-/// upstream ran out of time (it may have done the work: a request made to
-/// run long must not go free), its default when the upstream failed
-/// otherwise. A request that never got there is given every reservation
-/// back.
+/// none. A client that left keeps a reservation charged by status, as if
+/// the status were listed, so that hanging up is no way to dodge the
+/// count. A cost is owed the most a response may report when the client
+/// left or the upstream ran out of time (it may have done the work: a
+/// request made to run long must not go free), its default when the
+/// upstream failed otherwise. A request that never got there is given
+/// every reservation back.
 pub(super) async fn charge_unanswered(store: &dyn Store, ctx: &mut RequestCtx, why: Unanswered) {
-    let settled = std::mem::take(&mut ctx.counted)
+    let settled = std::mem::take(&mut ctx.reservations)
         .into_iter()
         .map(|reservation| {
             let reserved = reservation.check.cost;
-            let outcome = match (&reservation.after, why) {
+            let outcome = match (&reservation.charged_by, why) {
                 (_, Unanswered::NeverSent) => Settled::owe(0),
-                (AfterResponse::Status(_), Unanswered::ClientLeft) => Settled::owe(reserved),
-                (AfterResponse::Status(_), _) => Settled::owe(0),
+                (ChargedByResponse::Status(_), Unanswered::ClientLeft) => Settled::owe(reserved),
+                (ChargedByResponse::Status(_), _) => Settled::owe(0),
                 (
-                    AfterResponse::Cost(ResponseCost { max, .. }),
+                    ChargedByResponse::Cost(ResponseCost { max, .. }),
                     Unanswered::ClientLeft | Unanswered::UpstreamTimedOut,
                 ) => Settled::owe(*max),
-                (AfterResponse::Cost(ResponseCost { default, .. }), _) => Settled::owe(*default),
+                (ChargedByResponse::Cost(ResponseCost { default, .. }), _) => {
+                    Settled::owe(*default)
+                }
             };
             (reservation, outcome)
         })
@@ -224,7 +228,7 @@ pub(super) async fn charge_by_body(store: &dyn Store, ctx: &mut RequestCtx, fini
         reader,
     } in std::mem::take(&mut ctx.by_body)
     {
-        let AfterResponse::Cost(ResponseCost {
+        let ChargedByResponse::Cost(ResponseCost {
             source:
                 CostSource::Usage {
                     prompt_weight,
@@ -234,7 +238,7 @@ pub(super) async fn charge_by_body(store: &dyn Store, ctx: &mut RequestCtx, fini
             max,
             default,
             ..
-        }) = reservation.after
+        }) = reservation.charged_by
         else {
             continue;
         };
@@ -366,7 +370,7 @@ pub(super) async fn settle_finished(state: &AppState, ctx: &mut RequestCtx, e: O
     if !ctx.by_body.is_empty() {
         charge_by_body(state.store.as_ref(), ctx, e.is_none()).await;
     }
-    if !ctx.counted.is_empty() {
+    if !ctx.reservations.is_empty() {
         charge_unanswered(state.store.as_ref(), ctx, why).await;
     }
     // Over: the upstream answered, or floodgate gave up on it (a body

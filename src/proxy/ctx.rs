@@ -15,7 +15,7 @@ use crate::server::state::{InFlight, Runtime};
 use floodgate_algorithm::Decision;
 use floodgate_limiter::Check;
 use floodgate_policy::identity::Client;
-use floodgate_policy::AfterResponse;
+use floodgate_policy::ChargedByResponse;
 
 pub struct RequestCtx {
     pub(super) runtime: Arc<Runtime>,
@@ -41,7 +41,7 @@ pub struct RequestCtx {
     pub(super) slots: Option<HeldSlots>,
     /// Layers charged by the response, reserved: to settle once it is
     /// known.
-    pub(super) counted: Vec<Reservation>,
+    pub(super) reservations: Vec<Reservation>,
     /// Layers charged by what the response's body reports, read as it
     /// passes: settled once the exchange is over.
     pub(super) by_body: Vec<BodyCharge>,
@@ -87,8 +87,10 @@ pub(super) struct BodyCharge {
 /// went upstream (`charges` settles it).
 #[derive(Debug)]
 pub(super) struct Reservation {
+    /// The layer; its cost is the units reserved.
     pub(super) check: Check,
-    pub(super) after: AfterResponse,
+    /// How the response settles it.
+    pub(super) charged_by: ChargedByResponse,
     /// What reserving said: whether the units were taken (a shadow layer
     /// that would refuse takes none) and where they are counted.
     pub(super) decision: Decision,

@@ -86,15 +86,15 @@ pub(super) async fn decide(
         decided.slots_taken_at = Some(Instant::now());
         outcomes = slot_outcomes;
     }
-    let (bans, counted) = (layers.bans.len(), layers.counted.len());
-    if !refused(&outcomes) && bans + counted + layers.checks.len() > 0 {
-        let checks = if bans + counted == 0 {
+    let (bans, reserving) = (layers.bans.len(), layers.reservations.len());
+    if !refused(&outcomes) && bans + reserving + layers.checks.len() > 0 {
+        let checks = if bans + reserving == 0 {
             layers.checks
         } else {
             let mut all = layers.bans;
-            all.reserve(counted + layers.checks.len());
+            all.reserve(reserving + layers.checks.len());
             all.extend(layers.checks);
-            all.extend(layers.counted.iter().map(|(c, _)| c.clone()));
+            all.extend(layers.reservations.iter().map(|(c, _)| c.clone()));
             all
         };
         let decisions = store.decide(&checks).await?;
@@ -102,14 +102,14 @@ pub(super) async fn decide(
         let banned = ban_refusals(policy, answers.by_ref().take(bans));
         if banned.is_empty() {
             outcomes.extend(answers.map(|(check, d)| Outcome::of_check(check, d)));
-            let first_counted = outcomes.len() - counted;
+            let first_reserved = outcomes.len() - reserving;
             decided.reservations = layers
-                .counted
+                .reservations
                 .into_iter()
-                .zip(&outcomes[first_counted..])
-                .map(|((check, after), o)| Reservation {
+                .zip(&outcomes[first_reserved..])
+                .map(|((check, charged_by), o)| Reservation {
                     check,
-                    after,
+                    charged_by,
                     decision: o.decision,
                 })
                 .collect();
@@ -181,7 +181,7 @@ pub(super) async fn decide_request(
         }
     }
     ctx.slots = decided.slots;
-    ctx.counted = decided.reservations;
+    ctx.reservations = decided.reservations;
     let verdict = ctx
         .verdict
         .insert(Verdict::new(decided.outcomes, state.store.deciding()));
@@ -283,7 +283,7 @@ mod tests {
             let check = layers
                 .checks
                 .iter()
-                .chain(layers.counted.iter().map(|(c, _)| c))
+                .chain(layers.reservations.iter().map(|(c, _)| c))
                 .find(|c| c.name.as_str() == name)
                 .expect("the limit's layer")
                 .clone();
@@ -341,8 +341,8 @@ mod tests {
 
     #[test]
     fn a_layer_charged_by_the_response_is_reserved_only_when_admitted() {
-        let counted = window(5) + "\ncount = { statuses = [401] }";
-        let bench = Bench::new(&(limit("failures", &counted) + &limit("narrow", &window(1))));
+        let by_status = window(5) + "\ncount = { statuses = [401] }";
+        let bench = Bench::new(&(limit("failures", &by_status) + &limit("narrow", &window(1))));
         let first = bench.decide("/");
         assert!(!first.refused());
         assert_eq!(first.reservations.len(), 1, "reserved, to settle later");

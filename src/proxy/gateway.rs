@@ -62,7 +62,7 @@ impl ProxyHttp for Gateway {
             upstream_sent: None,
             upstream_took: None,
             slots: None,
-            counted: Vec::new(),
+            reservations: Vec::new(),
             by_body: Vec::new(),
             body_ended: false,
             upstream_status: None,

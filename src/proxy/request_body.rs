@@ -16,7 +16,7 @@ use pingora::proxy::Session;
 
 use crate::usage::include_usage::ask_for_usage;
 use floodgate_policy::body::{BodyError, BodyFields};
-use floodgate_policy::{AfterResponse, Layers};
+use floodgate_policy::{ChargedByResponse, Layers};
 
 /// Pingora's retry buffer (`BODY_BUF_LIMIT` in pingora-core).
 const REPLAYED_AT_MOST: usize = 64 * 1024;
@@ -93,9 +93,9 @@ pub(super) async fn read_before_decision(
 /// decided wants it (`include_usage`) and the client did not ask.
 pub(super) fn ask_for_usage_where_wanted(layers: &Layers, held: &Bytes) -> Option<Bytes> {
     let wanted = layers
-        .counted
+        .reservations
         .iter()
-        .any(|(_, after)| matches!(after, AfterResponse::Cost(c) if c.include_usage));
+        .any(|(_, charged_by)| matches!(charged_by, ChargedByResponse::Cost(c) if c.include_usage));
     if !wanted {
         return None;
     }

@@ -21,12 +21,12 @@ pub mod path;
 pub mod request_id;
 mod sharded;
 
-mod after_response;
+mod charged_by_response;
 mod limit;
 mod matcher;
 mod policy;
 
-pub use after_response::*;
+pub use charged_by_response::*;
 pub use limit::*;
 pub use matcher::*;
 pub use policy::*;

@@ -7,7 +7,7 @@ use floodgate_limiter::{
 };
 
 use crate::identity::{KeySource, Tier};
-use crate::{AfterResponse, CostSource, LimitMatch, Matcher, ResponseCost};
+use crate::{ChargedByResponse, CostSource, LimitMatch, Matcher, ResponseCost};
 
 /// Whether an upgraded connection (a WebSocket) keeps its request's
 /// concurrency slot for its lifetime.
@@ -209,9 +209,10 @@ pub struct Limit {
     /// What decides this limit while Redis is away: its own `on_failure`,
     /// else `[redis].on_failure`, resolved when the config is loaded.
     pub on_failure: OnFailure,
-    /// Charged by what the response says: checked without charge when the
-    /// request arrives, charged once the upstream answers.
-    pub after_response: Option<AfterResponse>,
+    /// Charged by the response (`count` or `cost_from_response`): a
+    /// reservation taken when the request arrives, settled once the
+    /// upstream answers.
+    pub charged_by_response: Option<ChargedByResponse>,
     /// `ban`: the key refused on every route for a while after repeated
     /// refusals by this limit; none when the limit does not ban.
     pub ban: Option<Ban>,
@@ -259,7 +260,7 @@ impl Limit {
     pub fn reads_body(&self) -> bool {
         !self.matcher.body().is_empty()
             || self.key.any_part(|p| matches!(p, KeySource::Body(_)))
-            || matches!(&self.after_response, Some(AfterResponse::Cost(c)) if c.from_request || c.include_usage)
+            || matches!(&self.charged_by_response, Some(ChargedByResponse::Cost(c)) if c.from_request || c.include_usage)
     }
 
     /// Adds the body's fields this limit reads to `fields`, once each.
@@ -281,11 +282,11 @@ impl Limit {
         } else if let KeySource::Body(field) = &self.key {
             add(field);
         }
-        if let Some(AfterResponse::Cost(ResponseCost {
+        if let Some(ChargedByResponse::Cost(ResponseCost {
             from_request: true,
             source: CostSource::Usage { provider, .. },
             ..
-        })) = &self.after_response
+        })) = &self.charged_by_response
         {
             for field in provider.answer_limits() {
                 add(field);

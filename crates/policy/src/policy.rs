@@ -9,7 +9,7 @@ use crate::identity::{Client, ClientRules, IdentityError, KeyInputs, Tier};
 use crate::overrides::RunTimeOverrides;
 use crate::path::PathRules;
 use crate::request_id::lease_id;
-use crate::{AfterResponse, Ban, CostRule, Limit, OnMissing, Rule, Upgrades};
+use crate::{Ban, ChargedByResponse, CostRule, Limit, OnMissing, Rule, Upgrades};
 use floodgate_limiter::{Check, LimitId, OnFailure, Slot, Spending, StateKey};
 use std::sync::Arc;
 
@@ -55,9 +55,9 @@ pub struct Layers {
     /// The rate layers: checks the store decides, all or none, in one call
     /// with the bans.
     pub checks: Vec<Check>,
-    /// Layers charged by the response: reserved now, settled once it is
-    /// known.
-    pub counted: Vec<(Check, AfterResponse)>,
+    /// Layers charged by the response, each with its reservation (the
+    /// check's cost): reserved now, settled once the response is known.
+    pub reservations: Vec<(Check, ChargedByResponse)>,
     /// The bans of every limit that bans, on this request's identities:
     /// peeked before anything else, on every route.
     pub bans: Vec<Check>,
@@ -69,7 +69,7 @@ impl Layers {
     /// Whether no layer applies: nothing to decide, no rate-limit headers.
     pub fn is_empty(&self) -> bool {
         self.checks.is_empty()
-            && self.counted.is_empty()
+            && self.reservations.is_empty()
             && self.slots.is_empty()
             && self.bans.is_empty()
     }
@@ -437,15 +437,15 @@ impl Policy {
         match self.rule_in_force(limit, &request.client.tier, identity) {
             Rule::Rate(algorithm) => {
                 let mut check = limit.check(id, algorithm, identity, self.cost_of(id, request));
-                match &limit.after_response {
+                match &limit.charged_by_response {
                     Some(charge) => {
                         // Reserved now, with the other layers; settled once
                         // the response is known. A request never passes
                         // what is spent, however many run at once.
-                        if let AfterResponse::Cost(priced) = charge {
+                        if let ChargedByResponse::Cost(priced) = charge {
                             check.cost = priced.reservation(request.body);
                         }
-                        layers.counted.push((check, charge.clone()));
+                        layers.reservations.push((check, charge.clone()));
                     }
                     None => layers.checks.push(check),
                 }

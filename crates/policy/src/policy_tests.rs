@@ -71,7 +71,7 @@ fn limit(name: &str, key: KeySource, rule: Rule) -> Limit {
         matcher: LimitMatch::default(),
         shadow: false,
         on_failure: OnFailure::Local,
-        after_response: None,
+        charged_by_response: None,
         ban: None,
         on_missing: OnMissing::Skip,
         case_insensitive_values: false,
@@ -532,7 +532,7 @@ fn a_rate_limit_gives_a_check_of_its_numbers_on_the_clients_identity() {
     let request = get("/").key("k-free");
     let client = request.client(&policy);
     let layers = request.layers(&policy);
-    assert!(layers.counted.is_empty() && layers.bans.is_empty() && layers.slots.is_empty());
+    assert!(layers.reservations.is_empty() && layers.bans.is_empty() && layers.slots.is_empty());
     let [per_ip, strict] = &layers.checks[..] else {
         panic!("{:?}", layers.checks)
     };
@@ -607,12 +607,12 @@ fn a_limit_charged_by_the_response_is_reserved_at_its_reservation_not_checked() 
         expose: true,
     };
     let mut credits = limit("credits", KeySource::ApiKey, window(1_000));
-    credits.after_response = Some(AfterResponse::Cost(priced.clone()));
+    credits.charged_by_response = Some(ChargedByResponse::Cost(priced.clone()));
     let policy = policy(vec![credits, limit("per-ip", KeySource::Ip, window(100))]);
     let layers = get("/").key("k-pro").layers(&policy);
     assert_eq!(names(&layers.checks), ["per-ip"]);
-    assert_eq!(layers.counted.len(), 1);
-    let (check, charge) = &layers.counted[0];
+    assert_eq!(layers.reservations.len(), 1);
+    let (check, charge) = &layers.reservations[0];
     assert_eq!(check.name.as_str(), "credits");
     assert_eq!(check.limit, LimitId(0));
     assert_eq!(check.cost, 50, "the reservation, not the request's cost");
@@ -622,13 +622,13 @@ fn a_limit_charged_by_the_response_is_reserved_at_its_reservation_not_checked() 
         "taken now, settled once the response is known"
     );
     assert_eq!(check.key.identity, policy.clients.api_key_hash(b"k-pro"));
-    assert_eq!(*charge, AfterResponse::Cost(priced));
+    assert_eq!(*charge, ChargedByResponse::Cost(priced));
 }
 
 #[test]
 fn a_reservation_from_the_request_is_read_from_its_body() {
     let mut tokens = limit("tokens", KeySource::Ip, window(100_000));
-    tokens.after_response = Some(AfterResponse::Cost(ResponseCost {
+    tokens.charged_by_response = Some(ChargedByResponse::Cost(ResponseCost {
         source: CostSource::Usage {
             provider: LlmProvider::OpenAi,
             prompt_weight: 1,
@@ -645,17 +645,17 @@ fn a_reservation_from_the_request_is_read_from_its_body() {
     let body = r#"{"model":"gpt-4o","max_tokens":100}"#;
     let prompt = (body.len() as u64).div_ceil(PROMPT_BYTES_PER_TOKEN);
     let read = get("/v1/chat").method("POST").body(body, &policy);
-    assert_eq!(read.layers(&policy).counted[0].0.cost, prompt + 400);
+    assert_eq!(read.layers(&policy).reservations[0].0.cost, prompt + 400);
     // A body that could not be read says nothing: the most it can cost.
     let unread = get("/v1/chat").method("POST");
-    assert_eq!(unread.layers(&policy).counted[0].0.cost, 10_000);
+    assert_eq!(unread.layers(&policy).reservations[0].0.cost, 10_000);
 }
 
 #[test]
 fn a_limit_counted_by_status_is_reserved_at_the_requests_cost() {
     let mut failures = limit("failures", KeySource::Ip, window(5));
-    let statuses = AfterResponse::Status(Statuses::new(vec![(401, 401), (500, 599)]));
-    failures.after_response = Some(statuses.clone());
+    let statuses = ChargedByResponse::Status(Statuses::new(vec![(401, 401), (500, 599)]));
+    failures.charged_by_response = Some(statuses.clone());
     let policy = policy_with(
         vec![failures],
         vec![CostRule {
@@ -669,7 +669,7 @@ fn a_limit_counted_by_status_is_reserved_at_the_requests_cost() {
     for (path, cost) in [("/login", 2), ("/", 1)] {
         let layers = get(path).layers(&policy);
         assert!(layers.checks.is_empty(), "{path}");
-        let (check, charge) = &layers.counted[0];
+        let (check, charge) = &layers.reservations[0];
         assert_eq!(
             (check.name.as_str(), check.cost),
             ("failures", cost),
@@ -694,7 +694,7 @@ fn a_concurrency_limit_gives_a_slot_layer_and_no_check() {
     let policy = policy(vec![limit("per-ip", KeySource::Ip, window(10)), in_flight]);
     let layers = get("/").key("k-pro").layers(&policy);
     assert_eq!(names(&layers.checks), ["per-ip"]);
-    assert!(layers.counted.is_empty() && layers.bans.is_empty());
+    assert!(layers.reservations.is_empty() && layers.bans.is_empty());
     assert_eq!(layers.slots.len(), 1);
     let layer = &layers.slots[0];
     assert_eq!(layer.limit, LimitId(1));
@@ -1210,7 +1210,10 @@ fn layers_are_empty_only_with_nothing_of_any_kind() {
             ..Layers::default()
         },
         Layers {
-            counted: vec![(check.clone(), AfterResponse::Status(Statuses::new(vec![])))],
+            reservations: vec![(
+                check.clone(),
+                ChargedByResponse::Status(Statuses::new(vec![])),
+            )],
             ..Layers::default()
         },
         Layers {
@@ -1233,8 +1236,8 @@ fn layers_are_empty_only_with_nothing_of_any_kind() {
 }
 
 /// `cost_from_response` priced by usage.
-fn usage_cost(from_request: bool, include_usage: bool) -> AfterResponse {
-    AfterResponse::Cost(ResponseCost {
+fn usage_cost(from_request: bool, include_usage: bool) -> ChargedByResponse {
+    ChargedByResponse::Cost(ResponseCost {
         source: CostSource::Usage {
             provider: LlmProvider::OpenAi,
             prompt_weight: 1,
@@ -1260,11 +1263,11 @@ fn the_body_is_read_for_the_fields_some_limit_reads_once_each() {
     let mut by_model = limit("by-model", KeySource::Body("model".into()), window(10));
     http(&mut by_model).body = vec![("user".into(), vec![PathPattern::new("*")])];
     let mut reserved = limit("reserved", KeySource::Ip, window(10));
-    reserved.after_response = Some(usage_cost(true, false));
+    reserved.charged_by_response = Some(usage_cost(true, false));
     let mut streamed = limit("streamed", KeySource::Ip, window(10));
-    streamed.after_response = Some(usage_cost(false, true));
+    streamed.charged_by_response = Some(usage_cost(false, true));
     let mut fixed = limit("fixed", KeySource::Ip, window(10));
-    fixed.after_response = Some(usage_cost(false, false));
+    fixed.charged_by_response = Some(usage_cost(false, false));
     for (l, reads) in [
         (&by_user, true),
         (&by_model, true),

@@ -1,13 +1,13 @@
-//! What charges a limit once the response is known: the statuses that
-//! count, or the cost the response reports, and what a request reserves
-//! before it goes upstream.
+//! A limit charged by the response: by the statuses that count (`count`),
+//! or by the cost the response reports (`cost_from_response`); and the
+//! reservation a request takes before it goes upstream.
 
 use http::HeaderName;
 
 use crate::body::BodyFields;
 
-/// The upstream statuses that charge a limit counted by response
-/// (`count = { statuses = [401, "5xx"] }`): inclusive ranges.
+/// The upstream statuses that charge a limit charged by its response's
+/// status (`count = { statuses = [401, "5xx"] }`): inclusive ranges.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Statuses(Vec<(u16, u16)>);
 
@@ -177,12 +177,14 @@ impl LlmProvider {
     }
 }
 
-/// What charges a limit once the response is known.
+/// How a limit charged by the response is charged once the response is
+/// known. A request takes a reservation before it goes upstream, settled
+/// by this.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AfterResponse {
-    /// The request's cost, when the upstream's status is listed.
+pub enum ChargedByResponse {
+    /// `count`: the request's cost, when the upstream's status is listed.
     Status(Statuses),
-    /// The cost the response reports.
+    /// `cost_from_response`: the cost the response reports.
     Cost(ResponseCost),
 }
 

@@ -1,6 +1,7 @@
-//! What a limit reads of the response: `count` (the statuses that count a
-//! request) and `cost_from_response` (what the response says a request
-//! cost, and what it reserves before it goes upstream).
+//! A limit charged by the response, as the config says it: `count` (the
+//! statuses that count a request) or `cost_from_response` (what the
+//! response says a request cost, and what it reserves before it goes
+//! upstream).
 
 use http::HeaderName;
 
@@ -11,30 +12,30 @@ use super::source::Segment;
 use super::{at, key_path, Invalid};
 use floodgate_algorithm::{Kind, MAX_EXACT};
 use floodgate_policy::identity::Tier;
-use floodgate_policy::{AfterResponse, CostSource, LlmProvider, ResponseCost, Rule, Statuses};
+use floodgate_policy::{ChargedByResponse, CostSource, LlmProvider, ResponseCost, Rule, Statuses};
 
 /// Where an error about a key of `cost_from_response` points.
 type Here<'a> = dyn Fn(&str) -> Vec<Segment> + 'a;
 
 /// `count` or `cost_from_response`, not both; a cost is checked against
 /// the limit's rule and each tier's.
-pub(super) fn after_response(
+pub(super) fn charged_by_response(
     i: usize,
     s: &LimitSection,
     rule: Rule,
     tiers: &[(Tier, Rule)],
     instances: u64,
-) -> Result<Option<AfterResponse>, Invalid> {
+) -> Result<Option<ChargedByResponse>, Invalid> {
     match (&s.count, &s.cost_from_response) {
         (Some(_), Some(_)) => Err(at(
             &[&"limits", &i, &"cost_from_response"],
             "a limit is charged by `count` or by `cost_from_response`, not both",
         )),
-        (Some(count), None) => Ok(Some(AfterResponse::Status(statuses(count, &rule, i)?))),
+        (Some(count), None) => Ok(Some(ChargedByResponse::Status(statuses(count, &rule, i)?))),
         (None, Some(priced)) => {
             let mut rules = vec![rule];
             rules.extend(tiers.iter().map(|(_, r)| *r));
-            Ok(Some(AfterResponse::Cost(response_cost(
+            Ok(Some(ChargedByResponse::Cost(response_cost(
                 priced, &rules, instances, i,
             )?)))
         }
