@@ -1,6 +1,6 @@
-//! Limits charged by the response for a listed status (`count`): checked
-//! without charge when a request arrives, charged only when the upstream
-//! answers with a listed status.
+//! Limits charged by the response's status (`count`): a reservation taken
+//! when a request arrives, kept only when the upstream answers with a
+//! listed status.
 
 mod common;
 
