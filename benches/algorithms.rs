@@ -4,7 +4,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use floodgate::proxy::headers::HeaderStyle;
-use floodgate::proxy::headers::{self, Layer, Position};
+use floodgate::proxy::headers::{self, EnforcedOutcome, Position};
 use floodgate_algorithm::{Algorithm, Calendar, Decision, Period};
 
 const SEC: u64 = 1_000_000;
@@ -75,7 +75,7 @@ fn decide(c: &mut Criterion) {
 fn header_formatting(c: &mut Criterion) {
     let decision = Decision::admitted(200, 42, 6_500_000);
     let layers = [
-        Layer {
+        EnforcedOutcome {
             position: Position(0),
             name: "per-ip",
             quota: algorithms()[0].quota(),
@@ -83,7 +83,7 @@ fn header_formatting(c: &mut Criterion) {
             decision,
             banned: false,
         },
-        Layer {
+        EnforcedOutcome {
             position: Position(1),
             name: "per-account",
             quota: algorithms()[3].quota(),
@@ -105,7 +105,7 @@ fn header_formatting(c: &mut Criterion) {
             })
         });
     }
-    let refused = Layer {
+    let refused = EnforcedOutcome {
         decision: Decision::refused(200, 0, 6_500_000, 1_234_567),
         ..layers[0]
     };

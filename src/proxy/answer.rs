@@ -15,7 +15,7 @@ use super::ctx::RequestCtx;
 use super::framing::request_has_body;
 use super::header_edit::{own_response, HeaderEdit};
 use crate::proxy::header_name::SpelledName;
-use crate::proxy::headers::{self, Header, Layer, CONTENT_TYPE};
+use crate::proxy::headers::{self, EnforcedOutcome, Header, CONTENT_TYPE};
 use crate::server::state::AppState;
 use floodgate_limiter::clock::{Clock, SystemClock};
 use floodgate_limiter::LimiterError;
@@ -138,7 +138,7 @@ fn grpc_message(text: &str) -> String {
 }
 
 /// What a gRPC client is told when a limit refuses it.
-pub(super) fn grpc_refusal(refused: &Layer<'_>) -> String {
+pub(super) fn grpc_refusal(refused: &EnforcedOutcome<'_>) -> String {
     if refused.banned {
         format!(
             "banned by {}; retry after {} ms",

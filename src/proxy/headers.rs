@@ -43,7 +43,7 @@ pub struct Position(pub usize);
 
 /// One enforcing layer's outcome, as the headers describe it.
 #[derive(Debug, Clone, Copy)]
-pub struct Layer<'a> {
+pub struct EnforcedOutcome<'a> {
     pub position: Position,
     pub name: &'a str,
     /// The limit's quota and its window in µs, for `RateLimit-Policy`
@@ -66,7 +66,9 @@ pub fn ceil_ms(us: u64) -> u64 {
 
 /// The layer a client is closest to exhausting: least remaining, then the
 /// longest wait until it resets.
-pub fn most_constrained<'a, 'b>(layers: &'b [Layer<'a>]) -> Option<&'b Layer<'a>> {
+pub fn most_constrained<'a, 'b>(
+    layers: &'b [EnforcedOutcome<'a>],
+) -> Option<&'b EnforcedOutcome<'a>> {
     layers.iter().min_by(|a, b| {
         a.decision.remaining().cmp(&b.decision.remaining()).then(
             b.decision
@@ -78,7 +80,7 @@ pub fn most_constrained<'a, 'b>(layers: &'b [Layer<'a>]) -> Option<&'b Layer<'a>
 
 /// Of the refusing layers, the one that keeps the client waiting longest:
 /// the request passes only once every layer admits it.
-pub fn refusing<'a, 'b>(layers: &'b [Layer<'a>]) -> Option<&'b Layer<'a>> {
+pub fn refusing<'a, 'b>(layers: &'b [EnforcedOutcome<'a>]) -> Option<&'b EnforcedOutcome<'a>> {
     layers
         .iter()
         .filter(|l| !l.decision.allowed())
@@ -90,8 +92,8 @@ pub fn refusing<'a, 'b>(layers: &'b [Layer<'a>]) -> Option<&'b Layer<'a>> {
 /// the refusing one on a 429).
 pub fn rate_limit_headers(
     style: HeaderStyle,
-    layers: &[Layer<'_>],
-    shown: &Layer<'_>,
+    layers: &[EnforcedOutcome<'_>],
+    shown: &EnforcedOutcome<'_>,
 ) -> Vec<Header> {
     // Built by hand rather than with format!: this runs on every admitted
     // request, and the formatting machinery cost more than the limiter.
@@ -171,8 +173,8 @@ pub struct Rejection {
 /// its body.
 pub fn rejection(
     style: HeaderStyle,
-    layers: &[Layer<'_>],
-    refused: &Layer<'_>,
+    layers: &[EnforcedOutcome<'_>],
+    refused: &EnforcedOutcome<'_>,
     request_id: &str,
 ) -> Rejection {
     let mut headers = json_headers();
@@ -258,8 +260,13 @@ mod tests {
             .collect()
     }
 
-    fn layer(name: &str, capacity: u64, remaining: u64, reset_after_us: u64) -> Layer<'_> {
-        Layer {
+    fn layer(
+        name: &str,
+        capacity: u64,
+        remaining: u64,
+        reset_after_us: u64,
+    ) -> EnforcedOutcome<'_> {
+        EnforcedOutcome {
             position: Position(0),
             name,
             quota: capacity,

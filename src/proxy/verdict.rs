@@ -4,7 +4,7 @@
 
 use log::info;
 
-use crate::proxy::headers::{self, Layer, Position};
+use crate::proxy::headers::{self, EnforcedOutcome, Position};
 use crate::proxy::refusal_log::RefusalLog;
 use crate::server::state::Runtime;
 use floodgate_algorithm::Decision;
@@ -105,12 +105,12 @@ impl Verdict {
 
     /// The enforcing layers (shadow ones never show) with their decisions;
     /// `rates_only` leaves the concurrency layers out.
-    pub(super) fn enforced(&self, rates_only: bool) -> Vec<Layer<'_>> {
+    pub(super) fn enforced(&self, rates_only: bool) -> Vec<EnforcedOutcome<'_>> {
         self.outcomes
             .iter()
             .enumerate()
             .filter(|(_, o)| !(o.shadow || (rates_only && o.kind == OutcomeKind::Slot)))
-            .map(|(position, o)| Layer {
+            .map(|(position, o)| EnforcedOutcome {
                 position: Position(position),
                 name: o.name.as_str(),
                 quota: o.quota,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use log::info;
 use smallvec::SmallVec;
 
-use crate::proxy::headers::{self, Header, Layer, Position, RETRY_AFTER};
+use crate::proxy::headers::{self, EnforcedOutcome, Header, Position, RETRY_AFTER};
 use crate::proxy::refusal_log::RefusalLog;
 use crate::server::metrics::RlsMetrics;
 use crate::server::state::Runtime;
@@ -166,8 +166,8 @@ pub(crate) enum Failure {
     Unavailable(String),
 }
 
-fn layer<'a>(check: &'a Check, decision: Decision, position: usize) -> Layer<'a> {
-    Layer {
+fn layer<'a>(check: &'a Check, decision: Decision, position: usize) -> EnforcedOutcome<'a> {
+    EnforcedOutcome {
         position: Position(position),
         name: check.name.as_str(),
         quota: check.algorithm.quota(),
@@ -177,7 +177,7 @@ fn layer<'a>(check: &'a Check, decision: Decision, position: usize) -> Layer<'a>
     }
 }
 
-fn shown(layer: &Layer<'_>) -> Shown {
+fn shown(layer: &EnforcedOutcome<'_>) -> Shown {
     Shown {
         name: layer.name.to_string(),
         quota: layer.quota,
@@ -194,7 +194,7 @@ pub(crate) fn answer(
     planned: &Planned,
     decisions: &[Decision],
 ) -> Answer {
-    let layers: Vec<Layer<'_>> = planned
+    let layers: Vec<EnforcedOutcome<'_>> = planned
         .checks
         .iter()
         .zip(decisions)
@@ -206,7 +206,7 @@ pub(crate) fn answer(
         .met
         .iter()
         .map(|met| {
-            let own: Vec<Layer<'_>> = met
+            let own: Vec<EnforcedOutcome<'_>> = met
                 .iter()
                 .copied()
                 .filter(enforcing)
@@ -219,7 +219,8 @@ pub(crate) fn answer(
                 .or_else(|| headers::most_constrained(&own))
                 .copied()
                 .or_else(|| {
-                    let shadows: Vec<Layer<'_>> = met.iter().map(|&i| layers[i]).collect();
+                    let shadows: Vec<EnforcedOutcome<'_>> =
+                        met.iter().map(|&i| layers[i]).collect();
                     headers::most_constrained(&shadows).copied()
                 });
             Status {
@@ -229,7 +230,7 @@ pub(crate) fn answer(
         })
         .collect();
     let over_limit = statuses.iter().any(|s| s.over_limit);
-    let enforcing_layers: Vec<Layer<'_>> = (0..layers.len())
+    let enforcing_layers: Vec<EnforcedOutcome<'_>> = (0..layers.len())
         .filter(enforcing)
         .map(|i| layers[i])
         .collect();

@@ -73,7 +73,7 @@ impl OnFailure {
 
 /// Which limit of the running policy a layer belongs to: its place in
 /// `Policy::limits` (and in the counters kept beside them). A layer's place
-/// among one request's layers is another number (`headers::Layer::position`).
+/// among one request's layers is another number (`headers::EnforcedOutcome::position`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LimitId(pub usize);
 
