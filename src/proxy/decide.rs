@@ -102,6 +102,11 @@ pub(super) async fn decide(
         let banned = ban_refusals(policy, answers.by_ref().take(bans));
         if banned.is_empty() {
             outcomes.extend(answers.map(|(check, d)| Outcome::of_check(check, d)));
+            if !layers.struck_on.is_empty() {
+                for o in &mut outcomes {
+                    o.identity = Layers::struck_on(&layers.struck_on, o.limit, o.identity);
+                }
+            }
             let first_reserved = outcomes.len() - reserving;
             decided.reservations = layers
                 .reservations
@@ -378,15 +383,19 @@ mod tests {
     }
 
     #[test]
-    fn a_key_banned_on_two_routes_is_one_banned_request() {
+    fn a_request_banned_on_its_key_and_its_address_is_one_banned_request() {
+        // A body that goes unread is counted by the address: its bans are
+        // looked up on the key and on the address.
         let banning = window(10)
-            + "\nmatch = { paths = [\"/a\", \"/b\"] }"
+            + "\nmatch = { paths = [\"/a\"], body = { model = [\"gpt-4*\"] } }"
+            + "\non_missing = \"ip\""
+            + "\nban_on_client_keys = true"
             + "\nban = { after = 1, within = \"1m\", duration = \"1h\" }";
         let bench = Bench::new(
-            &limit("per-route", &banning).replace("key = \"ip\"", "key = [\"ip\", \"route\"]"),
+            &limit("per-key", &banning).replace("key = \"ip\"", "key = \"header:x-key\""),
         );
-        let layers = bench.layers("/a", &[]);
-        assert_eq!(layers.bans.len(), 2, "looked up on both routes");
+        let layers = bench.layers("/a", &[("x-key", "k-1")]);
+        assert_eq!(layers.bans.len(), 2, "looked up on the key and the address");
         let ban = bench.policy.limits[0].ban.as_ref().expect("the limit bans");
         for looked_up in &layers.bans {
             let penalty = ban.penalty_check(
@@ -396,7 +405,9 @@ mod tests {
             );
             assert!(block_on(bench.store.decide(&[penalty])).expect("ban")[0].allowed());
         }
-        let banned = bench.decide("/");
+        let layers = bench.layers("/a", &[("x-key", "k-1")]);
+        let banned =
+            block_on(decide(&bench.policy, &bench.store, layers, Vec::new())).expect("decided");
         assert!(banned.refused());
         assert_eq!(banned.outcomes.len(), 1, "one banned request, counted once");
         assert_eq!(banned.outcomes[0].kind, OutcomeKind::Ban);

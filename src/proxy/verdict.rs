@@ -33,7 +33,9 @@ pub(super) struct Outcome {
     pub(super) window_us: u64,
     pub(super) shadow: bool,
     pub(super) kind: OutcomeKind,
-    /// The client's identity under this limit's key: a refusal strikes it.
+    /// The client's identity under this limit's key: a refusal strikes it
+    /// (for a limit keyed with `route`, the key without the route, where
+    /// its ban holds), and its log lines are spaced by it.
     pub(super) identity: u128,
     pub(super) decision: Decision,
 }

@@ -63,6 +63,34 @@ pub struct Layers {
     pub bans: Vec<Check>,
     /// Concurrency layers: (layer index, its slot, upgrades, shadow).
     pub slots: Vec<SlotLayer>,
+    /// Where a refusal by a limit keyed with `route` that bans is struck:
+    /// not its layer's identity (one per route) but the rest of its key,
+    /// the one its ban is looked up on. Empty without such limits.
+    pub struck_on: Vec<StruckOn>,
+}
+
+/// The identity a route-keyed limit's refusal strikes, and its ban then
+/// holds on: the same on every route, so that `after` refusals ban
+/// whichever of the limit's routes they were on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StruckOn {
+    /// The limit that bans.
+    pub limit: LimitId,
+    /// The identity its layer counts on (the key on this route).
+    pub counted: u128,
+    /// The identity its strikes and ban are kept on (the key without it).
+    pub banned: u128,
+}
+
+impl Layers {
+    /// The identity a refusal of `limit`'s layer counted on `counted`
+    /// strikes.
+    pub fn struck_on(struck_on: &[StruckOn], limit: LimitId, counted: u128) -> u128 {
+        struck_on
+            .iter()
+            .find(|s| s.limit == limit && s.counted == counted)
+            .map_or(counted, |s| s.banned)
+    }
 }
 
 impl Layers {
@@ -321,8 +349,17 @@ impl Policy {
             ""
         };
         let own = self.key_identity(limit, request, route, applies)?;
+        // A ban holds on the rest of a route-keyed limit's key, the same on
+        // every route: one lookup, and strikes that add up across routes.
+        let banned_on = match &limit.ban {
+            Some(_) if !route.is_empty() && own.is_some() => {
+                self.key_identity(limit, request, "", false)?
+            }
+            Some(_) => own,
+            None => None,
+        };
         if let Some(ban) = &limit.ban {
-            self.look_up_bans(id, limit, ban, (own, unread), request, &mut layers.bans);
+            look_up_bans(id, ban, (banned_on, unread), request, &mut layers.bans);
         }
         if !applies {
             return Ok(());
@@ -333,6 +370,13 @@ impl Policy {
         let identity = own.map(|own| if unread { request.client.ip_hash } else { own });
         if let Some(identity) = identity {
             self.add_layer(id, limit, identity, request, layers);
+            if let Some(banned) = banned_on.filter(|b| *b != identity && !unread) {
+                layers.struck_on.push(StruckOn {
+                    limit: id,
+                    counted: identity,
+                    banned,
+                });
+            }
         }
         Ok(())
     }
@@ -376,47 +420,6 @@ impl Policy {
             }
             Ok(None) => Ok(None),
             Err(e) => Err(e),
-        }
-    }
-
-    /// Adds the lookups of `limit`'s ban on every identity it may have
-    /// been struck on: the request's key (`own`), on each of the limit's
-    /// routes when the key names the route, since a ban holds on every
-    /// route; and the address when the body went unread (the limit then
-    /// counted the request by it), beside the key.
-    fn look_up_bans(
-        &self,
-        id: LimitId,
-        limit: &Limit,
-        ban: &Ban,
-        (own, unread): (Option<u128>, bool),
-        request: &RequestView<'_>,
-        bans: &mut Vec<Check>,
-    ) {
-        let first = bans.len();
-        let mut look_up = |identity: u128| {
-            if !bans[first..].iter().any(|b| b.key.identity == identity) {
-                bans.push(ban.penalty_check(id, identity, Spending::Peek));
-            }
-        };
-        let routes = limit.matcher.paths();
-        if limit.key.any_part(|p| *p == KeySource::Route) && !routes.is_empty() {
-            // The key's other parts are the same on every route: where
-            // they gave an identity on this one, they give one on each.
-            if own.is_some() {
-                for route in routes {
-                    if let Ok(Some(identity)) =
-                        self.key_identity(limit, request, route.as_str(), false)
-                    {
-                        look_up(identity);
-                    }
-                }
-            }
-        } else if let Some(identity) = own {
-            look_up(identity);
-        }
-        if unread {
-            look_up(request.client.ip_hash);
         }
     }
 
@@ -470,6 +473,25 @@ impl Policy {
                 });
             }
         }
+    }
+}
+
+/// Adds the lookups of a limit's ban on every identity it may have been
+/// struck on: the request's key (`banned_on`, without the route for a
+/// route-keyed limit); and the address when the body went unread (the
+/// limit then counted the request by it), beside the key.
+fn look_up_bans(
+    id: LimitId,
+    ban: &Ban,
+    (banned_on, unread): (Option<u128>, bool),
+    request: &RequestView<'_>,
+    bans: &mut Vec<Check>,
+) {
+    if let Some(identity) = banned_on {
+        bans.push(ban.penalty_check(id, identity, Spending::Peek));
+    }
+    if unread && banned_on != Some(request.client.ip_hash) {
+        bans.push(ban.penalty_check(id, request.client.ip_hash, Spending::Peek));
     }
 }
 

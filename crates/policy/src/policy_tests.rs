@@ -1017,7 +1017,7 @@ fn a_key_a_banning_limit_cannot_tell_is_refused_on_every_route() {
 }
 
 #[test]
-fn a_route_keyed_ban_is_found_on_every_route() {
+fn a_route_keyed_ban_holds_on_the_rest_of_the_key_on_every_route() {
     let key = KeySource::Composite(vec![KeySource::ApiKey, KeySource::Route]);
     let mut per_route = limit("per-route", key, window(10));
     per_route.matcher = LimitMatch::Http(matching(&[], &["/users/*", "/orders/*"]));
@@ -1025,16 +1025,45 @@ fn a_route_keyed_ban_is_found_on_every_route() {
     let policy = policy(vec![per_route]);
     let on_users = get("/users/1").key("k-pro").layers(&policy);
     let on_orders = get("/orders/1").key("k-pro").layers(&policy);
-    let struck_on_users = on_users.checks[0].key.identity;
-    let struck_on_orders = on_orders.checks[0].key.identity;
-    assert_ne!(struck_on_users, struck_on_orders);
-    for request in [get("/users/1"), get("/orders/1"), get("/about")] {
+    let counted_on_users = on_users.checks[0].key.identity;
+    let counted_on_orders = on_orders.checks[0].key.identity;
+    assert_ne!(counted_on_users, counted_on_orders, "one budget per route");
+    // One ban, looked up once, on the same identity on every route...
+    let banned = get("/about").key("k-pro").layers(&policy).bans;
+    assert_eq!(banned.len(), 1);
+    let banned = banned[0].key.identity;
+    for request in [get("/users/1"), get("/orders/1")] {
         let layers = request.key("k-pro").layers(&policy);
-        let banned: Vec<u128> = layers.bans.iter().map(|b| b.key.identity).collect();
-        assert_eq!(banned, [struck_on_users, struck_on_orders]);
+        let looked_up: Vec<u128> = layers.bans.iter().map(|b| b.key.identity).collect();
+        assert_eq!(looked_up, [banned]);
+        // ...and struck there by a refusal on any route.
+        let counted = layers.checks[0].key.identity;
+        assert_ne!(counted, banned);
+        assert_eq!(
+            Layers::struck_on(&layers.struck_on, LimitId(0), counted),
+            banned
+        );
     }
+    // Another key, another ban.
+    let other = get("/about").key("k-free").layers(&policy).bans;
+    assert_ne!(other[0].key.identity, banned);
     // Without its key, nothing to look up.
     assert!(get("/about").layers(&policy).is_empty());
+}
+
+#[test]
+fn a_limit_not_keyed_by_route_strikes_the_identity_it_counts_on() {
+    let mut per_key = limit("per-key", KeySource::ApiKey, window(10));
+    per_key.ban = Some(ban("per-key", 3));
+    let policy = policy(vec![per_key]);
+    let layers = get("/users/1").key("k-pro").layers(&policy);
+    assert!(layers.struck_on.is_empty());
+    let counted = layers.checks[0].key.identity;
+    assert_eq!(layers.bans[0].key.identity, counted);
+    assert_eq!(
+        Layers::struck_on(&layers.struck_on, LimitId(0), counted),
+        counted
+    );
 }
 
 // What the config check, the admin API and the logs read of a policy:
