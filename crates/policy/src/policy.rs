@@ -496,5 +496,4 @@ fn look_up_bans(
 }
 
 #[cfg(test)]
-#[path = "policy_tests.rs"]
 mod tests;
