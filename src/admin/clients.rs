@@ -114,7 +114,7 @@ pub(super) async fn show(
             "limit": limit.name.as_str(),
             "key": if a.by_address { "ip (on_missing)".to_string() } else { limit.key.describe() },
             "rule": rule.to_string(),
-            "shadow": limit.shadow,
+            "shadow": limit.enforcement == Enforcement::Shadow,
             "store": deciding,
         });
         if rule != limit.rule_for(&lookup.tier) {
@@ -269,7 +269,7 @@ pub(super) fn limits(policy: &Policy) -> Value {
                 "rule": limit.rule.to_string(),
                 "quota": limit.rule.quota(),
                 "tiers": tiers,
-                "shadow": limit.shadow,
+                "shadow": limit.enforcement == Enforcement::Shadow,
                 "on_failure": policy.limits[layer].on_failure.as_str(),
                 "on_missing": limit.on_missing.as_str(),
                 "ban": limit.ban.as_ref().map(|b| json!({

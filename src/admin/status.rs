@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 use crate::server::metrics::LayerCounters;
+use floodgate_limiter::Enforcement;
 use floodgate_limiter::{Deciding, LimitName};
 use floodgate_policy::identity::Client;
 use floodgate_policy::Limit;
@@ -231,7 +232,7 @@ impl Status {
                         floodgate_policy::Rule::Concurrency(_) => "concurrency",
                     },
                     "key": limit.key.describe(),
-                    "shadow": limit.shadow,
+                    "shadow": limit.enforcement == Enforcement::Shadow,
                     "description": format!("{} on {}", limit.rule, limit.matcher.describe()),
                     "series": {
                         "start": start.unwrap_or(now),

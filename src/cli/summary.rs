@@ -8,6 +8,7 @@ use floodgate_policy::{ChargedByResponse, KeySource, Limit, OnMissing, Policy, R
 
 use crate::config::Config;
 use floodgate_limiter::redis::InstanceCount;
+use floodgate_limiter::Enforcement;
 use floodgate_policy::identity::IdentityKeySource;
 use floodgate_policy::path::EscapedSlashes;
 
@@ -237,7 +238,7 @@ fn layers(out: &mut String, policy: &Policy) {
 /// What sets a limit apart from a plain one, in brackets after it.
 fn flags(policy: &Policy, limit: &Limit) -> Vec<String> {
     let mut flags = Vec::new();
-    if limit.shadow {
+    if limit.enforcement == Enforcement::Shadow {
         flags.push("shadow".to_string());
     }
     if limit.on_failure != policy.default_on_failure {
@@ -306,8 +307,11 @@ fn skip_warnings(out: &mut String, policy: &Policy, layer: usize, limit: &Limit)
     // A key the client may leave out, skipped when it does, with no
     // other limit but by address on its routes: leaving it out is a
     // way around it.
-    let can_dodge = |l: &Limit| l.shadow || (l.key.omittable() && l.on_missing == OnMissing::Skip);
-    let dodged = !limit.shadow
+    let can_dodge = |l: &Limit| {
+        l.enforcement == Enforcement::Shadow
+            || (l.key.omittable() && l.on_missing == OnMissing::Skip)
+    };
+    let dodged = limit.enforcement == Enforcement::Enforce
         && can_dodge(limit)
         && !policy.limits.iter().enumerate().any(|(other, l)| {
             other != layer
@@ -323,7 +327,10 @@ fn skip_warnings(out: &mut String, policy: &Policy, layer: usize, limit: &Limit)
             limit.matcher.describe()
         );
     }
-    if !limit.shadow && !limit.matcher.body().is_empty() && limit.on_missing == OnMissing::Skip {
+    if limit.enforcement == Enforcement::Enforce
+        && !limit.matcher.body().is_empty()
+        && limit.on_missing == OnMissing::Skip
+    {
         let _ = writeln!(
             out,
             "  warning: a body that cannot be read (past max_body, chunked, not JSON) skips this limit: set on_missing = \"deny\" or \"ip\""

@@ -15,6 +15,7 @@ use super::matcher::validate_match;
 use super::rule::{rule_of, RuleFrame};
 use super::{at, key_path, AsSegment, Invalid};
 use floodgate_algorithm::{takes_lease, Algorithm, Kind, MAX_SLIDING_LOG};
+use floodgate_limiter::Enforcement;
 use floodgate_limiter::{LimitName, OnFailure};
 use floodgate_policy::identity::{Tier, Tiers};
 use floodgate_policy::{Ban, KeySource, Limit, LimitMatch, OnMissing, PathPattern, Rule};
@@ -53,7 +54,11 @@ fn validate_limit(
         rule,
         tiers,
         matcher,
-        shadow: s.shadow,
+        enforcement: if s.shadow {
+            Enforcement::Shadow
+        } else {
+            Enforcement::Enforce
+        },
         on_failure: s.on_failure.map_or(default_on_failure, Into::into),
         charged_by_response,
         ban,

@@ -9,7 +9,7 @@ use http::Method;
 use super::*;
 use floodgate_algorithm::Algorithm;
 use floodgate_limiter::redis::{InstanceCount, SentinelSettings, Topology};
-use floodgate_limiter::{ClockSource, OnFailure};
+use floodgate_limiter::{ClockSource, Enforcement, OnFailure};
 use floodgate_policy::identity::IdentityKeySource;
 use floodgate_policy::Rule;
 
@@ -67,7 +67,7 @@ fn full_example_resolves_every_key() {
         login.matcher.http().expect("on HTTP").methods,
         vec![Method::POST]
     );
-    assert!(c.policy.limits[6].shadow);
+    assert_eq!(c.policy.limits[6].enforcement, Enforcement::Shadow);
     assert_eq!(c.policy.costs[0].cost, 10);
     assert_eq!(c.headers, HeaderStyle::Both);
 }

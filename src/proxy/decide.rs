@@ -28,7 +28,7 @@ use super::verdict::{Outcome, OutcomeKind, Shown, Verdict};
 use crate::proxy::headers;
 use crate::server::state::AppState;
 use floodgate_algorithm::Decision;
-use floodgate_limiter::{Check, LimiterError, Store};
+use floodgate_limiter::{Check, Enforcement, LimiterError, Store};
 use floodgate_policy::{Layers, Policy};
 
 /// What deciding one request came to.
@@ -54,7 +54,9 @@ impl Decided {
 
 /// Whether an enforcing layer among `outcomes` refuses.
 pub(super) fn refused(outcomes: &[Outcome]) -> bool {
-    outcomes.iter().any(|o| !o.shadow && !o.decision.allowed())
+    outcomes
+        .iter()
+        .any(|o| o.enforcement == Enforcement::Enforce && !o.decision.allowed())
 }
 
 /// Decides `layers` on `store`, after `outcomes` already known (a ban found

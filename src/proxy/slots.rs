@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 
 use super::verdict::{Outcome, OutcomeKind};
 use floodgate_algorithm::Decision;
-use floodgate_limiter::{LimiterError, Slot, Store};
+use floodgate_limiter::{Enforcement, LimiterError, Slot, Store};
 use floodgate_policy::{SlotLayer, Upgrades};
 
 /// What a client refused for want of a slot is told to wait.
@@ -52,14 +52,14 @@ impl HeldSlots {
                 name: layer.slot.name().clone(),
                 quota: layer.slot.max(),
                 window_us: layer.slot.lease_us(),
-                shadow: layer.shadow,
+                enforcement: layer.enforcement,
                 kind: OutcomeKind::Slot,
                 identity: layer.slot.key().identity,
                 decision,
             });
             if decision.allowed() {
                 slots.held.push((layer.slot, layer.upgrades));
-            } else if !layer.shadow {
+            } else if layer.enforcement == Enforcement::Enforce {
                 slots.release().await;
                 break;
             }

@@ -5,7 +5,7 @@ use log::warn;
 use super::ctx::RequestCtx;
 use super::verdict::OutcomeKind;
 use crate::proxy::headers;
-use floodgate_limiter::{Deciding, Spending, Store};
+use floodgate_limiter::{Deciding, Enforcement, Spending, Store};
 use floodgate_policy::identity::Client;
 
 /// After a refusal by limits that ban: one strike on each refused key,
@@ -30,7 +30,7 @@ pub(super) async fn strike(store: &dyn Store, ctx: &RequestCtx) {
     }
     let policy = &ctx.runtime.policy;
     for o in &verdict.outcomes {
-        if o.shadow
+        if o.enforcement == Enforcement::Shadow
             || o.kind == OutcomeKind::Ban
             || o.decision.allowed()
             || o.decision.cost_exceeds_limit()

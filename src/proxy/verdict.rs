@@ -31,7 +31,7 @@ pub(super) struct Outcome {
     pub(super) name: LimitName,
     pub(super) quota: u64,
     pub(super) window_us: u64,
-    pub(super) shadow: bool,
+    pub(super) enforcement: Enforcement,
     pub(super) kind: OutcomeKind,
     /// The client's identity under this limit's key: a refusal strikes it
     /// (for a limit keyed with `route`, the key without the route, where
@@ -47,7 +47,7 @@ impl Outcome {
             quota: check.algorithm.quota(),
             window_us: check.algorithm.window_us(),
             name: check.name,
-            shadow: check.enforcement == Enforcement::Shadow,
+            enforcement: check.enforcement,
             kind: OutcomeKind::Rate,
             identity: check.key.identity,
             decision,
@@ -111,7 +111,10 @@ impl Verdict {
         self.outcomes
             .iter()
             .enumerate()
-            .filter(|(_, o)| !(o.shadow || (rates_only && o.kind == OutcomeKind::Slot)))
+            .filter(|(_, o)| {
+                o.enforcement == Enforcement::Enforce
+                    && !(rates_only && o.kind == OutcomeKind::Slot)
+            })
             .map(|(position, o)| EnforcedOutcome {
                 position: Position(position),
                 name: o.name.as_str(),
@@ -157,9 +160,9 @@ impl Verdict {
             if o.kind == OutcomeKind::Ban {
                 counters.banned.inc();
             } else {
-                counters.count(o.shadow, decision, self.refused());
+                counters.count(o.enforcement, decision, self.refused());
             }
-            if o.shadow && !decision.allowed() {
+            if o.enforcement == Enforcement::Shadow && !decision.allowed() {
                 if let Some(unlogged) = due(o) {
                     info!(
                         "shadow limit would refuse: {} limit={} retry_after_ms={} unlogged_since_last={unlogged}",

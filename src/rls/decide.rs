@@ -327,11 +327,9 @@ fn account(
     refused: bool,
 ) {
     for (check, decision) in planned.checks.iter().zip(decisions) {
-        runtime.counters(check.limit).count(
-            check.enforcement == Enforcement::Shadow,
-            decision,
-            refused,
-        );
+        runtime
+            .counters(check.limit)
+            .count(check.enforcement, decision, refused);
     }
     let logged = planned
         .checks

@@ -8,6 +8,7 @@ mod groups;
 
 use floodgate_algorithm::Decision;
 pub use floodgate_limiter::metrics::{LeaseMetrics, RedisMetrics};
+use floodgate_limiter::Enforcement;
 use groups::{
     client_change_counters, connection_metrics, counters, protection_metrics, redis_metrics,
     registered, reload_counters, request_metrics, rls_metrics, token_metrics, tracing_metrics,
@@ -40,10 +41,10 @@ impl LayerCounters {
     /// less than a tenth of it. A layer that admitted a request another
     /// refused counts nothing: nothing was charged. The proxy and the rate
     /// limit service count alike.
-    pub fn count(&self, shadow: bool, decision: &Decision, request_refused: bool) {
-        match (shadow, decision.allowed(), request_refused) {
-            (true, false, _) => self.shadow_refused.inc(),
-            (false, false, _) => self.refused.inc(),
+    pub fn count(&self, enforcement: Enforcement, decision: &Decision, request_refused: bool) {
+        match (enforcement, decision.allowed(), request_refused) {
+            (Enforcement::Shadow, false, _) => self.shadow_refused.inc(),
+            (Enforcement::Enforce, false, _) => self.refused.inc(),
             (_, true, false) => {
                 self.admitted.inc();
                 if decision.remaining().saturating_mul(10) < decision.limit() {

@@ -203,9 +203,9 @@ pub struct Limit {
     pub tiers: Vec<(Tier, Rule)>,
     /// The limit's `match`: which requests it meets.
     pub matcher: LimitMatch,
-    /// A shadow limit counts and reports what it would refuse, but never
-    /// refuses.
-    pub shadow: bool,
+    /// Enforced, or a shadow limit: one that counts and reports what it
+    /// would refuse, but never refuses.
+    pub enforcement: Enforcement,
     /// What decides this limit while Redis is away: its own `on_failure`,
     /// else `[redis].on_failure`, resolved when the config is loaded.
     pub on_failure: OnFailure,
@@ -240,11 +240,7 @@ impl Limit {
                 identity,
             },
             cost,
-            enforcement: if self.shadow {
-                Enforcement::Shadow
-            } else {
-                Enforcement::Enforce
-            },
+            enforcement: self.enforcement,
             spending: Spending::Charge,
             on_failure: self.on_failure,
             leasing: if self.leases {

@@ -10,7 +10,7 @@ use crate::overrides::RunTimeOverrides;
 use crate::path::PathRules;
 use crate::request_id::lease_id;
 use crate::{Ban, ChargedByResponse, CostRule, Limit, OnMissing, Rule, Upgrades};
-use floodgate_limiter::{Check, LimitId, OnFailure, Slot, Spending, StateKey};
+use floodgate_limiter::{Check, Enforcement, LimitId, OnFailure, Slot, Spending, StateKey};
 use std::sync::Arc;
 
 pub use crate::descriptors::{
@@ -61,7 +61,8 @@ pub struct Layers {
     /// The bans of every limit that bans, on this request's identities:
     /// peeked before anything else, on every route.
     pub bans: Vec<Check>,
-    /// Concurrency layers: (layer index, its slot, upgrades, shadow).
+    /// Concurrency layers: each with its limit, slot, upgrades and
+    /// enforcement.
     pub slots: Vec<SlotLayer>,
     /// Where a refusal by a limit keyed with `route` that bans is struck:
     /// not its layer's identity (one per route) but the rest of its key,
@@ -112,8 +113,9 @@ pub struct SlotLayer {
     pub slot: Slot,
     /// Whether an upgraded connection keeps the slot for its lifetime.
     pub upgrades: Upgrades,
-    /// A shadow limit's slot: counted and reported, never refusing.
-    pub shadow: bool,
+    /// Enforced, or a shadow limit's slot: counted and reported, never
+    /// refusing.
+    pub enforcement: Enforcement,
 }
 
 /// Everything `[clients]`, `[exempt]`, `[[limits]]` and `[[costs]]` say.
@@ -335,7 +337,10 @@ impl Policy {
         let unread = !limit.matcher.body().is_empty()
             && request.body.is_none()
             && limit.matcher.applies_but_for_body(request);
-        if unread && !limit.shadow && limit.on_missing == OnMissing::Deny {
+        if unread
+            && limit.enforcement == Enforcement::Enforce
+            && limit.on_missing == OnMissing::Deny
+        {
             return Err(IdentityError::MissingKey(limit.name.as_str().into()));
         }
         let applies =
@@ -414,7 +419,7 @@ impl Policy {
             Err(e) if !applies && limit.ban.is_some() => Err(e),
             // A key this route's limit never reads (only its ban looks it
             // up), or a shadow limit's, is no reason to refuse the request.
-            Ok(None) | Err(_) if !applies || limit.shadow => Ok(None),
+            Ok(None) | Err(_) if !applies || limit.enforcement == Enforcement::Shadow => Ok(None),
             Ok(None) if limit.on_missing == OnMissing::Deny => {
                 Err(IdentityError::MissingKey(limit.name.as_str().into()))
             }
@@ -469,7 +474,7 @@ impl Policy {
                     limit: id,
                     slot,
                     upgrades: c.upgrades,
-                    shadow: limit.shadow,
+                    enforcement: limit.enforcement,
                 });
             }
         }

@@ -69,7 +69,7 @@ fn limit(name: &str, key: KeySource, rule: Rule) -> Limit {
         rule,
         tiers: Vec::new(),
         matcher: LimitMatch::default(),
-        shadow: false,
+        enforcement: Enforcement::Enforce,
         on_failure: OnFailure::Local,
         charged_by_response: None,
         ban: None,
@@ -388,7 +388,7 @@ fn a_missing_key_with_on_missing_ip_keys_the_limit_by_the_clients_address() {
 #[test]
 fn a_shadow_limit_with_a_missing_key_never_refuses() {
     let mut trial = limit("trial", header_key("x-tenant"), window(10));
-    trial.shadow = true;
+    trial.enforcement = Enforcement::Shadow;
     let policy = policy(vec![trial, limit("per-ip", KeySource::Ip, window(100))]);
     assert_eq!(get("/").checked(&policy), ["per-ip"]);
     // Nor a key it cannot tell: two values of its header.
@@ -494,9 +494,9 @@ fn a_tiers_numbers_give_a_concurrency_limit_its_slots() {
 #[test]
 fn a_shadow_limits_layers_are_marked_shadow_and_an_enforcing_ones_are_not() {
     let mut trial = limit("trial", KeySource::Ip, window(5));
-    trial.shadow = true;
+    trial.enforcement = Enforcement::Shadow;
     let mut trial_slots = limit("trial-slots", KeySource::Ip, concurrency(1));
-    trial_slots.shadow = true;
+    trial_slots.enforcement = Enforcement::Shadow;
     let policy = policy(vec![
         trial,
         limit("per-ip", KeySource::Ip, window(10)),
@@ -513,7 +513,7 @@ fn a_shadow_limits_layers_are_marked_shadow_and_an_enforcing_ones_are_not() {
     let slots: Vec<(&str, bool)> = layers
         .slots
         .iter()
-        .map(|s| (s.slot.name().as_str(), s.shadow))
+        .map(|s| (s.slot.name().as_str(), s.enforcement == Enforcement::Shadow))
         .collect();
     assert_eq!(slots, [("trial-slots", true), ("in-flight", false)]);
 }
@@ -698,7 +698,10 @@ fn a_concurrency_limit_gives_a_slot_layer_and_no_check() {
     assert_eq!(layers.slots.len(), 1);
     let layer = &layers.slots[0];
     assert_eq!(layer.limit, LimitId(1));
-    assert_eq!((layer.upgrades, layer.shadow), (Upgrades::Exclude, false));
+    assert_eq!(
+        (layer.upgrades, layer.enforcement),
+        (Upgrades::Exclude, Enforcement::Enforce)
+    );
     let slot = &layer.slot;
     assert_eq!(slot.name().as_str(), "in-flight");
     assert_eq!(
@@ -935,7 +938,7 @@ fn a_route_key_is_the_pattern_the_path_matched() {
 #[test]
 fn a_shadow_limit_keys_a_request_without_its_key_as_the_enforcing_one_would() {
     let mut trial = limit("trial", header_key("x-tenant"), window(10));
-    trial.shadow = true;
+    trial.enforcement = Enforcement::Shadow;
     trial.on_missing = OnMissing::Ip;
     let policy = policy(vec![trial]);
     let request = get("/");
@@ -980,7 +983,7 @@ fn a_key_banned_by_a_limit_on_the_body_is_found_when_its_body_goes_unread() {
 fn a_shadow_limit_skips_a_key_it_cannot_tell_with_its_body_read_or_not() {
     let mut trial = limit("trial", header_key("x-tenant"), window(10));
     http(&mut trial).body = vec![("model".into(), vec![PathPattern::glob("gpt-4*")])];
-    trial.shadow = true;
+    trial.enforcement = Enforcement::Shadow;
     trial.on_missing = OnMissing::Ip;
     let policy = policy(vec![trial]);
     let twice = || {
@@ -1254,7 +1257,7 @@ fn layers_are_empty_only_with_nothing_of_any_kind() {
                 limit: LimitId(0),
                 slot,
                 upgrades: Upgrades::Include,
-                shadow: false,
+                enforcement: Enforcement::Enforce,
             }],
             ..Layers::default()
         },
