@@ -5,13 +5,12 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::Barrier;
-use std::thread;
 use std::time::Duration;
 
 use common::redis_server::RedisServer;
 use common::{
-    raw_request, request, wait_until, ConfigBuilder, Limit, Proxy, Response, TestClock, Upstream,
+    at_once, raw_request, request, wait_until, ConfigBuilder, Limit, Proxy, Response, TestClock,
+    Upstream,
 };
 
 /// Two logins per hour per address; three refusals within ten minutes ban
@@ -277,27 +276,6 @@ fn a_ban_struck_on_one_route_of_a_route_keyed_limit_holds_on_every_route() {
         .start();
     hammer_until_banned(&[&proxy]);
     assert_banned_on(&proxy, &upstream, &["/signup", "/", "/login"]);
-}
-
-/// `n` requests released together, request `i` made by `send(i)` on a
-/// thread of its own (and a connection of its own); their answers, in order.
-fn at_once(n: usize, send: impl Fn(usize) -> Response + Sync) -> Vec<Response> {
-    let barrier = Barrier::new(n);
-    thread::scope(|s| {
-        let handles: Vec<_> = (0..n)
-            .map(|i| {
-                let (barrier, send) = (&barrier, &send);
-                s.spawn(move || {
-                    barrier.wait();
-                    send(i)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("client thread"))
-            .collect()
-    })
 }
 
 /// What a burst's answers came to under the limit named `limit`: admitted,

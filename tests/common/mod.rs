@@ -829,25 +829,37 @@ pub fn burst_with(
     n: usize,
     method: &str,
     path: &str,
-    headers_of: impl Fn(usize) -> Vec<(String, String)>,
+    headers_of: impl Fn(usize) -> Vec<(String, String)> + Sync,
 ) -> Vec<Response> {
-    let barrier = Arc::new(Barrier::new(n));
-    let handles: Vec<_> = (0..n)
-        .map(|i| {
-            let addr = addrs[i % addrs.len()];
-            let (barrier, headers) = (barrier.clone(), headers_of(i));
-            let (method, path) = (method.to_string(), path.to_string());
-            thread::spawn(move || {
-                let h: Vec<(&str, &str)> = headers
-                    .iter()
-                    .map(|(k, v)| (k.as_str(), v.as_str()))
-                    .collect();
-                barrier.wait();
-                request(addr, &method, &path, &h, b"")
+    at_once(n, |i| {
+        let headers = headers_of(i);
+        let h: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        request(addrs[i % addrs.len()], method, path, &h, b"")
+    })
+}
+
+/// `n` requests released together, request `i` made by `send(i)` on a
+/// thread of its own (and a connection of its own); their answers, in order.
+pub fn at_once(n: usize, send: impl Fn(usize) -> Response + Sync) -> Vec<Response> {
+    let barrier = Barrier::new(n);
+    thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|i| {
+                let (barrier, send) = (&barrier, &send);
+                s.spawn(move || {
+                    barrier.wait();
+                    send(i)
+                })
             })
-        })
-        .collect();
-    handles.into_iter().filter_map(|h| h.join().ok()).collect()
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("client thread"))
+            .collect()
+    })
 }
 
 /// Anything that carries an HTTP status.
