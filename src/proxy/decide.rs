@@ -104,11 +104,6 @@ pub(super) async fn decide(
         let banned = ban_refusals(policy, answers.by_ref().take(bans));
         if banned.is_empty() {
             outcomes.extend(answers.map(|(check, d)| Outcome::of_check(check, d)));
-            if !layers.struck_on.is_empty() {
-                for o in &mut outcomes {
-                    o.identity = Layers::struck_on(&layers.struck_on, o.limit, o.identity);
-                }
-            }
             let first_reserved = outcomes.len() - reserving;
             decided.reservations = layers
                 .reservations
@@ -122,6 +117,13 @@ pub(super) async fn decide(
                 .collect();
         } else {
             outcomes = banned;
+        }
+    }
+    // A route-keyed limit's refusal, by its rate or its slot, strikes the
+    // identity its ban is looked up on.
+    if !layers.struck_on.is_empty() {
+        for o in &mut outcomes {
+            o.identity = Layers::struck_on(&layers.struck_on, o.limit, o.identity);
         }
     }
     decided.outcomes = outcomes;
@@ -413,6 +415,29 @@ mod tests {
         assert!(banned.refused());
         assert_eq!(banned.outcomes.len(), 1, "one banned request, counted once");
         assert_eq!(banned.outcomes[0].kind, OutcomeKind::Ban);
+    }
+
+    #[test]
+    fn a_route_keyed_limits_refusal_strikes_where_its_ban_is_looked_up() {
+        for rule in [
+            window(1),
+            "algorithm = \"concurrency\"\nmax = 1".to_string(),
+        ] {
+            let banning = rule
+                + "\nmatch = { paths = [\"/a\", \"/b\"] }"
+                + "\nban = { after = 3, within = \"1m\", duration = \"1h\" }";
+            let bench = Bench::new(
+                &limit("per-route", &banning).replace("key = \"ip\"", "key = [\"ip\", \"route\"]"),
+            );
+            let looked_up = bench.layers("/b", &[]).bans[0].key.identity;
+            let first = bench.decide("/a");
+            assert!(!first.refused());
+            let refused = bench.decide("/a");
+            assert!(refused.refused(), "{banning}");
+            let struck: Vec<u128> = refused.outcomes.iter().map(|o| o.identity).collect();
+            assert_eq!(struck, [looked_up], "{banning}");
+            drop(first.slots);
+        }
     }
 
     #[test]
