@@ -41,11 +41,17 @@ done
 
 target="${CARGO_TARGET_DIR:-$PWD/target}"
 for crate in "${crates[@]}"; do
+    files=()
     case "$crate" in
-        algorithm) scope=(-p floodgate-algorithm) ;;
-        policy) scope=(-p floodgate-policy) ;;
-        memory) scope=(-p floodgate-limiter -f crates/limiter/src/memory.rs) ;;
+        algorithm) package=floodgate-algorithm ;;
+        policy) package=floodgate-policy ;;
+        # The memory store is a folder: its files but tests.rs.
+        memory)
+            package=floodgate-limiter
+            files=(crates/limiter/src/memory/{mod,decide,room,slots}.rs)
+            ;;
     esac
+    scope=(-p "$package")
     out="$target/mutants/$crate"
     if $missed; then
         # Each missed mutant by its exact name (file:line:col: what): its
@@ -55,12 +61,14 @@ for crate in "${crates[@]}"; do
             scope+=(--re "^$(printf '%s' "$name" | sed 's/[][\\.*^$()+?{}|]/\\&/g')\$")
         done <"$out/mutants.out/missed.txt"
         # cargo-mutants 27 lets its "delete field" mutants past --re: the
-        # files too, so that only those of these files come along.
-        while IFS= read -r file; do
-            scope+=(-f "$file")
-        done < <(cut -d: -f1 "$out/mutants.out/missed.txt" | sort -u)
+        # files too (in place of the crate's), so that only those of these
+        # files come along.
+        mapfile -t files < <(cut -d: -f1 "$out/mutants.out/missed.txt" | sort -u)
         out="$out-missed"
     fi
+    for file in "${files[@]}"; do
+        scope+=(-f "$file")
+    done
     mkdir -p "$out"
     # Exit status 2 is "some mutants missed", 3 "some timed out": the
     # counts below say so; anything else is a failure of the run itself.
