@@ -322,3 +322,36 @@ pub enum Update {
         units: u64,
     },
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each kind of decision reads back the numbers it was made with, and
+    /// zero for those it has none of.
+    #[test]
+    fn each_decision_reads_back_its_numbers() {
+        let decisions = [
+            Decision::admitted(10, 4, 300).counted_at(60),
+            Decision::admitted_after(10, 4, 300, 20),
+            Decision::refused(10, 4, 300, 50).counted_at(60),
+            Decision::never_passable(10, 4, 300).counted_at(60),
+        ];
+        // allowed, cost_exceeds_limit, retry, delay, counted at
+        let expected = [
+            (true, false, 0, 0, 60),
+            (true, false, 0, 20, 0),
+            (false, false, 50, 0, 0),
+            (false, true, 0, 0, 0),
+        ];
+        for (d, (allowed, oversized, retry, delay, counted)) in decisions.iter().zip(expected) {
+            assert_eq!((d.limit(), d.remaining(), d.reset_after_us()), (10, 4, 300));
+            assert_eq!(
+                (d.allowed(), d.cost_exceeds_limit(), d.retry_after_us()),
+                (allowed, oversized, retry),
+                "{d:?}"
+            );
+            assert_eq!((d.delay_us(), d.counted_at_us()), (delay, counted), "{d:?}");
+        }
+    }
+}

@@ -220,6 +220,8 @@ mod tests {
     fn the_table_is_in_the_enums_order_with_distinct_names_and_codes() {
         for (i, spec) in ALGORITHMS.iter().enumerate() {
             assert_eq!(spec.kind as usize, i, "{}", spec.name);
+            assert_eq!(ALGORITHM_NAMES[i], spec.name);
+            assert_eq!(spec.kind.code(), spec.code);
             assert_eq!(Kind::from_name(spec.name), Some(spec.kind));
             for other in &ALGORITHMS[i + 1..] {
                 assert_ne!(spec.code, other.code);

@@ -52,3 +52,28 @@ pub fn evaluate(
         Evaluation::refused(capacity, 0, wait_us, wait_us - queue_us, slot_us)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Decision;
+
+    /// An admission waiting for its slot says what is left of the waiting
+    /// room behind it and how long until the room is empty: the backlog
+    /// from now to its own departure's end.
+    #[test]
+    fn a_scheduled_request_leaves_the_room_behind_its_slot() {
+        let (sec, t0) = (1_000_000, 1_700_000_000_000_000);
+        let mut next_us = 0;
+        for (remaining, delay_us) in [(1, 0), (0, sec / 2), (0, sec)] {
+            let e = evaluate(2, sec / 2, next_us, t0, 1);
+            let backlog_us = delay_us + sec / 2;
+            assert_eq!(
+                e.decision,
+                Decision::admitted_after(2, remaining, backlog_us, delay_us)
+            );
+            assert_eq!(e.idle_at_us, t0 + backlog_us);
+            next_us = t0 + backlog_us;
+        }
+    }
+}

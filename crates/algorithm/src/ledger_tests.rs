@@ -271,6 +271,9 @@ fn a_dead_instances_lease_lapses_into_the_refill() {
         (40, 2, epoch),
     );
     assert_eq!(units, 40);
+    // The state is kept until the 41 have lapsed (the epoch's end and one
+    // more) and refilled (41 ms), not only until the bucket's own refill.
+    assert_eq!(e.idle_at_us, 1_020_000 + 41_000);
     let tat = written_tat(&e.update).expect("admitted");
     // Before the lapse (epoch end + one epoch) the 41 (the lease and the
     // request beside it) stay out whatever the refill did; right after it
@@ -327,4 +330,78 @@ fn a_lapse_keeps_the_debt_of_spent_units() {
     let (e, _) = evaluate(capacity, interval, tat, ledger, 20_000, 59);
     assert!(e.decision.allowed());
     assert!(worst_excess(&[(0, 1), (9_999, 40), (20_000, 59)], capacity, interval) <= 0);
+}
+
+/// A ledger that counts nothing is no ledger, however its epoch reads: it
+/// is dropped at once, without stepping through the epochs since its end
+/// (one past the end of time here).
+#[test]
+fn a_ledger_counting_nothing_is_dropped_at_once() {
+    let interval = Interval {
+        units: 1_000,
+        per_us: 1,
+    };
+    let empty = Ledger {
+        end_us: 10,
+        epoch_us: u64::MAX,
+        current: 0,
+        previous: 0,
+    };
+    assert_eq!(
+        empty.settled(interval, (5, 0), 20),
+        (Ledger::default(), (5, 0))
+    );
+}
+
+/// A lease joins the running epoch when it lasts no longer than the
+/// epoch's leases may; a longer one would outlive its lapse, and is none.
+#[test]
+fn a_lease_joins_a_running_epoch_as_long_or_longer() {
+    let running = Ledger {
+        end_us: 2_000_000,
+        epoch_us: 1_000_000,
+        current: 5,
+        previous: 2,
+    };
+    let joined = Ledger {
+        current: 8,
+        ..running
+    };
+    for epoch_us in [500_000, 1_000_000] {
+        assert_eq!(running.leased(1_500_000, 3, epoch_us), Some(joined));
+    }
+    assert_eq!(running.leased(1_500_000, 3, 1_000_001), None);
+}
+
+/// No lease beside a request when the rule gives none (too little left)
+/// or the lease has no life: the request alone, its ledger as it was.
+#[test]
+fn no_units_or_no_life_is_no_lease() {
+    let interval = Interval {
+        units: 1_000,
+        per_us: 1,
+    };
+    let alone = evaluate(100, interval, (0, 0), Ledger::default(), 0, 1);
+    for rule in [(40, 1_000, 10_000), (40, 2, 0)] {
+        let (e, ledger, units) = leasing(100, interval, (0, 0), Ledger::default(), 0, 1, rule);
+        assert_eq!((e, ledger, units), (alone.0, alone.1, 0), "{rule:?}");
+    }
+}
+
+/// A refund counted nowhere (0, a bucket's plain admission) takes nothing
+/// off a ledger, even one whose epoch before the running one began at 0.
+#[test]
+fn a_refund_counted_nowhere_is_no_leases() {
+    let interval = Interval {
+        units: 10,
+        per_us: 1,
+    };
+    let ledger = Ledger {
+        end_us: 100,
+        epoch_us: 100,
+        current: 3,
+        previous: 5,
+    };
+    assert_eq!(refunded(interval, (200, 0), ledger, 50, 2, 0), None);
+    assert!(refunded(interval, (200, 0), ledger, 50, 2, 100).is_some());
 }

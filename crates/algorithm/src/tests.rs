@@ -1362,6 +1362,10 @@ fn a_limit_divided_among_instances() {
     // ... unless that rate would be slower than a token in 2^51 µs.
     let slow = Algorithm::token_bucket(2, MAX_SCALED / 2).expect("valid");
     assert_eq!(shares(slow, 4), (1, MAX_SCALED));
+    // A large bucket's share is held within what its own quota allows
+    // (2^51 / 10,000 units), which its divided rate is well within.
+    let large = Algorithm::token_bucket(20_000, 1_000).expect("valid");
+    assert_eq!(shares(large, 2), (10_000, 2_000));
 }
 
 /// The quota's window (`w=`): a window's length, a quota's usual period,

@@ -173,3 +173,21 @@ pub(crate) fn credited(
     let left = debt.saturating_sub(units.saturating_mul(interval.units));
     Some(interval.after(now_us, left))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tat already passed leaves no wait whatever the room: the early
+    /// return `evaluate` never reaches (it refuses only a bucket in debt).
+    #[test]
+    fn no_wait_for_room_behind_a_tat_passed() {
+        for per_us in [1, 10] {
+            let interval = Interval { units: 10, per_us };
+            for tat in [(5, 0), (5, 500_000), (10, 0)] {
+                assert_eq!(interval.wait_for_room_us(tat, 10, 0), 0, "{tat:?}");
+            }
+            assert_eq!(interval.wait_for_room_us((10, 500_000), 10, 0), 1);
+        }
+    }
+}
