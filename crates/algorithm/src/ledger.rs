@@ -235,5 +235,4 @@ pub fn written_tat(update: &Update) -> Option<(u64, u64)> {
 }
 
 #[cfg(test)]
-#[path = "ledger_tests.rs"]
 mod tests;
