@@ -170,3 +170,26 @@ fn parse_hop(hop: &[u8]) -> Option<IpAddr> {
     let inner = hop.strip_prefix('[')?.strip_suffix(']')?;
     inner.parse::<IpAddr>().ok().map(normalize)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quote_left_open_spoils_the_last_element_of_its_line_only() {
+        let elements = forwarded_elements(b"for=192.0.2.1, , for=192.0.2.2;x=\"a, b");
+        assert_eq!(
+            elements.as_slice(),
+            [Some(&b"for=192.0.2.1"[..]), None],
+            "the open quote swallows what follows it"
+        );
+        let closed = forwarded_elements(b"for=192.0.2.1, for=\"[2001:db8::1]\"");
+        assert_eq!(
+            closed.as_slice(),
+            [
+                Some(&b"for=192.0.2.1"[..]),
+                Some(&b"for=\"[2001:db8::1]\""[..])
+            ]
+        );
+    }
+}

@@ -149,4 +149,16 @@ mod tests {
         assert_eq!(table.find_prefix("abcdef01", 2), vec![hash]);
         assert!(table.find_prefix("ffffffff", 2).is_empty());
     }
+
+    #[test]
+    fn a_prefix_finds_no_more_than_asked_and_an_entry_is_read_whole() {
+        let table = RunTimeKeys::default();
+        assert!(table.get(1).is_none());
+        let hashes = (1..=3u128).map(|i| 0xab << 120 | i);
+        table.set(hashes.map(|h| (h, entry(Some("pro")))));
+        assert_eq!(table.find_prefix("ab", 2).len(), 2);
+        assert_eq!(table.find_prefix("ab", 5).len(), 3);
+        assert_eq!(table.get(0xab << 120 | 2), Some(entry(Some("pro"))));
+        assert_eq!(format!("{table:?}"), "RunTimeKeys(3 entries)");
+    }
 }

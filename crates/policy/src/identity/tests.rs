@@ -322,6 +322,9 @@ fn hosts_compare_without_port_case_or_final_dot() {
         ("api.example.com.", "api.example.com"),
         ("[::1]:8080", "[::1]"),
         ("127.0.0.1:80", "127.0.0.1"),
+        // An IPv6 literal's last colon is no port's.
+        ("[::1]", "[::1]"),
+        ("::1", "::1"),
     ] {
         assert_eq!(normalize_host(host), expected, "{host}");
     }
@@ -612,4 +615,284 @@ fn a_verified_token_names_the_tier_and_subject_and_an_internal_address_stays_int
     r.apply_token(&mut client, bronze);
     assert_eq!((client.tier.name(), client.subject_hash), (ANONYMOUS, None));
     assert!(client.token.is_some());
+}
+
+fn every_key_source() -> Vec<KeySource> {
+    vec![
+        KeySource::Ip,
+        KeySource::ApiKey,
+        KeySource::Header(HeaderName::from_static("x-tenant")),
+        KeySource::Global,
+        KeySource::Cookie("session".into()),
+        KeySource::Query("user".into()),
+        KeySource::Host,
+        KeySource::Route,
+        KeySource::Jwt(ClaimPath::parse("org.id").unwrap()),
+        KeySource::Entry("remote_address".into()),
+        KeySource::Body("model".into()),
+        KeySource::Descriptor,
+    ]
+}
+
+#[test]
+fn a_key_describes_itself_as_the_configuration_spells_it() {
+    let spelled: Vec<String> = every_key_source().iter().map(KeySource::describe).collect();
+    assert_eq!(
+        spelled,
+        [
+            "ip",
+            "api_key",
+            "header:x-tenant",
+            "global",
+            "cookie:session",
+            "query:user",
+            "host",
+            "route",
+            "jwt:org.id",
+            "descriptor:remote_address",
+            "body:model",
+            "descriptor",
+        ]
+    );
+    let both = KeySource::Composite(vec![KeySource::Ip, KeySource::Route]);
+    assert_eq!(both.describe(), "[ip, route]");
+}
+
+#[test]
+fn what_a_key_reads_says_whether_it_is_omittable_per_client_unforgeable_or_a_descriptors() {
+    // (omittable, per_client, unforgeable, reads_descriptor), in the order
+    // of every_key_source.
+    let expected = [
+        (false, true, true, false),   // ip
+        (true, true, true, false),    // api_key
+        (true, true, false, false),   // header
+        (false, false, false, false), // global
+        (true, true, false, false),   // cookie
+        (true, true, false, false),   // query
+        (false, false, false, false), // host
+        (false, false, false, false), // route
+        (true, true, true, false),    // jwt
+        (false, true, false, true),   // descriptor:<key>
+        (true, true, false, false),   // body
+        (false, true, false, true),   // descriptor
+    ];
+    for (key, want) in every_key_source().iter().zip(expected) {
+        let got = (
+            key.omittable(),
+            key.per_client(),
+            key.unforgeable(),
+            key.reads_descriptor(),
+        );
+        assert_eq!(got, want, "{}", key.describe());
+    }
+    // A composite is each of these when some part is.
+    let host_route = KeySource::Composite(vec![KeySource::Host, KeySource::Route]);
+    assert!(!host_route.per_client() && !host_route.omittable());
+    let with_cookie = KeySource::Composite(vec![KeySource::Route, KeySource::Cookie("s".into())]);
+    assert!(with_cookie.per_client() && with_cookie.omittable() && !with_cookie.unforgeable());
+    let with_ip = KeySource::Composite(vec![KeySource::Host, KeySource::Ip]);
+    assert!(with_ip.unforgeable() && !with_ip.omittable() && !with_ip.reads_descriptor());
+    let entries = KeySource::Composite(vec![KeySource::Global, KeySource::Entry("a".into())]);
+    assert!(entries.reads_descriptor());
+}
+
+#[test]
+fn escapes_decode_only_where_they_are_whole_and_plus_is_a_space_in_queries_only() {
+    let cookie = |value: &str| {
+        let h = headers(&[("cookie", format!("s={value}").as_bytes())]);
+        keys::cookie(&h, "s").unwrap().unwrap()
+    };
+    let query = |value: &str| {
+        keys::query_parameter(Some(&format!("q={value}")), "q")
+            .unwrap()
+            .unwrap()
+    };
+    assert_eq!(form_decode("a%41"), b"aA");
+    assert_eq!(form_decode("%4a%4A"), b"JJ");
+    assert_eq!(form_decode("%41%4"), b"A%4");
+    assert_eq!(form_decode("%4"), b"%4");
+    assert_eq!(form_decode("%"), b"%");
+    assert_eq!(form_decode("%zz%g1"), b"%zz%g1");
+    assert_eq!(form_decode("a+b"), b"a b");
+    assert_eq!(cookie("a+b%2B"), b"a+b+");
+    assert_eq!(query("a+b%2B"), b"a b+");
+    assert_eq!(query("%ff"), [0xff]);
+    // A pair without '=' is no cookie; a parameter without one is empty.
+    let flag = headers(&[("cookie", b"s; s=v")]);
+    assert_eq!(keys::cookie(&flag, "s"), Ok(Some(b"v".to_vec())));
+    assert_eq!(
+        keys::query_parameter(Some("q&x=1"), "q"),
+        Ok(Some(Vec::new()))
+    );
+}
+
+#[test]
+fn a_lookup_by_one_part_finds_what_a_request_keyed_on_that_part_found() {
+    let mut r = rules();
+    let token = verified(&mut r, r#"{"sub":"alice","plan":"gold","exp":9999999999}"#);
+    let mut client = r
+        .identify(ip("1.1.1.1"), &headers(&[("x-api-key", b"k-pro")]))
+        .unwrap();
+    r.apply_token(&mut client, token);
+    let h = headers(&[("x-tenant", b"Acme"), ("cookie", b"session=abc")]);
+    let request = inputs(&h, Some("user=ann"));
+    let (sub, plan) = (
+        ClaimPath::parse("sub").unwrap(),
+        ClaimPath::parse("plan").unwrap(),
+    );
+    let (tenant, other) = (
+        HeaderName::from_static("x-tenant"),
+        HeaderName::from_static("x-other"),
+    );
+    let nowhere = KnownPart::Ip(ip("9.9.9.9"));
+    // Each key, the part that names the request's value, and a part that
+    // names another thing.
+    let cases = [
+        (
+            KeySource::Ip,
+            KnownPart::Ip(ip("1.1.1.1")),
+            KnownPart::ApiKey(b"k-pro"),
+        ),
+        (KeySource::ApiKey, KnownPart::ApiKey(b"k-pro"), nowhere),
+        (
+            KeySource::ApiKey,
+            KnownPart::ApiKeyHash(r.api_key_hash(b"k-pro")),
+            nowhere,
+        ),
+        (
+            KeySource::Header(tenant.clone()),
+            KnownPart::Header(&tenant, b"Acme"),
+            KnownPart::Header(&other, b"Acme"),
+        ),
+        (
+            KeySource::Cookie("session".into()),
+            KnownPart::Cookie("session", b"abc"),
+            KnownPart::Cookie("other", b"abc"),
+        ),
+        (
+            KeySource::Query("user".into()),
+            KnownPart::Query("user", b"ann"),
+            KnownPart::Query("other", b"ann"),
+        ),
+        (
+            KeySource::Jwt(sub.clone()),
+            KnownPart::Claim(&sub, b"alice"),
+            KnownPart::Claim(&plan, b"alice"),
+        ),
+    ];
+    for (key, part, wrong) in &cases {
+        let found = r.identity_of(key, &client, &request).unwrap();
+        assert!(found.is_some(), "{}", key.describe());
+        assert_eq!(
+            r.identity_for(key, part, false),
+            found,
+            "{}",
+            key.describe()
+        );
+        assert_eq!(
+            r.identity_for(key, wrong, false),
+            None,
+            "{}",
+            key.describe()
+        );
+    }
+    // A request is everyone's and carries every part; one part alone is
+    // neither, nor a descriptor.
+    let of = |key: &KeySource| r.identity_of(key, &client, &request).unwrap();
+    assert_eq!(of(&KeySource::Global), Some(0));
+    assert_eq!(of(&KeySource::Entry("remote_address".into())), None);
+    assert_eq!(of(&KeySource::Descriptor), None);
+    let address = KnownPart::Ip(ip("1.1.1.1"));
+    assert_eq!(r.identity_for(&KeySource::Global, &address, false), None);
+    let composite = KeySource::Composite(vec![KeySource::Ip]);
+    assert!(of(&composite).is_some());
+    assert_eq!(r.identity_for(&composite, &address, false), None);
+    // One part's value is folded only when asked to.
+    let spelled = |value: &'static [u8]| {
+        r.identity_for(
+            &KeySource::Header(tenant.clone()),
+            &KnownPart::Header(&tenant, value),
+            false,
+        )
+    };
+    assert_ne!(spelled(b"ACME"), spelled(b"acme"));
+    // An entry is found by its own key only.
+    let entry = KeySource::Entry("remote_address".into());
+    assert_eq!(
+        r.identity_for(&entry, &KnownPart::Entry("path", b"10.0.0.1"), false),
+        None
+    );
+}
+
+#[test]
+fn a_descriptor_carries_no_cookie_query_claim_host_route_or_body() {
+    let r = rules();
+    let entries = [("remote_address", "10.0.0.1"), ("cookie", "session=abc")];
+    for key in [
+        KeySource::Cookie("session".into()),
+        KeySource::Query("remote_address".into()),
+        KeySource::Jwt(ClaimPath::parse("remote_address").unwrap()),
+        KeySource::ApiKey,
+        KeySource::Host,
+        KeySource::Route,
+        KeySource::Body("remote_address".into()),
+    ] {
+        assert_eq!(
+            r.descriptor_identity(&key, &entries),
+            None,
+            "{}",
+            key.describe()
+        );
+    }
+}
+
+#[test]
+fn tiers_are_interned_once_and_compared_by_id() {
+    let mut tiers = Tiers::default();
+    let pro = tiers.intern("pro");
+    assert_eq!(tiers.intern("pro"), pro);
+    assert_eq!(tiers.get("pro"), Some(pro.clone()));
+    assert_eq!(tiers.get("gold"), None);
+    assert_ne!(tiers.anonymous(), tiers.internal());
+    assert_ne!(pro, tiers.anonymous());
+    assert_eq!(tiers.anonymous().name(), ANONYMOUS);
+    assert_eq!(tiers.internal().name(), INTERNAL);
+    assert_eq!(
+        tiers.names().collect::<Vec<_>>(),
+        [ANONYMOUS, INTERNAL, "pro"]
+    );
+    assert_eq!(format!("[{pro:>5}]"), "[  pro]", "padded as a str is");
+}
+
+#[test]
+fn a_hasher_shows_no_key_and_each_drawn_key_is_new() {
+    let hasher = IdentityHasher::from_secret(b"test secret of sixteen bytes");
+    assert_eq!(format!("{hasher:?}"), "IdentityHasher(..)");
+    assert_ne!(random_key(), random_key());
+}
+
+#[test]
+fn each_identity_error_has_its_code() {
+    let codes: Vec<&str> = [
+        IdentityError::AmbiguousApiKey,
+        IdentityError::UnreadableForwardedEntry,
+        IdentityError::AmbiguousKeyHeader(HeaderName::from_static("x-tenant")),
+        IdentityError::AmbiguousKeyCookie("session".into()),
+        IdentityError::AmbiguousKeyQuery("user".into()),
+        IdentityError::MissingKey("per-user".into()),
+    ]
+    .iter()
+    .map(IdentityError::code)
+    .collect();
+    assert_eq!(
+        codes,
+        [
+            "ambiguous_api_key",
+            "bad_forwarded_header",
+            "ambiguous_key_header",
+            "ambiguous_key_cookie",
+            "ambiguous_key_query",
+            "missing_key",
+        ]
+    );
 }
