@@ -97,4 +97,21 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn a_middle_part_is_passed_before_the_last_is_looked_for() {
+        // The last "b" may not be the middle one.
+        assert!(!PathPattern::glob("/x*b*b").matches_exactly("/xab"));
+        assert!(PathPattern::glob("/x*b*b").matches_exactly("/xabb"));
+        assert!(PathPattern::glob("/x*bc*d").matches_exactly("/xabcd"));
+        assert!(!PathPattern::glob("/x*bc*c").matches_exactly("/xabc"));
+    }
+
+    #[test]
+    fn a_pattern_is_kept_as_written_but_for_a_path_patterns_trailing_slash() {
+        assert_eq!(PathPattern::new("/login/").as_str(), "/login");
+        assert_eq!(PathPattern::new("/").as_str(), "/");
+        assert_eq!(PathPattern::glob("/login/").as_str(), "/login/");
+        assert!(!PathPattern::glob("/login/").matches_exactly("/login"));
+    }
 }

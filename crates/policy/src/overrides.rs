@@ -254,4 +254,39 @@ mod tests {
         table.replace_all([]);
         assert!(table.is_empty());
     }
+
+    #[test]
+    fn overrides_spread_over_the_shards_by_identity_and_limit() {
+        let shards = |keys: &mut dyn Iterator<Item = OverrideKey>| {
+            keys.map(|k| k.shard())
+                .collect::<std::collections::HashSet<_>>()
+                .len()
+        };
+        assert_eq!(shards(&mut (0..64u128).map(|i| key(1, i))), 64);
+        assert_eq!(shards(&mut (0..64u64).map(|l| key(l, 1))), 64);
+    }
+
+    #[test]
+    fn an_entry_is_read_whole_and_rechecked_in_place() {
+        let table = RunTimeOverrides::default();
+        assert!(table.get(&key(1, 7)).is_none());
+        table.set([(key(1, 7), Some(entry(50, Some(100))))]);
+        assert!(!table.is_empty());
+        assert_eq!(format!("{table:?}"), "RunTimeOverrides(1 entries)");
+        assert_eq!(table.get(&key(1, 7)), Some(entry(50, Some(100))));
+        table.recheck_all(|o| Err(format!("{} is gone", o.limit_name).into()));
+        let rechecked = table.get(&key(1, 7)).unwrap();
+        assert_eq!(rechecked.rule, Err("per-account is gone".into()));
+        assert_eq!(table.rule(1, 7), None, "kept, but in force no more");
+    }
+
+    #[test]
+    fn one_clients_overrides_under_two_limits_hash_apart() {
+        use std::hash::BuildHasher;
+        let table = std::hash::BuildHasherDefault::<crate::sharded::Prehashed>::default();
+        let identity = 0xabcd << 64 | 7;
+        let hash = |key: OverrideKey| table.hash_one(key);
+        assert_ne!(hash(key(1, identity)), hash(key(2, identity)));
+        assert_ne!(hash(key(1, identity)), hash(key(1, identity + (1 << 64))));
+    }
 }

@@ -161,3 +161,67 @@ impl<K: ShardKey, V: Clone> Sharded<K, V> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prehashed_key_is_its_own_hash() {
+        let hash = |write: &dyn Fn(&mut Prehashed)| {
+            let mut h = Prehashed::default();
+            write(&mut h);
+            h.finish()
+        };
+        // An identity's high half: its low half picks the shard.
+        assert_eq!(hash(&|h| h.write_u128(0xfeed << 64 | 7)), 0xfeed);
+        assert_eq!(hash(&|h| h.write_u64(0x1234)), 0x1234);
+        assert_eq!(hash(&|h| h.write(&[3, 0, 0, 0, 0, 0, 0, 0, 1])), 2);
+        let both = |h: &mut Prehashed| {
+            h.write_u128(0b110 << 64);
+            h.write_u64(0b011);
+        };
+        assert_eq!(hash(&both), 0b101);
+        let reversed = |h: &mut Prehashed| {
+            h.write_u64(0b011);
+            h.write_u128(0b110 << 64);
+        };
+        assert_eq!(hash(&reversed), 0b101);
+    }
+
+    #[test]
+    fn an_identitys_low_bits_pick_its_shard() {
+        let shards: std::collections::HashSet<usize> =
+            (0..SHARDS as u128).map(|i| (i << 64 | i).shard()).collect();
+        assert_eq!(shards.len(), SHARDS);
+        assert!(shards.iter().all(|&s| s < SHARDS));
+    }
+
+    #[test]
+    fn the_count_follows_every_change_and_a_key_is_found_where_it_was_put() {
+        let table: Sharded<u128, u32> = Sharded::default();
+        let wide = SHARDS as u128;
+        // Two keys of one shard (their low bits), one of another.
+        for key in [0, wide, 1] {
+            table.insert(key, 1);
+        }
+        assert_eq!(table.len(), 3);
+        table.each_shard(|shard| {
+            shard.remove(&0);
+        });
+        assert_eq!(table.len(), 2);
+        table.each_shard(|shard| {
+            if shard.contains_key(&1) {
+                shard.insert(1 + wide, 1);
+                shard.insert(1 + 2 * wide, 1);
+            }
+        });
+        assert_eq!(table.len(), 4);
+        assert_eq!(table.get(&(1 + wide)), Some(1));
+        table.replace_all([(1, 7), (u128::MAX, 8)]);
+        assert_eq!(table.len(), 2);
+        assert_eq!((table.get(&1), table.get(&u128::MAX)), (Some(7), Some(8)));
+        assert_eq!(table.remove(&u128::MAX), Some(8));
+        assert_eq!(table.len(), 1);
+    }
+}
