@@ -264,6 +264,19 @@ mod tests {
     }
 
     #[test]
+    fn a_pattern_names_exactly_the_keys_of_its_entries() {
+        let login = pattern(
+            "edge",
+            &[("remote_address", None), ("path", Some("/login"))],
+        );
+        assert!(login.names("remote_address"));
+        assert!(login.names("path"));
+        assert!(!login.names("Path"));
+        assert!(!login.names("user"));
+        assert!(!pattern("edge", &[]).names("path"));
+    }
+
+    #[test]
     fn a_value_glob_matches_whole_values_only() {
         let api = pattern("edge", &[("path", Some("/api/*"))]);
         assert!(api.matches("edge", &[("path", "/api/users")]));

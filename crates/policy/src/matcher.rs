@@ -245,3 +245,69 @@ impl LimitMatch {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::{Client, Tiers};
+    use crate::EntryPattern;
+    use http::HeaderMap;
+    use std::net::{IpAddr, Ipv4Addr};
+
+    #[test]
+    fn a_limit_on_http_requests_names_its_paths_and_one_on_descriptors_none() {
+        let http = LimitMatch::Http(Matcher {
+            paths: vec![PathPattern::new("/login"), PathPattern::new("/api/*")],
+            ..Matcher::default()
+        });
+        let names: Vec<&str> = http.paths().iter().map(PathPattern::as_str).collect();
+        assert_eq!(names, ["/login", "/api/*"]);
+        assert!(LimitMatch::default().paths().is_empty());
+        let descriptors = LimitMatch::Descriptors(DescriptorPattern {
+            domain: "edge".into(),
+            entries: vec![EntryPattern {
+                key: "path".into(),
+                value: Some(PathPattern::glob("/login")),
+            }],
+        });
+        assert!(descriptors.paths().is_empty());
+    }
+
+    #[test]
+    fn only_a_limit_on_http_requests_applies_to_one_as_far_as_its_head_tells() {
+        let address = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7));
+        let client = Client {
+            address,
+            via: Default::default(),
+            ip: address,
+            ip_prefix: 32,
+            ip_hash: 0,
+            api_key: None,
+            tier: Tiers::default().anonymous(),
+            subject_hash: None,
+            token: None,
+        };
+        let headers = HeaderMap::new();
+        let request = |method| RequestView {
+            method,
+            path: "/login",
+            headers: &headers,
+            query: None,
+            host: None,
+            client: &client,
+            body: None,
+        };
+        let post_login = LimitMatch::Http(Matcher {
+            methods: vec![Method::POST],
+            paths: vec![PathPattern::new("/login")],
+            ..Matcher::default()
+        });
+        assert!(post_login.applies_but_for_body(&request(&Method::POST)));
+        assert!(!post_login.applies_but_for_body(&request(&Method::GET)));
+        let descriptors = LimitMatch::Descriptors(DescriptorPattern {
+            domain: "edge".into(),
+            entries: Vec::new(),
+        });
+        assert!(!descriptors.applies_but_for_body(&request(&Method::POST)));
+    }
+}

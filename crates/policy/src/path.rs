@@ -296,6 +296,35 @@ mod tests {
         assert_eq!(decode("/a%2F%2Fb").as_deref(), Ok("/a/b"));
     }
 
+    #[test]
+    fn a_canonical_path_is_borrowed_and_any_other_is_rebuilt() {
+        for canonical in ["/", "/login", "/login/", "/a/b", "/a/b/", "/a;b=c@d/~x"] {
+            let got = normalize(canonical.as_bytes(), EscapedSlashes::Reject);
+            assert!(
+                matches!(got, Ok(Cow::Borrowed(p)) if p == canonical),
+                "{canonical}: {got:?}"
+            );
+        }
+        for other in ["//a", "/a//b", "/./a", "/a/../b", "/a%41", "/a b", "/;x/a"] {
+            let got = normalize(other.as_bytes(), EscapedSlashes::Keep);
+            assert!(!matches!(got, Ok(Cow::Borrowed(_))), "{other}: {got:?}");
+        }
+    }
+
+    #[test]
+    fn an_escaped_slash_has_its_own_error_code() {
+        assert_eq!(PathError::EscapedSlash.code(), "escaped_slash");
+        for other in [
+            PathError::NotAbsolute,
+            PathError::BadPercentEncoding,
+            PathError::AboveRoot,
+            PathError::AmbiguousParameters,
+            PathError::BadQuery,
+        ] {
+            assert_eq!(other.code(), "bad_path", "{other:?}");
+        }
+    }
+
     /// A random canonical path: segments of unreserved and raw-allowed
     /// characters (no dot segments).
     fn canonical_path() -> impl Strategy<Value = String> {
